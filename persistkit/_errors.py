@@ -1,0 +1,167 @@
+"""The one exception tree persistkit raises.
+
+::
+
+    PersistkitError
+    ├── ConfigurationError        bad options, arguments or URL (also a ValueError)
+    │   ├── BackendNotFoundError      no store for that URL scheme, or its driver is not installed
+    │   └── StoreClosedError          the store was closed
+    ├── BackendError              storage failed; the driver error is ``__cause__``
+    │   ├── BackendUnavailableError   transient (connection, timeout, "database is locked"): retried
+    │   └── ConflictError             another writer moved the thread head first
+    ├── NotFoundError             no such thread / checkpoint / run (also a LookupError)
+    ├── SerializationError        a value cannot be encoded, or stored bytes cannot be decoded
+    ├── SchemaVersionError        stored state version newer than the code, or no migration path
+    ├── NonDeterminismError       on replay, the step at a position is not the recorded one
+    ├── IntegrityError            a stored record failed authentication or its chain is broken
+    └── StepFailedError           a recorded failure whose exception class cannot be revived
+
+Errors raised by the user's own step functions pass through untouched; they
+are never wrapped in these classes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "ConfigurationError",
+    "ConflictError",
+    "IntegrityError",
+    "NonDeterminismError",
+    "NotFoundError",
+    "PersistkitError",
+    "SchemaVersionError",
+    "SerializationError",
+    "StepFailedError",
+    "StoreClosedError",
+]
+
+
+class PersistkitError(Exception):
+    """Base class of every error persistkit raises itself."""
+
+
+class ConfigurationError(PersistkitError, ValueError):
+    """An option, argument or URL is invalid. The message says which and what is accepted."""
+
+
+class BackendNotFoundError(ConfigurationError):
+    """No store is registered for a URL scheme, or its driver is not installed."""
+
+
+class StoreClosedError(ConfigurationError):
+    """The store was closed; open a new one with ``pk.connect(...)``."""
+
+
+class BackendError(PersistkitError):
+    """The storage backend failed. The driver's exception is ``__cause__``."""
+
+
+class BackendUnavailableError(BackendError):
+    """A transient backend failure (connection lost, timeout, lock busy). Safe to retry."""
+
+
+class ConflictError(BackendError):
+    """Another writer moved the thread head first; nothing was written.
+
+    ``expected`` is the head version this writer based its write on, ``found``
+    the version in the store (0 means the thread has no head).
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        thread_id: str = "",
+        namespace: str = "",
+        expected: int = 0,
+        found: int = 0,
+        found_checkpoint: str | None = None,
+    ) -> None:
+        self.thread_id = thread_id
+        self.namespace = namespace
+        self.expected = expected
+        self.found = found
+        self.found_checkpoint = found_checkpoint
+        if message is None:
+            where = repr(thread_id) + (f" (namespace {namespace!r})" if namespace else "")
+            message = (
+                f"thread {where}: expected head version {expected}, found version {found}"
+                + (f" at checkpoint {found_checkpoint}" if found_checkpoint else "")
+                + ". Another writer moved the thread first and nothing was written; "
+                "resume the thread again to continue from its new head."
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_conflict,
+            (
+                str(self),
+                self.thread_id,
+                self.namespace,
+                self.expected,
+                self.found,
+                self.found_checkpoint,
+            ),
+        )
+
+
+def _rebuild_conflict(
+    message: str,
+    thread_id: str,
+    namespace: str,
+    expected: int,
+    found: int,
+    found_checkpoint: str | None,
+) -> ConflictError:
+    return ConflictError(
+        message,
+        thread_id=thread_id,
+        namespace=namespace,
+        expected=expected,
+        found=found,
+        found_checkpoint=found_checkpoint,
+    )
+
+
+class NotFoundError(PersistkitError, LookupError):
+    """No such thread, checkpoint or run."""
+
+
+class SerializationError(PersistkitError):
+    """A value cannot be encoded, or stored bytes cannot be decoded.
+
+    ``path`` names the offending field, e.g. ``state.messages[3].when``.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class SchemaVersionError(PersistkitError):
+    """The stored state version is newer than the code, or no migration reaches the code's version."""
+
+
+class NonDeterminismError(PersistkitError):
+    """On replay, the step called at a position is not the step that was recorded there."""
+
+
+class IntegrityError(PersistkitError):
+    """A stored record failed authentication, or a thread's chain of records is broken."""
+
+
+class StepFailedError(PersistkitError):
+    """A step failed on an earlier attempt and its exception class could not be revived.
+
+    Raised on replay in place of the original exception; ``type_name`` and
+    ``message`` describe the original.
+    """
+
+    def __init__(self, message: str, *, type_name: str = "", original_message: str = "") -> None:
+        self.type_name = type_name
+        self.original_message = original_message
+        super().__init__(message)

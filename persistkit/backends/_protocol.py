@@ -1,0 +1,260 @@
+"""The store protocol: the few byte-level primitives every backend implements.
+
+Backends store bytes. They never see Python values, state classes or the
+codec: serialization, compression, redaction and encryption all happen above
+them (see ``persistkit/_codec.py``). A backend only has to get these right:
+
+* ``write`` — one checkpoint row, the blobs it references, and the thread
+  head's compare-and-swap, all in ONE atomic write. Either all of it is
+  durable or none of it is.
+* reads — the head, one row, a page of rows (newest first), blobs by key or
+  by key range.
+* threads — list (by prefix, paginated) and delete.
+
+Every method has an async twin named with an ``a`` prefix. A backend whose
+driver has native async overrides them (and sets ``native_async = True``);
+the others inherit :class:`ThreadedAsync`, which runs the sync method in a
+worker thread.
+
+The conformance suite in :mod:`persistkit.testing` checks all of this; a
+third-party backend passes it before it is trusted with anyone's agent.
+
+Concepts
+--------
+thread_id
+    Non-empty ``str`` (any unicode except NUL, at most 512 characters; the
+    layer above validates). Backends must not assume ASCII.
+namespace
+    ``str``, ``""`` by default. Heads and checkpoint rows are keyed by
+    ``(thread_id, namespace)``; blobs and deletion are per thread.
+checkpoint_id
+    A ``str`` that sorts in time order within a thread (the layer above makes
+    each new id sort after its parent's). ``list`` orders by it.
+version
+    The head's version: 0 means "no head yet"; every successful ``write``
+    moves it from ``expected_version`` to ``expected_version + 1``.
+blob key
+    A ``str`` of printable ASCII (``[0-9A-Za-z:._~%-]``), unique within a
+    thread. Blobs are content-addressed or otherwise immutable: writing a key
+    that exists must keep the existing bytes and must not fail.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = ["Backend", "CheckpointRow", "Head", "ThreadedAsync"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    """One stored checkpoint. ``payload`` is opaque bytes produced by the codec."""
+
+    thread_id: str
+    namespace: str
+    checkpoint_id: str
+    parent_id: str | None
+    run_id: str | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The latest checkpoint of ``(thread_id, namespace)`` and the head's version."""
+
+    checkpoint_id: str
+    version: int
+
+
+class Backend(abc.ABC):
+    """Byte-level storage for checkpoints, blobs and thread heads."""
+
+    #: URL scheme(s) this backend is registered under, e.g. ``("sqlite",)``.
+    schemes: ClassVar[tuple[str, ...]] = ()
+    #: True when the ``a*`` methods use the driver's own async API.
+    native_async: ClassVar[bool] = False
+
+    #: The URL the backend was opened from, with any password masked.
+    url: str = ""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, **options: Any) -> Backend:
+        """Open the backend named by ``url``. Unknown options raise ``ConfigurationError``."""
+
+    # -- writes --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        """Atomically store ``blobs`` and ``row`` and move the head of
+        ``(row.thread_id, row.namespace)`` from ``expected_version`` to
+        ``expected_version + 1``, pointing at ``row.checkpoint_id``.
+
+        Blob keys that already exist for the thread keep their bytes.
+        ``expected_version == 0`` means the head must not exist yet.
+        If the head's current version is not ``expected_version``, raise
+        ``ConflictError(thread_id=..., namespace=..., expected=...,
+        found=<current version or 0>, found_checkpoint=<current head id>)``
+        and write nothing at all. Returns the new head.
+        """
+
+    @abc.abstractmethod
+    def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        """Store blobs outside a checkpoint write (idempotent; existing keys are kept)."""
+
+    # -- reads ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        """The head of ``(thread_id, namespace)``, or ``None`` if there is none."""
+
+    @abc.abstractmethod
+    def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+        """One checkpoint row, or ``None``."""
+
+    @abc.abstractmethod
+    def list(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[CheckpointRow]:
+        """Rows of ``(thread_id, namespace)``, newest first (``checkpoint_id``
+        descending), only those with ``checkpoint_id < before`` when given,
+        only those of ``run_id`` when given, at most ``limit`` when given."""
+
+    @abc.abstractmethod
+    def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """The blobs of ``thread_id`` with these keys; missing keys are absent."""
+
+    @abc.abstractmethod
+    def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        """All blobs of ``thread_id`` whose key ``k`` has ``start <= k < stop``
+        (plain code-point order of ASCII keys)."""
+
+    @abc.abstractmethod
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Thread ids that have at least one head, ascending, starting with
+        ``prefix``, only those ``> after`` when given, at most ``limit``."""
+
+    # -- deletion and lifecycle ----------------------------------------------
+
+    @abc.abstractmethod
+    def delete_thread(self, thread_id: str) -> bool:
+        """Remove every row, blob and head of ``thread_id`` (all namespaces).
+        Returns whether anything existed."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. Idempotent. Later calls raise ``StoreClosedError``."""
+
+    # -- async twins (overridden by native-async backends) -------------------
+
+    async def awrite(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
+        raise NotImplementedError
+
+    async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        raise NotImplementedError
+
+    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
+        raise NotImplementedError
+
+    async def aget(
+        self, thread_id: str, namespace: str, checkpoint_id: str
+    ) -> CheckpointRow | None:
+        raise NotImplementedError
+
+    async def alist(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[CheckpointRow]:
+        raise NotImplementedError
+
+    async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    async def ascan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    async def athreads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        raise NotImplementedError
+
+    async def adelete_thread(self, thread_id: str) -> bool:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+
+class ThreadedAsync(Backend):
+    """Async twins that delegate to the sync methods in a worker thread.
+
+    For backends whose driver has no async API (SQLite, boto3) or needs none
+    (memory). The sync method is the single implementation.
+    """
+
+    native_async: ClassVar[bool] = False
+
+    async def awrite(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
+        return await asyncio.to_thread(self.write, row, blobs, expected_version)
+
+    async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        await asyncio.to_thread(self.put_blobs, thread_id, blobs)
+
+    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
+        return await asyncio.to_thread(self.head, thread_id, namespace)
+
+    async def aget(
+        self, thread_id: str, namespace: str, checkpoint_id: str
+    ) -> CheckpointRow | None:
+        return await asyncio.to_thread(self.get, thread_id, namespace, checkpoint_id)
+
+    async def alist(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[CheckpointRow]:
+        return await asyncio.to_thread(
+            self.list, thread_id, namespace, run_id=run_id, before=before, limit=limit
+        )
+
+    async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        return await asyncio.to_thread(self.get_blobs, thread_id, keys)
+
+    async def ascan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        return await asyncio.to_thread(self.scan_blobs, thread_id, start, stop)
+
+    async def athreads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        return await asyncio.to_thread(self.threads, prefix=prefix, after=after, limit=limit)
+
+    async def adelete_thread(self, thread_id: str) -> bool:
+        return await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)

@@ -1,0 +1,1 @@
+"""Conformance suites a store must pass (interim)."""

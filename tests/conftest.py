@@ -1,0 +1,168 @@
+"""Fixtures shared by the whole suite.
+
+Every store test is parametrized over every backend with the ``store_url``
+fixture. Services: PostgreSQL and Redis are expected on their usual loopback
+ports; S3 is moto's server, started here as a separate process on a free
+loopback port and spoken to over real HTTP. A service that cannot be reached
+is skipped (and listed in the summary by ``-ra``), unless it is named in
+``PERSISTKIT_REQUIRE`` (comma-separated), in which case the test fails.
+Tests isolate themselves with unique thread ids and prefixes; they never
+flush a shared database.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import persistkit as pk
+
+POSTGRES_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
+REQUIRED = {s.strip() for s in os.environ.get("PERSISTKIT_REQUIRE", "").split(",") if s.strip()}
+BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3"]
+SESSION_TAG = uuid.uuid4().hex[:8]
+
+pk.set_testing(True)
+
+
+def unavailable(service: str, why: str) -> None:
+    """Skip, or fail when the run requires ``service``."""
+    if service in REQUIRED:
+        pytest.fail(f"{service} is required (PERSISTKIT_REQUIRE) but unavailable: {why}")
+    pytest.skip(f"{service} unavailable: {why}")
+
+
+def uid(prefix: str = "t") -> str:
+    """A thread id no other test (or earlier run) uses."""
+    return f"{prefix}-{SESSION_TAG}-{uuid.uuid4().hex[:12]}"
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    try:
+        import psycopg
+    except ImportError as exc:
+        unavailable("postgres", f"psycopg is not installed ({exc})")
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3) as conn:
+            conn.execute("select 1")
+    except Exception as exc:  # any driver failure means "not reachable"
+        unavailable("postgres", f"cannot connect to {POSTGRES_URL}: {exc}")
+    return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    try:
+        import redis
+    except ImportError as exc:
+        unavailable("redis", f"redis-py is not installed ({exc})")
+    try:
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+        client.ping()
+        client.close()
+    except Exception as exc:
+        unavailable("redis", f"cannot connect to {REDIS_URL}: {exc}")
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server in its own process, on a free loopback port."""
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+    except ImportError as exc:
+        unavailable("s3", f"boto3 / moto[server] not installed ({exc})")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not _port_open("127.0.0.1", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            unavailable("s3", "moto server did not start")
+        time.sleep(0.05)
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="persistkit-test")
+    yield endpoint
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def make_url(kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A URL for a fresh, isolated store of ``kind``."""
+    tag = uuid.uuid4().hex[:10]
+    if kind == "memory":
+        return f"memory://{tag}"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/store.db"
+    if kind == "postgres":
+        base = request.getfixturevalue("postgres_url")
+        return f"{base}?schema=pktest_{SESSION_TAG}"
+    if kind == "redis":
+        base = request.getfixturevalue("redis_url")
+        return f"{base}?prefix=pktest:{SESSION_TAG}:{tag}:"
+    if kind == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        return f"s3://persistkit-test/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"
+    raise AssertionError(kind)
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh store URL, once per backend. The conformance suites use it as ``persistkit_url``."""
+    return make_url(request.param, request, tmp_path_factory)
+
+
+@pytest.fixture
+def persistkit_url(store_url: str) -> str:
+    return store_url
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[pk.Store]:
+    s = pk.connect(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def local_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[pk.Store]:
+    """A store on the two backends that need no service (for tests of engine logic)."""
+    s = pk.connect(make_url(request.param, request, tmp_path_factory))
+    yield s
+    s.close()

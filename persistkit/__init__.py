@@ -1,3 +1,68 @@
-"""persistkit: durable steps for AI agents (interim init during bootstrap)."""
-from ._errors import *  # noqa: F403
+"""persistkit: durable steps for AI agents.
+
+Put ``@pk.checkpointed`` on the functions of an agent loop and run a turn in
+``with pk.resume(thread_id):``. Every finished step is written to durable
+storage; a retry or a later invocation resumes at the first unfinished step.
+"""
+
+from ._api import checkpointed, current_run, current_step, resume
+from ._errors import (
+    BackendError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConflictError,
+    IntegrityError,
+    NonDeterminismError,
+    NotFoundError,
+    PersistkitError,
+    SchemaVersionError,
+    SerializationError,
+    StepFailedError,
+    StoreClosedError,
+)
+from ._records import Checkpoint
 from ._retry import Retry, set_testing
+from ._run import Run, StepEvent, StepInfo
+from ._serde import register
+from ._state import Reducer, State, TrackedList, add, append, merge, migration, replace
+from ._store import Store, connect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "Checkpoint",
+    "ConfigurationError",
+    "ConflictError",
+    "IntegrityError",
+    "NonDeterminismError",
+    "NotFoundError",
+    "PersistkitError",
+    "Reducer",
+    "Retry",
+    "Run",
+    "SchemaVersionError",
+    "SerializationError",
+    "State",
+    "StepEvent",
+    "StepFailedError",
+    "StepInfo",
+    "Store",
+    "StoreClosedError",
+    "TrackedList",
+    "add",
+    "append",
+    "checkpointed",
+    "connect",
+    "current_run",
+    "current_step",
+    "merge",
+    "migration",
+    "register",
+    "replace",
+    "resume",
+    "set_testing",
+]

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import builtins
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -99,7 +100,10 @@ class Backend(abc.ABC):
         If the head's current version is not ``expected_version``, raise
         ``ConflictError(thread_id=..., namespace=..., expected=...,
         found=<current version or 0>, found_checkpoint=<current head id>)``
-        and write nothing at all. Returns the new head.
+        and write nothing at all. A row whose ``checkpoint_id`` already exists
+        for ``(thread_id, namespace)`` raises ``BackendError`` and writes
+        nothing: ids are never reused, rows are never overwritten.
+        Returns the new head.
         """
 
     @abc.abstractmethod
@@ -125,7 +129,7 @@ class Backend(abc.ABC):
         run_id: str | None = None,
         before: str | None = None,
         limit: int | None = None,
-    ) -> list[CheckpointRow]:
+    ) -> builtins.list[CheckpointRow]:
         """Rows of ``(thread_id, namespace)``, newest first (``checkpoint_id``
         descending), only those with ``checkpoint_id < before`` when given,
         only those of ``run_id`` when given, at most ``limit`` when given."""
@@ -142,7 +146,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def threads(
         self, *, prefix: str = "", after: str | None = None, limit: int | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Thread ids that have at least one head, ascending, starting with
         ``prefix``, only those ``> after`` when given, at most ``limit``."""
 
@@ -183,7 +187,7 @@ class Backend(abc.ABC):
         run_id: str | None = None,
         before: str | None = None,
         limit: int | None = None,
-    ) -> list[CheckpointRow]:
+    ) -> builtins.list[CheckpointRow]:
         raise NotImplementedError
 
     async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -194,7 +198,7 @@ class Backend(abc.ABC):
 
     async def athreads(
         self, *, prefix: str = "", after: str | None = None, limit: int | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         raise NotImplementedError
 
     async def adelete_thread(self, thread_id: str) -> bool:
@@ -237,7 +241,7 @@ class ThreadedAsync(Backend):
         run_id: str | None = None,
         before: str | None = None,
         limit: int | None = None,
-    ) -> list[CheckpointRow]:
+    ) -> builtins.list[CheckpointRow]:
         return await asyncio.to_thread(
             self.list, thread_id, namespace, run_id=run_id, before=before, limit=limit
         )
@@ -250,7 +254,7 @@ class ThreadedAsync(Backend):
 
     async def athreads(
         self, *, prefix: str = "", after: str | None = None, limit: int | None = None
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         return await asyncio.to_thread(self.threads, prefix=prefix, after=after, limit=limit)
 
     async def adelete_thread(self, thread_id: str) -> bool:

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Project tasks. Needs only Python 3.11+; sets up ./.venv with everything itself.
+
+    python3 dev.py demo      run the quickstart demo (crash at step 14, resume)
+    python3 dev.py test      lint (ruff), types (mypy --strict), the whole test suite
+    python3 dev.py bench     the benchmarks under bench/ (installs the peers they compare with)
+
+Extra arguments after ``test`` go to pytest (``python3 dev.py test -k sqlite``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+
+
+def sh(*cmd: str | Path, check: bool = True) -> int:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run([str(c) for c in cmd], cwd=ROOT, check=check).returncode
+
+
+def ensure_venv(extras: str) -> None:
+    """Create .venv and install the project with ``extras`` when pyproject.toml changed."""
+    if sys.version_info < (3, 11):
+        sys.exit(f"persistkit needs Python 3.11+, this is {sys.version.split()[0]}")
+    stamp = VENV / f".installed-{extras.replace(',', '-')}"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want and PY.exists():
+        return
+    if not PY.exists():
+        sh(sys.executable, "-m", "venv", VENV)
+    sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    sh(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
+    stamp.write_text(want)
+
+
+def demo() -> int:
+    ensure_venv("all")
+    return sh(PY, "examples/quickstart.py", check=False)
+
+
+def test(args: list[str]) -> int:
+    ensure_venv("all,test")
+    failed = 0
+    failed |= sh(PY, "-m", "ruff", "check", "persistkit", "tests", "examples", "bench", "scripts", "dev.py", check=False)
+    failed |= sh(PY, "-m", "mypy", check=False)
+    if (ROOT / "scripts" / "unasync.py").exists():
+        failed |= sh(PY, "scripts/unasync.py", "--check", check=False)
+    failed |= sh(PY, "-m", "pytest", *args, check=False)
+    return 1 if failed else 0
+
+
+def bench(args: list[str]) -> int:
+    ensure_venv("all,bench")
+    failed = 0
+    for script in sorted((ROOT / "bench").glob("bench_*.py")):
+        failed |= sh(PY, script, *args, check=False)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "bench"}:
+        print(__doc__)
+        return 2
+    task, rest = sys.argv[1], sys.argv[2:]
+    if task == "demo":
+        return demo()
+    if task == "test":
+        return test(rest)
+    return bench(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

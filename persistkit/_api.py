@@ -1,0 +1,336 @@
+"""The user's view: ``@checkpointed`` steps and ``with resume(thread_id):`` blocks.
+
+The decorator picks a sync or an async driver once, at decoration time
+(like stamina). Outside a ``resume`` block a step is a plain call costing one
+context-variable lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import typing
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar, overload
+
+import tenacity
+
+from . import _serde
+from ._errors import ConfigurationError, PersistkitError
+from ._retry import Retry
+from ._run import Run, StepInfo
+from ._state import StateSpec
+from ._store import Store, check_namespace, check_thread_id, default_store
+
+__all__ = ["checkpointed", "current_run", "current_step", "resume"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class _Frame:
+    run: Run
+    path: str
+    step: StepInfo | None
+    seq: Iterator[int] = field(default_factory=itertools.count)
+
+    def child(self) -> str:
+        n = next(self.seq)  # itertools.count is atomic under the GIL: safe across threads
+        return f"{self.path}/{n}" if self.path else str(n)
+
+
+_CURRENT: ContextVar[_Frame | None] = ContextVar("persistkit_frame", default=None)
+
+
+def current_step() -> StepInfo | None:
+    """The step being executed (with its stable idempotency ``key``), or None outside a step."""
+    frame = _CURRENT.get()
+    return frame.step if frame is not None else None
+
+
+def current_run() -> Run | None:
+    """The run of the innermost ``resume`` block, or None."""
+    frame = _CURRENT.get()
+    return frame.run if frame is not None else None
+
+
+# -- resume ------------------------------------------------------------------------------
+
+
+class resume:  # noqa: N801  (used like a function: ``with pk.resume(...)``)
+    """Run a block as a durable run of ``thread_id``; ``with`` and ``async with`` both work.
+
+    Finished steps of an unfinished run replay from the store; the first
+    unrecorded step runs for real. ``run_id`` makes the block idempotent: the
+    same ``run_id`` twice replays the recorded run instead of running it again.
+    ``state`` is a ``pk.State`` subclass (or an instance: the initial state of a
+    new thread), a dict, or None for dict state.
+    """
+
+    def __init__(
+        self,
+        thread_id: str,
+        *,
+        store: Store | None = None,
+        state: Any = None,
+        run_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        namespace: str = "",
+    ) -> None:
+        self.thread_id = check_thread_id(thread_id)
+        if store is not None and not isinstance(store, Store):
+            raise ConfigurationError(f"store must be a persistkit Store (pk.connect(...)), got {store!r}")
+        if run_id is not None:
+            check_thread_id(run_id, "run_id")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ConfigurationError(f"metadata must be a dict, got {type(metadata).__name__}")
+        self.store = store
+        self.spec = StateSpec(state)
+        self.run_id = run_id
+        self.metadata = metadata
+        self.namespace = check_namespace(namespace)
+        self._run: Run | None = None
+        self._token: Token[_Frame | None] | None = None
+
+    def _new_run(self) -> Run:
+        if self._run is not None:
+            raise ConfigurationError("a resume() object can be entered once; call pk.resume(...) again")
+        self._run = Run(self.store or default_store(), self.thread_id, self.namespace, self.spec, self.metadata)
+        return self._run
+
+    def __enter__(self) -> Run:
+        run = self._new_run()
+        run.store.run_sync(run.open(self.run_id))
+        self._token = _CURRENT.set(_Frame(run, "", None))
+        return run
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        run = self._run
+        assert run is not None and self._token is not None
+        _CURRENT.reset(self._token)
+        if run.replay_only or (exc is not None and not isinstance(exc, Exception)):
+            return  # a replayed run writes nothing; an interrupt leaves the run unfinished
+        try:
+            with run.sync_lock():
+                run.store.run_sync(run.end_plan(exc))
+        except PersistkitError as end_exc:
+            if exc is None:
+                raise
+            exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+
+    async def __aenter__(self) -> Run:
+        run = self._new_run()
+        await run.store.run_async(run.open(self.run_id))
+        self._token = _CURRENT.set(_Frame(run, "", None))
+        return run
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        run = self._run
+        assert run is not None and self._token is not None
+        _CURRENT.reset(self._token)
+        if run.replay_only or (exc is not None and not isinstance(exc, Exception)):
+            return
+        try:
+            async with run.async_lock():
+                await run.store.run_async(run.end_plan(exc))
+        except PersistkitError as end_exc:
+            if exc is None:
+                raise
+            exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+
+
+# -- checkpointed --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Step:
+    fn: Callable[..., Any]
+    name: str
+    retry: Retry | None
+    check_args: bool
+    takes_thread_id: bool
+    hints_done: bool = False
+
+    def register_hints(self) -> None:
+        # Types named in the signature are trusted: a later process may revive them.
+        if not self.hints_done:
+            self.hints_done = True
+            try:
+                hints = typing.get_type_hints(self.fn, include_extras=True)
+            except Exception:  # unresolvable forward references: nothing to register
+                return
+            for hint in hints.values():
+                _serde.register_type_hints(hint)
+
+
+@overload
+def checkpointed(fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+
+@overload
+def checkpointed(
+    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def checkpointed(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    retry: Retry | None = None,
+    check_args: bool = True,
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    """Make a function a durable step: inside a ``resume`` block each call is recorded, and a
+    recorded call replays its result instead of running again.
+
+    ``name`` (default: the function's qualified name) is what replay matches
+    on; ``retry`` retries failed attempts, replaying finished child steps;
+    ``check_args`` refuses to replay a step called with different arguments.
+    Outside a block, pass ``thread_id=...`` to run the one call as a block.
+    """
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigurationError(f"@checkpointed(name={name!r}): name must be a non-empty str")
+    if retry is not None and not isinstance(retry, Retry):
+        raise ConfigurationError(f"@checkpointed(retry={retry!r}): expected pk.Retry(...)")
+
+    def decorate(f: Callable[P, R]) -> Callable[P, R]:
+        if not callable(f):
+            raise TypeError(f"@checkpointed decorates a function, got {f!r}")
+        if inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f):
+            raise TypeError(
+                f"@checkpointed cannot decorate the generator {f.__qualname__}: a generator's "
+                "values are produced after the call returns. Return a list instead, or make "
+                "each item a step"
+            )
+        try:
+            params = inspect.signature(f).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        step = _Step(f, name or getattr(f, "__qualname__", repr(f)), retry, check_args, "thread_id" in params)
+        _serde.register_module(getattr(f, "__module__", "") or "__main__")
+        if inspect.iscoroutinefunction(f):
+            return _async_wrapper(step)  # type: ignore[return-value]
+        return _sync_wrapper(step)
+
+    return decorate if fn is None else decorate(fn)
+
+
+def _sync_wrapper(step: _Step) -> Callable[..., Any]:
+    fn = step.fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = _CURRENT.get()
+        if frame is None:
+            if "thread_id" in kwargs and not step.takes_thread_id:
+                with resume(kwargs.pop("thread_id")):
+                    return wrapper(*args, **kwargs)
+            return fn(*args, **kwargs)
+        return _call_sync(step, frame, args, kwargs)
+
+    return wrapper
+
+
+def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
+    fn = step.fn
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = _CURRENT.get()
+        if frame is None:
+            if "thread_id" in kwargs and not step.takes_thread_id:
+                async with resume(kwargs.pop("thread_id")):
+                    return await wrapper(*args, **kwargs)
+            return await fn(*args, **kwargs)
+        return await _call_async(step, frame, args, kwargs)
+
+    return wrapper
+
+
+def _begin(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, str | None]:
+    """Position, the record to replay (or None) and the args digest of one step call."""
+    step.register_hints()
+    run = frame.run
+    position = frame.child()
+    rec = run.lookup(position, step.name)
+    digest = run.digest(args, kwargs) if step.check_args else None
+    if rec is not None:
+        run.check_args(rec, position, step.name, digest)
+    return position, rec, digest
+
+
+def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    run = frame.run
+    position, rec, digest = _begin(step, frame, args, kwargs)
+    if rec is not None:
+        return run.replay(rec)
+    attempt = 0
+
+    def body() -> Any:
+        nonlocal attempt
+        attempt += 1
+        info = StepInfo(run.thread_id, run.run_id, position, step.name, attempt)
+        token = _CURRENT.set(_Frame(run, position, info))
+        try:
+            return step.fn(*args, **kwargs)
+        except BaseException as exc:
+            run.mark_escaped(exc)
+            raise
+        finally:
+            _CURRENT.reset(token)
+
+    try:
+        if step.retry is None:
+            result = body()
+        else:
+            for att in tenacity.Retrying(**step.retry.tenacity_kwargs()):
+                with att:
+                    result = body()
+    except Exception as exc:
+        with run.sync_lock():
+            run.store.run_sync(run.step_plan(position, step.name, digest, error=exc))
+        raise
+    with run.sync_lock():
+        run.store.run_sync(run.step_plan(position, step.name, digest, result=result))
+    return result
+
+
+async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    run = frame.run
+    position, rec, digest = _begin(step, frame, args, kwargs)
+    if rec is not None:
+        return run.replay(rec)
+    attempt = 0
+
+    async def body() -> Any:
+        nonlocal attempt
+        attempt += 1
+        info = StepInfo(run.thread_id, run.run_id, position, step.name, attempt)
+        token = _CURRENT.set(_Frame(run, position, info))
+        try:
+            return await step.fn(*args, **kwargs)
+        except BaseException as exc:
+            run.mark_escaped(exc)
+            raise
+        finally:
+            _CURRENT.reset(token)
+
+    try:
+        if step.retry is None:
+            result = await body()
+        else:
+            async for att in tenacity.AsyncRetrying(**step.retry.tenacity_kwargs()):
+                with att:
+                    result = await body()
+    except Exception as exc:
+        async with run.async_lock():
+            await run.store.run_async(run.step_plan(position, step.name, digest, error=exc))
+        raise
+    async with run.async_lock():
+        await run.store.run_async(run.step_plan(position, step.name, digest, result=result))
+    return result

@@ -1,0 +1,105 @@
+"""The codec pipeline between Python values and the bytes a backend stores.
+
+value → serialize (type-tagged JSON, :mod:`persistkit._serde`) → compress
+above a size threshold → envelope. Reading runs it backwards and fails
+closed: bytes that are not a known envelope raise ``SerializationError``.
+
+Envelope: one version byte, then the body.
+
+* ``0x01`` — body is the serialized JSON as is.
+* ``0x02`` — body is the serialized JSON compressed with zlib.
+
+Content addresses (blob keys of unchanged values) hash the serialized bytes,
+before compression, so a value has one address however it is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from typing import Any
+
+from ._errors import SerializationError
+from ._serde import Serializer
+
+__all__ = ["Codec", "content_hash"]
+
+_PLAIN = b"\x01"
+_ZLIB = b"\x02"
+
+
+def content_hash(data: bytes) -> str:
+    """32 hex digits of BLAKE2b over ``data``: the content address of a serialized value."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class Codec:
+    """Serializes values and seals them into envelopes (and back)."""
+
+    def __init__(
+        self,
+        serializer: Serializer | None = None,
+        *,
+        compress_threshold: int = 1024,
+        compress_level: int = 1,
+    ) -> None:
+        self.serializer = serializer or Serializer()
+        self.compress_threshold = compress_threshold
+        self.compress_level = compress_level
+
+    # -- trees (JSON-able structures) -----------------------------------------
+
+    def encode(self, value: Any, path: str = "value") -> Any:
+        return self.serializer.encode(value, path=path)
+
+    def decode(self, tree: Any, path: str = "value") -> Any:
+        return self.serializer.decode(tree, path=path)
+
+    @staticmethod
+    def dump_tree(tree: Any) -> bytes:
+        """Compact JSON bytes of an already-encoded tree."""
+        return json.dumps(tree, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    @staticmethod
+    def load_tree(data: bytes, path: str = "value") -> Any:
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise SerializationError(f"stored bytes are not valid JSON ({exc})", path=path) from exc
+
+    # -- envelopes ------------------------------------------------------------
+
+    def seal(self, data: bytes) -> bytes:
+        """Wrap serialized bytes in an envelope, compressing them when large."""
+        if len(data) >= self.compress_threshold:
+            packed = zlib.compress(data, self.compress_level)
+            if len(packed) < len(data):
+                return _ZLIB + packed
+        return _PLAIN + data
+
+    def open(self, blob: bytes, path: str = "value") -> bytes:
+        """The serialized bytes inside an envelope."""
+        if not blob:
+            raise SerializationError("stored record is empty", path=path)
+        kind = blob[:1]
+        if kind == _PLAIN:
+            return bytes(blob[1:])
+        if kind == _ZLIB:
+            try:
+                return zlib.decompress(blob[1:])
+            except zlib.error as exc:
+                raise SerializationError(f"compressed record is corrupt ({exc})", path=path) from exc
+        raise SerializationError(
+            f"unknown record envelope 0x{blob[0]:02x}: written by a newer persistkit, "
+            "or not written by persistkit (an encrypted store opened without its key?)",
+            path=path,
+        )
+
+    # -- whole values -----------------------------------------------------------
+
+    def pack_tree(self, tree: Any) -> bytes:
+        return self.seal(self.dump_tree(tree))
+
+    def unpack_tree(self, blob: bytes, path: str = "value") -> Any:
+        return self.load_tree(self.open(blob, path), path)

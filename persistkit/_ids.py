@@ -1,0 +1,50 @@
+"""Identifiers: time-ordered checkpoint ids and random run ids.
+
+A checkpoint id is 24 lowercase hex digits: 12 for the Unix time in
+milliseconds, 12 for a per-process counter seeded at random. Ids sort in
+creation order within a process; across processes a thread's order comes
+from its parent links, and :func:`next_checkpoint_id` makes every new id
+sort after its parent's, so listing a thread by id is listing it in order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+
+__all__ = ["is_checkpoint_id", "new_run_id", "next_checkpoint_id"]
+
+_WIDTH = 24
+_RE = re.compile(r"^[0-9a-f]{24}$")
+_lock = threading.Lock()
+_last = 0
+
+
+def next_checkpoint_id(parent: str | None = None) -> str:
+    """A new checkpoint id, greater than ``parent`` and than any id made before in this process."""
+    global _last
+    now = (int(time.time() * 1000) << 48) | (int.from_bytes(os.urandom(4), "big") << 8)
+    with _lock:
+        value = max(now, _last + 1)
+        if parent is not None and _RE.match(parent):
+            value = max(value, int(parent, 16) + 1)
+        _last = value
+    return format(value & ((1 << (4 * _WIDTH)) - 1), f"0{_WIDTH}x")
+
+
+def is_checkpoint_id(value: object) -> bool:
+    return isinstance(value, str) and _RE.match(value) is not None
+
+
+def checkpoint_time(checkpoint_id: str) -> float:
+    """The creation time encoded in a checkpoint id, in seconds since the epoch."""
+    return (int(checkpoint_id, 16) >> 48) / 1000.0
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+

@@ -1,0 +1,150 @@
+"""One copy of every store operation, driven by a blocking and an awaiting loop.
+
+Operations on a store (resume, commit a step, history, fork, ...) are
+written once as generators that yield :class:`Call` requests ("call the
+backend's ``head``") and receive the results. :func:`run_sync` drives them
+with a backend's sync methods, :func:`run_async` with its async twins —
+the tenacity pattern: decision logic without I/O, two short loops.
+
+Both loops retry :class:`~persistkit.BackendUnavailableError` with bounded
+backoff. A ``write`` whose outcome is unknown (the connection died around
+the commit) is resolved by reading the head before it is retried: if the
+head is already our checkpoint the write happened; if another writer moved
+it, that is a conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ._errors import BackendError, BackendUnavailableError, ConflictError, PersistkitError
+from ._retry import testing_enabled
+from .backends import Backend, CheckpointRow, Head
+
+__all__ = ["Call", "Plan", "call", "run_async", "run_sync"]
+
+T = TypeVar("T")
+
+#: Attempts for a transient backend failure before it is raised to the caller.
+TRANSIENT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+Plan = Generator[Call, Any, T]
+
+
+def call(method: str, *args: Any, **kwargs: Any) -> Call:
+    return Call(method, args, kwargs)
+
+
+def _backoff(attempt: int) -> float:
+    if testing_enabled():
+        return 0.0
+    return min(1.0, 0.05 * (2**attempt)) * (0.5 + random.random() / 2)
+
+
+def _resolve_write(req: Call, head: Head | None) -> Head | None:
+    """After an ambiguous write: the head if it landed, None to retry it, or raise a conflict."""
+    row: CheckpointRow = req.args[0]
+    expected: int = req.args[2]
+    if head is not None and head.checkpoint_id == row.checkpoint_id:
+        return head
+    found = head.version if head else 0
+    if found == expected:
+        return None
+    raise ConflictError(
+        thread_id=row.thread_id,
+        namespace=row.namespace,
+        expected=expected,
+        found=found,
+        found_checkpoint=head.checkpoint_id if head else None,
+    )
+
+
+def _checked(method: str, exc: BaseException) -> BaseException:
+    if isinstance(exc, PersistkitError):
+        return exc
+    return BackendError(f"store backend failed in {method}(): {type(exc).__name__}: {exc}")
+
+
+def _sync_call(backend: Backend, req: Call) -> Any:
+    last: BackendUnavailableError | None = None
+    for attempt in range(TRANSIENT_ATTEMPTS):
+        try:
+            if last is not None and req.method == "write":
+                head = backend.head(req.args[0].thread_id, req.args[0].namespace)
+                landed = _resolve_write(req, head)
+                if landed is not None:
+                    return landed
+            return getattr(backend, req.method)(*req.args, **req.kwargs)
+        except BackendUnavailableError as exc:
+            last = exc
+            time.sleep(_backoff(attempt))
+        except PersistkitError:
+            raise
+        except Exception as exc:  # a backend that let a driver error escape
+            raise _checked(req.method, exc) from exc
+    assert last is not None
+    raise last
+
+
+async def _async_call(backend: Backend, req: Call) -> Any:
+    last: BackendUnavailableError | None = None
+    for attempt in range(TRANSIENT_ATTEMPTS):
+        try:
+            if last is not None and req.method == "write":
+                head = await backend.ahead(req.args[0].thread_id, req.args[0].namespace)
+                landed = _resolve_write(req, head)
+                if landed is not None:
+                    return landed
+            return await getattr(backend, "a" + req.method)(*req.args, **req.kwargs)
+        except BackendUnavailableError as exc:
+            last = exc
+            await asyncio.sleep(_backoff(attempt))
+        except PersistkitError:
+            raise
+        except Exception as exc:
+            raise _checked(req.method, exc) from exc
+    assert last is not None
+    raise last
+
+
+def run_sync(backend: Backend, plan: Plan[T]) -> T:
+    """Drive ``plan`` with the backend's blocking methods."""
+    try:
+        req = next(plan)
+        while True:
+            try:
+                result = _sync_call(backend, req)
+            except BaseException as exc:
+                req = plan.throw(exc)
+            else:
+                req = plan.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def run_async(backend: Backend, plan: Plan[T]) -> T:
+    """Drive ``plan`` with the backend's async twins."""
+    try:
+        req = next(plan)
+        while True:
+            try:
+                result = await _async_call(backend, req)
+            except BaseException as exc:
+                req = plan.throw(exc)
+            else:
+                req = plan.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]

@@ -1,0 +1,132 @@
+"""What one checkpoint row's payload holds, and the public view of it.
+
+The payload is a JSON object (sealed by the codec), with short keys because
+it is written on every step:
+
+====  =====================================================================
+``k``  kind: ``step`` (a step finished), ``end`` (a run ended), ``fork``
+       (first checkpoint of a forked thread), ``update`` (state edited
+       outside a run)
+``p``  step position (call path, e.g. ``"2/0"``) — steps only
+``n``  step name — steps only
+``s``  step status: ``completed`` or ``failed`` — steps only
+``rs`` run status after this checkpoint: running / completed / failed / suspended
+``sc`` ``[schema name, version]`` of the state, or null for dict state
+``t``  creation time (seconds since the epoch)
+``m``  user metadata (encoded tree)
+``ch`` channel refs (see ``_channels``)
+``r``  recorded result (encoded tree), or ``rb``: blob key of a large one
+``e``  recorded error (encoded exception tree)
+``a``  digest of the step's arguments
+``x``  end records: checkpoint ids of failures that ended the attempt
+``f``  fork records: ``[source thread, source checkpoint]``
+====  =====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ._codec import Codec
+from ._errors import SerializationError
+from .backends import CheckpointRow
+
+__all__ = ["Checkpoint", "Record"]
+
+KINDS = frozenset({"step", "end", "fork", "update"})
+
+
+@dataclass(slots=True)
+class Record:
+    """A decoded checkpoint row (internal)."""
+
+    row: CheckpointRow
+    body: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return self.row.checkpoint_id
+
+    @property
+    def kind(self) -> str:
+        return str(self.body["k"])
+
+    @property
+    def refs(self) -> dict[str, dict[str, Any]]:
+        refs: dict[str, dict[str, Any]] = self.body.get("ch") or {}
+        return refs
+
+    @property
+    def schema(self) -> tuple[str, int] | None:
+        sc = self.body.get("sc")
+        return (str(sc[0]), int(sc[1])) if sc else None
+
+    @property
+    def run_status(self) -> str | None:
+        rs = self.body.get("rs")
+        return None if rs is None else str(rs)
+
+    @classmethod
+    def decode(cls, codec: Codec, row: CheckpointRow) -> Record:
+        where = f"checkpoint {row.checkpoint_id} of thread {row.thread_id!r}"
+        body = codec.unpack_tree(row.payload, where)
+        if not isinstance(body, dict) or body.get("k") not in KINDS or not isinstance(body.get("ch", {}), dict):
+            raise SerializationError("not a persistkit checkpoint record", path=where)
+        return cls(row, body)
+
+    def public(self, codec: Codec) -> Checkpoint:
+        b = self.body
+        err = b.get("e")
+        error = None
+        if isinstance(err, dict):
+            error = f"{err.get('type', 'Exception')}: {err.get('message', '')}"
+        f = b.get("f")
+        meta = b.get("m")
+        return Checkpoint(
+            thread_id=self.row.thread_id,
+            namespace=self.row.namespace,
+            checkpoint_id=self.row.checkpoint_id,
+            parent_id=self.row.parent_id,
+            run_id=self.row.run_id,
+            kind=self.kind,
+            step=b.get("n"),
+            position=b.get("p"),
+            status=b.get("s"),
+            run_status=self.run_status,
+            schema=self.schema,
+            created_at=datetime.fromtimestamp(float(b.get("t", 0.0)), UTC),
+            metadata=codec.decode(meta, "metadata") if meta else {},
+            error=error,
+            forked_from=(str(f[0]), str(f[1])) if f else None,
+            channels=tuple(sorted(self.refs)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One entry of a thread's history (``store.history(...)``).
+
+    ``kind`` is ``step`` (a step finished: ``step``, ``position``, ``status``
+    say which and how), ``end`` (a run ended with ``run_status``), ``fork``
+    (the first checkpoint of a forked thread; ``forked_from`` names the source)
+    or ``update`` (state edited with ``store.update_state``).
+    """
+
+    thread_id: str
+    namespace: str
+    checkpoint_id: str
+    parent_id: str | None
+    run_id: str | None
+    kind: str
+    step: str | None
+    position: str | None
+    status: str | None
+    run_status: str | None
+    schema: tuple[str, int] | None
+    created_at: datetime
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    forked_from: tuple[str, str] | None = None
+    channels: tuple[str, ...] = ()

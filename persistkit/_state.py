@@ -1,0 +1,393 @@
+"""Run state: typed, versioned, made of top-level fields ("channels").
+
+``run.state`` is a :class:`State` (a pydantic model) or a plain ``dict``.
+Each top-level field is a channel, stored on its own so an unchanged channel
+costs nothing on the next checkpoint. Fields may carry a reducer
+(``Annotated[list[Msg], pk.append]``) that says how :meth:`Run.update` and
+``fork(update=...)`` combine a new value with the old one.
+
+List channels are held in a :class:`TrackedList`, a ``list`` that remembers
+whether anything but appending happened to it, so the commit after a step
+can tell "1 KB appended" from "list rewritten" without comparing 5 MB.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, SupportsIndex
+
+from pydantic import BaseModel, ConfigDict
+from pydantic import ValidationError as PydanticValidationError
+
+from . import _serde
+from ._errors import ConfigurationError, SchemaVersionError
+
+__all__ = [
+    "Reducer",
+    "State",
+    "StateSpec",
+    "TrackedList",
+    "add",
+    "append",
+    "merge",
+    "migration",
+    "replace",
+]
+
+
+# -- reducers -----------------------------------------------------------------
+
+
+class Reducer:
+    """How an update combines with a channel's current value: ``fn(old, new) -> value``."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"Reducer needs a callable(old, new), got {fn!r}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "reducer")
+
+    def __call__(self, old: Any, new: Any) -> Any:
+        return self.fn(old, new)
+
+    def __repr__(self) -> str:
+        return f"persistkit.{self.name}" if self.name in _BUILTIN_NAMES else f"Reducer({self.name})"
+
+
+def _append(old: Any, new: Any) -> Any:
+    items = list(new) if isinstance(new, list | tuple) else [new]
+    if old is None:
+        return TrackedList(items)
+    old.extend(items)
+    return old
+
+
+def _add(old: Any, new: Any) -> Any:
+    return new if old is None else old + new
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if old is None:
+        return dict(new)
+    if not isinstance(new, dict):
+        raise ConfigurationError(f"merge reducer needs a dict update, got {type(new).__name__}")
+    old.update(new)
+    return old
+
+
+#: Appends the update (an item or a list of items) to the list.
+append = Reducer(_append, "append")
+#: Adds the update to the value (numbers, strings, lists).
+add = Reducer(_add, "add")
+#: Merges the update (a dict) into the dict.
+merge = Reducer(_merge, "merge")
+#: Replaces the value (the default for fields without a reducer).
+replace = Reducer(lambda old, new: new, "replace")
+_BUILTIN_NAMES = frozenset({"append", "add", "merge", "replace"})
+
+
+# -- change-tracked lists -----------------------------------------------------
+
+
+class TrackedList(list[Any]):
+    """A ``list`` that notes any change other than appending (``append``, ``extend``, ``+=``).
+
+    persistkit stores a list channel as segments of appended items; a list
+    that was only appended to costs one small segment per checkpoint. Any
+    other mutation sets ``_pk_dirty`` and the next checkpoint rewrites it.
+    """
+
+    __slots__ = ("_pk_dirty",)
+
+    def __init__(self, items: Iterable[Any] = ()) -> None:
+        super().__init__(items)
+        self._pk_dirty = False
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._pk_dirty = True
+        super().__setitem__(index, value)
+
+    def __delitem__(self, index: SupportsIndex | slice) -> None:
+        self._pk_dirty = True
+        super().__delitem__(index)
+
+    def __imul__(self, n: SupportsIndex) -> TrackedList:  # type: ignore[override]
+        self._pk_dirty = True
+        super().__imul__(n)
+        return self
+
+    def insert(self, index: SupportsIndex, value: Any) -> None:
+        self._pk_dirty = True
+        super().insert(index, value)
+
+    def pop(self, index: SupportsIndex = -1) -> Any:
+        self._pk_dirty = True
+        return super().pop(index)
+
+    def remove(self, value: Any) -> None:
+        self._pk_dirty = True
+        super().remove(value)
+
+    def clear(self) -> None:
+        self._pk_dirty = True
+        super().clear()
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self._pk_dirty = True
+        super().sort(*args, **kwargs)
+
+    def reverse(self) -> None:
+        self._pk_dirty = True
+        super().reverse()
+
+    def _pk_reset(self, items: list[Any]) -> None:
+        """Replace the contents in place (replay) without marking the list dirty."""
+        list.__setitem__(self, slice(None), items)
+        self._pk_dirty = False
+
+
+# -- State ----------------------------------------------------------------------
+
+
+class State(BaseModel):
+    """Base class of typed run state. ``class Chat(pk.State, version=2): ...``.
+
+    ``version`` (default 1) is stamped on every checkpoint; loading an older
+    version runs the :func:`migration` chain. ``name`` (default: the class's
+    qualified name) identifies the schema in storage; set it explicitly to
+    rename the class without breaking stored threads.
+    """
+
+    model_config = ConfigDict(validate_default=False, revalidate_instances="never")
+
+    __pk_version__: ClassVar[int] = 1
+    __pk_schema__: ClassVar[str] = "State"
+
+    def __init_subclass__(cls, *, version: int = 1, name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ConfigurationError(
+                f"class {cls.__qualname__}(pk.State, version={version!r}): version must be an int >= 1"
+            )
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigurationError(
+                f"class {cls.__qualname__}(pk.State, name={name!r}): name must be a non-empty str"
+            )
+        cls.__pk_version__ = version
+        cls.__pk_schema__ = name or cls.__qualname__
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__()
+        # Field types of a state class are trusted: a later process may revive them.
+        _serde.register(cls)
+        _serde.register_module(cls.__module__)
+        for field in cls.model_fields.values():
+            _serde.register_type_hints(field.annotation)
+
+
+_MIGRATIONS: dict[tuple[type[BaseModel], int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+_MIGRATIONS_LOCK = threading.Lock()
+
+MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def migration(state: type[State], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
+    """Register ``fn(data) -> data`` upgrading ``state``'s stored fields from ``from_version``
+    to ``from_version + 1``. ``data`` is a dict of field name to value."""
+    if not (isinstance(state, type) and issubclass(state, State)):
+        raise ConfigurationError(f"@pk.migration needs a pk.State subclass, got {state!r}")
+    if not isinstance(from_version, int) or not 1 <= from_version < state.__pk_version__:
+        raise ConfigurationError(
+            f"@pk.migration({state.__qualname__}, from_version={from_version!r}): "
+            f"from_version must be between 1 and {state.__pk_version__ - 1} "
+            f"({state.__qualname__} is version {state.__pk_version__})"
+        )
+
+    def register(fn: MigrationFn) -> MigrationFn:
+        if not callable(fn):
+            raise ConfigurationError(f"@pk.migration decorates a function, got {fn!r}")
+        with _MIGRATIONS_LOCK:
+            key = (state, from_version)
+            if key in _MIGRATIONS and _MIGRATIONS[key] is not fn:
+                raise ConfigurationError(
+                    f"a migration of {state.__qualname__} from version {from_version} "
+                    "is already registered"
+                )
+            _MIGRATIONS[key] = fn
+        return fn
+
+    return register
+
+
+# -- StateSpec: one object that knows how to handle a state class or dicts ------
+
+
+class StateSpec:
+    """Everything the runtime needs to know about a run's state type."""
+
+    def __init__(self, state: Any = None) -> None:
+        self.initial: Any = None
+        if isinstance(state, BaseModel):
+            self.initial = state
+            state = type(state)
+        elif isinstance(state, dict):
+            self.initial = state
+            state = dict
+        if state is None or state is dict:
+            self.cls: type[BaseModel] | None = None
+            self.name: str | None = None
+            self.version = 1
+            self.reducers: dict[str, Reducer] = {}
+            return
+        if not (isinstance(state, type) and issubclass(state, BaseModel)):
+            raise ConfigurationError(
+                f"state={state!r}: expected a pk.State subclass (or a pydantic model), "
+                "an instance of one, a dict, or None"
+            )
+        self.cls = state
+        if issubclass(state, State):
+            self.name = state.__pk_schema__
+            self.version = state.__pk_version__
+        else:
+            _serde.register(state)
+            for field in state.model_fields.values():
+                _serde.register_type_hints(field.annotation)
+            self.name = state.__qualname__
+            self.version = 1
+        self.reducers = {}
+        for fname, field in state.model_fields.items():
+            for meta in field.metadata:
+                if isinstance(meta, Reducer):
+                    self.reducers[fname] = meta
+
+    @property
+    def schema(self) -> tuple[str, int] | None:
+        return None if self.name is None else (self.name, self.version)
+
+    # -- creating and reading -------------------------------------------------
+
+    def empty(self) -> Any:
+        """The state of a thread that has no checkpoint yet."""
+        if self.initial is not None:
+            value = self.initial.model_copy(deep=True) if isinstance(self.initial, BaseModel) else _deep(self.initial)
+            return self.track(value)
+        if self.cls is None:
+            return {}
+        try:
+            return self.track(self.cls())
+        except PydanticValidationError as exc:
+            raise ConfigurationError(
+                f"state class {self.cls.__qualname__} cannot be created without arguments ({exc}); "
+                "give every field a default, or pass an instance: resume(..., state=Chat(...))"
+            ) from exc
+
+    def channels(self, state: Any) -> dict[str, Any]:
+        if self.cls is None:
+            if not isinstance(state, dict):
+                raise ConfigurationError(
+                    f"run.state must stay a dict, it was replaced by a {type(state).__name__}"
+                )
+            return state
+        d = state.__dict__
+        return {name: d[name] for name in self.cls.model_fields if name in d}
+
+    def set_channel(self, state: Any, name: str, value: Any) -> None:
+        if self.cls is None:
+            state[name] = value
+        else:
+            state.__dict__[name] = value
+
+    def del_channel(self, state: Any, name: str) -> None:
+        if self.cls is None:
+            state.pop(name, None)
+
+    def build(self, channels: dict[str, Any], stored: tuple[str, int] | None, where: str) -> Any:
+        """A state object from stored channel values, migrated to the code's version."""
+        if self.cls is None:
+            return self.track(dict(channels))
+        data = self.migrate(channels, stored, where)
+        try:
+            obj = self.cls.model_validate(data)
+        except PydanticValidationError as exc:
+            raise SchemaVersionError(
+                f"{where}: stored state does not validate as {self.cls.__qualname__} "
+                f"version {self.version}: {exc.errors(include_url=False)[:3]}. If the class changed, "
+                f"bump its version and add a @pk.migration"
+            ) from exc
+        return self.track(obj)
+
+    def migrate(self, data: dict[str, Any], stored: tuple[str, int] | None, where: str) -> dict[str, Any]:
+        assert self.cls is not None
+        if stored is None:
+            return data
+        name, version = stored
+        if name != self.name:
+            raise SchemaVersionError(
+                f"{where}: stored state is schema {name!r} version {version}, but the code uses "
+                f"{self.name!r} version {self.version}. If the class was renamed, declare "
+                f"class {self.cls.__name__}(pk.State, name={name!r})"
+            )
+        if version > self.version:
+            raise SchemaVersionError(
+                f"{where}: stored state is {name!r} version {version}, newer than the code's "
+                f"version {self.version}. Deploy the newer code, or fork from an older checkpoint"
+            )
+        for v in range(version, self.version):
+            fn = _MIGRATIONS.get((self.cls, v))
+            if fn is None:
+                raise SchemaVersionError(
+                    f"{where}: stored state is {name!r} version {version}, the code is version "
+                    f"{self.version}, and no migration from version {v} to {v + 1} is registered: "
+                    f"add @pk.migration({self.cls.__qualname__}, from_version={v})"
+                )
+            out = fn(dict(data))
+            if not isinstance(out, dict):
+                raise SchemaVersionError(
+                    f"migration of {name!r} from version {v} returned {type(out).__name__}, not a dict"
+                )
+            data = out
+        return data
+
+    def track(self, state: Any) -> Any:
+        """Swap top-level lists for :class:`TrackedList` (in place)."""
+        for name, value in list(self.channels(state).items()):
+            if isinstance(value, list) and not isinstance(value, TrackedList):
+                self.set_channel(state, name, TrackedList(value))
+        return state
+
+    # -- updates ------------------------------------------------------------------
+
+    def update(self, state: Any, changes: dict[str, Any]) -> None:
+        """Apply ``changes`` through each channel's reducer (replace by default)."""
+        current = self.channels(state)
+        if self.cls is not None:
+            unknown = set(changes) - set(self.cls.model_fields)
+            if unknown:
+                raise ConfigurationError(
+                    f"update of {self.cls.__qualname__}: unknown field(s) {sorted(unknown)}; "
+                    f"fields are {sorted(self.cls.model_fields)}"
+                )
+        for name, new in changes.items():
+            reducer = self.reducers.get(name)
+            old = current.get(name)
+            if reducer is None:
+                value = new
+            elif reducer is append and old is not None and not isinstance(old, list):
+                raise ConfigurationError(f"append reducer on {name!r}: the value is not a list")
+            else:
+                value = reducer(old, new)
+            if isinstance(value, list) and not isinstance(value, TrackedList):
+                value = TrackedList(value)
+            self.set_channel(state, name, value)
+
+
+def _deep(value: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(value)
+
+

@@ -1,0 +1,470 @@
+"""The store: one durable backend plus the codec, with history and time travel on top.
+
+Every operation is written once as a plan (see ``_io``) and exposed twice:
+``store.history(...)`` blocks, ``await store.ahistory(...)`` does not.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ._channels import Loader, Tracker
+from ._codec import Codec
+from ._errors import ConfigurationError, NotFoundError, StoreClosedError
+from ._ids import is_checkpoint_id, next_checkpoint_id
+from ._io import Plan, call, run_async, run_sync
+from ._records import Checkpoint, Record
+from ._serde import Serializer
+from ._state import StateSpec
+from .backends import Backend, CheckpointRow, Head, open_backend
+
+__all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
+
+#: Where ``pk.connect()`` keeps its data when neither a URL nor $PERSISTKIT_URL is given.
+DEFAULT_URL = "sqlite:///.persistkit/persistkit.db"
+MAX_ID_LENGTH = 512
+
+
+def check_thread_id(thread_id: object, what: str = "thread_id") -> str:
+    if not isinstance(thread_id, str):
+        raise ConfigurationError(f"{what} must be a str, got {type(thread_id).__name__}")
+    if not thread_id or not thread_id.strip():
+        raise ConfigurationError(f"{what} must be a non-empty string, got {thread_id!r}")
+    if len(thread_id) > MAX_ID_LENGTH or "\x00" in thread_id:
+        raise ConfigurationError(
+            f"{what} must be at most {MAX_ID_LENGTH} characters without NUL, "
+            f"got {len(thread_id)} characters"
+        )
+    return thread_id
+
+
+def check_namespace(namespace: object) -> str:
+    if not isinstance(namespace, str) or len(namespace) > MAX_ID_LENGTH or "\x00" in namespace:
+        raise ConfigurationError(f"namespace must be a str of at most {MAX_ID_LENGTH} characters")
+    return namespace
+
+
+def _check_limit(limit: object) -> int | None:
+    if limit is None:
+        return None
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigurationError(f"limit must be a positive int or None, got {limit!r}")
+    return limit
+
+
+class Store:
+    """A durable store. Open one with :func:`connect`; share it across threads and runs."""
+
+    def __init__(self, backend: Backend, *, codec: Codec | None = None) -> None:
+        if not isinstance(backend, Backend):
+            raise ConfigurationError(f"Store needs a persistkit Backend, got {type(backend).__name__}")
+        self.backend = backend
+        self.codec = codec or Codec()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def __repr__(self) -> str:
+        return f"<persistkit.Store {self.url}>"
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.url} is closed; open a new one with pk.connect(...)")
+
+    def run_sync(self, plan: Plan[Any]) -> Any:
+        self._check_open()
+        return run_sync(self.backend, plan)
+
+    async def run_async(self, plan: Plan[Any]) -> Any:
+        self._check_open()
+        return await run_async(self.backend, plan)
+
+    def close(self) -> None:
+        """Close the backend. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.backend.close()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.backend.aclose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- plans shared by the public methods and the runtime ---------------------------
+
+    def read_record(self, thread_id: str, namespace: str, checkpoint_id: str | None) -> Plan[Record]:
+        if checkpoint_id is None:
+            head = yield call("head", thread_id, namespace)
+            if head is None:
+                raise NotFoundError(f"thread {thread_id!r} has no checkpoints")
+            checkpoint_id = head.checkpoint_id
+        elif not is_checkpoint_id(checkpoint_id):
+            raise NotFoundError(
+                f"thread {thread_id!r} has no checkpoint {checkpoint_id!r} (not a checkpoint id)"
+            )
+        row = yield call("get", thread_id, namespace, checkpoint_id)
+        if row is None:
+            raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
+        return Record.decode(self.codec, row)
+
+    def load_state(self, rec: Record, spec: StateSpec, loader: Loader | None = None) -> Plan[Any]:
+        loader = loader or Loader(self.codec, rec.row.thread_id)
+        yield from loader.fetch([rec.refs])
+        channels = {name: loader.value(name, ref) for name, ref in rec.refs.items()}
+        where = f"thread {rec.row.thread_id!r} checkpoint {rec.id}"
+        return spec.build(channels, rec.schema, where)
+
+    def _history(
+        self,
+        thread_id: str,
+        namespace: str,
+        limit: int | None,
+        before: str | None,
+        run_id: str | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> Plan[list[Checkpoint]]:
+        out: list[Checkpoint] = []
+        page = limit if not metadata else max(limit or 0, 100)
+        cursor = before
+        while True:
+            rows = yield call("list", thread_id, namespace, run_id=run_id, before=cursor, limit=page)
+            for row in rows:
+                cp = Record.decode(self.codec, row).public(self.codec)
+                if metadata and any(cp.metadata.get(k, _MISSING) != v for k, v in metadata.items()):
+                    continue
+                out.append(cp)
+                if limit is not None and len(out) >= limit:
+                    return out
+            if not rows or page is None or len(rows) < page:
+                return out
+            cursor = rows[-1].checkpoint_id
+
+    def _get_state(self, thread_id: str, checkpoint_id: str | None, spec: StateSpec, namespace: str) -> Plan[Any]:
+        rec = yield from self.read_record(thread_id, namespace, checkpoint_id)
+        state = yield from self.load_state(rec, spec)
+        return state
+
+    def _write_state(
+        self,
+        thread_id: str,
+        namespace: str,
+        state: Any,
+        spec: StateSpec,
+        body: dict[str, Any],
+        parent: Record | None,
+        expected: int,
+        tracker: Tracker,
+    ) -> Plan[Checkpoint]:
+        diff = tracker.diff(spec.channels(state))
+        body = {**body, "sc": list(spec.schema) if spec.schema else None, "t": time.time(), "ch": diff.refs}
+        row = CheckpointRow(
+            thread_id,
+            namespace,
+            next_checkpoint_id(parent.id if parent else None),
+            parent.id if parent else None,
+            None,
+            self.codec.pack_tree(body),
+        )
+        yield call("write", row, diff.blobs, expected)
+        return Record(row, body).public(self.codec)
+
+    def _fork(
+        self,
+        thread_id: str,
+        checkpoint_id: str | None,
+        new_thread_id: str,
+        update: Mapping[str, Any] | None,
+        spec: StateSpec,
+        namespace: str,
+        metadata: Mapping[str, Any] | None,
+    ) -> Plan[Checkpoint]:
+        src = yield from self.read_record(thread_id, namespace, checkpoint_id)
+        state = yield from self.load_state(src, spec)
+        if spec.cls is None and src.schema is not None:
+            spec.name, spec.version = src.schema  # dict view of typed state: keep its stamp
+        if update:
+            spec.update(state, dict(update))
+        existing = yield call("head", new_thread_id, namespace)
+        if existing is not None:
+            raise ConfigurationError(
+                f"cannot fork into thread {new_thread_id!r}: it already exists; pick a new id "
+                "or leave new_thread_id out to get a fresh one"
+            )
+        body = {
+            "k": "fork",
+            "rs": None,
+            "m": self.codec.encode(dict(metadata or {}), "metadata"),
+            "f": [thread_id, src.id],
+        }
+        cp = yield from self._write_state(
+            new_thread_id, namespace, state, spec, body, None, 0, Tracker(self.codec)
+        )
+        return cp
+
+    def _update_state(
+        self,
+        thread_id: str,
+        changes: Mapping[str, Any],
+        spec: StateSpec,
+        namespace: str,
+        metadata: Mapping[str, Any] | None,
+    ) -> Plan[Checkpoint]:
+        head: Head | None = yield call("head", thread_id, namespace)
+        tracker = Tracker(self.codec)
+        if head is None:
+            rec, state = None, spec.empty()
+        else:
+            rec = yield from self.read_record(thread_id, namespace, head.checkpoint_id)
+            loader = Loader(self.codec, thread_id)
+            state = yield from self.load_state(rec, spec, loader)
+            tracker.reset(rec.refs, loader)
+        spec.update(state, dict(changes))
+        body = {"k": "update", "rs": rec.run_status if rec else None,
+                "m": self.codec.encode(dict(metadata or {}), "metadata")}
+        cp = yield from self._write_state(
+            thread_id, namespace, state, spec, body, rec, head.version if head else 0, tracker
+        )
+        return cp
+
+    # -- public API (sync) -----------------------------------------------------------
+
+    def threads(self, *, prefix: str = "", after: str | None = None, limit: int | None = None) -> list[str]:
+        """Thread ids in the store, ascending; filter by ``prefix``, page with ``after`` / ``limit``."""
+        result: list[str] = self.run_sync(_threads_plan(prefix, after, limit))
+        return result
+
+    def history(
+        self,
+        thread_id: str,
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        namespace: str = "",
+    ) -> list[Checkpoint]:
+        """A thread's checkpoints, newest first. Page with ``before=<last checkpoint_id>``;
+        filter by ``run_id`` and by ``metadata`` (every given key must be equal)."""
+        check_thread_id(thread_id)
+        result: list[Checkpoint] = self.run_sync(
+            self._history(thread_id, check_namespace(namespace), _check_limit(limit), before, run_id, metadata)
+        )
+        return result
+
+    def get_checkpoint(self, thread_id: str, checkpoint_id: str | None = None, *, namespace: str = "") -> Checkpoint:
+        """One checkpoint (the head when ``checkpoint_id`` is None). ``NotFoundError`` if absent."""
+        check_thread_id(thread_id)
+        rec: Record = self.run_sync(self.read_record(thread_id, check_namespace(namespace), checkpoint_id))
+        return rec.public(self.codec)
+
+    def get_state(
+        self, thread_id: str, checkpoint_id: str | None = None, *, state: Any = None, namespace: str = ""
+    ) -> Any:
+        """The state at a checkpoint (the head when ``checkpoint_id`` is None), as ``state``
+        (a pk.State class, migrated) or as a dict."""
+        check_thread_id(thread_id)
+        return self.run_sync(self._get_state(thread_id, checkpoint_id, StateSpec(state), check_namespace(namespace)))
+
+    def fork(
+        self,
+        thread_id: str,
+        checkpoint_id: str | None = None,
+        *,
+        new_thread_id: str | None = None,
+        update: Mapping[str, Any] | None = None,
+        state: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        namespace: str = "",
+    ) -> Checkpoint:
+        """Start a new thread from a checkpoint (the head when None), with ``update`` applied
+        through the state's reducers. The new thread records where it came from
+        (``checkpoint.forked_from``). Returns its first checkpoint."""
+        check_thread_id(thread_id)
+        new_id = check_thread_id(new_thread_id, "new_thread_id") if new_thread_id is not None else _fresh_id(thread_id)
+        result: Checkpoint = self.run_sync(
+            self._fork(thread_id, checkpoint_id, new_id, update, StateSpec(state), check_namespace(namespace), metadata)
+        )
+        return result
+
+    def update_state(
+        self,
+        thread_id: str,
+        changes: Mapping[str, Any],
+        *,
+        state: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        namespace: str = "",
+    ) -> Checkpoint:
+        """Edit a thread's state outside a run: ``changes`` go through the reducers and are
+        written as a new head checkpoint (compare-and-swap like any write)."""
+        check_thread_id(thread_id)
+        result: Checkpoint = self.run_sync(
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata)
+        )
+        return result
+
+    def delete_thread(self, thread_id: str) -> bool:
+        """Delete every checkpoint and value of a thread. Returns whether it existed."""
+        check_thread_id(thread_id)
+        result: bool = self.run_sync(_delete_plan(thread_id))
+        return result
+
+    # -- public API (async twins) ------------------------------------------------------
+
+    async def athreads(self, *, prefix: str = "", after: str | None = None, limit: int | None = None) -> list[str]:
+        result: list[str] = await self.run_async(_threads_plan(prefix, after, limit))
+        return result
+
+    async def ahistory(
+        self,
+        thread_id: str,
+        *,
+        limit: int | None = None,
+        before: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        namespace: str = "",
+    ) -> list[Checkpoint]:
+        check_thread_id(thread_id)
+        result: list[Checkpoint] = await self.run_async(
+            self._history(thread_id, check_namespace(namespace), _check_limit(limit), before, run_id, metadata)
+        )
+        return result
+
+    async def aget_state(
+        self, thread_id: str, checkpoint_id: str | None = None, *, state: Any = None, namespace: str = ""
+    ) -> Any:
+        check_thread_id(thread_id)
+        return await self.run_async(
+            self._get_state(thread_id, checkpoint_id, StateSpec(state), check_namespace(namespace))
+        )
+
+    async def afork(
+        self,
+        thread_id: str,
+        checkpoint_id: str | None = None,
+        *,
+        new_thread_id: str | None = None,
+        update: Mapping[str, Any] | None = None,
+        state: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        namespace: str = "",
+    ) -> Checkpoint:
+        check_thread_id(thread_id)
+        new_id = check_thread_id(new_thread_id, "new_thread_id") if new_thread_id is not None else _fresh_id(thread_id)
+        result: Checkpoint = await self.run_async(
+            self._fork(thread_id, checkpoint_id, new_id, update, StateSpec(state), check_namespace(namespace), metadata)
+        )
+        return result
+
+    async def aupdate_state(
+        self,
+        thread_id: str,
+        changes: Mapping[str, Any],
+        *,
+        state: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        namespace: str = "",
+    ) -> Checkpoint:
+        check_thread_id(thread_id)
+        result: Checkpoint = await self.run_async(
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata)
+        )
+        return result
+
+    async def adelete_thread(self, thread_id: str) -> bool:
+        check_thread_id(thread_id)
+        result: bool = await self.run_async(_delete_plan(thread_id))
+        return result
+
+
+_MISSING = object()
+
+
+def _fresh_id(thread_id: str) -> str:
+    return f"{thread_id[:400]}~{uuid.uuid4().hex[:12]}"
+
+
+def _threads_plan(prefix: str, after: str | None, limit: int | None) -> Plan[list[str]]:
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"prefix must be a str, got {type(prefix).__name__}")
+    result: list[str] = yield call("threads", prefix=prefix, after=after, limit=_check_limit(limit))
+    return result
+
+
+def _delete_plan(thread_id: str) -> Plan[bool]:
+    result: bool = yield call("delete_thread", thread_id)
+    return result
+
+
+def connect(
+    url: str | Backend | None = None,
+    *,
+    blobs: str | Backend | None = None,
+    blob_threshold: int = 256 * 1024,
+    allow_pickle: bool = False,
+    allow_modules: tuple[str, ...] = (),
+    compress_threshold: int = 1024,
+    **options: Any,
+) -> Store:
+    """Open a store from a URL (``sqlite:///agent.db``, ``memory://``, ``postgresql://...``,
+    ``redis://...``, ``s3://bucket/prefix``) or a backend instance.
+
+    With no URL: ``$PERSISTKIT_URL``, else a SQLite file under ``./.persistkit/``.
+    ``blobs`` names a second store (typically S3) for channel values larger than
+    ``blob_threshold`` bytes. ``allow_pickle`` lets values of unknown types be
+    pickled (off: a clear ``SerializationError`` instead). ``allow_modules`` lists
+    modules whose classes may be revived from storage. Other keyword options go
+    to the backend.
+    """
+    if url is None:
+        url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
+    backend = url if isinstance(url, Backend) else open_backend(url, **options)
+    if isinstance(url, Backend) and options:
+        raise ConfigurationError(f"backend options {sorted(options)} only apply when connecting by URL")
+    if blobs is not None:
+        from .backends._offload import OffloadBackend
+
+        if not isinstance(blob_threshold, int) or blob_threshold < 1:
+            raise ConfigurationError(f"blob_threshold must be a positive int, got {blob_threshold!r}")
+        blob_backend = blobs if isinstance(blobs, Backend) else open_backend(blobs)
+        backend = OffloadBackend(backend, blob_backend, threshold=blob_threshold)
+    if not isinstance(compress_threshold, int) or compress_threshold < 1:
+        raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
+    serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))
+    return Store(backend, codec=Codec(serializer, compress_threshold=compress_threshold))
+
+
+_default: Store | None = None
+_default_lock = threading.Lock()
+
+
+def default_store() -> Store:
+    """The store ``resume()`` uses when none is given: ``pk.connect()``, opened once per process."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = connect()
+        return _default
+

@@ -1,0 +1,260 @@
+"""Large blobs go to a second backend; the primary keeps a small pointer.
+
+``pk.connect("postgresql://...", blobs="s3://bucket/prefix", blob_threshold=...)``
+wraps the primary store in :class:`OffloadBackend`. A 5 MB tool output then
+costs the database a ~100-byte pointer instead of 5 MB.
+
+Write order: large blobs go to the blob backend first (``put_blobs``; keys
+are immutable, so this is idempotent and safe to repeat), then the primary's
+atomic ``write`` stores the checkpoint with pointers in their place. A crash
+or a lost compare-and-swap in between leaves only unreferenced objects in the
+blob backend; nothing becomes visible, because reads start at the primary.
+
+Pointer format: ``b"\\x00PKREF1:" + <size> + b":" + <sha256 hex> + b":" + <key>``.
+The codec's envelopes start with ``0x01`` or ``0x02``, and a blob that happens
+to start with the marker is offloaded whatever its size, so an inline value in
+the primary starting with the marker is always a pointer. Reads check size
+and hash: a missing or altered offloaded object is an ``IntegrityError`` that
+names the thread and key. Data loss is never silent.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import ConfigurationError, IntegrityError
+from ._protocol import Backend, CheckpointRow, Head
+
+__all__ = ["DEFAULT_THRESHOLD", "OffloadBackend"]
+
+DEFAULT_THRESHOLD = 256 * 1024
+_MARKER = b"\x00PKREF1:"
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    size: int
+    sha256: str
+    key: str
+
+
+def _pointer(key: str, value: bytes) -> bytes:
+    digest = hashlib.sha256(value).hexdigest()
+    return _MARKER + f"{len(value)}:{digest}:{key}".encode("ascii")
+
+
+def _parse(thread_id: str, key: str, value: bytes) -> _Ref:
+    try:
+        size, digest, target = value[len(_MARKER) :].decode("ascii").split(":", 2)
+        return _Ref(int(size), digest, target)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise IntegrityError(
+            f"thread {thread_id!r}: blob {key!r} holds a malformed offload pointer"
+        ) from exc
+
+
+class OffloadBackend(Backend):
+    """``primary`` for everything; blobs above ``threshold`` bytes live in ``blobs``.
+
+    Both are ordinary backends (typically SQL/Redis + S3). Blob keys are the
+    same in both, per thread. ``delete_thread`` deletes from both.
+    """
+
+    def __init__(
+        self, primary: Backend, blobs: Backend, *, threshold: int = DEFAULT_THRESHOLD
+    ) -> None:
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+            raise ConfigurationError(f"blob_threshold must be a byte count >= 0, got {threshold!r}")
+        self.primary = primary
+        self.blobs = blobs
+        self.threshold = threshold
+        # native_async is a ClassVar on Backend; this wrapper is as native as its primary.
+        setattr(self, "native_async", primary.native_async)  # noqa: B010
+        self.url = f"{primary.url} (blobs: {blobs.url})"
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> OffloadBackend:
+        """Not opened from a URL: use ``pk.connect(url, blobs="s3://...")``."""
+        raise ConfigurationError(
+            "OffloadBackend wraps two stores; open it with "
+            "pk.connect('<primary url>', blobs='s3://bucket/prefix') or "
+            "OffloadBackend(primary, blobs, threshold=...)"
+        )
+
+    # -- the decisions (no I/O), shared by the sync and async paths ---------------
+
+    def _split(self, blobs: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """(what the primary stores, what goes to the blob backend first)."""
+        inline: dict[str, bytes] = {}
+        large: dict[str, bytes] = {}
+        for key, value in blobs.items():
+            if len(value) > self.threshold or value.startswith(_MARKER):
+                large[key] = value
+                inline[key] = _pointer(key, value)
+            else:
+                inline[key] = value
+        return inline, large
+
+    @staticmethod
+    def _refs(thread_id: str, found: Mapping[str, bytes]) -> dict[str, _Ref]:
+        return {k: _parse(thread_id, k, v) for k, v in found.items() if v.startswith(_MARKER)}
+
+    @staticmethod
+    def _resolve(
+        thread_id: str,
+        found: Mapping[str, bytes],
+        refs: Mapping[str, _Ref],
+        fetched: Mapping[str, bytes],
+    ) -> dict[str, bytes]:
+        out = dict(found)
+        for key, ref in refs.items():
+            value = fetched.get(ref.key)
+            if value is None:
+                raise IntegrityError(
+                    f"thread {thread_id!r}: blob {key!r} was offloaded to the blob store "
+                    f"under key {ref.key!r}, and that object is missing. The checkpoint "
+                    "that references it cannot be restored; restore the blob store from "
+                    "a backup or fork the thread from an earlier checkpoint."
+                )
+            if len(value) != ref.size or hashlib.sha256(value).hexdigest() != ref.sha256:
+                raise IntegrityError(
+                    f"thread {thread_id!r}: offloaded blob {key!r} (key {ref.key!r}) does "
+                    f"not match its pointer ({len(value)} bytes, expected {ref.size})."
+                )
+            out[key] = value
+        return out
+
+    # -- writes ---------------------------------------------------------------------
+
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        inline, large = self._split(blobs)
+        if large:
+            self.blobs.put_blobs(row.thread_id, large)
+        return self.primary.write(row, inline, expected_version)
+
+    def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        inline, large = self._split(blobs)
+        if large:
+            self.blobs.put_blobs(thread_id, large)
+        self.primary.put_blobs(thread_id, inline)
+
+    async def awrite(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
+        inline, large = self._split(blobs)
+        if large:
+            await self.blobs.aput_blobs(row.thread_id, large)
+        return await self.primary.awrite(row, inline, expected_version)
+
+    async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        inline, large = self._split(blobs)
+        if large:
+            await self.blobs.aput_blobs(thread_id, large)
+        await self.primary.aput_blobs(thread_id, inline)
+
+    # -- blob reads -------------------------------------------------------------------
+
+    def _fetch(self, thread_id: str, found: dict[str, bytes]) -> dict[str, bytes]:
+        refs = self._refs(thread_id, found)
+        if not refs:
+            return found
+        fetched = self.blobs.get_blobs(thread_id, sorted({r.key for r in refs.values()}))
+        return self._resolve(thread_id, found, refs, fetched)
+
+    async def _afetch(self, thread_id: str, found: dict[str, bytes]) -> dict[str, bytes]:
+        refs = self._refs(thread_id, found)
+        if not refs:
+            return found
+        keys = sorted({r.key for r in refs.values()})
+        fetched = await self.blobs.aget_blobs(thread_id, keys)
+        return self._resolve(thread_id, found, refs, fetched)
+
+    def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        return self._fetch(thread_id, self.primary.get_blobs(thread_id, keys))
+
+    def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        return self._fetch(thread_id, self.primary.scan_blobs(thread_id, start, stop))
+
+    async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        return await self._afetch(thread_id, await self.primary.aget_blobs(thread_id, keys))
+
+    async def ascan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        found = await self.primary.ascan_blobs(thread_id, start, stop)
+        return await self._afetch(thread_id, found)
+
+    # -- everything else is the primary's ----------------------------------------------
+
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        return self.primary.head(thread_id, namespace)
+
+    def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+        return self.primary.get(thread_id, namespace, checkpoint_id)
+
+    def list(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CheckpointRow]:
+        return self.primary.list(thread_id, namespace, run_id=run_id, before=before, limit=limit)
+
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        return self.primary.threads(prefix=prefix, after=after, limit=limit)
+
+    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
+        return await self.primary.ahead(thread_id, namespace)
+
+    async def aget(
+        self, thread_id: str, namespace: str, checkpoint_id: str
+    ) -> CheckpointRow | None:
+        return await self.primary.aget(thread_id, namespace, checkpoint_id)
+
+    async def alist(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CheckpointRow]:
+        return await self.primary.alist(
+            thread_id, namespace, run_id=run_id, before=before, limit=limit
+        )
+
+    async def athreads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        return await self.primary.athreads(prefix=prefix, after=after, limit=limit)
+
+    # -- deletion and lifecycle ----------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> bool:
+        # primary first: once its pointers are gone nothing can reference the blob objects
+        in_primary = self.primary.delete_thread(thread_id)
+        return self.blobs.delete_thread(thread_id) or in_primary
+
+    async def adelete_thread(self, thread_id: str) -> bool:
+        in_primary = await self.primary.adelete_thread(thread_id)
+        return await self.blobs.adelete_thread(thread_id) or in_primary
+
+    def close(self) -> None:
+        try:
+            self.primary.close()
+        finally:
+            self.blobs.close()
+
+    async def aclose(self) -> None:
+        try:
+            await self.primary.aclose()
+        finally:
+            await self.blobs.aclose()

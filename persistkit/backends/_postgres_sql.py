@@ -1,0 +1,283 @@
+"""The PostgreSQL store's SQL, migrations and error mapping: the one copy of each.
+
+Both the hand-written async core (``_postgres_async.py``) and its generated
+sync twin (``_postgres_sync.py``) execute only the statements defined here.
+Every statement is schema-qualified (never ``search_path``), so it behaves
+the same behind PgBouncer in transaction mode and on a user's own pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from .._errors import BackendError, BackendUnavailableError, ConfigurationError, StoreClosedError
+
+__all__ = [
+    "LATEST_VERSION",
+    "MIGRATIONS",
+    "MigrationStatus",
+    "Queries",
+    "Shared",
+    "is_connection_failure",
+    "map_error",
+    "validate_schema",
+]
+
+log = logging.getLogger("persistkit.postgres")
+
+_SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+# Versioned, append-only: never edit a shipped entry, add a new version instead.
+# Every text column is COLLATE "C" so ranges and ORDER BY compare code points
+# (UTF-8 bytes), the same order as Python's ``str`` comparison.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            """CREATE TABLE IF NOT EXISTS {s}.heads (
+                thread_id text COLLATE "C" NOT NULL,
+                namespace text COLLATE "C" NOT NULL,
+                checkpoint_id text COLLATE "C" NOT NULL,
+                version bigint NOT NULL,
+                PRIMARY KEY (thread_id, namespace))""",
+            """CREATE TABLE IF NOT EXISTS {s}.checkpoints (
+                thread_id text COLLATE "C" NOT NULL,
+                namespace text COLLATE "C" NOT NULL,
+                checkpoint_id text COLLATE "C" NOT NULL,
+                parent_id text COLLATE "C",
+                run_id text COLLATE "C",
+                payload bytea NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(),
+                PRIMARY KEY (thread_id, namespace, checkpoint_id))""",
+            # list(run_id=...) walks one run newest-first without a sort.
+            """CREATE INDEX IF NOT EXISTS checkpoints_run_idx
+                ON {s}.checkpoints (thread_id, namespace, run_id, checkpoint_id DESC)""",
+            """CREATE TABLE IF NOT EXISTS {s}.blobs (
+                thread_id text COLLATE "C" NOT NULL,
+                key text COLLATE "C" NOT NULL,
+                data bytea NOT NULL,
+                PRIMARY KEY (thread_id, key))""",
+        ),
+    ),
+)
+LATEST_VERSION = MIGRATIONS[-1][0]
+
+# The CAS CTE moves the head; the row and blob inserts select FROM it, so when
+# the CAS matches no row they insert nothing (data-modifying CTEs always run).
+# One statement on an autocommit connection is one transaction and one round trip.
+_WRITE_TAIL = """,
+cp AS (
+    INSERT INTO {s}.checkpoints (thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
+    SELECT %(t)s::text, %(ns)s::text, %(cid)s::text, %(parent)s::text, %(run)s::text,
+           %(payload)s::bytea
+    FROM cas
+),
+bl AS (
+    INSERT INTO {s}.blobs (thread_id, key, data)
+    SELECT %(t)s::text, b.key, b.data
+    FROM cas, unnest(%(keys)s::text[], %(datas)s::bytea[]) AS b(key, data)
+    ON CONFLICT (thread_id, key) DO NOTHING
+)
+SELECT version FROM cas"""
+
+_SQL = {
+    # expected_version == 0: the head must not exist yet.
+    "write_first": """WITH cas AS (
+    INSERT INTO {s}.heads (thread_id, namespace, checkpoint_id, version)
+    VALUES (%(t)s::text, %(ns)s::text, %(cid)s::text, 1)
+    ON CONFLICT (thread_id, namespace) DO NOTHING
+    RETURNING version
+)"""
+    + _WRITE_TAIL,
+    # A concurrent writer holding the row makes this wait, then re-check the
+    # version on the committed row (READ COMMITTED re-evaluation): no lost update.
+    "write_next": """WITH cas AS (
+    UPDATE {s}.heads SET checkpoint_id = %(cid)s::text, version = version + 1
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
+    RETURNING version
+)"""
+    + _WRITE_TAIL,
+    "put_blobs": """INSERT INTO {s}.blobs (thread_id, key, data)
+    SELECT %(t)s::text, b.key, b.data FROM unnest(%(keys)s::text[], %(datas)s::bytea[]) AS b(key, data)
+    ON CONFLICT (thread_id, key) DO NOTHING""",
+    "head": """SELECT checkpoint_id, version FROM {s}.heads
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text""",
+    "get": """SELECT parent_id, run_id, payload FROM {s}.checkpoints
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND checkpoint_id = %(cid)s::text""",
+    "get_blobs": """SELECT key, data FROM {s}.blobs
+    WHERE thread_id = %(t)s::text AND key = ANY(%(keys)s::text[])""",
+    "scan_blobs": """SELECT key, data FROM {s}.blobs
+    WHERE thread_id = %(t)s::text AND key >= %(start)s::text AND key < %(stop)s::text""",
+    # starts_with() makes the prefix literal (no LIKE wildcards); ">= prefix"
+    # gives the primary-key index a lower bound.
+    "threads": """SELECT thread_id FROM {s}.heads
+    WHERE thread_id >= %(prefix)s::text AND starts_with(thread_id, %(prefix)s::text)
+      AND (%(after)s::text IS NULL OR thread_id > %(after)s::text)
+    GROUP BY thread_id ORDER BY thread_id LIMIT %(limit)s::bigint""",
+    "delete_thread": """WITH h AS (DELETE FROM {s}.heads WHERE thread_id = %(t)s::text RETURNING 1),
+    c AS (DELETE FROM {s}.checkpoints WHERE thread_id = %(t)s::text RETURNING 1),
+    b AS (DELETE FROM {s}.blobs WHERE thread_id = %(t)s::text RETURNING 1)
+    SELECT (SELECT count(*) FROM h) + (SELECT count(*) FROM c) + (SELECT count(*) FROM b)""",
+    # Migrations: one transaction, serialized per schema by an advisory lock
+    # (transaction-scoped, so it is also safe behind PgBouncer).
+    "lock": "SELECT pg_advisory_xact_lock(1885302132, hashtext(%(schema)s::text))",
+    # Plain catalog scans, not to_regclass(): those answer from a cache that
+    # waiting on the advisory lock does not refresh, so a process that waited
+    # for another's migration would not see its tables (found by the test).
+    "probe": """SELECT
+    EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s::text),
+    EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = %(schema)s::text AND c.relname = 'migrations')""",
+    "create_schema": "CREATE SCHEMA IF NOT EXISTS {s}",
+    "create_migrations": """CREATE TABLE IF NOT EXISTS {s}.migrations (
+    version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())""",
+    "current_version": "SELECT coalesce(max(version), 0) FROM {s}.migrations",
+    "record_version": "INSERT INTO {s}.migrations (version) VALUES (%(version)s::integer)",
+}
+
+_LIST = """SELECT checkpoint_id, parent_id, run_id, payload FROM {s}.checkpoints
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text{run}{before}
+    ORDER BY checkpoint_id DESC LIMIT %(limit)s::bigint"""
+
+
+def validate_schema(schema: object) -> str:
+    """``schema`` if it is a plain identifier; anything else is a ``ConfigurationError``."""
+    if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
+        raise ConfigurationError(
+            f"invalid PostgreSQL schema name {schema!r}: use 1-63 letters, digits and "
+            "underscores, not starting with a digit (e.g. 'persistkit')"
+        )
+    return schema
+
+
+class Queries:
+    """Every statement, rendered once for one schema (bytes: psycopg sends them as is)."""
+
+    def __init__(self, schema: str) -> None:
+        quoted = '"' + validate_schema(schema) + '"'
+        self.schema = schema
+        self.quoted_schema = quoted
+
+        def render(text: str) -> bytes:
+            return text.replace("{s}", quoted).encode()
+
+        self.write_first = render(_SQL["write_first"])
+        self.write_next = render(_SQL["write_next"])
+        self.put_blobs = render(_SQL["put_blobs"])
+        self.head = render(_SQL["head"])
+        self.get = render(_SQL["get"])
+        self.get_blobs = render(_SQL["get_blobs"])
+        self.scan_blobs = render(_SQL["scan_blobs"])
+        self.threads = render(_SQL["threads"])
+        self.delete_thread = render(_SQL["delete_thread"])
+        self.lock = render(_SQL["lock"])
+        self.probe = render(_SQL["probe"])
+        self.create_schema = render(_SQL["create_schema"])
+        self.create_migrations = render(_SQL["create_migrations"])
+        self.current_version = render(_SQL["current_version"])
+        self.record_version = render(_SQL["record_version"])
+        self.migrations = tuple(
+            (version, tuple(render(s) for s in statements)) for version, statements in MIGRATIONS
+        )
+        # Four static variants rather than "(x IS NULL OR ...)" so each one
+        # gets a plan that uses the right index.
+        self.list = {
+            (run, before): render(
+                _LIST.replace("{run}", " AND run_id = %(run)s::text" if run else "").replace(
+                    "{before}", " AND checkpoint_id < %(before)s::text" if before else ""
+                )
+            )
+            for run in (False, True)
+            for before in (False, True)
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationStatus:
+    """What :meth:`PostgresBackend.migrate` found or did.
+
+    ``current`` is the database schema version after the call (before it, with
+    ``check=True``, which changes nothing); ``target`` the version this
+    persistkit needs; ``applied`` the versions this call applied.
+    """
+
+    schema: str
+    current: int
+    target: int
+    applied: tuple[int, ...] = ()
+
+    @property
+    def behind(self) -> bool:
+        """True when the database needs ``persistkit migrate`` before this code can use it."""
+        return self.current < self.target
+
+    @property
+    def ahead(self) -> bool:
+        """True when a newer persistkit migrated the database (this code still runs on it)."""
+        return self.current > self.target
+
+
+class Shared:
+    """State both cores of one store see: its SQL, URL and open/migrated flags."""
+
+    def __init__(self, queries: Queries, url: str, *, migrate: bool) -> None:
+        self.queries = queries
+        self.url = url
+        # False until migrations ran (or were found current), when migrate=True.
+        self.needs_migration = migrate
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise StoreClosedError(
+                f"the PostgreSQL store {self.url} was closed; open a new one with pk.connect(...)"
+            )
+
+
+# Class 54 (program limit exceeded, e.g. a key too large for an index) will
+# fail again however often it is retried, although psycopg files it under
+# OperationalError.
+_PERMANENT_CLASSES = ("54",)
+# Transient whatever psycopg's class: serialization failure, deadlock.
+_TRANSIENT_STATES = frozenset({"40001", "40P01"})
+
+
+def is_connection_failure(exc: BaseException, conn: psycopg.BaseConnection[Any] | None) -> bool:
+    """Whether ``exc`` means a connection (not a statement) failed, so that the
+    pool's idle connections may be dead too and a read may be retried at once.
+    A pool timeout is not: the server is unreachable and retrying would wait again."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
+        return False
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not getattr(
+        exc, "sqlstate", None
+    )
+
+
+def map_error(exc: psycopg.Error, action: str, thread_id: str | None, url: str) -> BackendError:
+    """The persistkit error for a driver error; the caller raises it ``from exc``."""
+    where = f" of thread {thread_id!r}" if thread_id is not None else ""
+    state = exc.sqlstate or ""
+    detail = f"{type(exc).__name__}: {str(exc).strip() or 'no message'}"
+    if state in _TRANSIENT_STATES or (
+        isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        and not state.startswith(_PERMANENT_CLASSES)
+    ):
+        return BackendUnavailableError(
+            f"PostgreSQL store {url}: {action}{where} failed with a transient error ({detail}). "
+            "It is safe to retry; a write may or may not have committed, so read the head first."
+        )
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+        return BackendError(
+            f"PostgreSQL store {url}: {action}{where} failed because persistkit's tables are "
+            f"missing ({detail}). Run `persistkit migrate {url}` or open the store with migrate=True."
+        )
+    return BackendError(f"PostgreSQL store {url}: {action}{where} failed ({detail})")

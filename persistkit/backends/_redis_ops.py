@@ -1,0 +1,343 @@
+"""The Redis store's logic without I/O: key layout, row format, Lua scripts, operations.
+
+Each operation is a generator that yields :class:`Batch` es of commands (sent
+in one round trip) and receives their replies; :mod:`persistkit.backends.redis`
+drives it with a blocking or an awaiting client. This keeps one copy of every
+decision for both drivers (the tenacity pattern). The layout is described in
+the docstring of :mod:`persistkit.backends.redis`.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from hashlib import sha1
+from typing import Any, TypeVar
+
+from .._errors import ConflictError, IntegrityError
+from ._protocol import CheckpointRow, Head
+
+_T = TypeVar("_T")
+
+__all__ = [
+    "SOURCES",
+    "Batch",
+    "Cmd",
+    "Keys",
+    "Op",
+    "op_delete",
+    "op_get",
+    "op_get_blobs",
+    "op_head",
+    "op_list",
+    "op_put_blobs",
+    "op_scan_blobs",
+    "op_threads",
+    "op_write",
+    "script_sha",
+]
+
+# -- Lua ---------------------------------------------------------------------
+
+# Shared by the write and put_blobs scripts. Keys named by the registry set are
+# in the thread's slot, so touching them from a script is Cluster-safe.
+_LUA_COMMON = b"""
+local function put_blobs(b, k, first)
+  for j = first, #ARGV, 2 do
+    if redis.call('HSETNX', b, ARGV[j], ARGV[j + 1]) == 1 then
+      redis.call('ZADD', k, 0, ARGV[j])
+    end
+  end
+end
+local function refresh(ttl, b, k, x)
+  if ttl ~= '0' then
+    for _, key in ipairs(redis.call('SMEMBERS', x)) do redis.call('PEXPIRE', key, ttl) end
+    redis.call('PEXPIRE', b, ttl)
+    redis.call('PEXPIRE', k, ttl)
+    redis.call('PEXPIRE', x, ttl)
+  end
+end
+"""
+
+# KEYS: head, rows, index, run index, blobs, blob keys, registry
+# ARGV: expected version, checkpoint id, packed row, run member or '', ttl ms, blob k/v...
+_LUA_WRITE = (
+    _LUA_COMMON
+    + b"""
+local cur = redis.call('HMGET', KEYS[1], 'v', 'c')
+local v = tonumber(cur[1]) or 0
+if v ~= tonumber(ARGV[1]) then
+  return {0, v, cur[2]}
+end
+put_blobs(KEYS[5], KEYS[6], 6)
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[3], 0, ARGV[2])
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[4], 0, ARGV[4]) end
+redis.call('HSET', KEYS[1], 'v', v + 1, 'c', ARGV[2])
+if v == 0 then redis.call('SADD', KEYS[7], KEYS[1], KEYS[2], KEYS[3], KEYS[4]) end
+refresh(ARGV[5], KEYS[5], KEYS[6], KEYS[7])
+return {1, v + 1}
+"""
+)
+
+# KEYS: blobs, blob keys, registry. ARGV: ttl ms, blob k/v...
+_LUA_PUT_BLOBS = (
+    _LUA_COMMON
+    + b"""
+put_blobs(KEYS[1], KEYS[2], 2)
+refresh(ARGV[1], KEYS[1], KEYS[2], KEYS[3])
+return 1
+"""
+)
+
+# KEYS: registry, blobs, blob keys. Returns how many keys existed.
+_LUA_DELETE = b"""
+local n = 0
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do n = n + redis.call('DEL', key) end
+return n + redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+"""
+
+# KEYS: lex zset, hash. ARGV: range bound 1, range bound 2, 'REV' or '', limit (-1 = all),
+# bytes to strip from each member to get the hash field.
+# Returns field, value, field, value, ... in zset order (one round trip for list/scan).
+_LUA_RANGE = b"""
+local args = {KEYS[1], ARGV[1], ARGV[2], 'BYLEX'}
+if ARGV[3] ~= '' then args[#args + 1] = 'REV' end
+if ARGV[4] ~= '-1' then
+  args[#args + 1] = 'LIMIT'; args[#args + 1] = 0; args[#args + 1] = ARGV[4]
+end
+local out = {}
+local strip = tonumber(ARGV[5])
+for _, m in ipairs(redis.call('ZRANGE', unpack(args))) do
+  local field = string.sub(m, strip + 1)
+  local value = redis.call('HGET', KEYS[2], field)
+  if value then out[#out + 1] = field; out[#out + 1] = value end
+end
+return out
+"""
+
+SOURCES: dict[str, bytes] = {}
+
+
+def script_sha(source: bytes) -> str:
+    digest = sha1(source, usedforsecurity=False).hexdigest()
+    SOURCES[digest] = source
+    return digest
+
+
+_WRITE, _PUT_BLOBS, _DELETE, _RANGE = map(
+    script_sha, (_LUA_WRITE, _LUA_PUT_BLOBS, _LUA_DELETE, _LUA_RANGE)
+)
+
+# -- pure helpers (no I/O) ------------------------------------------------------
+
+Cmd = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Commands sent in one round trip. ``read_only`` batches may be re-sent once."""
+
+    commands: tuple[Cmd, ...]
+    read_only: bool
+
+
+Op = Generator[Batch, list[Any], _T]
+
+
+def _enc(s: str) -> bytes:
+    # surrogatepass: a str may hold lone surrogates; UTF-8 byte order stays code-point order.
+    return s.encode("utf-8", "surrogatepass")
+
+
+def _dec(b: bytes) -> str:
+    return b.decode("utf-8", "surrogatepass")
+
+
+def _b64(s: str) -> bytes:
+    return base64.urlsafe_b64encode(_enc(s)).rstrip(b"=")
+
+
+def _script(sha: str, keys: Sequence[bytes], args: Sequence[Any]) -> Cmd:
+    return ("EVALSHA", sha, len(keys), *keys, *args)
+
+
+_NONE = struct.pack(">i", -1)
+
+
+def _field(value: str | None) -> bytes:
+    if value is None:
+        return _NONE
+    raw = _enc(value)
+    return struct.pack(">i", len(raw)) + raw
+
+
+def _pack(row: CheckpointRow) -> bytes:
+    """Version byte, then parent and run id (length-prefixed, -1 = None), then the payload."""
+    return b"\x01" + _field(row.parent_id) + _field(row.run_id) + bytes(row.payload)
+
+
+def _unpack(thread_id: str, namespace: str, checkpoint_id: str, raw: bytes) -> CheckpointRow:
+    try:
+        if raw[:1] != b"\x01":
+            raise ValueError(f"unknown row format {raw[:1]!r}")
+        pos, fields = 1, []
+        for _ in range(2):
+            (n,) = struct.unpack_from(">i", raw, pos)
+            pos += 4
+            fields.append(None if n < 0 else _dec(raw[pos : pos + n]))
+            pos += max(n, 0)
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise IntegrityError(
+            f"thread {thread_id!r}: stored row {checkpoint_id!r} is malformed ({exc})"
+        ) from exc
+    return CheckpointRow(thread_id, namespace, checkpoint_id, fields[0], fields[1], raw[pos:])
+
+
+def _pairs(flat: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+class Keys:
+    """Key names for one prefix, and the ttl applied on writes."""
+
+    def __init__(self, prefix: str, ttl_ms: int) -> None:
+        self.prefix = _enc(prefix)
+        self.ttl = str(ttl_ms).encode()
+        self.threads = self.prefix + b"threads"
+
+    def thread(self, thread_id: str) -> bytes:
+        return self.prefix + b"{" + _b64(thread_id) + b"}:"
+
+    def ns(self, thread_id: str, namespace: str, kind: bytes) -> bytes:
+        return self.thread(thread_id) + kind + b":" + _b64(namespace)
+
+
+# -- operations: generators yielding batches, receiving replies ---------------------
+
+
+def op_write(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Op[Head]:
+    t, ns = row.thread_id, row.namespace
+    tk = k.thread(t)
+    cid = _enc(row.checkpoint_id)
+    run_member = b"" if row.run_id is None else _b64(row.run_id) + b":" + cid
+    keys = (
+        *(k.ns(t, ns, kind) for kind in (b"h", b"r", b"i", b"u")),
+        tk + b"b",
+        tk + b"k",
+        tk + b"x",
+    )
+    args = [int(expected), cid, _pack(row), run_member, k.ttl]
+    for key, value in blobs.items():
+        args += (key.encode("ascii"), bytes(value))
+    # ZADD after the script, on every write: a thread with a head is always listed.
+    replies = yield Batch((_script(_WRITE, keys, args), ("ZADD", k.threads, 0, _enc(t))), False)
+    ok, version, *found = replies[0]
+    if ok == 1:
+        return Head(row.checkpoint_id, int(version))
+    found_cid = found[0] if found else None
+    raise ConflictError(
+        thread_id=t,
+        namespace=ns,
+        expected=expected,
+        found=int(version),
+        found_checkpoint=_dec(found_cid) if found_cid else None,
+    )
+
+
+def op_put_blobs(k: Keys, thread_id: str, blobs: Mapping[str, bytes]) -> Op[None]:
+    if not blobs:
+        return
+    tk = k.thread(thread_id)
+    args: list[Any] = [k.ttl]
+    for key, value in blobs.items():
+        args += (key.encode("ascii"), bytes(value))
+    yield Batch((_script(_PUT_BLOBS, (tk + b"b", tk + b"k", tk + b"x"), args),), False)
+
+
+def op_head(k: Keys, thread_id: str, namespace: str) -> Op[Head | None]:
+    [(v, c)] = yield Batch((("HMGET", k.ns(thread_id, namespace, b"h"), b"v", b"c"),), True)
+    return None if v is None else Head(_dec(c), int(v))
+
+
+def op_get(k: Keys, thread_id: str, namespace: str, checkpoint_id: str) -> Op[CheckpointRow | None]:
+    cmd = ("HGET", k.ns(thread_id, namespace, b"r"), _enc(checkpoint_id))
+    [raw] = yield Batch((cmd,), True)
+    return None if raw is None else _unpack(thread_id, namespace, checkpoint_id, raw)
+
+
+def op_list(
+    k: Keys,
+    thread_id: str,
+    namespace: str,
+    run_id: str | None,
+    before: str | None,
+    limit: int | None,
+) -> Op[list[CheckpointRow]]:
+    if limit is not None and limit <= 0:
+        return []
+    if run_id is None:
+        index, member = k.ns(thread_id, namespace, b"i"), b""
+    else:
+        index, member = k.ns(thread_id, namespace, b"u"), _b64(run_id) + b":"
+    if before is not None:
+        hi = b"(" + member + _enc(before)
+    else:
+        # 0xff never occurs in UTF-8, so it bounds every member starting with ``member``.
+        hi = b"(" + member + b"\xff" if member else b"+"
+    lo = b"[" + member if member else b"-"
+    args = (hi, lo, b"REV", -1 if limit is None else limit, len(member))
+    cmd = _script(_RANGE, (index, k.ns(thread_id, namespace, b"r")), args)
+    [flat] = yield Batch((cmd,), True)
+    return [_unpack(thread_id, namespace, _dec(c), raw) for c, raw in _pairs(flat)]
+
+
+def op_get_blobs(k: Keys, thread_id: str, keys: Sequence[str]) -> Op[dict[str, bytes]]:
+    if not keys:
+        return {}
+    names = list(dict.fromkeys(keys))
+    cmd = ("HMGET", k.thread(thread_id) + b"b", *(n.encode("ascii") for n in names))
+    [values] = yield Batch((cmd,), True)
+    return {n: v for n, v in zip(names, values, strict=True) if v is not None}
+
+
+def op_scan_blobs(k: Keys, thread_id: str, start: str, stop: str) -> Op[dict[str, bytes]]:
+    if start >= stop:
+        return {}
+    tk = k.thread(thread_id)
+    args = (b"[" + start.encode("ascii"), b"(" + stop.encode("ascii"), b"", -1, 0)
+    [flat] = yield Batch((_script(_RANGE, (tk + b"k", tk + b"b"), args),), True)
+    return {key.decode("ascii"): value for key, value in _pairs(flat)}
+
+
+def op_threads(k: Keys, prefix: str, after: str | None, limit: int | None) -> Op[list[str]]:
+    if limit is not None and limit <= 0:
+        return []
+    lo = b"[" + _enc(prefix) if prefix else b"-"
+    if after is not None and after >= prefix:
+        lo = b"(" + _enc(after)
+    hi = b"(" + _enc(prefix) + b"\xff" if prefix else b"+"
+    out: list[str] = []
+    while True:
+        want = None if limit is None else limit - len(out)
+        page = () if want is None else ("LIMIT", 0, want)
+        [members] = yield Batch((("ZRANGE", k.threads, lo, hi, "BYLEX", *page),), True)
+        if not members:
+            return out
+        ids = [_dec(m) for m in members]
+        # Skip index entries whose thread has no head (see the module docstring).
+        alive = yield Batch(tuple(("EXISTS", k.thread(t) + b"x") for t in ids), True)
+        out += [t for t, n in zip(ids, alive, strict=True) if n]
+        if want is None or len(members) < want or (limit is not None and len(out) >= limit):
+            return out
+        lo = b"(" + members[-1]
+
+
+def op_delete(k: Keys, thread_id: str) -> Op[bool]:
+    tk = k.thread(thread_id)
+    script = _script(_DELETE, (tk + b"x", tk + b"b", tk + b"k"), ())
+    # Index entry removed after the data: a listed thread never lacks data it had.
+    replies = yield Batch((script, ("ZREM", k.threads, _enc(thread_id))), False)
+    return int(replies[0]) > 0

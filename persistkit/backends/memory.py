@@ -1,0 +1,198 @@
+"""The in-process store: the reference implementation of the store protocol.
+
+Short on purpose: one lock, plain dicts, every method a few lines. When the
+protocol's docstrings leave a question open, this file is the answer.
+
+URLs
+----
+``memory://``
+    A fresh private store, gone when the backend is garbage-collected.
+``memory://NAME``
+    A process-wide store shared by every backend opened with the same NAME
+    (so two instances see the same data). Closing an instance does not clear
+    the shared data; it lives as long as the process.
+"""
+
+from __future__ import annotations
+
+# builtins.list: inside the class body, `list` names the list() method.
+import builtins
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from .._errors import BackendError, ConfigurationError, ConflictError, StoreClosedError
+from ._protocol import CheckpointRow, Head, ThreadedAsync
+
+__all__ = ["MemoryBackend"]
+
+
+class _Data:
+    """The storage behind one private or named store; every access holds ``lock``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.heads: dict[tuple[str, str], Head] = {}
+        self.rows: dict[tuple[str, str], dict[str, CheckpointRow]] = {}
+        self.blobs: dict[str, dict[str, bytes]] = {}
+
+
+_NAMED: dict[str, _Data] = {}
+_NAMED_LOCK = threading.Lock()
+
+
+class MemoryBackend(ThreadedAsync):
+    """Checkpoints in dicts. Not durable: for tests, examples and as the reference."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("memory",)
+
+    def __init__(self, data: _Data, url: str) -> None:
+        self._data = data
+        self._closed = False
+        self.url = url
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryBackend:
+        """``memory://`` (private) or ``memory://NAME`` (shared in this process). No options."""
+        if options:
+            raise ConfigurationError(
+                f"the memory store takes no options, got {sorted(options)} for {url!r}"
+            )
+        scheme, sep, name = url.partition("://")
+        if scheme.lower() != "memory" or not sep:
+            raise ConfigurationError(
+                f"not a memory URL: {url!r}; use 'memory://' or 'memory://NAME'"
+            )
+        if "?" in name or "#" in name:
+            raise ConfigurationError(
+                f"the memory store takes no options, got {url!r}; use 'memory://NAME'"
+            )
+        if not name:
+            return cls(_Data(), url)
+        with _NAMED_LOCK:
+            data = _NAMED.setdefault(name, _Data())
+        return cls(data, url)
+
+    def _open(self) -> _Data:
+        if self._closed:
+            raise StoreClosedError(f"the store {self.url!r} was closed; open a new one")
+        return self._data
+
+    # -- writes ----------------------------------------------------------------
+
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        d = self._open()
+        # Copy before taking the lock: bytearray/memoryview inputs become bytes
+        # the caller can no longer mutate.
+        row = dataclasses.replace(row, payload=bytes(row.payload))
+        copied = {k: bytes(v) for k, v in blobs.items()}
+        key = (row.thread_id, row.namespace)
+        with d.lock:
+            current = d.heads.get(key)
+            found = current.version if current else 0
+            if found != expected_version:
+                raise ConflictError(
+                    thread_id=row.thread_id,
+                    namespace=row.namespace,
+                    expected=expected_version,
+                    found=found,
+                    found_checkpoint=current.checkpoint_id if current else None,
+                )
+            rows = d.rows.setdefault(key, {})
+            if row.checkpoint_id in rows:
+                raise BackendError(
+                    f"thread {row.thread_id!r}: checkpoint {row.checkpoint_id} already exists; "
+                    "checkpoint ids are never reused"
+                )
+            self._put(d, row.thread_id, copied)
+            rows[row.checkpoint_id] = row
+            head = Head(row.checkpoint_id, expected_version + 1)
+            d.heads[key] = head
+            return head
+
+    def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        d = self._open()
+        copied = {k: bytes(v) for k, v in blobs.items()}
+        with d.lock:
+            self._put(d, thread_id, copied)
+
+    @staticmethod
+    def _put(d: _Data, thread_id: str, blobs: dict[str, bytes]) -> None:
+        if not blobs:
+            return
+        stored = d.blobs.setdefault(thread_id, {})
+        for k, v in blobs.items():
+            stored.setdefault(k, v)  # existing keys keep their bytes
+
+    # -- reads -----------------------------------------------------------------
+
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        d = self._open()
+        with d.lock:
+            return d.heads.get((thread_id, namespace))
+
+    def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+        d = self._open()
+        with d.lock:
+            return d.rows.get((thread_id, namespace), {}).get(checkpoint_id)
+
+    def list(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[CheckpointRow]:
+        d = self._open()
+        with d.lock:
+            rows = [*d.rows.get((thread_id, namespace), {}).values()]
+        rows.sort(key=lambda r: r.checkpoint_id, reverse=True)
+        picked = [
+            r
+            for r in rows
+            if (run_id is None or r.run_id == run_id)
+            and (before is None or r.checkpoint_id < before)
+        ]
+        return picked if limit is None else picked[: max(limit, 0)]
+
+    def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        d = self._open()
+        with d.lock:
+            stored = d.blobs.get(thread_id, {})
+            return {k: stored[k] for k in keys if k in stored}
+
+    def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        d = self._open()
+        with d.lock:
+            stored = d.blobs.get(thread_id, {})
+            return {k: v for k, v in sorted(stored.items()) if start <= k < stop}
+
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        d = self._open()
+        with d.lock:
+            ids = {t for t, _ in d.heads}
+        picked = sorted(t for t in ids if t.startswith(prefix) and (after is None or t > after))
+        return picked if limit is None else picked[: max(limit, 0)]
+
+    # -- deletion and lifecycle ------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> bool:
+        d = self._open()
+        with d.lock:
+            keys = [k for k in d.heads if k[0] == thread_id]
+            keys += [k for k in d.rows if k[0] == thread_id and k not in d.heads]
+            existed = bool(keys) or thread_id in d.blobs
+            for k in keys:
+                d.heads.pop(k, None)
+                d.rows.pop(k, None)
+            d.blobs.pop(thread_id, None)
+            return existed
+
+    def close(self) -> None:
+        """Mark this instance closed. The data of a named store stays for other instances."""
+        self._closed = True

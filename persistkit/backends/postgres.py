@@ -1,0 +1,487 @@
+"""PostgreSQL store (psycopg 3): native sync and async, one round trip per write.
+
+Opened by ``pk.connect("postgresql://user:password@host:5432/db?schema=persistkit")``
+(installed by ``pip install 'persistkit[postgres]'``). The operations live in
+``_postgres_async.py`` (hand-written) and ``_postgres_sync.py`` (generated from
+it by ``scripts/unasync.py``); the SQL lives in ``_postgres_sql.py``.
+
+Errors, mapped where the driver is called::
+
+    psycopg OperationalError / InterfaceError, pool timeout,
+    serialization failure (40001), deadlock (40P01)   -> BackendUnavailableError
+    the head CAS matched nothing                       -> ConflictError
+    any other psycopg.Error                            -> BackendError
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .._errors import ConfigurationError
+from . import mask_url
+from ._postgres_async import AsyncAccess, AsyncCore
+from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
+from ._postgres_sync import Access, Core
+from ._protocol import Backend, CheckpointRow, Head
+
+__all__ = ["LATEST_VERSION", "MigrationStatus", "PostgresBackend"]
+
+# Options persistkit reads itself (from the URL query or as keywords); every
+# other URL query parameter goes to libpq untouched.
+OPTIONS = ("schema", "pgbouncer", "prepare", "min_size", "max_size", "timeout", "migrate")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+# Connection.connect() keywords that are not libpq parameters.
+_NOT_CONNINFO = {"autocommit", "prepare_threshold", "row_factory", "cursor_factory", "context"}
+
+
+class PostgresBackend(Backend):
+    """Checkpoints in PostgreSQL tables ``heads``, ``checkpoints``, ``blobs`` (and
+    ``migrations``) of one schema; every row carries its ``thread_id``, so one
+    database serves many tenants.
+
+    Open it from a URL (:meth:`from_url`), a user's ``psycopg_pool`` pools
+    (``PostgresBackend(pool=..., async_pool=..., conninfo=...)``) or one user
+    connection (:meth:`from_connection`). The user's pools and connection are
+    never closed by :meth:`close`; a pool for the missing side (sync or async)
+    is opened from ``conninfo`` or from the other pool's conninfo. The async
+    pool is created lazily, in the running event loop (one per loop).
+
+    Options (URL query parameters or keywords; keywords win):
+
+    ``schema``
+        Schema of the tables, default ``"persistkit"``; created if missing.
+    ``pgbouncer``
+        ``true`` behind PgBouncer in transaction mode (before 1.21): disables
+        server-side prepared statements (``prepare_threshold=None``), which
+        such a pooler cannot route. Everything else already suits it:
+        statements are schema-qualified, there is no session state, and the
+        migration lock is transaction-scoped. ``prepare=false`` does the same.
+    ``min_size``, ``max_size``, ``timeout``
+        Owned pools' size (default 1..10) and how long an operation waits for
+        a connection (default 30 s) before ``BackendUnavailableError``.
+    ``migrate``
+        ``true`` (default): bring the schema up to date when the store opens,
+        under an advisory lock so that many processes may start at once.
+        ``false``: leave it to ``persistkit migrate URL`` (see :meth:`migrate`).
+
+    A write is ONE statement on an autocommit connection (one round trip and
+    one transaction): the head's compare-and-swap, the checkpoint row and the
+    blobs. Writes are not retried here; reads are retried at once on a dead
+    connection.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
+    native_async: ClassVar[bool] = True
+
+    _sync: Core | None = None  # None: opened on an async connection
+    _async: AsyncCore | None = None  # None: opened on a sync connection
+
+    def __init__(
+        self,
+        *,
+        conninfo: str | None = None,
+        pool: ConnectionPool[Any] | None = None,
+        async_pool: AsyncConnectionPool[Any] | None = None,
+        schema: str = "persistkit",
+        pgbouncer: bool = False,
+        prepare: bool = True,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 30.0,
+        migrate: bool = True,
+        url: str | None = None,
+    ) -> None:
+        if pool is None and async_pool is None and not conninfo:
+            raise ConfigurationError(
+                "PostgresBackend needs conninfo=, pool= or async_pool= "
+                "(or use PostgresBackend.from_url / from_connection)"
+            )
+        _check_sizes(min_size, max_size, timeout)
+        no_prepare = bool(pgbouncer) or not prepare
+        if conninfo is None:
+            source = pool if pool is not None else async_pool
+            assert source is not None
+            conninfo = _pool_conninfo(source)
+        conninfo = _with_app_name(conninfo)
+        shown = url or conninfo
+        self._setup(schema, mask_url(shown) if "://" in shown else _mask_conninfo(shown), migrate)
+        owned_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": None if no_prepare else 5,
+        }
+        sizes: dict[str, Any] = {"min_size": min_size, "max_size": max_size, "timeout": timeout}
+        info = conninfo
+
+        def sync_pool() -> ConnectionPool[Any]:
+            return ConnectionPool(info, kwargs=owned_kwargs, open=False, name="persistkit", **sizes)
+
+        def async_pool_factory() -> AsyncConnectionPool[Any]:
+            return AsyncConnectionPool(
+                info, kwargs=owned_kwargs, open=False, name="persistkit-async", **sizes
+            )
+
+        self._sync = Core(
+            self._shared,
+            Access(pool=pool, no_prepare=no_prepare)
+            if pool is not None
+            else Access(factory=sync_pool, no_prepare=no_prepare),
+        )
+        self._async = AsyncCore(
+            self._shared,
+            AsyncAccess(pool=async_pool, no_prepare=no_prepare)
+            if async_pool is not None
+            else AsyncAccess(factory=async_pool_factory, no_prepare=no_prepare),
+        )
+        if migrate:
+            if pool is not None:
+                self._sync.migrate()
+            else:
+                # A direct connection, not the pool: a wrong password or an
+                # unreachable server fails now with libpq's own message
+                # instead of a pool timeout.
+                once = Core(self._shared, Access(conninfo=info, no_prepare=no_prepare))
+                try:
+                    once.migrate()
+                finally:
+                    once.access.close()
+
+    def _setup(self, schema: str, shown_url: str, migrate: bool) -> None:
+        self.url = shown_url
+        self._shared = Shared(Queries(schema), shown_url, migrate=migrate)
+        self._sync = None
+        self._async = None
+
+    # -- opening ---------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> PostgresBackend:
+        """Open ``postgresql://user:password@host:port/db?schema=...&sslmode=...``.
+
+        persistkit's own query parameters and keywords are listed in
+        :data:`OPTIONS` (see the class docstring); the rest goes to libpq.
+        """
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown PostgreSQL store option(s) {', '.join(unknown)} for {mask_url(url)}; "
+                f"accepted: {', '.join(OPTIONS)}"
+            )
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in cls.schemes:
+            raise ConfigurationError(f"not a PostgreSQL URL: {mask_url(url)!r}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        merged: dict[str, Any] = {k: v for k, v in query if k in OPTIONS}
+        merged.update(options)
+        conninfo = urlunsplit(
+            parts._replace(query=urlencode([(k, v) for k, v in query if k not in OPTIONS]))
+        )
+        return cls(conninfo=conninfo, url=url, **_coerce(merged, url))
+
+    @classmethod
+    def from_connection(
+        cls,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        *,
+        schema: str = "persistkit",
+        pgbouncer: bool = False,
+        migrate: bool = True,
+    ) -> PostgresBackend:
+        """Use one connection the caller opened (operations take turns on it).
+
+        The store switches it to autocommit and uses it exclusively until
+        closed; it does not close it. If it breaks, the store opens its own
+        replacement from the same parameters. A sync connection serves the
+        async methods from a worker thread; an async one serves only the
+        async methods (and migrates on the first of them).
+        """
+        self = cls.__new__(cls)
+        dsn = conn.info.dsn
+        password = conn.info.password
+        conninfo = make_conninfo(dsn, password=password) if password else dsn
+        self._setup(schema, _mask_conninfo(dsn), migrate)
+        no_prepare = bool(pgbouncer)
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise ConfigurationError(
+                "from_connection: the connection is inside a transaction; commit or roll back first"
+            )
+        if isinstance(conn, psycopg.AsyncConnection):
+            self._async = AsyncCore(
+                self._shared, AsyncAccess(connection=conn, conninfo=conninfo, no_prepare=no_prepare)
+            )
+            return self
+        self._sync = Core(
+            self._shared, Access(connection=conn, conninfo=conninfo, no_prepare=no_prepare)
+        )
+        if migrate:
+            self._sync.migrate()
+        return self
+
+    # -- schema ----------------------------------------------------------------
+
+    def migrate(self, check: bool = False) -> MigrationStatus:
+        """Bring the tables to this persistkit's schema version (idempotent, safe
+        from many processes at once), or with ``check=True`` only report it:
+        ``status.behind`` is True when ``persistkit migrate`` is needed.
+
+        ``persistkit migrate [--check] URL`` calls
+        ``PostgresBackend.from_url(URL, migrate=False).migrate(check=...)``.
+        """
+        return self._sync_core().migrate(check)
+
+    async def amigrate(self, check: bool = False) -> MigrationStatus:
+        """The async twin of :meth:`migrate`."""
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.migrate, check)
+        return await core.migrate(check)
+
+    def _sync_core(self) -> Core:
+        self._shared.check_open()
+        if self._sync is None:
+            raise ConfigurationError(
+                f"the PostgreSQL store {self.url} was opened on an async connection: "
+                "use the async methods (awrite, ahead, ...)"
+            )
+        return self._sync
+
+    def _async_core(self) -> AsyncCore | None:
+        self._shared.check_open()
+        return self._async
+
+    # -- sync operations ---------------------------------------------------------
+
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        return self._sync_core().write(row, blobs, expected_version)
+
+    def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        self._sync_core().put_blobs(thread_id, blobs)
+
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        return self._sync_core().head(thread_id, namespace)
+
+    def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+        return self._sync_core().get(thread_id, namespace, checkpoint_id)
+
+    def list(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CheckpointRow]:
+        return self._sync_core().list(
+            thread_id, namespace, run_id=run_id, before=before, limit=limit
+        )
+
+    def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        return self._sync_core().get_blobs(thread_id, keys)
+
+    def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        return self._sync_core().scan_blobs(thread_id, start, stop)
+
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        return self._sync_core().threads(prefix=prefix, after=after, limit=limit)
+
+    def delete_thread(self, thread_id: str) -> bool:
+        return self._sync_core().delete_thread(thread_id)
+
+    # -- async operations (a sync-only connection answers from a thread) ---------
+
+    async def awrite(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.write, row, blobs, expected_version)
+        return await core.write(row, blobs, expected_version)
+
+    async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.put_blobs, thread_id, blobs)
+        await core.put_blobs(thread_id, blobs)
+
+    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.head, thread_id, namespace)
+        return await core.head(thread_id, namespace)
+
+    async def aget(
+        self, thread_id: str, namespace: str, checkpoint_id: str
+    ) -> CheckpointRow | None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.get, thread_id, namespace, checkpoint_id)
+        return await core.get(thread_id, namespace, checkpoint_id)
+
+    async def alist(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CheckpointRow]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(
+                self.list, thread_id, namespace, run_id=run_id, before=before, limit=limit
+            )
+        return await core.list(thread_id, namespace, run_id=run_id, before=before, limit=limit)
+
+    async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.get_blobs, thread_id, keys)
+        return await core.get_blobs(thread_id, keys)
+
+    async def ascan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.scan_blobs, thread_id, start, stop)
+        return await core.scan_blobs(thread_id, start, stop)
+
+    async def athreads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.threads, prefix=prefix, after=after, limit=limit)
+        return await core.threads(prefix=prefix, after=after, limit=limit)
+
+    async def adelete_thread(self, thread_id: str) -> bool:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.delete_thread, thread_id)
+        return await core.delete_thread(thread_id)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the pools and connections the store opened. Idempotent."""
+        self._shared.closed = True
+        if self._sync is not None:
+            self._sync.access.close()
+        if self._async is not None:
+            _close_async_from_sync(self._async.access)
+
+    async def aclose(self) -> None:
+        """Close from a coroutine (the async pool is closed in its own loop)."""
+        self._shared.closed = True
+        if self._async is not None:
+            await self._async.access.close()
+            _close_async_from_sync(self._async.access)  # pools of other loops
+        if self._sync is not None:
+            await asyncio.to_thread(self._sync.access.close)
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self.url!r}, schema={self._shared.queries.schema!r})"
+
+
+def _close_async_from_sync(access: AsyncAccess) -> None:
+    """Best effort: an async pool can only be closed in its own event loop."""
+    pool, loop, conn = access.detach()
+    if conn is not None:
+        conn.pgconn.finish()  # libpq's close; needs no event loop
+    if pool is None or not isinstance(loop, asyncio.AbstractEventLoop) or loop.is_closed():
+        # A closed loop's pool has no workers left; its sockets close with it.
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        task = loop.create_task(pool.close())
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)
+    elif loop.is_running():
+        asyncio.run_coroutine_threadsafe(pool.close(), loop).result(timeout=10)
+    else:
+        loop.run_until_complete(pool.close())
+
+
+_PENDING: set[asyncio.Task[None]] = set()
+
+
+def _check_sizes(min_size: int, max_size: int, timeout: float) -> None:
+    if not (isinstance(min_size, int) and isinstance(max_size, int) and 0 <= min_size <= max_size):
+        raise ConfigurationError(
+            f"min_size={min_size!r}, max_size={max_size!r}: need integers with 0 <= min_size <= max_size"
+        )
+    if max_size < 1:
+        raise ConfigurationError(f"max_size={max_size!r}: need at least 1")
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigurationError(f"timeout={timeout!r}: need a number of seconds > 0")
+
+
+def _coerce(options: dict[str, Any], url: str) -> dict[str, Any]:
+    """Typed option values from URL strings or keywords."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        try:
+            if name in ("pgbouncer", "prepare", "migrate"):
+                out[name] = _bool(value)
+            elif name in ("min_size", "max_size"):
+                out[name] = int(value)
+            elif name == "timeout":
+                out[name] = float(value)
+            else:
+                out[name] = value
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"PostgreSQL store option {name}={value!r} in {mask_url(url)}: {exc}"
+            ) from exc
+    return out
+
+
+def _bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _with_app_name(conninfo: str) -> str:
+    """Name our sessions in pg_stat_activity unless the user named them."""
+    params = conninfo_to_dict(conninfo)
+    if "application_name" in params or "PGAPPNAME" in os.environ:
+        return conninfo
+    return make_conninfo(conninfo, application_name="persistkit")
+
+
+def _pool_conninfo(pool: ConnectionPool[Any] | AsyncConnectionPool[Any]) -> str:
+    """The conninfo of a user's pool, to open a pool for the other (sync/async) side."""
+    conninfo, kwargs = pool.conninfo, pool.kwargs
+    if not isinstance(conninfo, str) or not isinstance(kwargs, dict | None):
+        raise ConfigurationError(
+            "the pool's conninfo/kwargs are callables: pass conninfo= to PostgresBackend too"
+        )
+    extra = {k: v for k, v in (kwargs or {}).items() if k not in _NOT_CONNINFO}
+    return make_conninfo(conninfo, **extra)
+
+
+def _mask_conninfo(conninfo: str) -> str:
+    params = conninfo_to_dict(conninfo)
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo("", **params)

@@ -1,0 +1,489 @@
+"""The Redis store: core commands and Lua only (Redis >= 6.2, Valkey, managed services).
+
+No modules (no RedisJSON, no RediSearch). Every checkpoint write is ONE Lua
+script that checks the head version, stores the blobs (HSETNX: existing bytes
+win), the row and its index entries, and moves the head — so a lost
+compare-and-swap writes nothing at all.
+
+URLs
+----
+``redis://[[user]:password@]host:port/db?prefix=persistkit:&ttl=SECONDS``
+    and ``rediss://`` for TLS. ``prefix`` (default ``"persistkit:"``) starts
+    every key this store touches; ``ttl`` (seconds, optional) expires a thread
+    that has not been written for that long. Every other query option goes to
+    redis-py's ``from_url`` unchanged (``socket_timeout``, ``ssl_cert_reqs``, ...).
+
+TTL and durability: Redis keeps data in memory. With ``ttl`` a thread's keys
+expire together ``ttl`` seconds after its last write, and under ``maxmemory``
+pressure Redis may evict keys of any thread. For durable checkpoints configure
+AOF (``appendonly yes``) or RDB persistence and ``maxmemory-policy
+noeviction``, or pair this store with a durable one.
+
+Key layout (``P`` = prefix, ``T`` = base64url of the UTF-8 thread id, ``N`` =
+base64url of the namespace; base64url has no ``{ } :`` so any thread id works)::
+
+    P{T}:h:N   hash   head: v = version, c = checkpoint id
+    P{T}:r:N   hash   checkpoint id -> packed row (parent, run id, payload)
+    P{T}:i:N   zset   checkpoint ids, score 0: newest first with ZRANGE BYLEX REV
+    P{T}:u:N   zset   "<base64url run id>:<checkpoint id>": the run_id filter
+    P{T}:b     hash   blob key -> bytes (HSETNX keeps existing bytes)
+    P{T}:k     zset   blob keys, score 0, for scan_blobs ranges
+    P{T}:x     set    the h/r/i/u keys of the thread; exists iff it has a head
+    Pthreads   zset   thread ids (UTF-8), score 0, for threads()
+
+Redis Cluster: the ``{T}`` hash tag puts every key of one thread in one slot,
+so the write, put_blobs and delete scripts are single-slot. ``Pthreads`` lives
+in another slot and cannot join a script; it is maintained by a separate
+command in the same pipeline, ordered so that no thread with a head is ever
+missing from it: the index entry is added AFTER the write script (on every
+write, which also repairs it) and removed AFTER the delete script. Entries
+whose thread has no head any more (a failed script, expired TTL, a write that
+raced a delete) are skipped by ``threads()``, which checks ``P{T}:x``, and
+dropped by the next ``delete_thread`` of that id. A cluster deployment needs a
+cluster-aware client passed as ``client=``; the key layout is ready for it.
+
+Errors: connection loss, timeouts, LOADING, TRYAGAIN, READONLY (failover) and
+BUSY are :class:`BackendUnavailableError`; other redis errors
+:class:`BackendError`; a lost CAS :class:`ConflictError`. Writes are never
+re-sent here (an ambiguous commit is resolved above by reading the head);
+reads are retried once. Clients made from a URL have redis-py's own retries
+turned off for the same reason; user-supplied clients keep their settings.
+
+One copy of the logic: each operation is a generator that yields batches of
+commands and receives their replies (no I/O of its own); a blocking driver
+and an awaiting driver run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import math
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import redis
+import redis.asyncio
+import redis.exceptions as rexc
+from redis.backoff import NoBackoff
+
+from .._errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    StoreClosedError,
+)
+from . import mask_url
+from ._protocol import Backend, CheckpointRow, Head
+from ._redis_ops import (
+    SOURCES,
+    Batch,
+    Cmd,
+    Keys,
+    Op,
+    op_delete,
+    op_get,
+    op_get_blobs,
+    op_head,
+    op_list,
+    op_put_blobs,
+    op_scan_blobs,
+    op_threads,
+    op_write,
+)
+
+__all__ = ["RedisBackend"]
+
+_T = TypeVar("_T")
+_OPTIONS = ("prefix", "ttl")
+_DEFAULT_PREFIX = "persistkit:"
+
+# -- driver plumbing ---------------------------------------------------------------
+
+# READONLY: a failover demoted the node we write to. BUSY: a script is running.
+_TRANSIENT = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.TryAgainError,
+    rexc.ReadOnlyError,
+    rexc.ClusterDownError,
+)
+_PERMANENT = (rexc.AuthenticationError, rexc.AuthorizationError)
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, _PERMANENT):
+        return False
+    return isinstance(exc, _TRANSIENT) or str(exc).startswith("BUSY")
+
+
+def _map_error(exc: Exception, url: str) -> BackendError:
+    if _is_transient(exc):
+        return BackendUnavailableError(f"redis at {url} is unavailable: {exc!r}; safe to retry")
+    return BackendError(f"redis at {url} failed: {exc!r}")
+
+
+def _needs_eval(replies: list[Any]) -> bool:
+    return any(isinstance(r, rexc.NoScriptError) for r in replies)
+
+
+def _with_eval(commands: tuple[Cmd, ...]) -> tuple[Cmd, ...]:
+    # NOSCRIPT means the script did not run, so sending its source is not a retry.
+    return tuple(("EVAL", SOURCES[c[1]], *c[2:]) if c[0] == "EVALSHA" else c for c in commands)
+
+
+def _checked(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def _send(client: Any, commands: tuple[Cmd, ...]) -> list[Any]:
+    if len(commands) == 1:
+        try:
+            return [client.execute_command(*commands[0])]
+        except rexc.ResponseError as exc:
+            return [exc]
+    with client.pipeline(transaction=False) as pipe:
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return list(pipe.execute(raise_on_error=False))
+
+
+async def _asend(client: Any, commands: tuple[Cmd, ...]) -> list[Any]:
+    if len(commands) == 1:
+        try:
+            return [await client.execute_command(*commands[0])]
+        except rexc.ResponseError as exc:
+            return [exc]
+    async with client.pipeline(transaction=False) as pipe:
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _check_client(client: Any, what: str) -> None:
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("decode_responses"):
+        raise ConfigurationError(
+            f"the {what} passed to RedisBackend has decode_responses=True; persistkit stores "
+            "binary values and needs decode_responses=False"
+        )
+
+
+def _parse_ttl(ttl: object) -> int:
+    """Seconds (number or numeric string, > 0) or None -> milliseconds (0 = no ttl)."""
+    if ttl is None or ttl == "":
+        return 0
+    try:
+        seconds = (
+            float(ttl) if isinstance(ttl, str | int | float) and not isinstance(ttl, bool) else -1.0
+        )
+    except ValueError:
+        seconds = -1.0
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ConfigurationError(f"redis store: ttl={ttl!r} must be a positive number of seconds")
+    return math.ceil(seconds * 1000)
+
+
+def _check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"redis store: prefix={prefix!r} must be a str")
+    if "{" in prefix or "}" in prefix:
+        # A brace in the prefix would become the Cluster hash tag instead of the thread's.
+        raise ConfigurationError(f"redis store: prefix={prefix!r} must not contain '{{' or '}}'")
+    return prefix
+
+
+class RedisBackend(Backend):
+    """Checkpoints in Redis through redis-py (sync) and redis.asyncio (native async).
+
+    Open with :meth:`from_url`, or pass your own clients:
+    ``RedisBackend(client=redis.Redis(...), async_client=redis.asyncio.Redis(...))``
+    (either may be omitted: without ``async_client`` the async methods run the
+    sync client in a worker thread; without ``client`` the sync methods raise
+    ``ConfigurationError``). Clients must use ``decode_responses=False``. The
+    backend does not close clients it was given.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
+    native_async: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        client: redis.Redis | None = None,
+        async_client: redis.asyncio.Redis | None = None,
+        *,
+        prefix: str = _DEFAULT_PREFIX,
+        ttl: float | None = None,
+    ) -> None:
+        if client is None and async_client is None:
+            raise ConfigurationError(
+                "RedisBackend needs client= and/or async_client=, or use "
+                "RedisBackend.from_url('redis://host:6379/0')"
+            )
+        for c, what in ((client, "client"), (async_client, "async_client")):
+            if c is not None:
+                _check_client(c, what)
+        self._keys = Keys(_check_prefix(prefix), _parse_ttl(ttl))
+        self._client = client
+        self._given_async = async_client
+        self._async_factory: Callable[[], Any] | None = None
+        # redis.asyncio clients are bound to the loop that opened their
+        # connections; clients we create are kept per loop (asyncio.run makes a
+        # new one), each with the suspended async generator that closes it.
+        self._per_loop: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
+        ] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._owns = False
+        self._closed = False
+        self.prefix = prefix
+        self.ttl = ttl
+        self.url = _describe(client if client is not None else async_client)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisBackend:
+        """Open ``redis://`` or ``rediss://`` ``url``. Options: ``prefix=``, ``ttl=``
+        (override the URL's query values); anything else is ``ConfigurationError``."""
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {unknown} for the redis store {mask_url(url)!r}; "
+                f"accepted: {', '.join(_OPTIONS)}"
+            )
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in cls.schemes:
+            raise ConfigurationError(
+                f"not a redis URL: {mask_url(url)!r}; use 'redis://host:6379/0'"
+            )
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {name: value for name, value in query if name in _OPTIONS}
+        rest = parts._replace(query=urlencode([(n, v) for n, v in query if n not in _OPTIONS]))
+        driver_url = rest.geturl()
+        # No automatic retries by redis-py: a re-sent write would turn our own
+        # commit into a ConflictError. Reads are retried once by the driver loop.
+        common: dict[str, Any] = {"decode_responses": False}
+        try:
+            client = redis.Redis.from_url(
+                driver_url, retry=redis.retry.Retry(NoBackoff(), 0), **common
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"invalid redis URL {mask_url(url)!r}: {exc}") from exc
+
+        def make_async() -> Any:
+            return redis.asyncio.Redis.from_url(
+                driver_url, retry=redis.asyncio.retry.Retry(NoBackoff(), 0), **common
+            )
+
+        backend = cls(
+            client,
+            prefix=options.get("prefix", ours.get("prefix", _DEFAULT_PREFIX)),
+            ttl=options.get("ttl", ours.get("ttl")),
+        )
+        backend._async_factory = make_async
+        backend._owns = True
+        backend.url = mask_url(url)
+        return backend
+
+    # -- drivers ---------------------------------------------------------------
+
+    def _closed_error(self) -> StoreClosedError:
+        return StoreClosedError(f"the redis store {self.url!r} was closed; open a new one")
+
+    def _run(self, op: Op[_T]) -> _T:
+        if self._closed:
+            raise self._closed_error()
+        client = self._client
+        if client is None:
+            raise ConfigurationError(
+                "this RedisBackend was given only an async_client; use the a* methods or pass client="
+            )
+        try:
+            batch = next(op)
+            while True:
+                batch = op.send(self._execute(client, batch))
+        except StopIteration as done:
+            return cast(_T, done.value)
+
+    def _execute(self, client: Any, batch: Batch) -> builtins.list[Any]:
+        attempts = 2 if batch.read_only else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                replies = _send(client, batch.commands)
+                if _needs_eval(replies):
+                    replies = _send(client, _with_eval(batch.commands))
+                return _checked(replies)
+            except rexc.RedisError as exc:
+                if attempt < attempts and _is_transient(exc):
+                    continue
+                raise _map_error(exc, self.url) from exc
+        raise AssertionError("unreachable")
+
+    async def _async_client(self) -> Any | None:
+        if self._given_async is not None:
+            return self._given_async
+        if self._async_factory is None:
+            return None
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._per_loop.get(loop)
+            if entry is not None:
+                return entry[0]
+            client = self._async_factory()
+            closer = self._closer(loop, client)
+            self._per_loop[loop] = (client, closer)
+        # The loop finalizes started async generators when it shuts down
+        # (asyncio.run, pytest-asyncio): that is where this client gets closed.
+        await anext(closer)
+        return client
+
+    async def _closer(
+        self, loop: asyncio.AbstractEventLoop, client: Any
+    ) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._per_loop.pop(loop, None)
+            await client.aclose()
+
+    async def _arun(self, op: Op[_T]) -> _T:
+        if self._closed:
+            raise self._closed_error()
+        client = await self._async_client()
+        if client is None:
+            return await asyncio.to_thread(self._run, op)
+        try:
+            batch = next(op)
+            while True:
+                batch = op.send(await self._aexecute(client, batch))
+        except StopIteration as done:
+            return cast(_T, done.value)
+
+    async def _aexecute(self, client: Any, batch: Batch) -> builtins.list[Any]:
+        attempts = 2 if batch.read_only else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                replies = await _asend(client, batch.commands)
+                if _needs_eval(replies):
+                    replies = await _asend(client, _with_eval(batch.commands))
+                return _checked(replies)
+            except rexc.RedisError as exc:
+                if attempt < attempts and _is_transient(exc):
+                    continue
+                raise _map_error(exc, self.url) from exc
+        raise AssertionError("unreachable")
+
+    # -- the protocol: one line each, logic lives in the _op_* generators ---------
+
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        return self._run(op_write(self._keys, row, blobs, expected_version))
+
+    def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        self._run(op_put_blobs(self._keys, thread_id, blobs))
+
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        return self._run(op_head(self._keys, thread_id, namespace))
+
+    def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+        return self._run(op_get(self._keys, thread_id, namespace, checkpoint_id))
+
+    def list(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CheckpointRow]:
+        return self._run(op_list(self._keys, thread_id, namespace, run_id, before, limit))
+
+    def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        return self._run(op_get_blobs(self._keys, thread_id, keys))
+
+    def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        return self._run(op_scan_blobs(self._keys, thread_id, start, stop))
+
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        return self._run(op_threads(self._keys, prefix, after, limit))
+
+    def delete_thread(self, thread_id: str) -> bool:
+        return self._run(op_delete(self._keys, thread_id))
+
+    async def awrite(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
+        return await self._arun(op_write(self._keys, row, blobs, expected_version))
+
+    async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        await self._arun(op_put_blobs(self._keys, thread_id, blobs))
+
+    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
+        return await self._arun(op_head(self._keys, thread_id, namespace))
+
+    async def aget(
+        self, thread_id: str, namespace: str, checkpoint_id: str
+    ) -> CheckpointRow | None:
+        return await self._arun(op_get(self._keys, thread_id, namespace, checkpoint_id))
+
+    async def alist(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CheckpointRow]:
+        return await self._arun(op_list(self._keys, thread_id, namespace, run_id, before, limit))
+
+    async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        return await self._arun(op_get_blobs(self._keys, thread_id, keys))
+
+    async def ascan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        return await self._arun(op_scan_blobs(self._keys, thread_id, start, stop))
+
+    async def athreads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        return await self._arun(op_threads(self._keys, prefix, after, limit))
+
+    async def adelete_thread(self, thread_id: str) -> bool:
+        return await self._arun(op_delete(self._keys, thread_id))
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the clients this backend made (never user-supplied ones). Idempotent.
+
+        Async clients cannot be awaited from here: each is closed when its
+        event loop shuts down its async generators (``asyncio.run`` does)."""
+        self._closed = True
+        if self._owns and self._client is not None:
+            self._client.close()
+        with self._lock:
+            self._per_loop.clear()
+
+    async def aclose(self) -> None:
+        """Like :meth:`close`, and also closes this loop's async client properly."""
+        with self._lock:
+            entry = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[1].aclose()
+        self.close()
+
+
+def _describe(client: Any) -> str:
+    """A password-free URL naming a user-supplied client's server, for messages."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
+    return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"

@@ -1,0 +1,670 @@
+"""The S3 store: checkpoints as objects, compare-and-swap by conditional writes.
+
+URL: ``s3://bucket/prefix?endpoint_url=http://host:port&region=eu-west-1``.
+Works with AWS S3 and S3-compatible servers (``endpoint_url``). ``from_url``
+also accepts ``client=`` (your own boto3 S3 client), ``endpoint_url=`` and
+``region=`` as keyword options; keywords win over the URL's query.
+
+Layout under ``<prefix>/``
+--------------------------
+``h/<T>!<N>``
+    The head of ``(thread, namespace)``: JSON with version, checkpoint id, the
+    commit token of that checkpoint's row and the row's key. The ONLY mutable
+    object. It is the commit point: it moves by ``PutObject`` with
+    ``If-Match: <etag read>`` (``If-None-Match: *`` for a new head), so
+    compare-and-swap holds without a lock service. A lost condition (412
+    ``PreconditionFailed``, 409 ``ConditionalRequestConflict``, or 404 because
+    the head vanished) is a ``ConflictError``.
+``r/<T>!<N>!<C>!<R>!<token>!<prev>``
+    One checkpoint row (small JSON header + payload), written BEFORE the head.
+    ``token`` is random per write attempt and ``prev`` is the token of the
+    head the write replaced (``0`` for the first). The committed rows form
+    the chain ``head.token -> prev -> prev ...``; a row is visible only if it
+    is on that chain. A row left by a lost CAS or by a crash between the row
+    write and the head write has a token nobody points at, so it is never
+    returned (``delete_thread`` removes it). ``<C>`` and ``<R>`` (checkpoint
+    and run id) are in the key so ``list`` filters and sorts from one
+    ``ListObjectsV2`` walk and fetches only the rows it returns.
+``b/<T>!<key>``
+    Blobs, written FIRST with ``If-None-Match: *`` (412 = the key exists =
+    success, so an existing key keeps its original bytes).
+
+``<T>`` encodes the thread id with an order-preserving base64 (UTF-8 bytes,
+alphabet ``-0-9A-Z_a-z`` in ASCII order, no padding): any unicode is safe in
+a key, S3's byte-order listing equals Python ``str`` order, and a thread-id
+prefix maps to a key prefix, so ``threads(prefix=, after=, limit=)`` is a
+ranged listing. Ids longer than 240 UTF-8 bytes (S3 keys stop at 1024 bytes)
+become ``<base64 of the first 240 bytes>.<sha256>``; ``threads`` reads their
+heads to learn and sort the real ids. ``!`` sorts below the whole alphabet,
+so all keys of one thread come before the keys of any longer id.
+
+Requests per ``write`` (measured in ``tests/test_s3.py``): one PUT per blob,
+one PUT for the row, one conditional PUT for the head, plus one GET of the
+head when this instance did not make the head it builds on (first write of
+a thread, or another writer moved it). So ``2 + blobs`` in a steady loop.
+``head`` is 1 GET; ``get`` of the head checkpoint 2 GETs; ``list`` 1 GET,
+one LIST per 1000 rows of the namespace, one GET per returned row.
+
+Conflicts and leftovers: before writing anything the writer checks the head
+(cached from its own last write, else one GET), so an ordinary stale write
+writes nothing. Two writers racing past that check both write blobs and a
+row; the loser's row is invisible (not on the chain) and is deleted, and the
+blobs the loser CREATED are deleted too unless the winning row lists them.
+Residual window, inherent to S3 having no multi-object transaction: a THIRD
+writer that found such a blob already present (412) and commits between the
+loser's check and its delete would reference a deleted blob; readers then
+see it missing (the offload layer raises ``IntegrityError``, never silence).
+
+moto 5.2 (the test server) implements ``If-Match`` / ``If-None-Match`` on
+PutObject, but checks the condition and stores the object in two steps
+without a lock, so its server can, rarely, let two racing conditional writes
+both succeed. AWS S3 evaluates the condition atomically (since 2024). The
+race tests pass on moto in practice; a failure there is moto, not the store.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+from .._errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConflictError,
+    StoreClosedError,
+)
+from ._protocol import CheckpointRow, Head, ThreadedAsync
+
+__all__ = ["S3Backend"]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+_OPTIONS = ("client", "endpoint_url", "region")
+_STD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_SORTED = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
+_TO_SORTED = str.maketrans(_STD, _SORTED)
+_FROM_SORTED = str.maketrans(_SORTED, _STD)
+_MAX_ID_BYTES = 240  # a multiple of 3, so the truncated part encodes to whole characters
+_MAX_SEG = 96  # longer namespace/checkpoint/run segments are replaced by a hash
+_ROW_MAGIC = b"PKS3ROW1\n"
+# a lost condition, a concurrent conditional write (AWS), or the head deleted meanwhile
+_CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"}
+_TRANSIENT_CODES = {
+    "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "ServiceUnavailable",
+    "InternalError", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+}  # fmt: skip
+
+
+# -- key encoding ---------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    """Order-preserving, key-safe base64 (no padding)."""
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=").translate(_TO_SORTED)
+
+
+def _unb64(text: str) -> bytes:
+    std = text.translate(_FROM_SORTED)
+    return base64.urlsafe_b64decode(std + "=" * (-len(std) % 4))
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass: Python str may hold lone surrogates; their bytes still sort by code point
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _digest(text: str) -> str:
+    return "." + _b64(hashlib.sha256(_utf8(text)).digest())
+
+
+def _thread_seg(thread_id: str) -> str:
+    raw = _utf8(thread_id)
+    if len(raw) <= _MAX_ID_BYTES:
+        return _b64(raw)
+    return _b64(raw[:_MAX_ID_BYTES]) + _digest(thread_id)
+
+
+def _seg(text: str, tag: str) -> str:
+    """A key segment for namespace/checkpoint/run ids; ``tag`` keeps kinds apart."""
+    enc = tag + _b64(_utf8(text))
+    return enc if len(enc) <= _MAX_SEG else _digest(text)
+
+
+def _run_seg(run_id: str | None) -> str:
+    return "*" if run_id is None else _seg(run_id, "r")
+
+
+def _prefix_seg(prefix: str) -> str:
+    """The key prefix shared by every thread id starting with ``prefix``."""
+    raw = _utf8(prefix)
+    if len(raw) > _MAX_ID_BYTES:
+        return _b64(raw[:_MAX_ID_BYTES]) + "."
+    # only the characters fully determined by the prefix's bits
+    return _b64(raw)[: len(raw) * 8 // 6]
+
+
+# -- records --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _HeadState:
+    version: int
+    checkpoint_id: str
+    token: str
+    row_key: str
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class _RowRef:
+    key: str
+    checkpoint_id: str | None  # None when the key holds only a hash of it
+    run_seg: str
+    token: str
+    prev: str
+
+
+def _encode_row(row: CheckpointRow, blob_keys: Iterable[str]) -> bytes:
+    header = {
+        "thread": row.thread_id,
+        "ns": row.namespace,
+        "id": row.checkpoint_id,
+        "parent": row.parent_id,
+        "run": row.run_id,
+        "blobs": sorted(blob_keys),
+    }
+    return _ROW_MAGIC + json.dumps(header).encode("ascii") + b"\n" + row.payload
+
+
+def _decode_row(data: bytes) -> tuple[CheckpointRow, list[str]]:
+    if not data.startswith(_ROW_MAGIC):
+        raise BackendError("an S3 checkpoint object has an unknown format")
+    header_end = data.index(b"\n", len(_ROW_MAGIC))
+    h = json.loads(data[len(_ROW_MAGIC) : header_end])
+    row = CheckpointRow(
+        h["thread"], h["ns"], h["id"], h["parent"], h["run"], data[header_end + 1 :]
+    )
+    return row, list(h["blobs"])
+
+
+# -- error mapping ----------------------------------------------------------------
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _status(exc: BaseException) -> int:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return 0
+
+
+def _map_error(exc: Exception, what: str) -> BackendError:
+    """The persistkit error for a botocore failure while doing ``what``."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(exc, ConnectionError | HTTPClientError):
+        return BackendUnavailableError(f"S3 unreachable while {what}: {exc}")
+    if isinstance(exc, ClientError):
+        code = _error_code(exc)
+        if _status(exc) >= 500 or code in _TRANSIENT_CODES:
+            return BackendUnavailableError(f"S3 is unavailable ({code}) while {what}: {exc}")
+        return BackendError(f"S3 failed ({code}) while {what}: {exc}")
+    return BackendError(f"S3 failed while {what}: {exc}")
+
+
+def _is_client_error(exc: Exception, codes: set[str]) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and _error_code(exc) in codes
+
+
+class S3Backend(ThreadedAsync):
+    """Checkpoints in S3 objects; see the module docstring for layout and guarantees."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("s3",)
+
+    def __init__(
+        self, client: Any, bucket: str, prefix: str, *, url: str, owns_client: bool
+    ) -> None:
+        self._client = client
+        self._bucket = bucket
+        self._root = prefix + "/" if prefix else ""
+        self._owns_client = owns_client
+        self._closed = False
+        self._lock = threading.Lock()
+        self._heads: dict[tuple[str, str], _HeadState] = {}  # heads this instance last saw
+        self._pool: ThreadPoolExecutor | None = None
+        self.url = url
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Backend:
+        """Open ``s3://bucket/prefix``; options ``client``, ``endpoint_url``, ``region``."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "s3" or not parts.netloc:
+            raise ConfigurationError(f"invalid S3 URL {url!r}: expected 's3://bucket/prefix'")
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        unknown = sorted(set(query) - set(_OPTIONS) | set(options) - set(_OPTIONS))
+        if unknown or "client" in query:
+            raise ConfigurationError(
+                f"unknown S3 option(s) {unknown or ['client']} in {url!r}; accepted: "
+                "endpoint_url, region (URL query or keyword) and client (keyword only)"
+            )
+        prefix = parts.path.strip("/")
+        if len(_utf8(prefix)) > 200:
+            raise ConfigurationError(f"S3 prefix of {url!r} is too long: at most 200 bytes")
+        settings = {**query, **{k: v for k, v in options.items() if k != "client"}}
+        client = options.get("client")
+        owns = client is None
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                connect_timeout=5,
+                read_timeout=60,
+                retries={"mode": "standard", "max_attempts": 3},
+            )
+            client = boto3.client(
+                "s3",
+                endpoint_url=settings.get("endpoint_url") or None,
+                region_name=settings.get("region") or None,
+                config=config,
+            )
+        return cls(client, parts.netloc, prefix, url=url, owns_client=owns)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the S3 store {self.url!r} is closed; open a new one")
+
+    def _call(self, what: str, op: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._client, op)(Bucket=self._bucket, **kwargs)
+        except Exception as exc:
+            raise _map_error(exc, what) from exc
+
+    def _map(self, fn: Callable[[_T], Any], items: Sequence[_T]) -> list[Any]:
+        """``fn`` over ``items``, in parallel when there are several (boto3 clients are thread-safe)."""
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(16, thread_name_prefix="persistkit-s3")
+            pool = self._pool
+        return list(pool.map(fn, items))
+
+    def _get_object(self, key: str, what: str) -> tuple[bytes, str] | None:
+        """Body and ETag of ``key``, or None when it does not exist."""
+        try:
+            resp = self._client.get_object(Bucket=self._bucket, Key=key)
+            return resp["Body"].read(), str(resp.get("ETag", ""))
+        except Exception as exc:
+            if _is_client_error(exc, {"NoSuchKey"}):  # not NoSuchBucket: that is an error
+                return None
+            raise _map_error(exc, what) from exc
+
+    def _list(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        """Keys under ``prefix`` in ascending order, page by page (continuation tokens)."""
+        kwargs: dict[str, Any] = {"Prefix": prefix}
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        while True:
+            resp = self._call(f"listing {prefix!r}", "list_objects_v2", **kwargs)
+            for item in resp.get("Contents", ()):
+                yield str(item["Key"])
+            if not resp.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+
+    def _put_new(self, key: str, body: bytes, what: str) -> bool:
+        """Create ``key`` unless it exists. True when this call created it."""
+        for _ in range(5):
+            try:
+                self._client.put_object(Bucket=self._bucket, Key=key, Body=body, IfNoneMatch="*")
+                return True
+            except Exception as exc:
+                if _is_client_error(exc, {"PreconditionFailed"}):
+                    return False
+                # 409: a concurrent create of the same key is in flight; AWS says retry
+                if not _is_client_error(exc, {"ConditionalRequestConflict"}):
+                    raise _map_error(exc, what) from exc
+        raise BackendUnavailableError(f"S3 kept reporting concurrent writes while {what}")
+
+    def _delete_keys(self, keys: Sequence[str], what: str) -> None:
+        for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = [{"Key": k} for k in keys[i : i + 1000]]
+            resp = self._call(what, "delete_objects", Delete={"Objects": batch, "Quiet": True})
+            if resp.get("Errors"):
+                raise BackendError(f"S3 failed while {what}: {resp['Errors'][:3]}")
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def _head_key(self, thread_id: str, namespace: str) -> str:
+        return f"{self._root}h/{_thread_seg(thread_id)}!{_seg(namespace, 'n')}"
+
+    def _rows_prefix(self, thread_id: str, namespace: str) -> str:
+        return f"{self._root}r/{_thread_seg(thread_id)}!{_seg(namespace, 'n')}!"
+
+    def _blob_prefix(self, thread_id: str) -> str:
+        return f"{self._root}b/{_thread_seg(thread_id)}!"
+
+    # -- heads ----------------------------------------------------------------------------
+
+    def _read_head(self, thread_id: str, namespace: str) -> _HeadState | None:
+        got = self._get_object(
+            self._head_key(thread_id, namespace), f"reading head of {thread_id!r}"
+        )
+        cache_key = (thread_id, namespace)
+        if got is None:
+            with self._lock:
+                self._heads.pop(cache_key, None)
+            return None
+        data, etag = got
+        h = json.loads(data)
+        state = _HeadState(int(h["v"]), str(h["c"]), str(h["t"]), str(h["k"]), etag)
+        with self._lock:
+            self._heads[cache_key] = state
+        return state
+
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        self._check_open()
+        state = self._read_head(thread_id, namespace)
+        return None if state is None else Head(state.checkpoint_id, state.version)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def _conflict(
+        self, row: CheckpointRow, expected: int, found: _HeadState | None
+    ) -> ConflictError:
+        return ConflictError(
+            thread_id=row.thread_id,
+            namespace=row.namespace,
+            expected=expected,
+            found=found.version if found else 0,
+            found_checkpoint=found.checkpoint_id if found else None,
+        )
+
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        self._check_open()
+        t, ns = row.thread_id, row.namespace
+        with self._lock:
+            base = self._heads.get((t, ns))
+        if base is None or base.version != expected_version:
+            # Our cache cannot vouch for the head: read it, and fail before writing anything.
+            base = self._read_head(t, ns)
+            if (base.version if base else 0) != expected_version:
+                raise self._conflict(row, expected_version, base)
+        created = self._write_blobs(t, blobs)
+        token = secrets.token_hex(8)
+        prev = base.token if base else "0"
+        row_key = (
+            f"{self._rows_prefix(t, ns)}{_seg(row.checkpoint_id, 'c')}!"
+            f"{_run_seg(row.run_id)}!{token}!{prev}"
+        )
+        self._call(
+            f"writing checkpoint of {t!r}", "put_object", Key=row_key, Body=_encode_row(row, blobs)
+        )
+        version = expected_version + 1
+        body = json.dumps(
+            {"v": version, "c": row.checkpoint_id, "t": token, "k": row_key, "thread": t, "ns": ns}
+        ).encode("ascii")
+        condition = {"IfMatch": base.etag} if base else {"IfNoneMatch": "*"}
+        head_key = self._head_key(t, ns)
+        try:
+            resp = self._client.put_object(
+                Bucket=self._bucket, Key=head_key, Body=body, **condition
+            )
+        except Exception as exc:
+            if not _is_client_error(exc, _CONFLICT_CODES):
+                raise _map_error(exc, f"moving the head of {t!r}") from exc
+            found = self._read_head(t, ns)
+            self._clean_up_loser(t, row_key, created, found)
+            raise self._conflict(row, expected_version, found) from exc
+        state = _HeadState(version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")))
+        with self._lock:
+            self._heads[(t, ns)] = state
+        return Head(row.checkpoint_id, version)
+
+    def _write_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> list[str]:
+        """Create the missing blobs; returns the keys this call created."""
+        prefix = self._blob_prefix(thread_id)
+        items = list(blobs.items())
+        done = self._map(
+            lambda kv: self._put_new(
+                prefix + kv[0], kv[1], f"writing blob {kv[0]!r} of {thread_id!r}"
+            ),
+            items,
+        )
+        return [k for (k, _), made in zip(items, done, strict=True) if made]
+
+    def _clean_up_loser(
+        self, thread_id: str, row_key: str, created: list[str], winner: _HeadState | None
+    ) -> None:
+        """Best effort: delete what a write that lost its CAS left behind (all invisible or unreferenced)."""
+        keep: set[str] = set()
+        if created and winner is not None:
+            got = self._get_object(winner.row_key, "reading the winning checkpoint")
+            if got is not None:
+                keep = set(_decode_row(got[0])[1])
+        blob_prefix = self._blob_prefix(thread_id)
+        doomed = [row_key] + [blob_prefix + k for k in created if k not in keep]
+        try:
+            self._delete_keys(doomed, "cleaning up after a lost compare-and-swap")
+        except BackendError:
+            # Leftovers are harmless (rows off the chain are never read); the conflict matters more.
+            _log.warning("could not delete leftovers of a lost S3 write: %s", doomed, exc_info=True)
+
+    def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
+        self._check_open()
+        self._write_blobs(thread_id, blobs)
+
+    # -- rows -----------------------------------------------------------------------------
+
+    def _chain(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]:
+        """The head and its committed rows (newest version first): orphans are skipped."""
+        head = self._read_head(thread_id, namespace)
+        if head is None:
+            return None, []
+        prefix = self._rows_prefix(thread_id, namespace)
+        by_token: dict[str, _RowRef] = {}
+        for key in self._list(prefix):
+            parts = key[len(prefix) :].split("!")
+            if len(parts) != 4:
+                continue
+            cseg, rseg, token, prev = parts
+            cid = (
+                _unb64(cseg[1:]).decode("utf-8", "surrogatepass") if cseg.startswith("c") else None
+            )
+            by_token[token] = _RowRef(key, cid, rseg, token, prev)
+        chain: list[_RowRef] = []
+        token = head.token
+        while token in by_token and len(chain) <= len(by_token):
+            ref = by_token[token]
+            chain.append(ref)
+            token = ref.prev
+        return head, chain
+
+    def _fetch_rows(self, keys: Sequence[str]) -> list[CheckpointRow]:
+        def fetch(key: str) -> CheckpointRow:
+            got = self._get_object(key, "reading a checkpoint")
+            if got is None:  # deleted under us (delete_thread racing this read)
+                raise BackendError(f"checkpoint object {key!r} vanished while being read")
+            return _decode_row(got[0])[0]
+
+        return self._map(fetch, keys)
+
+    def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+        self._check_open()
+        head = self._read_head(thread_id, namespace)
+        if head is None:
+            return None
+        if head.checkpoint_id == checkpoint_id:  # the common case: resume reads the head
+            return self._fetch_rows([head.row_key])[0]
+        for row in self.list(thread_id, namespace, before=None):
+            if row.checkpoint_id == checkpoint_id:
+                return row
+        return None
+
+    def list(
+        self,
+        thread_id: str,
+        namespace: str,
+        *,
+        run_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[CheckpointRow]:
+        self._check_open()
+        if limit is not None and limit <= 0:
+            return []
+        _, chain = self._chain(thread_id, namespace)
+        if run_id is not None:
+            want = _run_seg(run_id)
+            chain = [r for r in chain if r.run_seg == want]
+        unresolved = [r.key for r in chain if r.checkpoint_id is None]
+        if unresolved:  # very long checkpoint ids: only the stored row knows the id
+            ids = {
+                k: r.checkpoint_id
+                for k, r in zip(unresolved, self._fetch_rows(unresolved), strict=True)
+            }
+            chain = [
+                _RowRef(r.key, ids.get(r.key, r.checkpoint_id), r.run_seg, r.token, r.prev)
+                for r in chain
+            ]
+        chosen = sorted(chain, key=lambda r: r.checkpoint_id or "", reverse=True)
+        if before is not None:
+            chosen = [r for r in chosen if (r.checkpoint_id or "") < before]
+        if limit is not None:
+            chosen = chosen[:limit]
+        rows = self._fetch_rows([r.key for r in chosen])
+        return [r for r in rows if run_id is None or r.run_id == run_id]
+
+    # -- blobs ----------------------------------------------------------------------------
+
+    def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        self._check_open()
+        prefix = self._blob_prefix(thread_id)
+        unique = list(dict.fromkeys(keys))
+        got = self._map(
+            lambda k: self._get_object(prefix + k, f"reading blob {k!r} of {thread_id!r}"), unique
+        )
+        return {k: g[0] for k, g in zip(unique, got, strict=True) if g is not None}
+
+    def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
+        self._check_open()
+        if start >= stop:
+            return {}
+        prefix = self._blob_prefix(thread_id)
+        keys: builtins.list[str] = []
+        # StartAfter is exclusive; starting after start[:-1] can only over-list, filtered below
+        for key in self._list(prefix, prefix + start[:-1] if start else ""):
+            k = key[len(prefix) :]
+            if k >= stop:
+                break
+            if k >= start:
+                keys.append(k)
+        return self.get_blobs(thread_id, keys)
+
+    # -- threads --------------------------------------------------------------------------
+
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        self._check_open()
+        if limit is not None and limit <= 0:
+            return []
+        heads = f"{self._root}h/"
+        start = ""
+        if after is not None:
+            raw = _utf8(after)
+            # '"' sorts above '!' (end of after's own keys) and below the alphabet
+            start = heads + (
+                _b64(raw) + '"' if len(raw) <= _MAX_ID_BYTES else _b64(raw[:_MAX_ID_BYTES])
+            )
+        out: builtins.list[str] = []
+        last: str | None = None
+        group: builtins.list[str] = []  # head keys (below h/) of long ids sharing 240 bytes
+
+        def emit(ids: Iterable[str]) -> bool:
+            nonlocal last
+            for tid in ids:
+                if tid != last and tid.startswith(prefix) and (after is None or tid > after):
+                    out.append(tid)
+                    last = tid
+                    if limit is not None and len(out) >= limit:
+                        return True
+            return False
+
+        for key in self._list(heads + _prefix_seg(prefix), start):
+            rel = key[len(heads) :]
+            tseg = rel.split("!", 1)[0]
+            if group and not tseg.startswith(group[0].split(".", 1)[0] + "."):
+                if emit(self._resolve_group(group)):
+                    return out
+                group = []
+            if "." in tseg:
+                group.append(rel)
+            elif emit([_unb64(tseg).decode("utf-8", "surrogatepass")]):
+                return out
+        if group:
+            emit(self._resolve_group(group))
+        return out
+
+    def _resolve_group(self, keys: builtins.list[str]) -> builtins.list[str]:
+        """The real, sorted thread ids behind head keys of ids too long for a key."""
+        heads = f"{self._root}h/"
+
+        def thread_of(key: str) -> str | None:
+            got = self._get_object(heads + key, "reading a head")
+            return None if got is None else str(json.loads(got[0])["thread"])
+
+        return sorted({t for t in self._map(thread_of, keys) if t is not None})
+
+    # -- deletion and lifecycle -------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> bool:
+        self._check_open()
+        tseg = _thread_seg(thread_id)
+        found = False
+        # heads first: the thread stops being listed before its rows go
+        for kind in ("h", "r", "b"):
+            keys = list(self._list(f"{self._root}{kind}/{tseg}!"))
+            if keys:
+                found = True
+                self._delete_keys(keys, f"deleting thread {thread_id!r}")
+        with self._lock:
+            for cache_key in [k for k in self._heads if k[0] == thread_id]:
+                del self._heads[cache_key]
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if self._owns_client:
+            with contextlib.suppress(AttributeError):  # botocore < 1.33 has no close()
+                self._client.close()

@@ -1,0 +1,442 @@
+"""PostgreSQL-specific behaviour the conformance suite cannot see: opening
+options, user pools and connections, migrations, faults and multi-process writers.
+
+Each test works in its own schema (dropped afterwards) or on unique thread ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+psycopg = pytest.importorskip("psycopg")
+psycopg_pool = pytest.importorskip("psycopg_pool")
+
+from persistkit import (  # noqa: E402
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConflictError,
+    StoreClosedError,
+)
+from persistkit.backends import CheckpointRow, Head, open_backend  # noqa: E402
+from persistkit.backends.postgres import LATEST_VERSION, PostgresBackend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def _row(thread: str, n: int, *, parent: str | None = None, payload: bytes = b"p") -> CheckpointRow:
+    return CheckpointRow(thread, "", f"{n:08d}", parent, "run", payload)
+
+
+@pytest.fixture
+def schema(postgres_url: str) -> Iterator[str]:
+    """A fresh schema name, dropped at teardown."""
+    name = f"pkt_{_tag()}"
+    yield name
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def admin(postgres_url: str) -> Iterator[Any]:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        yield conn
+
+
+def _url(base: str, schema: str, **params: str) -> str:
+    query = "&".join([f"schema={schema}", *(f"{k}={v}" for k, v in params.items())])
+    return f"{base}?{query}"
+
+
+# -- opening ---------------------------------------------------------------------
+
+
+def test_url_options_are_stripped_and_password_masked(postgres_url: str, schema: str) -> None:
+    b = PostgresBackend.from_url(
+        _url(postgres_url, schema, min_size="0", max_size="3", timeout="5", connect_timeout="5")
+    )
+    try:
+        t = f"url-{_tag()}"
+        assert b.write(_row(t, 1), {}, 0) == Head("00000001", 1)
+        assert b.head(t, "") == Head("00000001", 1)
+    finally:
+        b.close()
+    masked = PostgresBackend.from_url(
+        "postgresql://u:s3cret@127.0.0.1:1/x?schema=s", migrate=False
+    ).url
+    assert "s3cret" not in masked and "***" in masked
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pool_size": 3}, "accepted: schema, pgbouncer"),
+        ({"pgbouncer": "maybe"}, "pgbouncer"),
+        ({"schema": "bad-name;"}, "schema name"),
+        ({"min_size": 5, "max_size": 2}, "min_size"),
+        ({"timeout": 0}, "timeout"),
+    ],
+)
+def test_bad_options_are_configuration_errors(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        PostgresBackend.from_url("postgresql://127.0.0.1:1/x", migrate=False, **options)
+
+
+def test_unreachable_server_is_unavailable_at_open() -> None:
+    with pytest.raises(BackendUnavailableError):
+        PostgresBackend.from_url("postgresql://127.0.0.1:1/x?connect_timeout=2")
+
+
+def test_opened_by_scheme_through_the_registry(postgres_url: str, schema: str) -> None:
+    b = open_backend(_url(postgres_url.replace("postgresql:", "postgres:"), schema))
+    assert isinstance(b, PostgresBackend) and b.native_async
+    b.close()
+    with pytest.raises(StoreClosedError):
+        b.head("t", "")
+
+
+def _prepared_count(conn: Any) -> int:
+    return int(conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0])
+
+
+@pytest.mark.parametrize("pgbouncer", [False, True])
+def test_pgbouncer_mode_prepares_nothing(postgres_url: str, schema: str, pgbouncer: bool) -> None:
+    conn = psycopg.connect(postgres_url)
+    b = PostgresBackend.from_connection(conn, schema=schema, pgbouncer=pgbouncer)
+    t = f"pgb-{_tag()}"
+    for n in range(1, 12):  # past psycopg's prepare threshold (5)
+        b.write(_row(t, n), {f"k{n}": b"v"}, n - 1)
+        assert b.head(t, "") == Head(f"{n:08d}", n)
+    assert (_prepared_count(conn) == 0) is pgbouncer
+    b.close()
+    assert not conn.closed  # the user's connection stays open
+    conn.close()
+
+
+# -- user pools and connections ----------------------------------------------------
+
+
+def test_user_sync_pool_keeps_its_settings(postgres_url: str, schema: str) -> None:
+    from psycopg.rows import dict_row
+
+    # Not autocommit, dict rows: the store must cope and leave both as they were.
+    with psycopg_pool.ConnectionPool(
+        postgres_url, min_size=1, max_size=2, kwargs={"row_factory": dict_row}, open=True
+    ) as pool:
+        b = PostgresBackend(pool=pool, schema=schema)
+        t = f"pool-{_tag()}"
+        b.write(_row(t, 1), {"a": b"1"}, 0)
+        assert b.get_blobs(t, ["a"]) == {"a": b"1"}
+        with pool.connection() as conn:
+            assert conn.autocommit is False
+            assert conn.execute("SELECT 1 AS x").fetchone() == {"x": 1}
+        # The async side opens its own pool from the user pool's conninfo.
+        assert asyncio.run(b.ahead(t, "")) == Head("00000001", 1)
+        b.close()
+        assert not pool.closed
+
+
+def test_user_async_pool(postgres_url: str, schema: str) -> None:
+    t = f"apool-{_tag()}"
+
+    async def main() -> None:
+        async with psycopg_pool.AsyncConnectionPool(
+            postgres_url, min_size=1, max_size=2, open=False
+        ) as pool:
+            b = PostgresBackend(async_pool=pool, schema=schema)
+            assert await b.awrite(_row(t, 1), {"a": b"1"}, 0) == Head("00000001", 1)
+            assert await b.aget_blobs(t, ["a"]) == {"a": b"1"}
+            assert b.head(t, "") == Head("00000001", 1)  # sync side: its own pool
+            await b.aclose()
+            assert not pool.closed
+
+    asyncio.run(main())
+
+
+def test_user_async_connection(postgres_url: str, schema: str) -> None:
+    t = f"aconn-{_tag()}"
+
+    async def main() -> None:
+        conn = await psycopg.AsyncConnection.connect(postgres_url)
+        b = PostgresBackend.from_connection(conn, schema=schema)
+        results = await asyncio.gather(
+            *(b.awrite(_row(t, 1, payload=bytes([i])), {}, 0) for i in range(3)),
+            return_exceptions=True,
+        )
+        assert sum(isinstance(r, Head) for r in results) == 1, results
+        assert (await b.amigrate(check=True)).behind is False
+        with pytest.raises(ConfigurationError, match="async"):
+            b.head(t, "")
+        await b.aclose()
+        assert not conn.closed
+        await conn.close()
+
+    asyncio.run(main())
+
+
+def test_user_sync_connection_serves_async_from_a_thread(postgres_url: str, schema: str) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        b = PostgresBackend.from_connection(conn, schema=schema)
+        t = f"sconn-{_tag()}"
+        assert asyncio.run(b.awrite(_row(t, 1), {}, 0)) == Head("00000001", 1)
+        assert b.list(t, "")[0].checkpoint_id == "00000001"
+        b.close()
+
+
+# -- migrations --------------------------------------------------------------------
+
+
+def _open_at_barrier(url: str, barrier: Any) -> None:
+    barrier.wait(timeout=60)
+    PostgresBackend.from_url(url).close()
+
+
+def test_concurrent_migrations_from_many_processes(
+    postgres_url: str, schema: str, admin: Any
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(6)
+    procs = [
+        ctx.Process(target=_open_at_barrier, args=(_url(postgres_url, schema), barrier))
+        for _ in range(6)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * 6
+    versions = admin.execute(f'SELECT version FROM "{schema}".migrations').fetchall()
+    assert versions == [(v,) for v in range(1, LATEST_VERSION + 1)]
+
+
+def test_concurrent_migrations_from_many_threads(postgres_url: str, schema: str) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def open_one() -> None:
+        try:
+            barrier.wait(timeout=30)
+            PostgresBackend.from_url(_url(postgres_url, schema)).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert errors == []
+
+
+def test_migrate_check_reports_behind_then_current(postgres_url: str, schema: str) -> None:
+    b = PostgresBackend.from_url(_url(postgres_url, schema), migrate=False)
+    before = b.migrate(check=True)
+    assert (before.current, before.target, before.behind) == (0, LATEST_VERSION, True)
+    assert b.migrate(check=True).behind  # checking changed nothing
+    done = b.migrate()
+    assert done.applied == tuple(range(1, LATEST_VERSION + 1)) and not done.behind
+    assert b.migrate().applied == ()
+    assert b.migrate(check=True).behind is False
+    b.close()
+
+
+def test_missing_tables_say_how_to_migrate(postgres_url: str, schema: str) -> None:
+    b = PostgresBackend.from_url(_url(postgres_url, schema), migrate=False)
+    with pytest.raises(BackendError, match="persistkit migrate"):
+        b.head("t", "")
+    b.close()
+
+
+def test_generated_sync_twin_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"], capture_output=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# -- faults ------------------------------------------------------------------------
+
+
+def _kill(admin: Any, app: str) -> int:
+    killed = admin.execute(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = %s",
+        (app,),
+    ).fetchone()[0]
+    return int(killed)
+
+
+def _write_through_faults(
+    write: Callable[[int], Any], head: Callable[[], Head | None], kill: Callable[[], int]
+) -> None:
+    """20 writes, the connections killed before every 5th: the write after a
+    kill fails as unavailable or succeeds, the one after that succeeds."""
+    head()  # so that the store holds a connection to kill
+    n = 0
+    for i in range(20):
+        if i % 5 == 0:
+            assert kill() >= 1
+        try:
+            write(n)
+            n += 1
+        except BackendUnavailableError:
+            # Not retried by the store; the caller resolves it by reading the head.
+            current = head()
+            assert (current.version if current else 0) == n
+            write(n)  # the one after succeeds
+            n += 1
+
+
+def test_killed_connections_sync(postgres_url: str, schema: str, admin: Any) -> None:
+    app = f"pkfault_{_tag()}"
+    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app), min_size=2)
+    t = f"fault-{_tag()}"
+    _write_through_faults(
+        lambda n: b.write(_row(t, n + 1), {f"b{n}": b"x" * 100}, n),
+        lambda: b.head(t, ""),
+        lambda: _kill(admin, app),
+    )
+    assert b.head(t, "") == Head("00000020", 20)
+    assert len(b.list(t, "")) == 20 and len(b.scan_blobs(t, "", "~")) == 20
+    _kill(admin, app)
+    assert b.head(t, "") == Head("00000020", 20)  # reads retry by themselves
+    b.close()
+
+
+def test_killed_connections_async(postgres_url: str, schema: str, admin: Any) -> None:
+    app = f"pkfault_{_tag()}"
+    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app), min_size=2)
+    t = f"afault-{_tag()}"
+
+    async def main() -> None:
+        for n in range(20):
+            if n % 5 == 0:
+                await b.ahead(t, "")  # make sure the async pool exists
+                assert _kill(admin, app) >= 1
+            try:
+                await b.awrite(_row(t, n + 1), {}, n)
+            except BackendUnavailableError:
+                current = await b.ahead(t, "")
+                assert (current.version if current else 0) == n
+                await b.awrite(_row(t, n + 1), {}, n)
+        assert await b.ahead(t, "") == Head("00000020", 20)
+        assert len(await b.alist(t, "")) == 20
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+def test_killed_single_connection_is_reopened(postgres_url: str, schema: str, admin: Any) -> None:
+    app = f"pkfault_{_tag()}"
+    conn = psycopg.connect(postgres_url, application_name=app)
+    b = PostgresBackend.from_connection(conn, schema=schema)
+    t = f"cfault-{_tag()}"
+    _write_through_faults(
+        lambda n: b.write(_row(t, n + 1), {}, n), lambda: b.head(t, ""), lambda: _kill(admin, app)
+    )
+    assert len(b.list(t, "")) == 20
+    b.close()
+    conn.close()
+
+
+def test_write_killed_in_flight_is_all_or_nothing(
+    postgres_url: str, schema: str, admin: Any
+) -> None:
+    app = f"pkfault_{_tag()}"
+    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app))
+    t = f"inflight-{_tag()}"
+    b.write(_row(t, 1), {"a": b"1"}, 0)
+    outcome: list[BaseException | Head] = []
+    with psycopg.connect(postgres_url) as blocker:
+        # Hold the head row so the write is stuck inside its statement.
+        blocker.execute(f'SELECT * FROM "{schema}".heads WHERE thread_id = %s FOR UPDATE', (t,))
+
+        def write() -> None:
+            try:
+                outcome.append(b.write(_row(t, 2), {"b": b"2"}, 1))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + 30
+        while not admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+            "AND wait_event_type = 'Lock'",
+            (app,),
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the write never blocked on the lock"
+            time.sleep(0.01)
+        assert _kill(admin, app) >= 1
+        blocker.rollback()
+    writer.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], BackendUnavailableError), outcome
+    assert b.head(t, "") == Head("00000001", 1)
+    assert b.get(t, "", "00000002") is None and b.get_blobs(t, ["b"]) == {}
+    assert b.write(_row(t, 2), {"b": b"2"}, 1) == Head("00000002", 2)
+    b.close()
+
+
+# -- many writers on one thread across processes --------------------------------------
+
+
+def _writer(url: str, thread: str, me: int, count: int, barrier: Any) -> None:
+    b = PostgresBackend.from_url(url)
+    barrier.wait(timeout=60)
+    done = 0
+    while done < count:
+        head = b.head(thread, "")
+        version = head.version if head else 0
+        row = CheckpointRow(
+            thread, "", f"{version + 1:08d}", head.checkpoint_id if head else None, f"w{me}", b"x"
+        )
+        try:
+            b.write(row, {f"w{me}-{done}": b"b"}, version)
+            done += 1
+        except (ConflictError, BackendUnavailableError):
+            continue
+    b.close()
+
+
+@pytest.mark.slow
+def test_many_writers_across_processes_lose_nothing(postgres_url: str, schema: str) -> None:
+    url = _url(postgres_url, schema)
+    PostgresBackend.from_url(url).close()  # migrate once, outside the race
+    t = f"race-{_tag()}"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_writer, args=(url, t, i, 25, barrier)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    assert [p.exitcode for p in procs] == [0] * 4
+    b = PostgresBackend.from_url(url)
+    assert b.head(t, "") == Head(f"{100:08d}", 100)
+    rows = b.list(t, "")
+    assert [r.checkpoint_id for r in rows] == [f"{n:08d}" for n in range(100, 0, -1)]
+    # A linked chain: every row's parent is the row before it.
+    assert all(
+        r.parent_id
+        == (f"{int(r.checkpoint_id) - 1:08d}" if r.checkpoint_id != "00000001" else None)
+        for r in rows
+    )
+    runs = [r.run_id for r in rows]
+    assert all(runs.count(f"w{i}") == 25 for i in range(4))
+    assert len(b.scan_blobs(t, "", "~")) == 100
+    b.close()

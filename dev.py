@@ -29,7 +29,7 @@ def sh(*cmd: str | Path, check: bool = True) -> int:
 
 def ensure_venv(extras: str) -> None:
     """Create .venv and install the project with ``extras`` when pyproject.toml changed."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 -- dev.py runs under whatever python3 the user has
         sys.exit(f"persistkit needs Python 3.11+, this is {sys.version.split()[0]}")
     stamp = VENV / f".installed-{extras.replace(',', '-')}"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()

@@ -29,10 +29,7 @@ from typing import Annotated, Any
 import persistkit as pk
 
 STEPS = 200
-WORDS = (
-    "agent tool model call result search plan answer durable state step thread run "
-    "checkpoint resume the a of to and in is for with on that this be it"
-).split()
+WORDS = ["agent", "tool", "model", "call", "result", "search", "plan", "answer", "durable", "state", "step", "thread", "run", "checkpoint", "resume", "the", "a", "of", "to", "and", "in", "is", "for", "with", "on", "that", "this", "be", "it"]
 
 
 def message(i: int, rng: random.Random) -> dict[str, str]:

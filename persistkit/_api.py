@@ -61,7 +61,7 @@ def current_run() -> Run | None:
 # -- resume ------------------------------------------------------------------------------
 
 
-class resume:  # noqa: N801  (used like a function: ``with pk.resume(...)``)
+class resume:
     """Run a block as a durable run of ``thread_id``; ``with`` and ``async with`` both work.
 
     Finished steps of an unfinished run replay from the store; the first
@@ -211,7 +211,8 @@ def checkpointed(
             params = inspect.signature(f).parameters
         except (TypeError, ValueError):
             params = {}  # type: ignore[assignment]
-        step = _Step(f, name or getattr(f, "__qualname__", repr(f)), retry, check_args, "thread_id" in params)
+        step_name: str = name or getattr(f, "__qualname__", None) or repr(f)
+        step = _Step(f, step_name, retry, check_args, "thread_id" in params)
         _serde.register_module(getattr(f, "__module__", "") or "__main__")
         if inspect.iscoroutinefunction(f):
             return _async_wrapper(step)  # type: ignore[return-value]

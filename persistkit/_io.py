@@ -51,7 +51,7 @@ def call(method: str, *args: Any, **kwargs: Any) -> Call:
 def _backoff(attempt: int) -> float:
     if testing_enabled():
         return 0.0
-    return min(1.0, 0.05 * (2**attempt)) * (0.5 + random.random() / 2)
+    return float(min(1.0, 0.05 * (2**attempt)) * (0.5 + random.random() / 2))
 
 
 def _resolve_write(req: Call, head: Head | None) -> Head | None:

@@ -23,7 +23,6 @@ e     Enum member (c)                            the member's value
 m     pydantic model (c)                         {field: value} (fields + extras)
 dc    dataclass (c)                              {field: value}
 nt    namedtuple (c)                             list
-sc    registered str/int/float subclass (c)      the base value
 ex    exception (c)                              {"args": [...], "str": ..., "notes": [...]}
 x     pickled object (only with allow_pickle)    base64 of pickle protocol 5
 ====  =========================================  ==================================
@@ -36,9 +35,9 @@ unless it is allowlisted, and revives a class only if it is registered.
 from __future__ import annotations
 
 import base64
-import builtins
 import dataclasses
 import decimal
+import functools
 import importlib
 import inspect
 import json
@@ -74,7 +73,12 @@ _DEC_CTX = decimal.Context(traps=[decimal.InvalidOperation])  # malformed string
 _MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 _PATHS: dict[str, type[pathlib.PurePath]] = {
     c.__name__: c
-    for c in (pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.PosixPath, pathlib.WindowsPath)
+    for c in (
+        pathlib.PurePosixPath,
+        pathlib.PureWindowsPath,
+        pathlib.PosixPath,
+        pathlib.WindowsPath,
+    )
 }
 # pydantic >= 2.11 validates by field name explicitly; older versions do so by default.
 _VALIDATE_KW: dict[str, bool] = (
@@ -97,7 +101,6 @@ _JSON_IN = json.JSONDecoder(parse_constant=_reject_constant)
 
 # Process-wide registry: "module:qualname" -> class, and allowlisted module prefixes.
 _REGISTRY: dict[str, type] = {}
-_NAMES: dict[type, str] = {}
 _MODULES: set[str] = set()
 
 
@@ -115,3 +118,754 @@ def register(cls: _C) -> _C:
         raise ConfigurationError(f"persistkit.register() takes a class, got {cls!r}")
     _REGISTRY[class_name(cls)] = cls
     return cls
+
+
+def register_module(name: str) -> None:
+    """Allow decoding to import ``name`` (or any ``name.*`` submodule) and revive its classes."""
+    if not isinstance(name, str) or not _MODULE_RE.match(name):
+        raise ConfigurationError(f"register_module() takes a dotted module name, got {name!r}")
+    _MODULES.add(name)
+
+
+def register_type_hints(tp: Any) -> None:
+    """Register every pydantic model, dataclass, namedtuple and Enum reachable from annotation ``tp``.
+
+    Never raises: parts of an annotation it cannot understand are skipped.
+    """
+    _walk_hints(tp, {})
+
+
+def _walk_hints(tp: Any, seen: dict[int, Any]) -> None:
+    if id(tp) in seen or tp is None or isinstance(tp, (str, bytes, int, float)):
+        return
+    seen[id(tp)] = tp  # keeps tp alive so its id cannot be reused during the walk
+    # An annotation may be anything (strings, TypeVars, user objects with odd
+    # __getattr__); the contract is "register what you can, never raise".
+    try:
+        if isinstance(tp, (list, tuple)):
+            for item in tp:
+                _walk_hints(item, seen)
+            return
+        if isinstance(tp, type):
+            _walk_class(tp, seen)
+            return
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        if origin is typing.Literal:
+            for a in args:
+                if isinstance(a, Enum):
+                    _walk_hints(type(a), seen)
+        elif origin is typing.Annotated:
+            _walk_hints(args[0], seen)
+        else:
+            if isinstance(origin, type):
+                _walk_class(origin, seen)
+            _walk_hints(args, seen)
+        if isinstance(tp, typing.TypeVar):
+            _walk_hints(tp.__bound__, seen)
+            _walk_hints(tp.__constraints__, seen)
+        for attr in ("__supertype__", "__value__"):  # NewType, `type X = ...` aliases
+            if attr in getattr(tp, "__dict__", ()):
+                _walk_hints(getattr(tp, attr), seen)
+    except Exception:  # the contract: parts we cannot understand are skipped
+        return
+
+
+def _walk_class(cls: type, seen: dict[int, Any]) -> None:
+    if issubclass(cls, Enum):
+        register(cls)
+    elif issubclass(cls, BaseModel):
+        register(cls)
+        for f in cls.model_fields.values():
+            _walk_hints(f.annotation, seen)
+    elif dataclasses.is_dataclass(cls) or _is_namedtuple(cls):
+        register(cls)
+        try:
+            hints: Any = typing.get_type_hints(cls, include_extras=True).values()
+        except Exception:  # unresolvable string annotations: use what is already evaluated
+            hints = (
+                [f.type for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+            )
+        _walk_hints(list(hints), seen)
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
+
+
+class _Fail(Exception):
+    """Internal: carries a message and the path segments collected while unwinding."""
+
+    def __init__(self, msg: str, *, too_deep: bool = False) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.too_deep = too_deep
+        self.parts: list[str] = []
+
+    def error(self, root: str) -> SerializationError:
+        path = root + "".join(reversed(self.parts))
+        if len(path) > 200:
+            path = path[:200] + "..."
+        return SerializationError(self.msg, path=path)
+
+
+def _key_seg(key: Any) -> str:
+    text = json.dumps(key, ensure_ascii=False) if type(key) is str else repr(key)
+    return f"[{text if len(text) <= 60 else text[:57] + '...'}]"
+
+
+def _type_name(cls: type) -> str:
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+def _too_deep() -> _Fail:
+    return _Fail(f"nested more than {MAX_DEPTH} levels deep", too_deep=True)
+
+
+def _has_cycle(value: Any, on_path: set[int], done: set[int], depth: int = 0) -> bool:
+    """Whether ``value`` contains itself (run only after the depth limit was hit)."""
+    if isinstance(value, dict):
+        children: Any = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = value
+    elif isinstance(value, BaseModel) or dataclasses.is_dataclass(value):
+        children = list(getattr(value, "__dict__", {}).values())
+    else:
+        return False
+    if id(value) in on_path or id(value) in done or depth > MAX_DEPTH:
+        return id(value) in on_path
+    on_path.add(id(value))
+    found = False
+    for c in children:  # a loop, not any(genexpr): one stack frame per level
+        if _has_cycle(c, on_path, done, depth + 1):
+            found = True
+            break
+    on_path.discard(id(value))
+    done.add(id(value))  # shared (DAG) parts are explored once
+    return found
+
+
+def _auto_register(cls: type) -> str:
+    """Classes this process encodes are trusted: remember them so decoding can revive them."""
+    name = _cached_name(cls)
+    if _REGISTRY.get(name) is not cls:
+        _REGISTRY[name] = cls
+    return name
+
+
+_cached_name = functools.lru_cache(maxsize=4096)(class_name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dc_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(name, init) of each dataclass field."""
+    return tuple((f.name, f.init) for f in dataclasses.fields(cls))
+
+
+_NO_TZ = object()
+
+
+def _tz_spec(tz: Any) -> Any:
+    if tz is None:
+        return None
+    if type(tz) is timezone:
+        off = tz.utcoffset(None)
+        spec: list[Any] = ["o", off.days * 86400 + off.seconds, off.microseconds]
+        args = tz.__getinitargs__()  # type: ignore[attr-defined]  # (offset,) or (offset, name)
+        if len(args) > 1:
+            spec.append(args[1])
+        return spec
+    if type(tz) is ZoneInfo and tz.key is not None:
+        return ["z", tz.key]
+    return _NO_TZ
+
+
+def _tz_from(spec: Any) -> Any:
+    match spec:
+        case None:
+            return None
+        case ["z", str(key)]:
+            return ZoneInfo(key)
+        case ["o", int(seconds), int(micro), *name] if all(type(n) is str for n in name):
+            return timezone(timedelta(seconds=seconds, microseconds=micro), *name)
+    raise ValueError(f"bad timezone {spec!r:.60}")
+
+
+def _items(fn: Callable[[Any, int], Any], seq: Any, depth: int) -> list[Any]:
+    """``fn`` (encode or decode) over a sequence; a failure gets its index on the path."""
+    items: list[Any] = []
+    try:
+        for v in seq:
+            items.append(fn(v, depth))
+    except _Fail as fail:
+        fail.parts.append(f"[{len(items)}]")
+        raise
+    return items
+
+
+def _fields(fn: Callable[[Any, int], Any], pairs: Any, depth: int) -> dict[str, Any]:
+    """``fn`` over (attribute name, value) pairs; a failure gets ``.name`` on the path."""
+    out: dict[str, Any] = {}
+    try:
+        for k, v in pairs:
+            out[k] = fn(v, depth)
+    except _Fail as fail:
+        fail.parts.append(f".{k}")
+        raise
+    return out
+
+
+def _payload(node: dict[str, Any], want: type | tuple[type, ...], with_class: bool = False) -> Any:
+    """The tagged node's "v", checked for shape and type."""
+    if len(node) != (3 if with_class else 2) or "v" not in node:
+        raise ValueError("unexpected keys " + repr(sorted(node)))
+    v = node["v"]
+    if not isinstance(v, want) or type(v) is bool:
+        raise ValueError(f"payload is {type(v).__name__}")
+    return v
+
+
+_EncFn = Callable[["Serializer", Any, int], Any]
+_DecFn = Callable[["Serializer", dict[str, Any], int], Any]
+_KINDS: dict[type, _EncFn] = {}
+
+
+class Serializer:
+    """Encodes values to tagged JSON and back; safe to share between threads."""
+
+    def __init__(self, *, allow_pickle: bool = False, allow_modules: Sequence[str] = ()) -> None:
+        if isinstance(allow_modules, str):
+            allow_modules = (allow_modules,)
+        for m in allow_modules:
+            if not isinstance(m, str) or not _MODULE_RE.match(m):
+                raise ConfigurationError(f"allow_modules takes dotted module names, got {m!r}")
+        self.allow_pickle = bool(allow_pickle)
+        self.allow_modules = tuple(allow_modules)
+        self._resolved: dict[str, type] = {}
+
+    # -- public API ---------------------------------------------------------
+
+    def dumps(self, value: Any, *, path: str = "value") -> bytes:
+        """UTF-8 compact JSON for ``value``; equal values built the same way give equal bytes."""
+        tree = self.encode(value, path=path)
+        try:
+            text = _JSON_OUT.encode(tree)
+        except RecursionError as exc:
+            raise SerializationError("value is nested too deeply to write", path=path) from exc
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _JSON_OUT_ASCII.encode(tree).encode("ascii")
+
+    def loads(self, data: bytes | bytearray | memoryview, *, path: str = "value") -> Any:
+        """The value ``dumps`` was given; malformed input raises SerializationError."""
+        try:
+            tree = _JSON_IN.decode(str(data, "utf-8"))
+        except (ValueError, TypeError, BufferError, RecursionError) as exc:
+            # JSONDecodeError and UnicodeDecodeError are ValueErrors.
+            raise SerializationError(
+                f"stored bytes are not valid UTF-8 JSON ({exc})", path=path
+            ) from exc
+        return self.decode(tree, path=path)
+
+    def encode(self, value: Any, *, path: str = "value") -> Any:
+        """``value`` as a tree of JSON-native objects (fresh containers, never the caller's)."""
+        try:
+            return self._enc(value, 0)
+        except _Fail as fail:
+            if fail.too_deep and _has_cycle(value, set(), set()):
+                fail = _Fail(
+                    "contains a reference cycle (a container that contains itself); "
+                    "persistkit stores trees, not graphs"
+                )
+            raise fail.error(path) from fail.__cause__
+        except RecursionError as exc:
+            raise SerializationError("value is nested too deeply", path=path) from exc
+
+    def decode(self, tree: Any, *, path: str = "value") -> Any:
+        """The value a tree from ``encode`` stands for; malformed trees raise SerializationError."""
+        try:
+            return self._dec(tree, 0)
+        except _Fail as fail:
+            raise fail.error(path) from fail.__cause__
+        except RecursionError as exc:
+            raise SerializationError("stored value is nested too deeply", path=path) from exc
+
+    def encode_exception(self, exc: BaseException) -> Any:
+        """A tree recording ``exc``: class name, args (repr() for unencodable ones), str, notes."""
+        return self._enc_exception(exc, 0)
+
+    def decode_exception(self, tree: Any) -> BaseException:
+        """The recorded exception, or a StepFailedError describing it if it cannot be revived.
+
+        A malformed tree raises SerializationError.
+        """
+        if type(tree) is not dict or tree.get(TAG) != "ex":
+            raise SerializationError("not a recorded exception", path="exception")
+        try:
+            return self._dec_exception(tree, 0)
+        except _Fail as fail:
+            raise fail.error("exception") from fail.__cause__
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise SerializationError(
+                f"malformed recorded exception ({exc})", path="exception"
+            ) from exc
+
+    # -- encoding -----------------------------------------------------------
+
+    def _enc(self, value: Any, depth: int) -> Any:
+        # Hot path: exact-type checks for JSON-native values, one frame per level,
+        # and no path bookkeeping unless something fails.
+        t = type(value)
+        if t is str or value is None or t is bool:
+            return value
+        if t is int:
+            return value if -_BIG < value < _BIG else {TAG: "i", "v": hex(value)}
+        if t is float:
+            if -_INF < value < _INF:
+                return value
+            return {TAG: "f", "v": "nan" if value != value else ("inf" if value > 0 else "-inf")}
+        if depth >= MAX_DEPTH:
+            raise _too_deep()
+        enc = self._enc
+        d = depth + 1
+        if t is dict:
+            out: dict[str, Any] = {}
+            try:
+                for k, v in value.items():
+                    if type(k) is not str or k == TAG:
+                        break
+                    out[k] = enc(v, d)
+                else:
+                    return out
+            except _Fail as fail:
+                fail.parts.append(_key_seg(k))
+                raise
+            return self._enc_pairs(value, depth)
+        if t is list:
+            items: list[Any] = []
+            append = items.append
+            try:
+                for v in value:
+                    append(enc(v, d))
+            except _Fail as fail:
+                fail.parts.append(f"[{len(items)}]")
+                raise
+            return items
+        handler = _ENCODERS.get(t) or _KINDS.get(t) or _classify(t)
+        return handler(self, value, depth)
+
+    def _enc_pairs(self, value: dict[Any, Any], depth: int) -> Any:
+        enc = self._enc
+        d = depth + 3
+        pairs: list[Any] = []
+        try:
+            for k, v in value.items():
+                key_ok = False
+                ek = enc(k, d)
+                key_ok = True
+                pairs.append([ek, enc(v, d)])
+        except _Fail as fail:
+            fail.parts.append(_key_seg(k) if key_ok else f"[<key {k!r:.40}>]")
+            raise
+        return {TAG: "d", "v": pairs}
+
+    def _enc_tuple(self, value: Any, depth: int) -> Any:
+        return {TAG: "t", "v": _items(self._enc, value, depth + 2)}
+
+    def _enc_set(self, value: Any, depth: int) -> Any:
+        # Sorting by JSON text makes the bytes independent of hash seeds and insertion order.
+        try:
+            items = sorted(_items(self._enc, value, depth + 2), key=_JSON_OUT.encode)
+        except _Fail as fail:
+            fail.parts[-1] = "{" + fail.parts[-1][1:-1] + "}"  # "[i]" -> "{i}": i-th element
+            raise
+        return {TAG: "s" if type(value) is set else "fs", "v": items}
+
+    def _enc_datetime(self, value: Any, depth: int) -> Any:
+        tag = "dt" if type(value) is datetime else "tm"
+        if value.tzinfo is None and not value.fold:
+            return {TAG: tag, "v": value.isoformat()}
+        spec = _tz_spec(value.tzinfo)
+        if spec is _NO_TZ:
+            return self._fallback(
+                value,
+                f"its tzinfo {_type_name(type(value.tzinfo))} is not "
+                "supported; use zoneinfo.ZoneInfo or datetime.timezone",
+            )
+        return {TAG: tag, "v": [value.replace(tzinfo=None).isoformat(), spec, value.fold]}
+
+    def _enc_enum(self, value: Any, depth: int) -> Any:
+        name = _auto_register(type(value))
+        try:
+            v = self._enc(value._value_, depth + 1)
+        except _Fail as fail:
+            fail.parts.append(".value")
+            raise
+        return {TAG: "e", "c": name, "v": v}
+
+    def _enc_model(self, value: Any, depth: int) -> Any:
+        name = _auto_register(type(value))
+        out = _fields(self._enc, value.__dict__.items(), depth + 2)
+        extra = value.__pydantic_extra__
+        if extra:
+            out.update(_fields(self._enc, extra.items(), depth + 2))
+        return {TAG: "m", "c": name, "v": out}
+
+    def _enc_dataclass(self, value: Any, depth: int) -> Any:
+        cls: type = type(value)
+        name = _auto_register(cls)
+        missing = object()
+        pairs = [(f, getattr(value, f, missing)) for f, _ in _dc_fields(cls)]
+        # A non-init field with no default may never have been set: leave it out.
+        out = _fields(self._enc, [p for p in pairs if p[1] is not missing], depth + 2)
+        return {TAG: "dc", "c": name, "v": out}
+
+    def _enc_namedtuple(self, value: Any, depth: int) -> Any:
+        return {
+            TAG: "nt",
+            "c": _auto_register(type(value)),
+            "v": _items(self._enc, value, depth + 2),
+        }
+
+    def _enc_exception(self, exc: BaseException, depth: int) -> Any:
+        args: list[Any] = []
+        for a in exc.args:
+            try:
+                args.append(self._enc(a, depth + 3))
+            except (_Fail, RecursionError):
+                args.append(_safe_repr(a))
+        try:
+            text = str(exc)
+        except Exception:  # a broken __str__ must not stop the failure from being recorded
+            text = _safe_repr(exc)
+        v: dict[str, Any] = {"args": args, "str": text}
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list) and notes:
+            v["notes"] = [n if type(n) is str else _safe_repr(n) for n in notes]
+        return {TAG: "ex", "c": class_name(type(exc)), "v": v}
+
+    def _enc_subclass(self, value: Any, depth: int) -> Any:
+        # Storing it as the base type would silently change its type on replay.
+        base = next(b for b in (str, int, float) if isinstance(value, b)).__name__
+        return self._fallback(
+            value,
+            f"{_type_name(type(value))} is a subclass of {base} and would come back as a plain "
+            f"{base}; convert it with {base}(...) first, or enable allow_pickle",
+        )
+
+    def _enc_list_like(self, value: Any, depth: int) -> Any:
+        # list/dict subclasses (change tracking, OrderedDict) are stored as plain ones.
+        return self._enc(dict(value) if isinstance(value, dict) else list(value), depth)
+
+    def _enc_unknown(self, value: Any, depth: int) -> Any:
+        cls = type(value)
+        dotted = f"{cls.__module__}.{cls.__qualname__}"
+        if _REGISTRY.get(class_name(cls)) is cls:
+            why = (
+                f"{_type_name(cls)} is registered, but persistkit stores only pydantic models, "
+                "dataclasses, namedtuples and enums; make it one of those or enable allow_pickle"
+            )
+        else:
+            why = (
+                f"cannot serialize an object of type {_type_name(cls)}: make it a pydantic model or a dataclass "
+                f"(and register it with persistkit.register({dotted})), or enable allow_pickle"
+            )
+        return self._fallback(value, why)
+
+    def _fallback(self, value: Any, why: str) -> Any:
+        if not self.allow_pickle:
+            raise _Fail(why)
+        try:
+            data = pickle.dumps(value, protocol=5)
+        except Exception as exc:
+            raise _Fail(f"cannot pickle a {_type_name(type(value))}: {exc}") from exc
+        return {TAG: "x", "v": base64.b64encode(data).decode("ascii")}
+
+    # -- decoding -----------------------------------------------------------
+
+    def _dec(self, node: Any, depth: int) -> Any:
+        t = type(node)
+        if t is str or t is int or node is None or t is bool or t is float:
+            return node
+        if depth >= MAX_DEPTH:
+            raise _too_deep()
+        dec = self._dec
+        d = depth + 1
+        if t is dict:
+            if TAG in node:
+                return self._dec_tagged(node, depth)
+            out: dict[str, Any] = {}
+            try:
+                for k, v in node.items():
+                    out[k] = dec(v, d)
+            except _Fail as fail:
+                fail.parts.append(_key_seg(k))
+                raise
+            return out
+        if t is list:
+            return _items(self._dec, node, d)
+        raise _Fail(f"a {t.__name__} is not a valid serialized value")
+
+    def _dec_tagged(self, node: dict[str, Any], depth: int) -> Any:
+        tag = node[TAG]
+        handler = _DECODERS.get(tag) if type(tag) is str else None
+        if handler is None:
+            raise _Fail(f"unknown tag {tag!r:.40}; the data is corrupt or from a newer persistkit")
+        try:
+            return handler(self, node, depth)
+        except _Fail:
+            raise
+        except Exception as exc:
+            # The single boundary where stdlib parsers and revived classes' own
+            # constructors/validators fail on bad data; the path is added on unwind.
+            raise _Fail(f"malformed {tag!r} value: {type(exc).__name__}: {exc}") from exc
+
+    def _resolve(self, node: dict[str, Any], check: Callable[[type], bool], kind: str) -> type:
+        name = node.get("c")
+        if type(name) is not str:
+            raise _Fail(f"a {kind} without a class name")
+        cls = _REGISTRY.get(name) or self._resolved.get(name)
+        if cls is None:
+            cls = self._import_class(name, kind)
+        if not check(cls):
+            raise _Fail(f"class {name} is not a {kind}")
+        return cls
+
+    def _import_class(self, name: str, kind: str) -> type:
+        module, _, qualname = name.partition(":")
+        allowed = self.allow_modules + tuple(_MODULES)
+        if not any(module == m or module.startswith(m + ".") for m in allowed) or (
+            not _MODULE_RE.match(module) or "<locals>" in qualname
+        ):
+            dotted = f"{module}.{qualname}"
+            raise _Fail(
+                f"cannot revive {kind} class {name}: it is not registered in this process. "
+                f"Register it with persistkit.register({dotted}) or annotate the step's "
+                f"return type, or allow its module with persistkit.register_module("
+                f"{module!r})"
+            )
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = vars(obj)[part]  # vars(), not getattr(): no module __getattr__ hooks
+        except Exception as exc:
+            raise _Fail(f"cannot find class {name} ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(obj, type):
+            raise _Fail(f"{name} is not a class")
+        self._resolved[name] = obj
+        return obj
+
+    def _dec_exception(self, node: dict[str, Any], depth: int) -> BaseException:
+        v = _payload(node, dict, with_class=True)
+        name, args, text = node["c"], v.get("args"), v.get("str")
+        notes = v.get("notes", [])
+        if type(name) is not str or type(args) is not list or type(text) is not str:
+            raise ValueError("exception record needs a class name, args and str")
+        if type(notes) is not list or any(type(n) is not str for n in notes):
+            raise ValueError("exception notes must be strings")
+        type_name = name.replace(":", ".").removeprefix("builtins.")
+        try:
+            cls = _find_exception(self, name)
+            exc = cls(*_items(self._dec, args, depth + 3))
+        except Exception as why:
+            reason = why.msg if isinstance(why, _Fail) else f"{type(why).__name__}: {why}"
+            return StepFailedError(
+                f"step failed with {type_name}: {text} (the exception could not be revived: "
+                f"{reason})",
+                type_name=type_name,
+                original_message=text,
+            )
+        for n in notes:
+            exc.add_note(n)
+        return exc
+
+    def _dec_model(self, node: dict[str, Any], depth: int) -> Any:
+        cls: Any = self._resolve(node, lambda c: issubclass(c, BaseModel), "pydantic model")
+        data = _fields(self._dec, _payload(node, dict, True).items(), depth + 2)
+        if issubclass(cls, RootModel):
+            return cls.model_validate(data["root"], **_VALIDATE_KW)
+        return cls.model_validate(data, **_VALIDATE_KW)
+
+    def _dec_dataclass(self, node: dict[str, Any], depth: int) -> Any:
+        cls = self._resolve(node, lambda c: dataclasses.is_dataclass(c), "dataclass")
+        data = _fields(self._dec, _payload(node, dict, True).items(), depth + 2)
+        fields = dict(_dc_fields(cls))
+        unknown = set(data) - set(fields)
+        if unknown:
+            raise ValueError(f"{class_name(cls)} has no field(s) {sorted(unknown)}")
+        obj = cls(**{k: v for k, v in data.items() if fields[k]})
+        for k, v in data.items():
+            if not fields[k]:
+                object.__setattr__(obj, k, v)  # non-init fields, also on frozen dataclasses
+        return obj
+
+
+def _safe_repr(obj: Any) -> str:
+    try:
+        return repr(obj)
+    except Exception:  # repr of a user object may raise; the record must still be written
+        return f"<{type(obj).__qualname__} object>"
+
+
+def _find_exception(ser: Serializer, name: str) -> type[BaseException]:
+    """Registry, then allowlist, then (exceptions only) a module already imported; never imports."""
+    cls: Any = _REGISTRY.get(name) or ser._resolved.get(name)
+    module, _, qualname = name.partition(":")
+    if cls is None and "<locals>" not in qualname and module in sys.modules:
+        obj: Any = sys.modules[module]
+        for part in qualname.split("."):
+            obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
+        base = BaseException if module == "builtins" else Exception
+        if isinstance(obj, type) and issubclass(obj, base):
+            cls = obj
+    if cls is None:
+        cls = ser._import_class(name, "exception")
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise _Fail(f"{name} is not an exception class")
+    return cls
+
+
+def _classify(t: type) -> _EncFn:
+    """Pick (and cache) the encoder for a type that is not in the exact-type table."""
+    if issubclass(t, Enum):
+        fn: _EncFn = Serializer._enc_enum
+    elif issubclass(t, BaseModel):
+        fn = Serializer._enc_model
+    elif dataclasses.is_dataclass(t):
+        fn = Serializer._enc_dataclass
+    elif issubclass(t, BaseException):
+        fn = Serializer._enc_exception
+    elif _is_namedtuple(t):
+        fn = Serializer._enc_namedtuple
+    elif issubclass(t, (list, dict)):
+        fn = Serializer._enc_list_like
+    elif issubclass(t, (str, int, float)):
+        fn = Serializer._enc_subclass
+    else:
+        fn = Serializer._enc_unknown
+    if len(_KINDS) > 4096:
+        _KINDS.clear()
+    _KINDS[t] = fn
+    return fn
+
+
+def _b64(node: dict[str, Any]) -> bytes:
+    return base64.b64decode(_payload(node, str), validate=True)
+
+
+def _dec_float(self: Serializer, node: dict[str, Any], depth: int) -> float:
+    v = _payload(node, str)
+    if v not in ("nan", "inf", "-inf"):
+        raise ValueError(f"{v!r:.20} is not nan, inf or -inf")
+    return float(v)
+
+
+def _dec_int(self: Serializer, node: dict[str, Any], depth: int) -> int:
+    return int(_payload(node, str), 16)
+
+
+def _dec_datetime(self: Serializer, node: dict[str, Any], depth: int) -> Any:
+    cls = datetime if node[TAG] == "dt" else time
+    match _payload(node, (str, list)):
+        case str(iso):
+            return cls.fromisoformat(iso)
+        case [str(iso), tz, 0 | 1 as fold]:
+            return cls.fromisoformat(iso).replace(tzinfo=_tz_from(tz), fold=int(fold))
+    raise ValueError("expected an iso string or [iso, tz, fold]")
+
+
+def _dec_timedelta(self: Serializer, node: dict[str, Any], depth: int) -> timedelta:
+    match _payload(node, list):
+        case [int(days), int(seconds), int(micro)]:
+            return timedelta(days=days, seconds=seconds, microseconds=micro)
+    raise ValueError("expected [days, seconds, microseconds]")
+
+
+def _dec_path(self: Serializer, node: dict[str, Any], depth: int) -> pathlib.PurePath:
+    match _payload(node, list):
+        case [str(kind), str(path)] if kind in _PATHS:
+            return _PATHS[kind](path)
+    raise ValueError("expected [path class, path]")
+
+
+def _dec_pairs(self: Serializer, node: dict[str, Any], depth: int) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for i, pair in enumerate(_payload(node, list)):
+        if type(pair) is not list or len(pair) != 2:
+            raise ValueError(f"item {i} is not a [key, value] pair")
+        try:
+            k = self._dec(pair[0], depth + 3)
+            out[k] = self._dec(pair[1], depth + 3)
+        except _Fail as fail:
+            fail.parts.append(f"[<pair {i}>]")
+            raise
+    return out
+
+
+def _dec_set(self: Serializer, node: dict[str, Any], depth: int) -> Any:
+    items = _items(self._dec, _payload(node, list), depth + 2)
+    return set(items) if node[TAG] == "s" else frozenset(items)
+
+
+def _dec_enum(self: Serializer, node: dict[str, Any], depth: int) -> Any:
+    cls: Any = self._resolve(node, lambda c: issubclass(c, Enum), "Enum")
+    if "v" not in node or len(node) != 3:
+        raise ValueError("expected c and v")
+    return cls(self._dec(node["v"], depth + 1))
+
+
+def _dec_namedtuple(self: Serializer, node: dict[str, Any], depth: int) -> Any:
+    cls: Any = self._resolve(node, _is_namedtuple, "namedtuple")
+    return cls(*_items(self._dec, _payload(node, list, True), depth + 2))
+
+
+def _dec_pickle(self: Serializer, node: dict[str, Any], depth: int) -> Any:
+    if not self.allow_pickle:
+        raise _Fail(
+            "the stored value is pickled; decode it with Serializer(allow_pickle=True) "
+            "only if you trust the store"
+        )
+    return pickle.loads(_b64(node))
+
+
+_ENCODERS: dict[type, _EncFn] = {
+    tuple: Serializer._enc_tuple,
+    set: Serializer._enc_set,
+    frozenset: Serializer._enc_set,
+    bytes: lambda s, v, d: {TAG: "b", "v": base64.b64encode(v).decode("ascii")},
+    bytearray: lambda s, v, d: {TAG: "ba", "v": base64.b64encode(v).decode("ascii")},
+    datetime: Serializer._enc_datetime,
+    time: Serializer._enc_datetime,
+    date: lambda s, v, d: {TAG: "da", "v": v.isoformat()},
+    timedelta: lambda s, v, d: {TAG: "td", "v": [v.days, v.seconds, v.microseconds]},
+    uuid.UUID: lambda s, v, d: {TAG: "u", "v": str(v)},
+    decimal.Decimal: lambda s, v, d: {TAG: "dec", "v": str(v)},
+    **{c: (lambda s, v, d: {TAG: "pa", "v": [type(v).__name__, str(v)]}) for c in _PATHS.values()},
+}
+
+_DECODERS: dict[str, _DecFn] = {
+    "t": lambda s, n, d: tuple(_items(s._dec, _payload(n, list), d + 2)),
+    "s": _dec_set,
+    "fs": _dec_set,
+    "d": _dec_pairs,
+    "i": _dec_int,
+    "f": _dec_float,
+    "b": lambda s, n, d: _b64(n),
+    "ba": lambda s, n, d: bytearray(_b64(n)),
+    "dt": _dec_datetime,
+    "tm": _dec_datetime,
+    "da": lambda s, n, d: date.fromisoformat(_payload(n, str)),
+    "td": _dec_timedelta,
+    "u": lambda s, n, d: uuid.UUID(_payload(n, str)),
+    "dec": lambda s, n, d: decimal.Decimal(_payload(n, str), _DEC_CTX),
+    "pa": _dec_path,
+    "e": _dec_enum,
+    "m": Serializer._dec_model,
+    "dc": Serializer._dec_dataclass,
+    "nt": _dec_namedtuple,
+    "ex": Serializer._dec_exception,
+    "x": _dec_pickle,
+}

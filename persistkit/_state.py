@@ -114,7 +114,7 @@ class TrackedList(list[Any]):
         self._pk_dirty = True
         super().__delitem__(index)
 
-    def __imul__(self, n: SupportsIndex) -> TrackedList:  # type: ignore[override]
+    def __imul__(self, n: SupportsIndex) -> TrackedList:
         self._pk_dirty = True
         super().__imul__(n)
         return self

@@ -92,7 +92,7 @@ def redis_url() -> str:
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server in its own process, on a free loopback port."""
     try:
-        import boto3  # noqa: F401
+        import boto3
         import moto.server  # noqa: F401
     except ImportError as exc:
         unavailable("s3", f"boto3 / moto[server] not installed ({exc})")

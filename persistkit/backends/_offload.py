@@ -24,7 +24,7 @@ import builtins
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .._errors import ConfigurationError, IntegrityError
 from ._protocol import Backend, CheckpointRow, Head
@@ -63,6 +63,9 @@ class OffloadBackend(Backend):
     Both are ordinary backends (typically SQL/Redis + S3). Blob keys are the
     same in both, per thread. ``delete_thread`` deletes from both.
     """
+
+    # Large blobs reach the blob store before the primary's atomic write.
+    atomic_blobs: ClassVar[bool] = False
 
     def __init__(
         self, primary: Backend, blobs: Backend, *, threshold: int = DEFAULT_THRESHOLD

@@ -81,7 +81,7 @@ cp AS (
 bl AS (
     INSERT INTO {s}.blobs (thread_id, key, data)
     SELECT %(t)s::text, b.key, b.data
-    FROM cas, unnest(%(keys)s::text[], %(datas)s::bytea[]) AS b(key, data)
+    FROM cas, unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING
 )
 SELECT version FROM cas"""
@@ -104,7 +104,7 @@ _SQL = {
 )"""
     + _WRITE_TAIL,
     "put_blobs": """INSERT INTO {s}.blobs (thread_id, key, data)
-    SELECT %(t)s::text, b.key, b.data FROM unnest(%(keys)s::text[], %(datas)s::bytea[]) AS b(key, data)
+    SELECT %(t)s::text, b.key, b.data FROM unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING""",
     "head": """SELECT checkpoint_id, version FROM {s}.heads
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text""",

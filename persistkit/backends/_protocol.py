@@ -78,6 +78,11 @@ class Backend(abc.ABC):
     schemes: ClassVar[tuple[str, ...]] = ()
     #: True when the ``a*`` methods use the driver's own async API.
     native_async: ClassVar[bool] = False
+    #: True when a ``write`` that raises ``ConflictError`` leaves no new blob behind.
+    #: Stores without multi-object transactions (S3) write blobs before the head
+    #: and set this to False: the loser's new blobs stay, unreferenced (they are
+    #: never deleted there, since a concurrent writer may already reference them).
+    atomic_blobs: ClassVar[bool] = True
 
     #: The URL the backend was opened from, with any password masked.
     url: str = ""
@@ -100,7 +105,8 @@ class Backend(abc.ABC):
         If the head's current version is not ``expected_version``, raise
         ``ConflictError(thread_id=..., namespace=..., expected=...,
         found=<current version or 0>, found_checkpoint=<current head id>)``
-        and write nothing at all. A row whose ``checkpoint_id`` already exists
+        and write nothing visible (no row, no head change; no blob either
+        unless ``atomic_blobs`` is False). A row whose ``checkpoint_id`` already exists
         for ``(thread_id, namespace)`` raises ``BackendError`` and writes
         nothing: ids are never reused, rows are never overwritten.
         Returns the new head.

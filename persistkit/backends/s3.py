@@ -48,12 +48,11 @@ one LIST per 1000 rows of the namespace, one GET per returned row.
 Conflicts and leftovers: before writing anything the writer checks the head
 (cached from its own last write, else one GET), so an ordinary stale write
 writes nothing. Two writers racing past that check both write blobs and a
-row; the loser's row is invisible (not on the chain) and is deleted, and the
-blobs the loser CREATED are deleted too unless the winning row lists them.
-Residual window, inherent to S3 having no multi-object transaction: a THIRD
-writer that found such a blob already present (412) and commits between the
-loser's check and its delete would reference a deleted blob; readers then
-see it missing (the offload layer raises ``IntegrityError``, never silence).
+row; the loser's row is invisible (not on the chain) and is deleted. The
+blobs it created stay (``atomic_blobs = False``): deleting them could race a
+third writer that found one present (412) and committed a reference to it,
+and losing referenced data is worse than keeping unreferenced bytes, which
+``delete_thread`` removes with the thread.
 
 moto 5.2 (the test server) implements ``If-Match`` / ``If-None-Match`` on
 PutObject, but checks the condition and stores the object in two steps
@@ -241,6 +240,7 @@ class S3Backend(ThreadedAsync):
     """Checkpoints in S3 objects; see the module docstring for layout and guarantees."""
 
     schemes: ClassVar[tuple[str, ...]] = ("s3",)
+    atomic_blobs: ClassVar[bool] = False  # blobs go first; a lost CAS leaves them unreferenced
 
     def __init__(
         self, client: Any, bucket: str, prefix: str, *, url: str, owns_client: bool
@@ -414,7 +414,7 @@ class S3Backend(ThreadedAsync):
             base = self._read_head(t, ns)
             if (base.version if base else 0) != expected_version:
                 raise self._conflict(row, expected_version, base)
-        created = self._write_blobs(t, blobs)
+        self._write_blobs(t, blobs)
         token = secrets.token_hex(8)
         prev = base.token if base else "0"
         row_key = (
@@ -438,7 +438,7 @@ class S3Backend(ThreadedAsync):
             if not _is_client_error(exc, _CONFLICT_CODES):
                 raise _map_error(exc, f"moving the head of {t!r}") from exc
             found = self._read_head(t, ns)
-            self._clean_up_loser(t, row_key, created, found)
+            self._clean_up_loser(row_key)
             raise self._conflict(row, expected_version, found) from exc
         state = _HeadState(version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")))
         with self._lock:
@@ -457,22 +457,19 @@ class S3Backend(ThreadedAsync):
         )
         return [k for (k, _), made in zip(items, done, strict=True) if made]
 
-    def _clean_up_loser(
-        self, thread_id: str, row_key: str, created: list[str], winner: _HeadState | None
-    ) -> None:
-        """Best effort: delete what a write that lost its CAS left behind (all invisible or unreferenced)."""
-        keep: set[str] = set()
-        if created and winner is not None:
-            got = self._get_object(winner.row_key, "reading the winning checkpoint")
-            if got is not None:
-                keep = set(_decode_row(got[0])[1])
-        blob_prefix = self._blob_prefix(thread_id)
-        doomed = [row_key] + [blob_prefix + k for k in created if k not in keep]
+    def _clean_up_loser(self, row_key: str) -> None:
+        """Best effort: delete the row a write that lost its CAS left behind (it is off the chain).
+
+        Its blobs stay: they are unreferenced content addresses, but another
+        writer may have found one of them present and committed a reference to
+        it in the meantime, so deleting them could lose data. Unreferenced blobs
+        cost bytes only and go with ``delete_thread``.
+        """
         try:
-            self._delete_keys(doomed, "cleaning up after a lost compare-and-swap")
+            self._delete_keys([row_key], "cleaning up after a lost compare-and-swap")
         except BackendError:
             # Leftovers are harmless (rows off the chain are never read); the conflict matters more.
-            _log.warning("could not delete leftovers of a lost S3 write: %s", doomed, exc_info=True)
+            _log.warning("could not delete the leftover row of a lost S3 write: %s", row_key, exc_info=True)
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         self._check_open()

@@ -334,11 +334,10 @@ class StoreConformance:
         tid = _tid()
         with pk.resume(tid, store=store):
             step("seed")
-        with pytest.raises(pk.ConflictError) as info:
+        with pytest.raises(pk.ConflictError) as info, pk.resume(tid, store=store):
             with pk.resume(tid, store=store):
-                with pk.resume(tid, store=store):
-                    step("inner")
-                step("outer")
+                step("inner")
+            step("outer")
         err = info.value
         assert err.thread_id == tid and err.found == err.expected + 2  # inner: step + end
         labels = [cp.step for cp in store.history(tid) if cp.kind == "step"]

@@ -1,0 +1,125 @@
+"""Per-write cost of the PostgreSQL store vs raw psycopg on the same database.
+
+    python bench/pg_write.py [postgresql://127.0.0.1:5432/test] [--writes 200] [--rounds 5]
+
+Workload: ``--writes`` checkpoints on one thread, each with a 300 B payload
+and one new 1 KB blob. Baselines write the same bytes into one table:
+``INSERT`` + ``commit()`` on a default (transactional) psycopg connection,
+and a single autocommit ``INSERT``. Rounds are interleaved and the median
+round is reported. Round trips are counted from libpq's protocol trace
+(client ``Sync`` messages). Everything runs in a scratch schema, dropped at
+the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+
+from persistkit.backends import CheckpointRow
+from persistkit.backends.postgres import PostgresBackend
+
+PAYLOAD = os.urandom(300)
+BLOB = os.urandom(1024)
+
+
+def bench_store(url: str, schema: str, writes: int) -> float:
+    b = PostgresBackend.from_url(f"{url}?schema={schema}", min_size=1, max_size=1)
+    t = f"bench-{uuid.uuid4().hex}"
+    b.head(t, "")  # warm the pool
+    start = time.perf_counter()
+    parent = None
+    for n in range(writes):
+        cid = f"{n + 1:08d}"
+        b.write(CheckpointRow(t, "", cid, parent, "run", PAYLOAD), {f"b{n}": BLOB}, n)
+        parent = cid
+    elapsed = time.perf_counter() - start
+    b.close()
+    return elapsed / writes
+
+
+def bench_raw(url: str, schema: str, writes: int, *, autocommit: bool) -> float:
+    with psycopg.connect(url, autocommit=autocommit) as conn:
+        t = uuid.uuid4().hex
+        start = time.perf_counter()
+        for n in range(writes):
+            conn.execute(
+                f'INSERT INTO "{schema}".raw (thread_id, id, payload, blob) VALUES (%s, %s, %s, %s)',
+                (t, n, PAYLOAD, BLOB),
+            )
+            if not autocommit:
+                conn.commit()
+        return (time.perf_counter() - start) / writes
+
+
+def round_trips(url: str, schema: str, writes: int) -> float:
+    """Client round trips per store write, from libpq's trace of one connection."""
+    conn = psycopg.connect(url)
+    b = PostgresBackend.from_connection(conn, schema=schema)
+    t = f"rt-{uuid.uuid4().hex}"
+    b.write(CheckpointRow(t, "", "00000000", None, None, PAYLOAD), {}, 0)
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        for n in range(writes):
+            b.write(
+                CheckpointRow(t, "", f"{n + 1:08d}", None, "r", PAYLOAD), {f"b{n}": BLOB}, n + 1
+            )
+        conn.pgconn.untrace()
+        trace.seek(0)
+        syncs = sum(1 for line in trace if "\tF\t" in line and "\tSync" in line)
+    b.close()
+    conn.close()
+    return syncs / writes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url", nargs="?", default="postgresql://127.0.0.1:5432/test")
+    parser.add_argument("--writes", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    schema = f"pkbench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.url, autocommit=True) as admin:
+        PostgresBackend.from_url(f"{args.url}?schema={schema}").close()  # creates the schema
+        admin.execute(
+            f'CREATE TABLE "{schema}".raw (thread_id text, id int, payload bytea, blob bytea, '
+            "PRIMARY KEY (thread_id, id))"
+        )
+        try:
+            cases: dict[str, Callable[[], float]] = {
+                "persistkit write (1 statement)": lambda: bench_store(
+                    args.url, schema, args.writes
+                ),
+                "raw INSERT + COMMIT": lambda: bench_raw(
+                    args.url, schema, args.writes, autocommit=False
+                ),
+                "raw autocommit INSERT": lambda: bench_raw(
+                    args.url, schema, args.writes, autocommit=True
+                ),
+            }
+            results: dict[str, list[float]] = {name: [] for name in cases}
+            for _ in range(args.rounds):
+                for name, case in cases.items():
+                    results[name].append(case())
+            trips = round_trips(args.url, schema, args.writes)
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    medians = {name: statistics.median(times) * 1e6 for name, times in results.items()}
+    ours = medians["persistkit write (1 statement)"]
+    print(f"{args.writes} writes x {args.rounds} rounds, 300 B payload + 1 KB blob, median round")
+    for name, us in medians.items():
+        print(f"  {name:32s} {us:8.1f} us/write   ours/this = {ours / us:.2f}x")
+    print(f"  round trips per persistkit write: {trips:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

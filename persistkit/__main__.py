@@ -1,0 +1,101 @@
+"""Command line: inspect and manage stores.
+
+    persistkit threads [URL] [--prefix P] [--limit N]
+    persistkit history [URL] THREAD [--limit N] [--run RUN_ID]
+    persistkit state [URL] THREAD [--checkpoint ID]
+    persistkit delete [URL] THREAD
+    persistkit migrate [URL] [--check]
+
+URL defaults to $PERSISTKIT_URL, else the SQLite file under ./.persistkit/.
+Exit status: 0 ok, 1 error (or, with ``migrate --check``, the schema is behind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ._errors import PersistkitError
+from ._store import Store, connect
+
+
+def _store(url: str | None) -> Store:
+    return connect(url) if url else connect()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="persistkit", description="Inspect and manage persistkit stores.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("threads", help="list thread ids")
+    t.add_argument("url", nargs="?")
+    t.add_argument("--prefix", default="")
+    t.add_argument("--limit", type=int)
+    h = sub.add_parser("history", help="a thread's checkpoints, newest first")
+    h.add_argument("args", nargs="+", metavar="[URL] THREAD")
+    h.add_argument("--limit", type=int)
+    h.add_argument("--run")
+    s = sub.add_parser("state", help="a thread's state (as JSON) at its head or a checkpoint")
+    s.add_argument("args", nargs="+", metavar="[URL] THREAD")
+    s.add_argument("--checkpoint")
+    d = sub.add_parser("delete", help="delete a thread and all its data")
+    d.add_argument("args", nargs="+", metavar="[URL] THREAD")
+    m = sub.add_parser("migrate", help="create or upgrade the store's own tables")
+    m.add_argument("url", nargs="?")
+    m.add_argument("--check", action="store_true", help="only report whether the schema is behind")
+    return p
+
+
+def _url_thread(args: list[str]) -> tuple[str | None, str]:
+    if len(args) == 1:
+        return None, args[0]
+    if len(args) == 2:
+        return args[0], args[1]
+    raise SystemExit("expected [URL] THREAD")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        return _run(ns)
+    except PersistkitError as exc:
+        print(f"persistkit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(ns: argparse.Namespace) -> int:
+    if ns.command == "threads":
+        with _store(ns.url) as store:
+            for tid in store.threads(prefix=ns.prefix, limit=ns.limit):
+                print(tid)
+        return 0
+    if ns.command == "migrate":
+        with _store(ns.url) as store:
+            migrate = getattr(store.backend, "migrate", None)
+            if migrate is None:
+                print(f"{store.url}: schema is managed when the store opens; nothing to do")
+                return 0
+            result = migrate(check=ns.check)
+            print(result)
+            return 1 if ns.check and getattr(result, "behind", False) else 0
+    url, thread = _url_thread(ns.args)
+    with _store(url) as store:
+        if ns.command == "history":
+            print(f"{'checkpoint':<24}  {'run':<12}  {'kind':<6}  {'pos':<7}  {'step':<24}  {'status':<9}  {'run status':<10}  created")
+            for cp in store.history(thread, limit=ns.limit, run_id=ns.run):
+                print(
+                    f"{cp.checkpoint_id:<24}  {(cp.run_id or '')[:12]:<12}  {cp.kind:<6}  {cp.position or '':<7}  "
+                    f"{(cp.step or '')[-24:]:<24}  {cp.status or '':<9}  {cp.run_status or '':<10}  "
+                    f"{cp.created_at.isoformat(timespec='milliseconds')}"
+                )
+        elif ns.command == "state":
+            state: Any = store.get_state(thread, ns.checkpoint)
+            print(json.dumps(state, indent=2, default=repr, ensure_ascii=False))
+        elif ns.command == "delete":
+            print("deleted" if store.delete_thread(thread) else "no such thread")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

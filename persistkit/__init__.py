@@ -5,6 +5,8 @@ Put ``@pk.checkpointed`` on the functions of an agent loop and run a turn in
 storage; a retry or a later invocation resumes at the first unfinished step.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._api import checkpointed, current_run, current_step, resume
 from ._errors import (
     BackendError,
@@ -25,8 +27,11 @@ from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
 from ._serde import register
-from ._state import Reducer, State, TrackedList, add, append, merge, migration, replace
+from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect
+
+if TYPE_CHECKING:
+    from ._model import State
 
 __version__ = "0.1.0"
 
@@ -66,3 +71,13 @@ __all__ = [
     "resume",
     "set_testing",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # pk.State imports pydantic; importing persistkit alone does not.
+    if name == "State":
+        from ._model import State
+
+        globals()["State"] = State
+        return State
+    raise AttributeError(f"module 'persistkit' has no attribute {name!r}")

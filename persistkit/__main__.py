@@ -71,14 +71,23 @@ def _run(ns: argparse.Namespace) -> int:
                 print(tid)
         return 0
     if ns.command == "migrate":
-        with _store(ns.url) as store:
-            migrate = getattr(store.backend, "migrate", None)
-            if migrate is None:
-                print(f"{store.url}: schema is managed when the store opens; nothing to do")
-                return 0
-            result = migrate(check=ns.check)
-            print(result)
-            return 1 if ns.check and getattr(result, "behind", False) else 0
+        import os
+
+        from ._store import DEFAULT_URL
+        from .backends import backend_class
+
+        url = ns.url or os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
+        cls = backend_class(url)
+        if not hasattr(cls, "migrate"):
+            print(f"{url}: this store creates and upgrades its tables when it opens; nothing to do")
+            return 0
+        backend = cls.from_url(url, migrate=False)  # open without migrating, then decide
+        try:
+            status = backend.migrate(check=ns.check)  # type: ignore[attr-defined]
+        finally:
+            backend.close()
+        print(status)
+        return 1 if ns.check and status.behind else 0
     url, thread = _url_thread(ns.args)
     with _store(url) as store:
         if ns.command == "history":

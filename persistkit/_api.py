@@ -16,8 +16,6 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, overload
 
-import tenacity
-
 from . import _serde
 from ._errors import ConfigurationError, PersistkitError
 from ._retry import Retry
@@ -289,6 +287,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
         if step.retry is None:
             result = body()
         else:
+            import tenacity
+
             for att in tenacity.Retrying(**step.retry.tenacity_kwargs()):
                 with att:
                     result = body()
@@ -325,6 +325,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
         if step.retry is None:
             result = await body()
         else:
+            import tenacity
+
             async for att in tenacity.AsyncRetrying(**step.retry.tenacity_kwargs()):
                 with att:
                     result = await body()

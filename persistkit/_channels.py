@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
@@ -37,6 +38,7 @@ __all__ = ["INLINE_LIMIT", "Loader", "Tracker"]
 INLINE_LIMIT = 96
 
 
+@lru_cache(maxsize=1024)
 def _qname(name: str) -> str:
     return quote(name, safe="") or "%00"
 
@@ -62,7 +64,7 @@ class _ListPrev:
     n: int
     tip: str | None
     gen: int
-    last_json: bytes | None
+    last_tree: Any  # encoded tree of the newest committed item (None: empty list)
     obj: list[Any] | None = None  # identity mode: the live TrackedList committed last
     items: list[Any] | None = None  # compare mode: the committed items (shallow)
 
@@ -95,7 +97,7 @@ class Tracker:
             if "l" in ref:
                 items = loader.list_items(name, ref)
                 self.prev[name] = _ListPrev(
-                    ref, ref["n"], ref["l"], ref["g"], loader.last_json(name, ref), items=items
+                    ref, ref["n"], ref["l"], ref["g"], loader.last_tree(name, ref), items=items
                 )
             else:
                 self.prev[name] = _ValuePrev(ref, _ref_digest(self.codec, ref))
@@ -156,17 +158,16 @@ class Tracker:
                 extends = p.obj is value and tracked is not None and not tracked._pk_dirty
             elif p.items is not None:
                 extends = (value == p.items) if len(value) == p.n else (value[: p.n] == p.items)
-            if extends and p.n and p.last_json is not None:
+            if extends and p.n:
                 # The newest committed item is the one most often edited in place.
-                last = self.codec.encode(value[p.n - 1], f"state.{name}[{p.n - 1}]")
-                extends = self.codec.dump_tree(last) == p.last_json
+                extends = self.codec.encode(value[p.n - 1], f"state.{name}[{p.n - 1}]") == p.last_tree
         if tracked is not None:
             tracked._pk_dirty = False
         if extends:
             assert isinstance(p, _ListPrev)
             if len(value) == p.n:
                 d.refs[name] = p.ref
-                d.prev[name] = _ListPrev(p.ref, p.n, p.tip, p.gen, p.last_json, *_mode(value))
+                d.prev[name] = _ListPrev(p.ref, p.n, p.tip, p.gen, p.last_tree, *_mode(value))
                 return
             self._write_segment(name, value, p.n, p.tip, p.gen, d)
         else:
@@ -190,9 +191,7 @@ class Tracker:
         d.blobs[key] = self.codec.seal(text)
         ref = {"l": key, "n": len(value), "g": gen}
         d.refs[name] = ref
-        d.prev[name] = _ListPrev(
-            ref, len(value), key, gen, self.codec.dump_tree(trees[-1]), *_mode(value)
-        )
+        d.prev[name] = _ListPrev(ref, len(value), key, gen, trees[-1], *_mode(value))
 
 
 def _mode(value: list[Any]) -> tuple[list[Any] | None, list[Any] | None]:
@@ -281,14 +280,15 @@ class Loader:
             self.chains[(name, gen)] = (items, ends)
         return items[:n]
 
-    def last_json(self, name: str, ref: dict[str, Any]) -> bytes | None:
+    def last_tree(self, name: str, ref: dict[str, Any]) -> Any:
+        """The stored tree of the newest item of a list ref (None for an empty list)."""
         tip = ref["l"]
         if tip is None:
             return None
         self._segment(name, tip)
         text = self.codec.open(self.blobs[tip], f"state.{name}")
         trees = self.codec.load_tree(text, f"state.{name}")["i"]
-        return self.codec.dump_tree(trees[-1]) if trees else None
+        return trees[-1] if trees else None
 
     def _segment(self, name: str, key: str) -> tuple[str | None, int, list[Any]]:
         seg = self.segments.get(key)

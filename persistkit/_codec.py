@@ -25,6 +25,12 @@ from ._serde import Serializer
 
 __all__ = ["Codec", "content_hash"]
 
+# One encoder for every write (json.dumps builds a new one per call). Trees come
+# from the serializer, which rejects cycles, so the circular check is skipped.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+# Strings may hold lone surrogates, which UTF-8 cannot encode: escape those.
+_JSON_ASCII = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), check_circular=False)
+
 _PLAIN = b"\x01"
 _ZLIB = b"\x02"
 
@@ -59,7 +65,11 @@ class Codec:
     @staticmethod
     def dump_tree(tree: Any) -> bytes:
         """Compact JSON bytes of an already-encoded tree."""
-        return json.dumps(tree, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        text = _JSON.encode(tree)
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _JSON_ASCII.encode(tree).encode("ascii")
 
     @staticmethod
     def load_tree(data: bytes, path: str = "value") -> Any:

@@ -15,7 +15,6 @@ it, that is a conflict.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Generator
@@ -111,6 +110,8 @@ async def _async_call(backend: Backend, req: Call) -> Any:
             return await getattr(backend, "a" + req.method)(*req.args, **req.kwargs)
         except BackendUnavailableError as exc:
             last = exc
+            import asyncio
+
             await asyncio.sleep(_backoff(attempt))
         except PersistkitError:
             raise

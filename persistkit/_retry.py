@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import tenacity
-
 from ._errors import ConfigurationError, PersistkitError
 
 __all__ = ["Retry", "set_testing", "testing_enabled"]
@@ -93,6 +91,8 @@ class Retry:
 
     def tenacity_kwargs(self) -> dict[str, Any]:
         """Arguments for ``tenacity.Retrying`` / ``AsyncRetrying``."""
+        import tenacity  # only steps with a retry policy pay for importing it
+
         stop: Any = tenacity.stop_after_attempt(self.attempts)
         if self.timeout is not None:
             stop = stop | tenacity.stop_after_delay(self.timeout)

@@ -15,12 +15,11 @@ clock belongs in a step.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
 from ._errors import ConflictError, NonDeterminismError, SerializationError
@@ -29,6 +28,9 @@ from ._io import Plan, call
 from ._records import Record
 from ._state import StateSpec, TrackedList
 from .backends import CheckpointRow, Head
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Run", "StepEvent", "StepInfo"]
 
@@ -399,6 +401,8 @@ class Run:
         return self._lock
 
     def async_lock(self) -> asyncio.Lock:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         lock = self._alocks.get(id(loop))
         if lock is None:

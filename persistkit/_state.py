@@ -13,19 +13,21 @@ can tell "1 KB appended" from "list rewritten" without comparing 5 MB.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, SupportsIndex
-
-from pydantic import BaseModel, ConfigDict
-from pydantic import ValidationError as PydanticValidationError
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 from . import _serde
 from ._errors import ConfigurationError, SchemaVersionError
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from ._model import State
+
 __all__ = [
     "Reducer",
-    "State",
     "StateSpec",
     "TrackedList",
     "add",
@@ -149,47 +151,21 @@ class TrackedList(list[Any]):
         self._pk_dirty = False
 
 
-# -- State ----------------------------------------------------------------------
+# pydantic is imported only by code that uses it (``pk.State`` imports it): a value
+# cannot be a pydantic model unless pydantic was imported first.
 
 
-class State(BaseModel):
-    """Base class of typed run state. ``class Chat(pk.State, version=2): ...``.
-
-    ``version`` (default 1) is stamped on every checkpoint; loading an older
-    version runs the :func:`migration` chain. ``name`` (default: the class's
-    qualified name) identifies the schema in storage; set it explicitly to
-    rename the class without breaking stored threads.
-    """
-
-    model_config = ConfigDict(validate_default=False, revalidate_instances="never")
-
-    __pk_version__: ClassVar[int] = 1
-    __pk_schema__: ClassVar[str] = "State"
-
-    def __init_subclass__(cls, *, version: int = 1, name: str | None = None, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ConfigurationError(
-                f"class {cls.__qualname__}(pk.State, version={version!r}): version must be an int >= 1"
-            )
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigurationError(
-                f"class {cls.__qualname__}(pk.State, name={name!r}): name must be a non-empty str"
-            )
-        cls.__pk_version__ = version
-        cls.__pk_schema__ = name or cls.__qualname__
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__()
-        # Field types of a state class are trusted: a later process may revive them.
-        _serde.register(cls)
-        _serde.register_module(cls.__module__)
-        for field in cls.model_fields.values():
-            _serde.register_type_hints(field.annotation)
+def _base_model() -> type[BaseModel] | None:
+    module = sys.modules.get("pydantic")
+    return None if module is None else module.BaseModel
 
 
-_MIGRATIONS: dict[tuple[type[BaseModel], int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+def _is_model_class(obj: Any) -> bool:
+    base = _base_model()
+    return base is not None and isinstance(obj, type) and issubclass(obj, base)
+
+
+_MIGRATIONS: dict[tuple[type[Any], int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
 _MIGRATIONS_LOCK = threading.Lock()
 
 MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
@@ -198,6 +174,8 @@ MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 def migration(state: type[State], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
     """Register ``fn(data) -> data`` upgrading ``state``'s stored fields from ``from_version``
     to ``from_version + 1``. ``data`` is a dict of field name to value."""
+    from ._model import State
+
     if not (isinstance(state, type) and issubclass(state, State)):
         raise ConfigurationError(f"@pk.migration needs a pk.State subclass, got {state!r}")
     if not isinstance(from_version, int) or not 1 <= from_version < state.__pk_version__:
@@ -231,7 +209,8 @@ class StateSpec:
 
     def __init__(self, state: Any = None) -> None:
         self.initial: Any = None
-        if isinstance(state, BaseModel):
+        base = _base_model()
+        if base is not None and isinstance(state, base):
             self.initial = state
             state = type(state)
         elif isinstance(state, dict):
@@ -243,11 +222,13 @@ class StateSpec:
             self.version = 1
             self.reducers: dict[str, Reducer] = {}
             return
-        if not (isinstance(state, type) and issubclass(state, BaseModel)):
+        if not _is_model_class(state):
             raise ConfigurationError(
                 f"state={state!r}: expected a pk.State subclass (or a pydantic model), "
                 "an instance of one, a dict, or None"
             )
+        from ._model import State
+
         self.cls = state
         if issubclass(state, State):
             self.name = state.__pk_schema__
@@ -273,13 +254,15 @@ class StateSpec:
     def empty(self) -> Any:
         """The state of a thread that has no checkpoint yet."""
         if self.initial is not None:
-            value = self.initial.model_copy(deep=True) if isinstance(self.initial, BaseModel) else _deep(self.initial)
+            value = self.initial.model_copy(deep=True) if self.cls is not None else _deep(self.initial)
             return self.track(value)
         if self.cls is None:
             return {}
+        from pydantic import ValidationError
+
         try:
             return self.track(self.cls())
-        except PydanticValidationError as exc:
+        except ValidationError as exc:
             raise ConfigurationError(
                 f"state class {self.cls.__qualname__} cannot be created without arguments ({exc}); "
                 "give every field a default, or pass an instance: resume(..., state=Chat(...))"
@@ -309,10 +292,12 @@ class StateSpec:
         """A state object from stored channel values, migrated to the code's version."""
         if self.cls is None:
             return self.track(dict(channels))
+        from pydantic import ValidationError
+
         data = self.migrate(channels, stored, where)
         try:
             obj = self.cls.model_validate(data)
-        except PydanticValidationError as exc:
+        except ValidationError as exc:
             raise SchemaVersionError(
                 f"{where}: stored state does not validate as {self.cls.__qualname__} "
                 f"version {self.version}: {exc.errors(include_url=False)[:3]}. If the class changed, "

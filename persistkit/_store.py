@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -403,7 +402,7 @@ _MISSING = object()
 
 
 def _fresh_id(thread_id: str) -> str:
-    return f"{thread_id[:400]}~{uuid.uuid4().hex[:12]}"
+    return f"{thread_id[:400]}~{os.urandom(6).hex()}"
 
 
 def _threads_plan(prefix: str, after: str | None, limit: int | None) -> Plan[list[str]]:

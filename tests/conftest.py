@@ -60,7 +60,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
+def postgres_url() -> Iterator[str]:
     try:
         import psycopg
     except ImportError as exc:
@@ -70,7 +70,10 @@ def postgres_url() -> str:
             conn.execute("select 1")
     except Exception as exc:  # any driver failure means "not reachable"
         unavailable("postgres", f"cannot connect to {POSTGRES_URL}: {exc}")
-    return POSTGRES_URL
+    yield POSTGRES_URL
+    # This session's schema only: other runs may be using theirs.
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS pktest_{SESSION_TAG} CASCADE")
 
 
 @pytest.fixture(scope="session")

@@ -42,11 +42,10 @@ blob key
 from __future__ import annotations
 
 import abc
-import asyncio
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 __all__ = ["Backend", "CheckpointRow", "Head", "ThreadedAsync"]
 
@@ -214,6 +213,16 @@ class Backend(abc.ABC):
         raise NotImplementedError
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+async def _in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    import asyncio  # here, so that sync-only programs never import asyncio
+
+    return await _in_thread(fn, *args, **kwargs)
+
+
 class ThreadedAsync(Backend):
     """Async twins that delegate to the sync methods in a worker thread.
 
@@ -226,18 +235,18 @@ class ThreadedAsync(Backend):
     async def awrite(
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
     ) -> Head:
-        return await asyncio.to_thread(self.write, row, blobs, expected_version)
+        return await _in_thread(self.write, row, blobs, expected_version)
 
     async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
-        await asyncio.to_thread(self.put_blobs, thread_id, blobs)
+        await _in_thread(self.put_blobs, thread_id, blobs)
 
     async def ahead(self, thread_id: str, namespace: str) -> Head | None:
-        return await asyncio.to_thread(self.head, thread_id, namespace)
+        return await _in_thread(self.head, thread_id, namespace)
 
     async def aget(
         self, thread_id: str, namespace: str, checkpoint_id: str
     ) -> CheckpointRow | None:
-        return await asyncio.to_thread(self.get, thread_id, namespace, checkpoint_id)
+        return await _in_thread(self.get, thread_id, namespace, checkpoint_id)
 
     async def alist(
         self,
@@ -248,23 +257,23 @@ class ThreadedAsync(Backend):
         before: str | None = None,
         limit: int | None = None,
     ) -> builtins.list[CheckpointRow]:
-        return await asyncio.to_thread(
+        return await _in_thread(
             self.list, thread_id, namespace, run_id=run_id, before=before, limit=limit
         )
 
     async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
-        return await asyncio.to_thread(self.get_blobs, thread_id, keys)
+        return await _in_thread(self.get_blobs, thread_id, keys)
 
     async def ascan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
-        return await asyncio.to_thread(self.scan_blobs, thread_id, start, stop)
+        return await _in_thread(self.scan_blobs, thread_id, start, stop)
 
     async def athreads(
         self, *, prefix: str = "", after: str | None = None, limit: int | None = None
     ) -> builtins.list[str]:
-        return await asyncio.to_thread(self.threads, prefix=prefix, after=after, limit=limit)
+        return await _in_thread(self.threads, prefix=prefix, after=after, limit=limit)
 
     async def adelete_thread(self, thread_id: str) -> bool:
-        return await asyncio.to_thread(self.delete_thread, thread_id)
+        return await _in_thread(self.delete_thread, thread_id)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+        await _in_thread(self.close)

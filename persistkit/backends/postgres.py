@@ -126,8 +126,15 @@ class PostgresBackend(Backend):
             return ConnectionPool(info, kwargs=owned_kwargs, open=False, name="persistkit", **sizes)
 
         def async_pool_factory() -> AsyncConnectionPool[Any]:
+            # min_size=0: no connection is being opened in the background when
+            # the loop ends (asyncio.run() per call is common), which could
+            # otherwise hang the loop's shutdown on the cancelled attempt.
             return AsyncConnectionPool(
-                info, kwargs=owned_kwargs, open=False, name="persistkit-async", **sizes
+                info,
+                kwargs=owned_kwargs,
+                open=False,
+                name="persistkit-async",
+                **{**sizes, "min_size": 0},
             )
 
         self._sync = Core(

@@ -220,7 +220,7 @@ T = TypeVar("T")
 async def _in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     import asyncio  # here, so that sync-only programs never import asyncio
 
-    return await _in_thread(fn, *args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 class ThreadedAsync(Backend):

@@ -47,8 +47,8 @@ class MemoryBackend(ThreadedAsync):
 
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
 
-    def __init__(self, data: _Data, url: str) -> None:
-        self._data = data
+    def __init__(self, data: _Data | None = None, url: str = "memory://") -> None:
+        self._data = data if data is not None else _Data()
         self._closed = False
         self.url = url
 

@@ -36,6 +36,8 @@ __all__ = ["Run", "StepEvent", "StepInfo"]
 
 #: Results whose serialized form is larger than this are stored as a blob, not in the record.
 RESULT_INLINE_LIMIT = 64 * 1024
+#: Lists longer than this enter an args digest by length and first and last item.
+_FINGERPRINT_ITEMS = 16
 #: Run statuses.
 RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
 
@@ -244,8 +246,17 @@ class Run:
             )
 
     def digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """A digest of a step's arguments, O(1) in the size of big containers.
+
+        Steps are often called with the whole history (``call_llm(messages)``);
+        hashing it on every step would make each step cost O(state). A list or
+        tuple longer than ``_FINGERPRINT_ITEMS`` counts by its length and its
+        first and last items — which is what differs when code goes astray.
+        """
         parts: list[Any] = []
         for i, value in enumerate([*args, *(kwargs[k] for k in sorted(kwargs))]):
+            if isinstance(value, list | tuple) and len(value) > _FINGERPRINT_ITEMS:
+                value = (type(value).__name__, len(value), value[0], value[-1])
             try:
                 parts.append(self.codec.encode(value, f"arg {i}"))
             except SerializationError:

@@ -53,7 +53,8 @@ from enum import Enum
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, RootModel
+if typing.TYPE_CHECKING:
+    from pydantic import BaseModel
 
 from ._errors import ConfigurationError, SerializationError, StepFailedError
 
@@ -80,12 +81,27 @@ _PATHS: dict[str, type[pathlib.PurePath]] = {
         pathlib.WindowsPath,
     )
 }
-# pydantic >= 2.11 validates by field name explicitly; older versions do so by default.
-_VALIDATE_KW: dict[str, bool] = (
-    {"by_alias": False, "by_name": True}
-    if "by_name" in inspect.signature(BaseModel.model_validate).parameters
-    else {}
-)
+
+
+class _NoModel:
+    """Stands for ``pydantic.BaseModel`` while pydantic is not imported: no value is one."""
+
+
+def _base_model() -> type[BaseModel] | type[_NoModel]:
+    # A value can only be a pydantic model if pydantic was imported first, so
+    # ``import persistkit`` does not import pydantic (it costs ~100 ms).
+    module = sys.modules.get("pydantic")
+    return _NoModel if module is None else module.BaseModel
+
+
+@functools.cache
+def _validate_kw() -> dict[str, bool]:
+    # pydantic >= 2.11 validates by field name explicitly; older versions do so by default.
+    from pydantic import BaseModel
+
+    if "by_name" in inspect.signature(BaseModel.model_validate).parameters:
+        return {"by_alias": False, "by_name": True}
+    return {}
 _JSON_OUT = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False
 )
@@ -174,9 +190,9 @@ def _walk_hints(tp: Any, seen: dict[int, Any]) -> None:
 def _walk_class(cls: type, seen: dict[int, Any]) -> None:
     if issubclass(cls, Enum):
         register(cls)
-    elif issubclass(cls, BaseModel):
+    elif issubclass(cls, _base_model()):
         register(cls)
-        for f in cls.model_fields.values():
+        for f in cls.model_fields.values():  # type: ignore[union-attr]
             _walk_hints(f.annotation, seen)
     elif dataclasses.is_dataclass(cls) or _is_namedtuple(cls):
         register(cls)
@@ -230,7 +246,7 @@ def _has_cycle(value: Any, on_path: set[int], done: set[int], depth: int = 0) ->
         children: Any = [*value.keys(), *value.values()]
     elif isinstance(value, (list, tuple, set, frozenset)):
         children = value
-    elif isinstance(value, BaseModel) or dataclasses.is_dataclass(value):
+    elif isinstance(value, _base_model()) or dataclasses.is_dataclass(value):
         children = list(getattr(value, "__dict__", {}).values())
     else:
         return False
@@ -683,11 +699,13 @@ class Serializer:
         return exc
 
     def _dec_model(self, node: dict[str, Any], depth: int) -> Any:
-        cls: Any = self._resolve(node, lambda c: issubclass(c, BaseModel), "pydantic model")
+        cls: Any = self._resolve(node, lambda c: issubclass(c, _base_model()), "pydantic model")
         data = _fields(self._dec, _payload(node, dict, True).items(), depth + 2)
+        from pydantic import RootModel
+
         if issubclass(cls, RootModel):
-            return cls.model_validate(data["root"], **_VALIDATE_KW)
-        return cls.model_validate(data, **_VALIDATE_KW)
+            return cls.model_validate(data["root"], **_validate_kw())
+        return cls.model_validate(data, **_validate_kw())
 
     def _dec_dataclass(self, node: dict[str, Any], depth: int) -> Any:
         cls = self._resolve(node, lambda c: dataclasses.is_dataclass(c), "dataclass")
@@ -732,7 +750,7 @@ def _classify(t: type) -> _EncFn:
     """Pick (and cache) the encoder for a type that is not in the exact-type table."""
     if issubclass(t, Enum):
         fn: _EncFn = Serializer._enc_enum
-    elif issubclass(t, BaseModel):
+    elif issubclass(t, _base_model()):
         fn = Serializer._enc_model
     elif dataclasses.is_dataclass(t):
         fn = Serializer._enc_dataclass

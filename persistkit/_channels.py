@@ -8,15 +8,19 @@ Each checkpoint holds one *ref* per channel:
     a value stored once as a blob keyed by its content hash: an unchanged
     channel references the same blob again and writes nothing.
 ``{"l": tip, "n": length, "g": generation}``
-    a list stored as a chain of *segments*: each segment blob holds the items
-    appended since the previous checkpoint and the key of the segment before
-    it. Appending 1 KB to a 5 MB list writes a ~1 KB segment. A list changed
-    any other way starts a new chain (a new generation) with one segment.
+    a list stored as a chain of *segments*: each segment holds the items
+    appended since the previous checkpoint and a link ``p`` to the segment
+    before it. Appending 1 KB to a 5 MB list writes a ~1 KB segment. A list
+    changed any other way starts a new chain (a new generation).
 
-Segment keys are ``s:<channel>:<generation>:<start>:<hash>`` so that all
-segments of one chain come back in one ``scan_blobs`` range read; the chain
-is then walked from its tip through the ``p`` (previous) links, which also
-makes it correct if several chains share a range.
+Where a segment lives: the items appended by a step travel *inside that
+step's checkpoint row* (payload key ``sg``), so a step is one row write — no
+blob row, no extra index entry, no extra request. ``tip`` and ``p`` are then
+checkpoint ids. The first segment of a long list (a new generation with
+more than ``INLINE_SEGMENT_ITEMS`` items) is a content-addressed blob keyed
+``s:<channel>:<generation>:<start>:<hash>``, so listing history never drags
+a whole history along; the chain is walked from its tip through the ``p``
+links, reading rows newest-first in pages and blobs in one range read.
 """
 
 from __future__ import annotations
@@ -30,12 +34,26 @@ from urllib.parse import quote
 from ._codec import Codec, content_hash
 from ._errors import IntegrityError, SerializationError
 from ._io import Plan, call
+from ._records import Record
 from ._state import TrackedList
 
 __all__ = ["INLINE_LIMIT", "Loader", "Tracker"]
 
 #: Values whose serialized form is at most this many bytes live inside the record.
 INLINE_LIMIT = 96
+#: A new list chain with more items than this starts with a blob segment.
+INLINE_SEGMENT_ITEMS = 64
+#: Rows read per page when walking a segment chain back through a thread.
+_ROW_PAGE = 256
+
+
+def _is_blob_key(key: str) -> bool:
+    return key.startswith("s:")
+
+
+def _after(checkpoint_id: str) -> str:
+    """The smallest id sorting after ``checkpoint_id`` (``list(before=...)`` is exclusive)."""
+    return format(int(checkpoint_id, 16) + 1, f"0{len(checkpoint_id)}x")
 
 
 @lru_cache(maxsize=1024)
@@ -78,6 +96,7 @@ class Diff:
 
     refs: dict[str, dict[str, Any]]
     blobs: dict[str, bytes]
+    segments: dict[str, dict[str, Any]]  # inline segments: go into the row's ``sg``
     prev: dict[str, _Prev]
     was_dirty: list[TrackedList]
 
@@ -110,11 +129,12 @@ class Tracker:
         if isinstance(p, _ListPrev) and p.obj is not None:
             p.items, p.obj = list(p.obj[: p.n]), None
 
-    def diff(self, channels: dict[str, Any]) -> Diff:
-        d = Diff({}, {}, {}, [])
+    def diff(self, channels: dict[str, Any], checkpoint_id: str) -> Diff:
+        """Refs, blobs and inline segments for the checkpoint ``checkpoint_id`` about to be written."""
+        d = Diff({}, {}, {}, {}, [])
         for name, value in channels.items():
             if isinstance(value, list):
-                self._diff_list(name, value, d)
+                self._diff_list(name, value, d, checkpoint_id)
             else:
                 self._diff_value(name, value, d)
         return d
@@ -147,7 +167,7 @@ class Tracker:
                 d.blobs[key] = self.codec.seal(text)
         d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest)
 
-    def _diff_list(self, name: str, value: list[Any], d: Diff) -> None:
+    def _diff_list(self, name: str, value: list[Any], d: Diff, cid: str) -> None:
         p = self.prev.get(name)
         tracked = value if isinstance(value, TrackedList) else None
         if tracked is not None and tracked._pk_dirty:
@@ -169,7 +189,7 @@ class Tracker:
                 d.refs[name] = p.ref
                 d.prev[name] = _ListPrev(p.ref, p.n, p.tip, p.gen, p.last_tree, *_mode(value))
                 return
-            self._write_segment(name, value, p.n, p.tip, p.gen, d)
+            self._write_segment(name, value, p.n, p.tip, p.gen, d, cid)
         else:
             gen = p.gen + 1 if isinstance(p, _ListPrev) else 1
             if not value:
@@ -177,18 +197,23 @@ class Tracker:
                 d.refs[name] = ref
                 d.prev[name] = _ListPrev(ref, 0, None, gen, None, *_mode(value))
                 return
-            self._write_segment(name, value, 0, None, gen, d)
+            self._write_segment(name, value, 0, None, gen, d, cid)
 
     def _write_segment(
-        self, name: str, value: list[Any], start: int, prev_tip: str | None, gen: int, d: Diff
+        self, name: str, value: list[Any], start: int, prev_tip: str | None, gen: int, d: Diff, cid: str
     ) -> None:
         trees = [
             self.codec.encode(item, f"state.{name}[{start + i}]")
             for i, item in enumerate(value[start:])
         ]
-        text = self.codec.dump_tree({"p": prev_tip, "s": start, "i": trees})
-        key = _seg_key(name, gen, start, content_hash(text))
-        d.blobs[key] = self.codec.seal(text)
+        segment = {"p": prev_tip, "s": start, "i": trees}
+        if start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS:
+            d.segments[name] = segment
+            key = cid
+        else:
+            text = self.codec.dump_tree(segment)
+            key = _seg_key(name, gen, start, content_hash(text))
+            d.blobs[key] = self.codec.seal(text)
         ref = {"l": key, "n": len(value), "g": gen}
         d.refs[name] = ref
         d.prev[name] = _ListPrev(ref, len(value), key, gen, trees[-1], *_mode(value))
@@ -208,30 +233,37 @@ def _ref_digest(codec: Codec, ref: dict[str, Any]) -> str:
 
 
 class Loader:
-    """Fetches and decodes channel values for one thread, caching what it has read."""
+    """Fetches and decodes channel values of one thread, caching what it has read."""
 
-    def __init__(self, codec: Codec, thread_id: str) -> None:
+    def __init__(self, codec: Codec, thread_id: str, namespace: str = "") -> None:
         self.codec = codec
         self.thread_id = thread_id
+        self.namespace = namespace
         self.blobs: dict[str, bytes] = {}
+        self.rows: dict[str, dict[str, Any]] = {}  # checkpoint id -> decoded payload
         self.scanned: set[tuple[str, int]] = set()
-        self.segments: dict[str, tuple[str | None, int, list[Any]]] = {}
+        self.complete: set[tuple[str, str]] = set()  # (channel, segment) with its whole chain cached
+        self.raw: dict[tuple[str, str], tuple[str | None, int, list[Any]]] = {}
+        self.segments: dict[tuple[str, str], list[Any]] = {}
         # (name, gen) -> (items of the longest chain seen, {segment key: end index})
         self.chains: dict[tuple[str, int], tuple[list[Any], dict[str, int]]] = {}
 
+    def add(self, records: Iterable[Record | None]) -> None:
+        """Records already read (they may hold inline segments)."""
+        for rec in records:
+            if rec is not None:
+                self.rows[rec.id] = rec.body
+
     def fetch(self, refs: Iterable[dict[str, dict[str, Any]]]) -> Plan[None]:
-        """Read every blob and segment chain the given checkpoint refs need (batched)."""
+        """Read every blob, row and segment chain the given checkpoint refs need (batched)."""
         want: set[str] = set()
-        ranges: set[tuple[str, int]] = set()
-        tips: list[tuple[str, str]] = []
+        lists: list[tuple[str, dict[str, Any]]] = []
         for channel_refs in refs:
             for name, ref in channel_refs.items():
                 if "b" in ref and ref["b"] not in self.blobs:
                     want.add(ref["b"])
                 elif "l" in ref and ref["l"] is not None:
-                    tips.append((name, ref["l"]))
-                    if (name, ref["g"]) not in self.scanned:
-                        ranges.add((name, ref["g"]))
+                    lists.append((name, ref))
         if want:
             got = yield call("get_blobs", self.thread_id, sorted(want))
             missing = want - set(got)
@@ -241,17 +273,34 @@ class Loader:
                     f"checkpoint are missing (e.g. {min(missing)}); the store lost data or was edited"
                 )
             self.blobs.update(got)
-        for name, gen in sorted(ranges):
-            start, stop = seg_range(name, gen)
-            got = yield call("scan_blobs", self.thread_id, start, stop)
-            self.blobs.update(got)
-            self.scanned.add((name, gen))
-        for name, tip in tips:
-            if tip not in self.blobs:
-                raise IntegrityError(
-                    f"thread {self.thread_id!r}: list channel {name!r} is missing its segment {tip}; "
-                    "the store lost data or was edited"
+        for name, ref in lists:
+            yield from self._fetch_chain(name, ref["l"], ref["g"])
+
+    def _fetch_chain(self, name: str, key: str | None, gen: int) -> Plan[None]:
+        walked: list[str] = []
+        while key is not None and (name, key) not in self.complete:
+            if _is_blob_key(key):
+                if key not in self.blobs and (name, gen) not in self.scanned:
+                    start, stop = seg_range(name, gen)
+                    self.blobs.update((yield call("scan_blobs", self.thread_id, start, stop)))
+                    self.scanned.add((name, gen))
+                if key not in self.blobs:
+                    self.blobs.update((yield call("get_blobs", self.thread_id, [key])))
+            elif key not in self.rows:
+                try:
+                    before = _after(key)
+                except ValueError as exc:
+                    raise IntegrityError(
+                        f"thread {self.thread_id!r}: list channel {name!r} links to {key!r}, "
+                        "which is not a checkpoint id; the store was edited"
+                    ) from exc
+                page = yield call(
+                    "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
+                self.add(Record.decode(self.codec, row) for row in page)
+            walked.append(key)
+            key = self._raw(name, key)[0]
+        self.complete.update((name, k) for k in walked)
 
     def value(self, name: str, ref: dict[str, Any]) -> Any:
         """A freshly decoded value for a channel ref (the caller may mutate it)."""
@@ -274,7 +323,7 @@ class Loader:
         items: list[Any] = []
         ends: dict[str, int] = {}
         for key in keys:
-            items.extend(self.segments[key][2])
+            items.extend(self._items(name, key))
             ends[key] = len(items)
         if chain is None or len(items) >= len(chain[0]):
             self.chains[(name, gen)] = (items, ends)
@@ -285,33 +334,44 @@ class Loader:
         tip = ref["l"]
         if tip is None:
             return None
-        self._segment(name, tip)
-        text = self.codec.open(self.blobs[tip], f"state.{name}")
-        trees = self.codec.load_tree(text, f"state.{name}")["i"]
+        trees = self._raw(name, tip)[2]
         return trees[-1] if trees else None
 
-    def _segment(self, name: str, key: str) -> tuple[str | None, int, list[Any]]:
-        seg = self.segments.get(key)
+    def _raw(self, name: str, key: str) -> tuple[str | None, int, list[Any]]:
+        """The (previous link, start, item trees) of a segment, from a blob or a row."""
+        seg = self.raw.get((name, key))
         if seg is not None:
             return seg
         path = f"state.{name}"
-        blob = self.blobs.get(key)
-        if blob is None:
+        if _is_blob_key(key):
+            blob = self.blobs.get(key)
+            tree = None if blob is None else self.codec.unpack_tree(blob, path)
+        else:
+            body = self.rows.get(key)
+            tree = None if body is None else (body.get("sg") or {}).get(name)
+        if tree is None:
             raise IntegrityError(
-                f"thread {self.thread_id!r}: list channel {name!r} is missing segment {key}; "
+                f"thread {self.thread_id!r}: list channel {name!r} is missing its segment {key}; "
                 "the store lost data or was edited"
             )
-        tree = self.codec.unpack_tree(blob, path)
         try:
             prev, start, trees = tree["p"], tree["s"], tree["i"]
             if not (isinstance(start, int) and isinstance(trees, list) and (prev is None or isinstance(prev, str))):
                 raise TypeError("bad segment fields")
         except (KeyError, TypeError) as exc:
             raise SerializationError(f"segment {key} is malformed", path=path) from exc
-        items = [self.codec.decode(t, f"{path}[{start + i}]") for i, t in enumerate(trees)]
-        seg = (prev, start, items)
-        self.segments[key] = seg
+        seg = (prev, start, trees)
+        self.raw[(name, key)] = seg
         return seg
+
+    def _items(self, name: str, key: str) -> list[Any]:
+        items = self.segments.get((name, key))
+        if items is None:
+            _, start, trees = self._raw(name, key)
+            path = f"state.{name}"
+            items = [self.codec.decode(t, f"{path}[{start + i}]") for i, t in enumerate(trees)]
+            self.segments[(name, key)] = items
+        return items
 
     def _walk(self, name: str, tip: str, n: int) -> Iterator[str]:
         """Segment keys of the chain ending at ``tip``, oldest first, checked for gaps."""
@@ -319,7 +379,7 @@ class Loader:
         key: str | None = tip
         end = n
         while key is not None:
-            prev, start, items = self._segment(name, key)
+            prev, start, items = self._raw(name, key)
             if start + len(items) != end or start < 0 or len(keys) > n + 1:
                 raise IntegrityError(
                     f"thread {self.thread_id!r}: list channel {name!r} has a broken segment chain "

@@ -23,6 +23,11 @@ from typing import Any
 from ._errors import SerializationError
 from ._serde import Serializer
 
+try:  # 5-20x faster than the json module on the per-step path; optional
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised where no wheel exists
+    _orjson = None  # type: ignore[assignment]
+
 __all__ = ["Codec", "content_hash"]
 
 # One encoder for every write (json.dumps builds a new one per call). Trees come
@@ -65,6 +70,11 @@ class Codec:
     @staticmethod
     def dump_tree(tree: Any) -> bytes:
         """Compact JSON bytes of an already-encoded tree."""
+        if _orjson is not None:
+            try:
+                return _orjson.dumps(tree)
+            except (TypeError, _orjson.JSONEncodeError):
+                pass  # ints beyond 64 bits, lone surrogates: the json module handles them
         text = _JSON.encode(tree)
         try:
             return text.encode("utf-8")
@@ -73,6 +83,11 @@ class Codec:
 
     @staticmethod
     def load_tree(data: bytes, path: str = "value") -> Any:
+        if _orjson is not None:
+            try:
+                return _orjson.loads(data)
+            except _orjson.JSONDecodeError:
+                pass  # ints beyond 64 bits, escaped lone surrogates: try the json module
         try:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:

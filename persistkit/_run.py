@@ -100,7 +100,7 @@ class Run:
         self._escaped: set[str] = set()
         self._failures: dict[int, tuple[BaseException, str]] = {}
         self._head: Head | None = None
-        self._loader = Loader(self.codec, thread_id)
+        self._loader = Loader(self.codec, thread_id, namespace)
         self._tracker = Tracker(self.codec)
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}
@@ -170,6 +170,7 @@ class Run:
             base_rec = head_rec
         else:
             base_rec = yield from store.read_record(t, ns, base_id)
+        self._loader.add([base_rec, head_rec, *rows])
         wanted = [r.refs for r in (base_rec, head_rec, *rows) if r is not None]
         big = [r.body["rb"] for r in rows if "rb" in r.body]
         if big:
@@ -382,17 +383,20 @@ class Run:
 
     def _commit(self, body: dict[str, Any], extra: dict[str, bytes]) -> Plan[Record]:
         head = self._head
-        diff = self._tracker.diff(self.spec.channels(self.state))
+        parent = head.checkpoint_id if head else None
+        cid = next_checkpoint_id(parent)
+        diff = self._tracker.diff(self.spec.channels(self.state), cid)
+        if diff.segments:
+            body["sg"] = diff.segments
         body["sc"] = list(self.spec.schema) if self.spec.schema else None
         body["t"] = time.time()
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
         body["ch"] = diff.refs
-        parent = head.checkpoint_id if head else None
         row = CheckpointRow(
             self.thread_id,
             self.namespace,
-            next_checkpoint_id(parent),
+            cid,
             parent,
             self.run_id,
             self.codec.pack_tree(body),
@@ -404,6 +408,7 @@ class Run:
             self._tracker.failed(diff)
             raise
         self._tracker.committed(diff)
+        self._loader.rows[cid] = body  # later replays in this run may read its segments
         return Record(row, body)
 
     # -- locks serializing commits of concurrent steps -------------------------------------

@@ -102,6 +102,8 @@ def _validate_kw() -> dict[str, bool]:
     if "by_name" in inspect.signature(BaseModel.model_validate).parameters:
         return {"by_alias": False, "by_name": True}
     return {}
+
+
 _JSON_OUT = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False
 )

@@ -128,7 +128,8 @@ class Store:
         return Record.decode(self.codec, row)
 
     def load_state(self, rec: Record, spec: StateSpec, loader: Loader | None = None) -> Plan[Any]:
-        loader = loader or Loader(self.codec, rec.row.thread_id)
+        loader = loader or Loader(self.codec, rec.row.thread_id, rec.row.namespace)
+        loader.add([rec])
         yield from loader.fetch([rec.refs])
         channels = {name: loader.value(name, ref) for name, ref in rec.refs.items()}
         where = f"thread {rec.row.thread_id!r} checkpoint {rec.id}"
@@ -175,12 +176,15 @@ class Store:
         expected: int,
         tracker: Tracker,
     ) -> Plan[Checkpoint]:
-        diff = tracker.diff(spec.channels(state))
+        cid = next_checkpoint_id(parent.id if parent else None)
+        diff = tracker.diff(spec.channels(state), cid)
         body = {**body, "sc": list(spec.schema) if spec.schema else None, "t": time.time(), "ch": diff.refs}
+        if diff.segments:
+            body["sg"] = diff.segments
         row = CheckpointRow(
             thread_id,
             namespace,
-            next_checkpoint_id(parent.id if parent else None),
+            cid,
             parent.id if parent else None,
             None,
             self.codec.pack_tree(body),
@@ -235,7 +239,7 @@ class Store:
             rec, state = None, spec.empty()
         else:
             rec = yield from self.read_record(thread_id, namespace, head.checkpoint_id)
-            loader = Loader(self.codec, thread_id)
+            loader = Loader(self.codec, thread_id, namespace)
             state = yield from self.load_state(rec, spec, loader)
             tracker.reset(rec.refs, loader)
         spec.update(state, dict(changes))

@@ -40,6 +40,11 @@ _PLAIN = b"\x01"
 _ZLIB = b"\x02"
 
 
+def _reject_constant(name: str) -> Any:
+    # persistkit never writes NaN/Infinity literals (the serializer tags them).
+    raise ValueError(f"unexpected JSON constant {name}")
+
+
 def content_hash(data: bytes) -> str:
     """32 hex digits of BLAKE2b over ``data``: the content address of a serialized value."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
@@ -89,7 +94,7 @@ class Codec:
             except _orjson.JSONDecodeError:
                 pass  # ints beyond 64 bits, escaped lone surrogates: try the json module
         try:
-            return json.loads(data)
+            return json.loads(data, parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise SerializationError(f"stored bytes are not valid JSON ({exc})", path=path) from exc
 

@@ -50,7 +50,7 @@ def demo() -> int:
 def test(args: list[str]) -> int:
     ensure_venv("all,test")
     failed = 0
-    failed |= sh(PY, "-m", "ruff", "check", "persistkit", "tests", "examples", "bench", "scripts", "dev.py", check=False)
+    failed |= sh(PY, "-m", "ruff", "check", "persistkit", "adapters", "tests", "examples", "bench", "scripts", "dev.py", check=False)
     failed |= sh(PY, "-m", "mypy", check=False)
     if (ROOT / "scripts" / "unasync.py").exists():
         failed |= sh(PY, "scripts/unasync.py", "--check", check=False)

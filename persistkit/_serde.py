@@ -43,7 +43,6 @@ import inspect
 import json
 import pathlib
 import pickle
-import re
 import sys
 import typing
 import uuid
@@ -54,9 +53,20 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 if typing.TYPE_CHECKING:
-    from pydantic import BaseModel
+    pass
 
 from ._errors import ConfigurationError, SerializationError, StepFailedError
+from ._registry import (
+    _MODULE_RE,
+    _MODULES,
+    _REGISTRY,
+    _base_model,
+    _is_namedtuple,
+    class_name,
+    register,
+    register_module,
+    register_type_hints,
+)
 
 __all__ = [
     "Serializer",
@@ -71,7 +81,6 @@ MAX_DEPTH = 500  # JSON nesting levels; also keeps us well inside Python's recur
 _BIG = 1 << 2000  # ints beyond this could exceed sys.get_int_max_str_digits() (min 640 digits)
 _INF = float("inf")
 _DEC_CTX = decimal.Context(traps=[decimal.InvalidOperation])  # malformed strings raise, not NaN
-_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 _PATHS: dict[str, type[pathlib.PurePath]] = {
     c.__name__: c
     for c in (
@@ -81,17 +90,6 @@ _PATHS: dict[str, type[pathlib.PurePath]] = {
         pathlib.WindowsPath,
     )
 }
-
-
-class _NoModel:
-    """Stands for ``pydantic.BaseModel`` while pydantic is not imported: no value is one."""
-
-
-def _base_model() -> type[BaseModel] | type[_NoModel]:
-    # A value can only be a pydantic model if pydantic was imported first, so
-    # ``import persistkit`` does not import pydantic (it costs ~100 ms).
-    module = sys.modules.get("pydantic")
-    return _NoModel if module is None else module.BaseModel
 
 
 @functools.cache
@@ -116,100 +114,6 @@ def _reject_constant(name: str) -> Any:
 
 
 _JSON_IN = json.JSONDecoder(parse_constant=_reject_constant)
-
-# Process-wide registry: "module:qualname" -> class, and allowlisted module prefixes.
-_REGISTRY: dict[str, type] = {}
-_MODULES: set[str] = set()
-
-
-def class_name(cls: type) -> str:
-    """The stable name a class is stored under: ``"module:qualname"``."""
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-_C = typing.TypeVar("_C", bound=type)
-
-
-def register(cls: _C) -> _C:
-    """Make ``cls`` revivable on decode (usable as a decorator)."""
-    if not isinstance(cls, type):
-        raise ConfigurationError(f"persistkit.register() takes a class, got {cls!r}")
-    _REGISTRY[class_name(cls)] = cls
-    return cls
-
-
-def register_module(name: str) -> None:
-    """Allow decoding to import ``name`` (or any ``name.*`` submodule) and revive its classes."""
-    if not isinstance(name, str) or not _MODULE_RE.match(name):
-        raise ConfigurationError(f"register_module() takes a dotted module name, got {name!r}")
-    _MODULES.add(name)
-
-
-def register_type_hints(tp: Any) -> None:
-    """Register every pydantic model, dataclass, namedtuple and Enum reachable from annotation ``tp``.
-
-    Never raises: parts of an annotation it cannot understand are skipped.
-    """
-    _walk_hints(tp, {})
-
-
-def _walk_hints(tp: Any, seen: dict[int, Any]) -> None:
-    if id(tp) in seen or tp is None or isinstance(tp, (str, bytes, int, float)):
-        return
-    seen[id(tp)] = tp  # keeps tp alive so its id cannot be reused during the walk
-    # An annotation may be anything (strings, TypeVars, user objects with odd
-    # __getattr__); the contract is "register what you can, never raise".
-    try:
-        if isinstance(tp, (list, tuple)):
-            for item in tp:
-                _walk_hints(item, seen)
-            return
-        if isinstance(tp, type):
-            _walk_class(tp, seen)
-            return
-        origin = typing.get_origin(tp)
-        args = typing.get_args(tp)
-        if origin is typing.Literal:
-            for a in args:
-                if isinstance(a, Enum):
-                    _walk_hints(type(a), seen)
-        elif origin is typing.Annotated:
-            _walk_hints(args[0], seen)
-        else:
-            if isinstance(origin, type):
-                _walk_class(origin, seen)
-            _walk_hints(args, seen)
-        if isinstance(tp, typing.TypeVar):
-            _walk_hints(tp.__bound__, seen)
-            _walk_hints(tp.__constraints__, seen)
-        for attr in ("__supertype__", "__value__"):  # NewType, `type X = ...` aliases
-            if attr in getattr(tp, "__dict__", ()):
-                _walk_hints(getattr(tp, attr), seen)
-    except Exception:  # the contract: parts we cannot understand are skipped
-        return
-
-
-def _walk_class(cls: type, seen: dict[int, Any]) -> None:
-    if issubclass(cls, Enum):
-        register(cls)
-    elif issubclass(cls, _base_model()):
-        register(cls)
-        for f in cls.model_fields.values():  # type: ignore[union-attr]
-            _walk_hints(f.annotation, seen)
-    elif dataclasses.is_dataclass(cls) or _is_namedtuple(cls):
-        register(cls)
-        try:
-            hints: Any = typing.get_type_hints(cls, include_extras=True).values()
-        except Exception:  # unresolvable string annotations: use what is already evaluated
-            hints = (
-                [f.type for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-            )
-        _walk_hints(list(hints), seen)
-
-
-def _is_namedtuple(cls: type) -> bool:
-    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
-
 
 class _Fail(Exception):
     """Internal: carries a message and the path segments collected while unwinding."""

@@ -1,0 +1,1 @@
+"""persistkit adapter for crewai (in progress)."""

@@ -1,0 +1,1 @@
+"""persistkit adapter for langgraph (in progress)."""

@@ -1,0 +1,1 @@
+"""persistkit adapter for openai_agents (in progress)."""

@@ -1,1 +1,274 @@
-"""persistkit adapter for crewai (in progress)."""
+"""CrewAI on persistkit: durable flows and crews on any persistkit store.
+
+Flows: ``@persist(PersistkitFlowPersistence(store))`` keeps each flow's state
+(and which methods completed) on a persistkit thread named after the flow id;
+``persistence.restore(flow, flow_id)`` followed by
+``flow.kickoff(inputs={"id": flow_id})`` continues a flow after its last
+completed method instead of running it again from the start.
+
+Crews: ``durable_kickoff(crew, inputs, thread_id=...)`` runs ``crew.kickoff``
+inside ``pk.resume(thread_id)`` with each task's execution as a
+``@pk.checkpointed`` step: a crew that died during task 3 replays the recorded
+outputs of tasks 1-2 and runs tasks 3 onwards.
+
+Built on the public ``persistkit`` API only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, cast
+
+from crewai import Crew, CrewOutput, Task
+from crewai.flow.async_feedback.types import PendingFeedbackContext
+from crewai.flow.persistence.base import FlowPersistence
+from crewai.flow.runtime import Flow
+from crewai.flow.types import FlowExecutionData
+from crewai.tasks.task_output import TaskOutput
+from pydantic import BaseModel, Field, PrivateAttr
+
+import persistkit as pk
+
+__all__ = ["PersistkitFlowPersistence", "adurable_kickoff", "durable_kickoff"]
+
+#: How often a flow-state write is retried after another writer moved the thread's head first
+#: (CrewAI saves the states of concurrently finishing methods from several threads).
+_CONFLICT_RETRIES = 16
+
+
+class FlowRecord(pk.State, name="persistkit_crewai.FlowRecord", version=1):
+    """What one persistkit thread holds for one CrewAI flow id."""
+
+    state: dict[str, Any] = {}
+    # Every persisted method completion, in order (append-only: O(1) per save).
+    methods: Annotated[list[str], pk.append] = []
+    pending: dict[str, Any] | None = None
+
+
+def _as_dict(state_data: dict[str, Any] | BaseModel) -> dict[str, Any]:
+    if isinstance(state_data, BaseModel):
+        return state_data.model_dump(mode="json")
+    if isinstance(state_data, dict):
+        return dict(state_data)
+    raise TypeError(f"flow state must be a dict or a pydantic model, got {type(state_data).__name__}")
+
+
+class PersistkitFlowPersistence(FlowPersistence):
+    """CrewAI ``FlowPersistence`` on a persistkit store: one thread per flow id.
+
+    Each save is one checkpoint (compare-and-swap on the thread head) holding
+    the flow's state and the name of the method that completed; ``load_state``
+    returns the latest state. Without a store, ``pk.connect()`` picks the
+    default ($PERSISTKIT_URL, else a local SQLite file).
+    """
+
+    persistence_type: str = Field(default="PersistkitFlowPersistence")
+    thread_prefix: str = Field(default="crewai-flow:")
+    _store: pk.Store = PrivateAttr()
+
+    def __init__(self, store: pk.Store | None = None, /, **data: Any) -> None:
+        super().__init__(**data)
+        if store is not None and not isinstance(store, pk.Store):
+            raise pk.ConfigurationError(f"store must be a persistkit Store (pk.connect(...)), got {store!r}")
+        self._store = store if store is not None else pk.connect()
+
+    @property
+    def store(self) -> pk.Store:
+        return self._store
+
+    def thread_id(self, flow_uuid: str) -> str:
+        """The persistkit thread holding flow ``flow_uuid``."""
+        return f"{self.thread_prefix}{flow_uuid}"
+
+    def init_db(self) -> None:
+        """Nothing to do: persistkit backends create their schema on first use."""
+
+    def _record(self, flow_uuid: str) -> FlowRecord | None:
+        try:
+            rec: FlowRecord = self._store.get_state(self.thread_id(flow_uuid), state=FlowRecord)
+        except pk.NotFoundError:
+            return None
+        return rec
+
+    def _write(self, flow_uuid: str, changes: dict[str, Any], method: str) -> None:
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                self._store.update_state(
+                    self.thread_id(flow_uuid), changes, state=FlowRecord, metadata={"crewai_method": method}
+                )
+                return
+            except pk.ConflictError:  # another save landed first: re-read the head and try again
+                if attempt == _CONFLICT_RETRIES - 1:
+                    raise
+
+    def save_state(self, flow_uuid: str, method_name: str, state_data: dict[str, Any] | BaseModel) -> None:
+        """Record that ``method_name`` completed, with the flow's state after it."""
+        self._write(flow_uuid, {"state": _as_dict(state_data), "methods": [method_name]}, method_name)
+
+    def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
+        """The state saved last for ``flow_uuid``, or None."""
+        rec = self._record(flow_uuid)
+        return dict(rec.state) if rec is not None and rec.state else None
+
+    def completed_methods(self, flow_uuid: str) -> list[str]:
+        """Names of the persisted methods that completed, in order (repeats for cycles)."""
+        rec = self._record(flow_uuid)
+        return list(rec.methods) if rec is not None else []
+
+    def restore(self, flow: Flow[Any], flow_id: str) -> bool:
+        """Prepare ``flow`` to continue flow ``flow_id`` after its last completed method.
+
+        Marks the recorded methods completed so that the next
+        ``flow.kickoff(inputs={"id": flow_id})`` (which loads the state) skips
+        them. Routers are not marked: they run again, so that the listeners of
+        the route they pick fire. Returns False when nothing was recorded.
+        """
+        done = set(self.completed_methods(flow_id))
+        if not done:
+            return False
+        methods = type(flow).flow_definition().methods
+        done = {m for m in done if not (m in methods and methods[m].router)}
+        if flow.persistence is None:
+            flow.persistence = self  # kickoff only restores when the flow has a persistence
+        data = {
+            "id": flow_id,
+            "completed_methods": [{"flow_method": {"name": m}, "status": "completed"} for m in sorted(done)],
+            "execution_methods": [],
+        }
+        flow.reload(cast(FlowExecutionData, data))
+        return True
+
+    def save_pending_feedback(
+        self, flow_uuid: str, context: PendingFeedbackContext, state_data: dict[str, Any] | BaseModel
+    ) -> None:
+        """Store the state and the context of a flow paused for human feedback."""
+        changes = {"state": _as_dict(state_data), "pending": context.to_dict()}
+        self._write(flow_uuid, changes, context.method_name)
+
+    def load_pending_feedback(self, flow_uuid: str) -> tuple[dict[str, Any], PendingFeedbackContext] | None:
+        rec = self._record(flow_uuid)
+        if rec is None or rec.pending is None:
+            return None
+        return dict(rec.state), PendingFeedbackContext.from_dict(rec.pending)
+
+    def clear_pending_feedback(self, flow_uuid: str) -> None:
+        if self._record(flow_uuid) is not None:
+            self._write(flow_uuid, {"pending": None}, "clear_pending_feedback")
+
+
+# -- crews ---------------------------------------------------------------------------------
+
+
+def _revive(task: Task, data: dict[str, Any]) -> TaskOutput:
+    output = TaskOutput.model_validate(data)
+    if task.output_pydantic is not None and isinstance(output.pydantic, dict):
+        output.pydantic = task.output_pydantic.model_validate(output.pydantic)
+    return output
+
+
+def _step_name(task: Task, index: int) -> str:
+    return f"crewai.task[{index}]" + (f" {task.name}" if task.name else "")
+
+
+def _sync_step(task: Task, index: int) -> Callable[..., TaskOutput]:
+    original = task.execute_sync
+    name = _step_name(task, index)
+
+    def execute_sync(agent: Any = None, context: str | None = None, tools: Any = None) -> TaskOutput:
+        live: list[TaskOutput] = []
+
+        @pk.checkpointed(name=name)
+        def run_task(description: str, context: str | None) -> dict[str, Any]:
+            live.append(original(agent=agent, context=context, tools=tools))
+            return live[0].model_dump(mode="json")
+
+        data = run_task(task.description, context)
+        if live:
+            return live[0]
+        task.output = _revive(task, data)  # later tasks read context from task.output
+        return task.output
+
+    return execute_sync
+
+
+def _async_step(task: Task, index: int) -> Callable[..., Coroutine[Any, Any, TaskOutput]]:
+    original = task.aexecute_sync
+    name = _step_name(task, index)
+
+    async def aexecute_sync(agent: Any = None, context: str | None = None, tools: Any = None) -> TaskOutput:
+        live: list[TaskOutput] = []
+
+        @pk.checkpointed(name=name)
+        async def run_task(description: str, context: str | None) -> dict[str, Any]:
+            live.append(await original(agent=agent, context=context, tools=tools))
+            return live[0].model_dump(mode="json")
+
+        data = await run_task(task.description, context)
+        if live:
+            return live[0]
+        task.output = _revive(task, data)
+        return task.output
+
+    return aexecute_sync
+
+
+@contextmanager
+def _durable_tasks(crew: Crew) -> Iterator[None]:
+    if crew.stream:
+        raise pk.ConfigurationError("durable_kickoff does not support streaming crews (stream=True)")
+    concurrent = [t.name or t.description[:40] for t in crew.tasks if t.async_execution]
+    if concurrent:
+        raise pk.ConfigurationError(
+            f"durable_kickoff does not support tasks with async_execution=True ({concurrent}): "
+            "their start order is not deterministic, so replay could not match them to their records"
+        )
+    for index, task in enumerate(crew.tasks):
+        # Instance attributes shadow the methods for this kickoff only.
+        object.__setattr__(task, "execute_sync", _sync_step(task, index))
+        object.__setattr__(task, "aexecute_sync", _async_step(task, index))
+    try:
+        yield
+    finally:
+        for task in crew.tasks:
+            task.__dict__.pop("execute_sync", None)
+            task.__dict__.pop("aexecute_sync", None)
+
+
+def durable_kickoff(
+    crew: Crew,
+    inputs: dict[str, Any] | None = None,
+    *,
+    thread_id: str,
+    store: pk.Store | None = None,
+    run_id: str | None = None,
+) -> CrewOutput:
+    """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
+
+    A run that died (or raised) continues: tasks whose output was recorded
+    return it without running (their agents, tools, callbacks and guardrails
+    do not run again); the task in flight at the crash runs again. The same
+    ``run_id`` twice replays the recorded run.
+    """
+    with _durable_tasks(crew), pk.resume(thread_id, store=store, run_id=run_id):
+        result = crew.kickoff(inputs=inputs)
+    if not isinstance(result, CrewOutput):  # streaming is refused above
+        raise TypeError(f"crew.kickoff returned {type(result).__name__}, expected CrewOutput")
+    return result
+
+
+async def adurable_kickoff(
+    crew: Crew,
+    inputs: dict[str, Any] | None = None,
+    *,
+    thread_id: str,
+    store: pk.Store | None = None,
+    run_id: str | None = None,
+) -> CrewOutput:
+    """The ``crew.akickoff`` twin of :func:`durable_kickoff`."""
+    with _durable_tasks(crew):
+        async with pk.resume(thread_id, store=store, run_id=run_id):
+            result = await crew.akickoff(inputs=inputs)
+    if not isinstance(result, CrewOutput):
+        raise TypeError(f"crew.akickoff returned {type(result).__name__}, expected CrewOutput")
+    return result

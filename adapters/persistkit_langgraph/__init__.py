@@ -1,1 +1,370 @@
-"""persistkit adapter for langgraph (in progress)."""
+"""persistkit for LangGraph (``pip install persistkit[langgraph]``).
+
+:class:`PersistkitSaver` is a LangGraph checkpointer over any persistkit store::
+
+    graph = builder.compile(checkpointer=PersistkitSaver.from_url("s3://bucket/agents"))
+
+Storage layout, per LangGraph thread (= one persistkit thread):
+
+* namespace ``lg:c:<checkpoint_ns>`` — one persistkit checkpoint per LangGraph
+  checkpoint, written with ``store.update_state``. Its dict state holds the
+  channel values (each encoded by the saver's ``serde`` into bytes; a list value
+  as a list of per-item encodings, so persistkit appends only the new items).
+  Unchanged channels are stored by content hash and not rewritten. The metadata
+  holds the LangGraph id, the parent id and the rest of the checkpoint.
+* namespace ``lg:w:<checkpoint_id>:<checkpoint_ns>`` — the pending writes of
+  one checkpoint, one dict entry per ``(task_id, idx)``.
+* namespace ``lg:n`` — the checkpoint namespaces the thread has (for
+  ``copy_thread`` and ``list`` without a namespace).
+
+Built only on the public ``persistkit`` API; sync and async share one copy of
+each operation (a generator of store calls, driven by a blocking or an awaiting
+loop).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+import persistkit as pk
+
+__all__ = ["PersistkitSaver"]
+
+T = TypeVar("T")
+#: One store call: (method name, args, kwargs); the name "emit" hands a value to the caller.
+Request = tuple[str, tuple[Any, ...], dict[str, Any]]
+Plan = Generator[Request, Any, T]
+
+_CP, _WR, _REG = "lg:c:", "lg:w:", "lg:n"
+_PAGE = 50  # checkpoints per history page when listing
+_RETRIES = 20  # compare-and-swap retries for writes shared by parallel tasks
+
+
+def _call(name: str, *args: Any, **kwargs: Any) -> Request:
+    return (name, args, kwargs)
+
+
+def _wns(ns: str, checkpoint_id: str) -> str:
+    return f"{_WR}{checkpoint_id}:{ns}"
+
+
+def _ids(config: RunnableConfig) -> tuple[str, str]:
+    conf = config["configurable"]
+    return str(conf["thread_id"]), str(conf.get("checkpoint_ns") or "")
+
+
+class PersistkitSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer that stores in a persistkit :class:`~persistkit.Store`.
+
+    ``latest`` (``get_tuple`` without a checkpoint id) is the checkpoint written
+    last in the namespace, which is the newest id for LangGraph's time-ordered ids.
+    """
+
+    def __init__(self, store: pk.Store, *, serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        self.store = store
+        self._owns_store = False
+
+    @classmethod
+    def from_url(cls, url: str | None = None, *, serde: SerializerProtocol | None = None, **options: Any) -> PersistkitSaver:
+        """Open ``pk.connect(url, **options)``; the saver closes it in :meth:`close`."""
+        saver = cls(pk.connect(url, **options), serde=serde)
+        saver._owns_store = True
+        return saver
+
+    def close(self) -> None:
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> PersistkitSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- encoding ----------------------------------------------------------------------
+
+    def _dump(self, value: Any) -> Any:
+        if type(value) is list:  # persistkit stores list channels as append-only segments
+            return [self._dump_one(item) for item in value]
+        return self._dump_one(value)
+
+    def _dump_one(self, value: Any) -> dict[str, Any]:
+        kind, data = self.serde.dumps_typed(value)
+        return {"t": kind, "v": data}
+
+    def _load(self, stored: Any) -> Any:
+        if isinstance(stored, list):
+            return [self._load(item) for item in stored]
+        return self.serde.loads_typed((stored["t"], stored["v"]))
+
+    # -- plans (one copy of each operation) -------------------------------------------------
+
+    def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any]) -> Plan[CheckpointTuple]:
+        checkpoint, ns, thread_id = lg["checkpoint"], cp.namespace[len(_CP) :], cp.thread_id
+        state = yield _call("get_state", thread_id, cp.checkpoint_id, namespace=cp.namespace)
+        checkpoint["channel_values"] = {
+            k: self._load(state[k]) for k in checkpoint["channel_versions"] if state.get(k) is not None
+        }
+        writes = yield from self._writes(thread_id, ns, checkpoint["id"])
+        parent = cp.metadata.get("langgraph_parent")
+        return CheckpointTuple(
+            config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}},
+            checkpoint=checkpoint,
+            metadata=lg["metadata"],
+            parent_config=(
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+                if parent
+                else None
+            ),
+            pending_writes=[
+                (w["k"], w["c"], self._load(w))
+                for w in sorted(writes.values(), key=lambda w: (w["p"], w["k"], w["i"]))
+            ],
+        )
+
+    def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> Plan[dict[str, Any]]:
+        try:
+            state = yield _call("get_state", thread_id, None, namespace=_wns(ns, checkpoint_id))
+        except pk.NotFoundError:
+            return {}
+        return dict(state)
+
+    def _namespaces(self, thread_id: str) -> Plan[list[str]]:
+        try:
+            reg = yield _call("get_state", thread_id, None, namespace=_REG)
+        except pk.NotFoundError:
+            return []
+        return sorted(key[3:] for key in reg)
+
+    def _update(self, thread_id: str, changes: dict[str, Any], namespace: str) -> Plan[pk.Checkpoint]:
+        """``update_state``, retried when a parallel task moved the head first (changes merge)."""
+        for attempt in range(_RETRIES):
+            try:
+                cp: pk.Checkpoint = yield _call("update_state", thread_id, changes, namespace=namespace)
+                return cp
+            except pk.ConflictError:
+                if attempt == _RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _get(self, config: RunnableConfig) -> Plan[CheckpointTuple | None]:
+        thread_id, ns = _ids(config)
+        cid = get_checkpoint_id(config)
+        meta = {"langgraph_id": cid} if cid else None
+        cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
+        if not cps:
+            return None
+        result = yield from self._tuple(cps[0], self._load(cps[0].metadata["langgraph"]))
+        return result
+
+    def _list(
+        self, config: RunnableConfig | None, filter: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
+    ) -> Plan[None]:
+        before_id = get_checkpoint_id(before) if before else None
+        only_id = get_checkpoint_id(config) if config else None
+        if config:
+            thread_ids = [str(config["configurable"]["thread_id"])]
+        else:
+            thread_ids = yield _call("threads")
+        wanted = config["configurable"].get("checkpoint_ns") if config else None
+        count = 0
+        for thread_id in thread_ids:
+            namespaces = [str(wanted)] if wanted is not None else (yield from self._namespaces(thread_id))
+            for ns in namespaces:
+                cursor = None
+                while True:
+                    cps = yield _call("history", thread_id, limit=_PAGE, before=cursor, namespace=_CP + ns)
+                    for cp in cps:
+                        lg_id = cp.metadata["langgraph_id"]
+                        if (only_id and lg_id != only_id) or (before_id and lg_id >= before_id):
+                            continue
+                        lg = self._load(cp.metadata["langgraph"])
+                        if filter and any(lg["metadata"].get(k) != v for k, v in filter.items()):
+                            continue
+                        tup = yield from self._tuple(cp, lg)
+                        yield _call("emit", tup)
+                        count += 1
+                        if limit is not None and count >= limit:
+                            return
+                    if len(cps) < _PAGE:
+                        break
+                    cursor = cps[-1].checkpoint_id
+
+    def _put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata) -> Plan[RunnableConfig]:
+        thread_id, ns = _ids(config)
+        rest: dict[str, Any] = dict(checkpoint)
+        values = rest.pop("channel_values")
+        # Every channel of the checkpoint is written: unchanged ones cost a hash, not a write.
+        state = {k: self._dump(values[k]) if k in values else None for k in checkpoint["channel_versions"]}
+        lg = {"checkpoint": rest, "metadata": get_checkpoint_metadata(config, metadata)}
+        meta = {
+            "langgraph_id": checkpoint["id"],
+            "langgraph_parent": config["configurable"].get("checkpoint_id"),
+            "langgraph": self._dump_one(lg),
+        }
+        cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns)
+        if cp.parent_id is None:  # first checkpoint of this namespace: register it
+            yield from self._update(thread_id, {"ns:" + ns: True}, _REG)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str) -> Plan[None]:
+        thread_id, ns = _ids(config)
+        wns = _wns(ns, str(config["configurable"]["checkpoint_id"]))
+        for attempt in range(_RETRIES):
+            current = yield from self._writes(thread_id, ns, str(config["configurable"]["checkpoint_id"]))
+            changes: dict[str, Any] = {}
+            for idx, (channel, value) in enumerate(writes):
+                i = WRITES_IDX_MAP.get(channel, idx)
+                key = f"{task_id}:{i}"
+                if i >= 0 and key in current:  # regular writes are kept; special ones are replaced
+                    continue
+                changes[key] = {**self._dump_one(value), "k": task_id, "c": channel, "i": i, "p": task_path}
+            if not changes:
+                return
+            try:
+                yield _call("update_state", thread_id, changes, namespace=wns)
+                return
+            except pk.ConflictError:
+                if attempt == _RETRIES - 1:
+                    raise
+
+    def _copy(self, source: str, target: str) -> Plan[None]:
+        for ns in (yield from self._namespaces(source)):
+            cps = yield _call("history", source, namespace=_CP + ns)
+            for cp in reversed(cps):
+                state = yield _call("get_state", source, cp.checkpoint_id, namespace=cp.namespace)
+                yield _call("update_state", target, dict(state), metadata=cp.metadata, namespace=cp.namespace)
+                lg_id = cp.metadata["langgraph_id"]
+                writes = yield from self._writes(source, ns, lg_id)
+                if writes:
+                    yield _call("update_state", target, writes, namespace=_wns(ns, lg_id))
+            if cps:
+                yield from self._update(target, {"ns:" + ns: True}, _REG)
+
+    # -- drivers ---------------------------------------------------------------------------------
+
+    def _steps(self, plan: Plan[T], box: list[T]) -> Iterator[Any]:
+        try:
+            name, args, kwargs = next(plan)
+            while True:
+                if name == "emit":
+                    yield args[0]
+                    name, args, kwargs = plan.send(None)
+                    continue
+                try:
+                    result = getattr(self.store, name)(*args, **kwargs)
+                except pk.PersistkitError as exc:
+                    name, args, kwargs = plan.throw(exc)
+                else:
+                    name, args, kwargs = plan.send(result)
+        except StopIteration as stop:
+            box.append(stop.value)
+
+    async def _asteps(self, plan: Plan[T], box: list[T]) -> AsyncIterator[Any]:
+        try:
+            name, args, kwargs = next(plan)
+            while True:
+                if name == "emit":
+                    yield args[0]
+                    name, args, kwargs = plan.send(None)
+                    continue
+                try:
+                    result = await getattr(self.store, "a" + name)(*args, **kwargs)
+                except pk.PersistkitError as exc:
+                    name, args, kwargs = plan.throw(exc)
+                else:
+                    name, args, kwargs = plan.send(result)
+        except StopIteration as stop:
+            box.append(stop.value)
+
+    def _run(self, plan: Plan[T]) -> T:
+        box: list[T] = []
+        for _ in self._steps(plan, box):
+            pass
+        return box[0]
+
+    async def _arun(self, plan: Plan[T]) -> T:
+        box: list[T] = []
+        async for _ in self._asteps(plan, box):
+            pass
+        return box[0]
+
+    # -- BaseCheckpointSaver -----------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._run(self._get(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        yield from self._steps(self._list(config, filter, before, limit), [])
+
+    def put(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+    ) -> RunnableConfig:
+        return self._run(self._put(config, checkpoint, metadata))
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
+        self._run(self._put_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self.store.delete_thread(str(thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run(self._copy(str(source_thread_id), str(target_thread_id)))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._arun(self._get(config))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        async for tup in self._asteps(self._list(config, filter, before, limit), []):
+            yield tup
+
+    async def aput(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions
+    ) -> RunnableConfig:
+        return await self._arun(self._put(config, checkpoint, metadata))
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await self._arun(self._put_writes(config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self.store.adelete_thread(str(thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._arun(self._copy(str(source_thread_id), str(target_thread_id)))
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        # Same scheme as LangGraph's own savers: monotonic counter + random tie-breaker.
+        n = 0 if current is None else current if isinstance(current, int) else int(str(current).split(".")[0])
+        return f"{n + 1:032}.{random.random():016}"

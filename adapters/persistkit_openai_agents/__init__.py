@@ -1,1 +1,356 @@
-"""persistkit adapter for openai_agents (in progress)."""
+"""persistkit for the OpenAI Agents SDK (``pip install persistkit[openai-agents]``).
+
+* :class:`PersistkitSession` — the SDK's ``Session`` over any persistkit store:
+  ``Runner.run(agent, input, session=PersistkitSession("thread-1", store))``.
+* :func:`durable_run` — ``Runner.run`` in which every model turn and every
+  function-tool call is a persistkit step: a crashed run, run again with the
+  same input, replays its finished turns and tool calls from the store.
+* :func:`load_run_state` — a run that stopped for tool approval stored its
+  ``RunState`` on the thread; a later process loads it, approves or rejects,
+  and passes it back to :func:`durable_run`.
+
+Built only on the public ``persistkit`` API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+from agents import (
+    Agent,
+    FunctionTool,
+    Model,
+    ModelProvider,
+    ModelResponse,
+    RunConfig,
+    Runner,
+    RunResult,
+    RunState,
+    TResponseInputItem,
+)
+from agents.items import TResponseOutputItem
+from agents.memory import Session, SessionSettings
+from agents.usage import deserialize_usage, serialize_usage
+from pydantic import TypeAdapter, ValidationError
+
+import persistkit as pk
+
+__all__ = ["DurableModel", "PersistkitSession", "durable", "durable_run", "load_run_state"]
+
+#: Namespace of session threads, so a session and a durable run may share a thread id.
+SESSION_NAMESPACE = "openai-agents.session"
+#: State channel of a durable run's thread holding the RunState of a run awaiting approval.
+RUN_STATE_CHANNEL = "openai_agents_run_state"
+_CAS_ATTEMPTS = 64
+
+
+# -- Session -------------------------------------------------------------------------------
+
+
+class _Edit:
+    """One session edit, applied by the ``items`` reducer inside ``update_state``'s
+    read-compare-and-swap, so concurrent writers never lose each other's items."""
+
+    def __init__(self, op: str, items: list[Any] | None = None) -> None:
+        self.op, self.items, self.popped = op, items or [], None
+
+    def __call__(self, old: Any, _: Any = None) -> Any:
+        items = old if old is not None else pk.TrackedList()
+        if self.op == "add":
+            items.extend(self.items)  # appending: the checkpoint stores only the new items
+        elif self.op == "pop":
+            self.popped = items.pop() if items else None
+        else:
+            items.clear()
+        return items
+
+
+_edit = pk.Reducer(lambda old, edit: edit(old), "session_edit")
+
+
+class _Conversation(pk.State, name="persistkit_openai_agents.session"):
+    items: Annotated[list[Any], _edit] = []
+
+
+class PersistkitSession:
+    """Conversation items of ``session_id`` kept in a persistkit store (any backend).
+
+    Each change is one checkpoint of the thread ``session_id`` (namespace
+    ``openai-agents.session``); adding items writes only the new items.
+    Concurrent writers are serialized by the store's compare-and-swap and retried.
+    ``clear_session`` empties the list but keeps the thread's history (time travel);
+    ``store.delete_thread(session_id)`` erases it.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        store: pk.Store,
+        *,
+        session_settings: SessionSettings | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.store = store
+        self.session_settings = session_settings
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        # limit=None is all items (the protocol); the Runner applies session_settings itself.
+        try:
+            state = await self.store.aget_state(
+                self.session_id, state=_Conversation, namespace=SESSION_NAMESPACE
+            )
+        except pk.NotFoundError:
+            return []
+        items: list[TResponseInputItem] = list(state.items)
+        return items if limit is None else items[-limit:] if limit > 0 else []
+
+    async def _edit(self, edit: _Edit) -> _Edit:
+        for attempt in range(1, _CAS_ATTEMPTS + 1):
+            try:
+                await self.store.aupdate_state(
+                    self.session_id, {"items": edit}, state=_Conversation, namespace=SESSION_NAMESPACE
+                )
+                break
+            except pk.ConflictError:  # another writer moved the head: re-read and re-apply
+                if attempt == _CAS_ATTEMPTS:
+                    raise
+                await asyncio.sleep(random.random() * 0.002 * attempt)  # spread out contenders
+        return edit
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        if items:
+            await self._edit(_Edit("add", list(items)))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        popped: TResponseInputItem | None = (await self._edit(_Edit("pop"))).popped
+        return popped
+
+    async def clear_session(self) -> None:
+        await self._edit(_Edit("clear"))
+
+
+# -- durable runs: model turns and tool calls as steps ---------------------------------------
+
+_OUTPUT_ITEM: TypeAdapter[TResponseOutputItem] = TypeAdapter(TResponseOutputItem)
+
+
+def _dump_response(resp: ModelResponse) -> dict[str, Any]:
+    # Stored as plain JSON, not as SDK classes: survives SDK upgrades and needs no pk.register.
+    return {
+        "output": [
+            item.model_dump(mode="json", exclude_unset=True) if hasattr(item, "model_dump") else item
+            for item in resp.output
+        ],
+        "usage": serialize_usage(resp.usage),
+        "response_id": resp.response_id,
+        "request_id": resp.request_id,
+    }
+
+
+def _load_item(data: Any) -> Any:
+    try:
+        return _OUTPUT_ITEM.validate_python(data)
+    except ValidationError:
+        return data  # an item type this SDK does not model: the SDK accepts raw mappings too
+
+
+def _load_response(data: dict[str, Any]) -> ModelResponse:
+    return ModelResponse(
+        output=[_load_item(item) for item in data["output"]],
+        usage=deserialize_usage(data["usage"]),
+        response_id=data.get("response_id"),
+        request_id=data.get("request_id"),
+    )
+
+
+class _Thunk:
+    """A deferred call passed to a step; it is not part of the step's args digest."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Awaitable[Any]]) -> None:
+        self.fn = fn
+
+
+@pk.checkpointed(name="openai-agents.model", check_args=False)
+async def _model_turn(call: _Thunk) -> dict[str, Any]:
+    return _dump_response(await call.fn())
+
+
+class DurableModel(Model):
+    """A ``Model`` whose ``get_response`` is a persistkit step inside a ``pk.resume`` block
+    (a recorded turn returns its recorded response without calling the model)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        if pk.current_run() is None:
+            return await self.model.get_response(*args, **kwargs)
+        data = await _model_turn(_Thunk(lambda: self.model.get_response(*args, **kwargs)))
+        return _load_response(data)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        if pk.current_run() is not None:
+            raise pk.ConfigurationError(
+                "streamed model turns are not durable: use durable_run (Runner.run), "
+                "not Runner.run_streamed, inside a persistkit run"
+            )
+        return self.model.stream_response(*args, **kwargs)
+
+    async def close(self) -> None:
+        await self.model.close()
+
+
+class _DurableProvider(ModelProvider):
+    def __init__(self, provider: ModelProvider) -> None:
+        self.provider = provider
+
+    def get_model(self, model_name: str | None) -> Model:
+        return DurableModel(self.provider.get_model(model_name))
+
+    async def aclose(self) -> None:
+        await self.provider.aclose()
+
+
+def _durable_tool(tool: FunctionTool) -> FunctionTool:
+    invoke = tool.on_invoke_tool
+    if getattr(invoke, "_pk_durable", False):
+        return tool
+
+    @pk.checkpointed(name=f"openai-agents.tool:{tool.name}")
+    async def step(call_id: str, arguments: str, call: _Thunk) -> Any:
+        return await call.fn()
+
+    @functools.wraps(invoke)  # keeps the signature the SDK inspects to pick the context type
+    async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
+        if pk.current_run() is None:
+            return await invoke(ctx, arguments)
+        call_id = str(getattr(ctx, "tool_call_id", ""))
+        return await step(call_id, arguments, _Thunk(lambda: invoke(ctx, arguments)))
+
+    on_invoke_tool._pk_durable = True  # type: ignore[attr-defined]
+    new = copy.copy(tool)
+    new.on_invoke_tool = on_invoke_tool
+    return new
+
+
+def durable(agent: Agent[Any], _seen: dict[int, Agent[Any]] | None = None) -> Agent[Any]:
+    """A copy of ``agent`` (and of the agents it hands off to) whose model turns and function
+    tools are persistkit steps inside a run. Idempotent; the original is not changed."""
+    seen = {} if _seen is None else _seen
+    if id(agent) in seen:
+        return seen[id(agent)]
+    if isinstance(agent.model, DurableModel):
+        return agent
+    clone = agent.clone()
+    seen[id(agent)] = clone
+    if isinstance(agent.model, Model):
+        clone.model = DurableModel(agent.model)
+    clone.tools = [_durable_tool(t) if isinstance(t, FunctionTool) else t for t in agent.tools]
+    clone.handoffs = [
+        durable(h, seen) if isinstance(h, Agent) else h for h in agent.handoffs
+    ]  # Handoff objects build their agent lazily: they are left as they are
+    return clone
+
+
+def _durable_config(config: RunConfig | None) -> RunConfig:
+    config = copy.copy(config) if config is not None else RunConfig()
+    if isinstance(config.model, Model) and not isinstance(config.model, DurableModel):
+        config.model = DurableModel(config.model)
+    if not isinstance(config.model_provider, _DurableProvider):
+        config.model_provider = _DurableProvider(config.model_provider)
+    return config
+
+
+@pk.checkpointed(name="openai-agents.session.read", check_args=False)
+async def _session_read(total: int, limit: int | None) -> list[int]:
+    return [max(0, total - limit) if limit is not None else 0, total]
+
+
+@pk.checkpointed(name="openai-agents.session.write", check_args=False)
+async def _session_write(call: _Thunk) -> Any:
+    return await call.fn()
+
+
+class _StepSession:
+    """A session whose reads and writes are steps of the durable run: on replay a read
+    returns the same slice of the conversation, a recorded write is not repeated."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.session_id = session.session_id
+        self.session_settings = getattr(session, "session_settings", None)
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        items = await self.session.get_items()  # all items: the window is taken here
+        # Record the window, not the items: O(1) per read, whatever the history's size.
+        # On replay the conversation has only grown (its writes are steps too).
+        start, end = await _session_read(len(items), limit)
+        return items[start:end]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        await _session_write(_Thunk(lambda: self.session.add_items(items)))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        popped: TResponseInputItem | None = await _session_write(_Thunk(self.session.pop_item))
+        return popped
+
+    async def clear_session(self) -> None:
+        await _session_write(_Thunk(self.session.clear_session))
+
+
+async def durable_run(
+    agent: Agent[Any],
+    input: str | list[TResponseInputItem] | RunState[Any],
+    *,
+    thread_id: str,
+    store: pk.Store | None = None,
+    run_id: str | None = None,
+    run_config: RunConfig | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """``Runner.run`` as a durable persistkit run on ``thread_id``.
+
+    Each model turn and function-tool call is a step. If the process dies, call
+    ``durable_run`` again with the same agent and input: finished turns and tool
+    calls replay from the store, the first unfinished one runs for real. A
+    ``session=`` is read and written through steps too (a replayed read returns
+    the same items, a recorded write is not repeated). If the
+    run stops for tool approval, its ``RunState`` is stored on the thread (see
+    :func:`load_run_state`). Other keyword arguments go to ``Runner.run``.
+    """
+    agent = durable(agent)
+    config = _durable_config(run_config)
+    if kwargs.get("session") is not None:
+        kwargs["session"] = _StepSession(kwargs["session"])
+    async with pk.resume(thread_id, store=store, run_id=run_id) as run:
+        result = await Runner.run(agent, input, run_config=config, **kwargs)
+        pending = result.to_state().to_json() if result.interruptions else None
+        if run.state.get(RUN_STATE_CHANNEL) != pending:
+            run.state[RUN_STATE_CHANNEL] = pending  # committed with the run's end record
+    return result
+
+
+async def load_run_state(
+    agent: Agent[Any], *, thread_id: str, store: pk.Store, **kwargs: Any
+) -> RunState[Any] | None:
+    """The ``RunState`` of the thread's run that is waiting for tool approval, or None.
+
+    Approve or reject its ``get_interruptions()`` and pass it to :func:`durable_run`
+    with the same ``thread_id``. Keyword arguments go to ``RunState.from_json``
+    (``context_override``, ``context_deserializer``).
+    """
+    try:
+        state = await store.aget_state(thread_id)
+    except pk.NotFoundError:
+        return None
+    data = state.get(RUN_STATE_CHANNEL)
+    if data is None:
+        return None
+    return await RunState.from_json(durable(agent), data, **kwargs)

@@ -294,10 +294,12 @@ class AsyncCore:
             "parent": row.parent_id,
             "run": row.run_id,
             "payload": row.payload,
-            "keys": list(blobs),
-            "datas": list(blobs.values()),
         }
-        query = q.write_first if expected_version == 0 else q.write_next
+        if blobs:
+            params["keys"], params["datas"] = list(blobs), list(blobs.values())
+            query = q.write_first if expected_version == 0 else q.write_next
+        else:
+            query = q.write_first_row if expected_version == 0 else q.write_next_row
 
         async def op(conn: AsyncConnection[Any]) -> Head:
             moved = await _fetch(conn, query, params)

@@ -71,38 +71,43 @@ LATEST_VERSION = MIGRATIONS[-1][0]
 # The CAS CTE moves the head; the row and blob inserts select FROM it, so when
 # the CAS matches no row they insert nothing (data-modifying CTEs always run).
 # One statement on an autocommit connection is one transaction and one round trip.
-_WRITE_TAIL = """,
+_ROW = """,
 cp AS (
     INSERT INTO {s}.checkpoints (thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
     SELECT %(t)s::text, %(ns)s::text, %(cid)s::text, %(parent)s::text, %(run)s::text,
            %(payload)s::bytea
     FROM cas
-),
+)"""
+_BLOBS = """,
 bl AS (
     INSERT INTO {s}.blobs (thread_id, key, data)
     SELECT %(t)s::text, b.key, b.data
     FROM cas, unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING
-)
+)"""
+_RESULT = """
 SELECT version FROM cas"""
-
-_SQL = {
-    # expected_version == 0: the head must not exist yet.
-    "write_first": """WITH cas AS (
+# expected_version == 0: the head must not exist yet.
+_CAS_FIRST = """WITH cas AS (
     INSERT INTO {s}.heads (thread_id, namespace, checkpoint_id, version)
     VALUES (%(t)s::text, %(ns)s::text, %(cid)s::text, 1)
     ON CONFLICT (thread_id, namespace) DO NOTHING
     RETURNING version
 )"""
-    + _WRITE_TAIL,
-    # A concurrent writer holding the row makes this wait, then re-check the
-    # version on the committed row (READ COMMITTED re-evaluation): no lost update.
-    "write_next": """WITH cas AS (
+# A concurrent writer holding the row makes this wait, then re-check the
+# version on the committed row (READ COMMITTED re-evaluation): no lost update.
+_CAS_NEXT = """WITH cas AS (
     UPDATE {s}.heads SET checkpoint_id = %(cid)s::text, version = version + 1
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
     RETURNING version
 )"""
-    + _WRITE_TAIL,
+
+_SQL = {
+    "write_first": _CAS_FIRST + _ROW + _BLOBS + _RESULT,
+    "write_next": _CAS_NEXT + _ROW + _BLOBS + _RESULT,
+    # Most steps write no blob (appended items travel in the row): no arrays to bind.
+    "write_first_row": _CAS_FIRST + _ROW + _RESULT,
+    "write_next_row": _CAS_NEXT + _ROW + _RESULT,
     "put_blobs": """INSERT INTO {s}.blobs (thread_id, key, data)
     SELECT %(t)s::text, b.key, b.data FROM unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING""",
@@ -170,6 +175,8 @@ class Queries:
 
         self.write_first = render(_SQL["write_first"])
         self.write_next = render(_SQL["write_next"])
+        self.write_first_row = render(_SQL["write_first_row"])
+        self.write_next_row = render(_SQL["write_next_row"])
         self.put_blobs = render(_SQL["put_blobs"])
         self.head = render(_SQL["head"])
         self.get = render(_SQL["get"])

@@ -295,10 +295,12 @@ class Core:
             "parent": row.parent_id,
             "run": row.run_id,
             "payload": row.payload,
-            "keys": list(blobs),
-            "datas": list(blobs.values()),
         }
-        query = q.write_first if expected_version == 0 else q.write_next
+        if blobs:
+            params["keys"], params["datas"] = list(blobs), list(blobs.values())
+            query = q.write_first if expected_version == 0 else q.write_next
+        else:
+            query = q.write_first_row if expected_version == 0 else q.write_next_row
 
         def op(conn: Connection[Any]) -> Head:
             moved = _fetch(conn, query, params)

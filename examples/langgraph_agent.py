@@ -1,0 +1,96 @@
+"""A LangGraph agent on persistkit that dies mid-run and resumes (offline: a fake model).
+
+    python examples/langgraph_agent.py        # store: $PERSISTKIT_URL, else a temp SQLite file
+
+The script runs the agent in a child process. The fake model asks for a tool,
+the tool runs, and on the model's next call the child kills itself with
+SIGKILL (a real process death, no cleanup). The script then starts the child
+again with the same thread id: LangGraph loads the last checkpoint from the
+persistkit store, so the first model call and the tool call are not repeated;
+only the model call that was in flight runs again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, MessagesState, StateGraph
+from persistkit_langgraph import PersistkitSaver
+
+
+def agent(workdir: str, thread_id: str, url: str) -> None:
+    def log(what: str) -> None:
+        with open(os.path.join(workdir, "calls.log"), "a") as f:
+            f.write(what + "\n")
+
+    def fake_model(state: MessagesState) -> dict[str, Any]:
+        log("model")
+        last = state["messages"][-1]
+        if isinstance(last, ToolMessage):
+            marker = os.path.join(workdir, "crashed")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                print("child: the model process dies now (SIGKILL)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return {"messages": [AIMessage(f"The weather in Paris: {last.content}.")]}
+        call = {"name": "weather", "args": {"city": "Paris"}, "id": "call-1"}
+        return {"messages": [AIMessage("", tool_calls=[call])]}
+
+    def weather(state: MessagesState) -> dict[str, Any]:
+        log("tool")  # imagine a paid API call: it must not run twice
+        request = state["messages"][-1]
+        assert isinstance(request, AIMessage)
+        call = request.tool_calls[0]
+        return {"messages": [ToolMessage("sunny, 21 C", tool_call_id=call["id"])]}
+
+    def route(state: MessagesState) -> str:
+        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", fake_model)
+    builder.add_node("tools", weather)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", route, ["tools", END])
+    builder.add_edge("tools", "model")
+
+    with PersistkitSaver.from_url(url) as saver:
+        graph = builder.compile(checkpointer=saver)
+        config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+        if saver.get_tuple(config) is None:
+            inputs: Any = {"messages": [HumanMessage("What is the weather in Paris?")]}
+        else:
+            print("child: resuming from the last checkpoint", flush=True)
+            inputs = None  # continue where the last run stopped
+        # durability="sync": each step's checkpoint is committed before the next step starts.
+        out = graph.invoke(inputs, config, durability="sync")
+        print("answer:", out["messages"][-1].content)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        agent(*sys.argv[2:5])
+        return
+    workdir = tempfile.mkdtemp(prefix="pk-langgraph-")
+    url = os.environ.get("PERSISTKIT_URL") or f"sqlite:///{workdir}/agent.db"
+    child = [sys.executable, os.path.abspath(__file__), "--child", workdir, f"demo-{uuid.uuid4().hex[:8]}", url]
+    first = subprocess.run(child)
+    print(f"first run ended with exit status {first.returncode} (-9: killed)")
+    second = subprocess.run(child)
+    if second.returncode != 0:
+        sys.exit(f"the resumed run failed with status {second.returncode}")
+    with open(os.path.join(workdir, "calls.log")) as f:
+        calls = f.read().split()
+    print(f"model calls: {calls.count('model')} (one was in flight at the crash and ran again)")
+    print(f"tool calls: {calls.count('tool')}")
+
+
+if __name__ == "__main__":
+    main()

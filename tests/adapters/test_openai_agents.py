@@ -1,0 +1,314 @@
+"""The OpenAI Agents SDK adapter: sessions on every store, durable runs, approvals.
+
+No test calls a real model: ``openai_agents_fake.ScriptedModel`` is a
+deterministic ``Model`` that emits function calls. Tool and model calls are
+counted in log files outside persistkit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents", reason="openai-agents is not installed")
+
+from agents import Agent, Runner
+from conftest import make_url, uid
+from openai_agents_fake import (
+    APPROVAL_PLAN,
+    SEQUENTIAL,
+    ScriptedModel,
+    lines,
+    make_agent,
+)
+from persistkit_openai_agents import (
+    PersistkitSession,
+    durable,
+    durable_run,
+    load_run_state,
+)
+
+import persistkit as pk
+from persistkit.backends import CheckpointRow, Head
+from persistkit.backends.memory import MemoryBackend
+
+SCRIPT = Path(__file__).with_name("openai_agents_fake.py")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "adapters"), os.environ.get("PYTHONPATH", "")])}
+
+
+def msg(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+# -- Session ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis", "s3"])
+def session_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_url(request.param, request, tmp_path_factory)
+
+
+def test_session_protocol(session_url: str) -> None:
+    async def scenario() -> None:
+        sid = uid("sess")
+        async with pk.connect(session_url) as store:
+            s = PersistkitSession(sid, store)
+            assert await s.get_items() == []
+            assert await s.pop_item() is None
+            await s.add_items([msg("a"), msg("b")])
+            await s.add_items([])
+            await s.add_items([msg("c")])
+        if session_url.startswith("memory://"):
+            return  # a memory store lives as long as the Store object
+        async with pk.connect(session_url) as store:  # a second open sees the same conversation
+            s = PersistkitSession(sid, store)
+            assert await s.get_items() == [msg("a"), msg("b"), msg("c")]
+            assert await s.get_items(limit=2) == [msg("b"), msg("c")]
+            assert await s.pop_item() == msg("c")
+            assert await s.get_items() == [msg("a"), msg("b")]
+            await s.add_items([msg("d")])
+            assert await s.get_items() == [msg("a"), msg("b"), msg("d")]
+            await s.clear_session()
+            assert await s.get_items() == []
+            await s.add_items([msg("e")])
+            assert await s.get_items() == [msg("e")]
+            assert await PersistkitSession("other-" + sid, store).get_items() == []
+
+    asyncio.run(scenario())
+
+
+def test_runner_with_session_keeps_the_conversation(session_url: str, tmp_path: Path) -> None:
+    agent = make_agent([[("work", {"n": 1})], []], tmp_path)
+
+    async def scenario() -> None:
+        sid = uid("sess")
+        async with pk.connect(session_url) as store:
+            session = PersistkitSession(sid, store)
+            first = await Runner.run(agent, "hello", session=session)
+            assert first.final_output == "done after 1 tool calls"
+            after_first = await session.get_items()
+            # user message, function call, its output, final message
+            assert [i.get("type", "message") for i in after_first] == [
+                "message", "function_call", "function_call_output", "message"
+            ]
+            await Runner.run(agent, "again", session=session)
+            items = await session.get_items()
+            assert items[: len(after_first)] == after_first
+            assert items[len(after_first)] == msg("again")
+
+    asyncio.run(scenario())
+    assert lines(tmp_path / "tools.log") == ["work 1"]  # the 2nd run saw the tool output in its history
+
+
+class Counting(MemoryBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []
+
+    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        self.writes.append(len(row.payload) + sum(len(b) for b in blobs.values()))
+        return super().write(row, blobs, expected_version)
+
+
+def test_session_append_writes_only_the_new_items() -> None:
+    backend = Counting()
+    store = pk.connect(backend)
+    session = PersistkitSession(uid("sess"), store)
+
+    async def scenario() -> None:
+        await session.add_items([msg(os.urandom(512).hex()) for _ in range(2000)])  # ~2 MB
+        for _ in range(5):
+            await session.add_items([msg(os.urandom(256).hex())])
+        assert len(await session.get_items()) == 2005
+
+    asyncio.run(scenario())
+    assert backend.writes[0] > 1_000_000
+    assert all(w < 1500 for w in backend.writes[1:]), backend.writes[1:]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_concurrent_writers_lose_nothing(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    url = make_url(kind, request, tmp_path_factory)
+    sid = uid("sess")
+
+    async def writer(name: str) -> None:
+        async with pk.connect(url) as store:  # each writer its own store: real CAS conflicts
+            session = PersistkitSession(sid, store)
+            for i in range(8):
+                await session.add_items([msg(f"{name}{i}")])
+
+    async def scenario() -> list[Any]:
+        await asyncio.gather(*(writer(w) for w in "abcd"))
+        async with pk.connect(url) as store:
+            return await PersistkitSession(sid, store).get_items()
+
+    items = asyncio.run(scenario())
+    assert sorted(i["content"] for i in items) == sorted(f"{w}{i}" for w in "abcd" for i in range(8))
+    for w in "abcd":  # each writer's items in its own order
+        assert [i["content"] for i in items if i["content"][0] == w] == [f"{w}{i}" for i in range(8)]
+
+
+# -- durable runs ------------------------------------------------------------------------------
+
+
+def test_a_finished_run_replays_without_calling_model_or_tools(tmp_path: Path) -> None:
+    # Parallel tool calls in one turn take step positions in start order.
+    plan = [[("work", {"n": 1}), ("work", {"n": 2}), ("work", {"n": 3})], [("work", {"n": 4})], []]
+    agent = make_agent(plan, tmp_path)
+
+    async def scenario() -> None:
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            first = await durable_run(agent, "go", thread_id="t", store=store, run_id="r1")
+            assert first.final_output == "done after 4 tool calls"
+            assert len(lines(tmp_path / "tools.log")) == 4
+            assert len(lines(tmp_path / "model.log")) == 3
+            again = await durable_run(agent, "go", thread_id="t", store=store, run_id="r1")
+            steps = [c.step for c in reversed(await store.ahistory("t")) if c.kind == "step"]
+        assert again.final_output == first.final_output
+        assert [r.output for r in again.raw_responses] == [r.output for r in first.raw_responses]
+        assert again.raw_responses[0].usage.total_tokens == 15
+        assert [type(i).__name__ for i in again.new_items] == [type(i).__name__ for i in first.new_items]
+        assert steps == ["openai-agents.model"] + ["openai-agents.tool:work"] * 3 + [
+            "openai-agents.model", "openai-agents.tool:work", "openai-agents.model"
+        ]
+
+    asyncio.run(scenario())
+    assert Counter(lines(tmp_path / "tools.log")) == {f"work {n}": 1 for n in range(1, 5)}
+    assert len(lines(tmp_path / "model.log")) == 3
+
+
+def test_outside_a_run_the_durable_agent_is_the_plain_agent(tmp_path: Path) -> None:
+    agent = durable(make_agent(SEQUENTIAL, tmp_path))
+    assert durable(agent) is agent
+    result = asyncio.run(Runner.run(agent, "go"))
+    assert result.final_output == "done after 5 tool calls"
+    assert len(lines(tmp_path / "tools.log")) == 5
+
+
+def test_model_given_by_name_goes_through_the_provider(tmp_path: Path) -> None:
+    from agents import ModelProvider, RunConfig
+
+    class Provider(ModelProvider):
+        def get_model(self, model_name: str | None) -> ScriptedModel:
+            return ScriptedModel([[]], tmp_path / "model.log")
+
+    agent = Agent(name="named", model="scripted")
+
+    async def scenario() -> None:
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            config = RunConfig(model_provider=Provider())
+            for _ in range(2):
+                await durable_run(agent, "hi", thread_id="t", store=store, run_id="r", run_config=config)
+
+    asyncio.run(scenario())
+    assert len(lines(tmp_path / "model.log")) == 1
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=ENV, timeout=60
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "where", "session"),
+    [("sqlite", "tool", False), ("sqlite", "model", False), ("sqlite", "tool", True), ("postgres", "tool", True)],
+)
+def test_sigkill_after_three_tool_calls_resumes_without_repeating_them(
+    kind: str, where: str, session: bool, request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+) -> None:
+    # Killed inside the 4th tool call, or inside the 4th model turn (3 tools done).
+    kind_url = make_url(kind, request, tmp_path_factory)
+    thread = uid("crash")
+    extra = ["session"] if session else []
+    first = run_script("crash", kind_url, thread, str(tmp_path), where, "4", *extra)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert len(lines(tmp_path / "tools.log")) == (4 if where == "tool" else 3)
+    second = run_script("crash", kind_url, thread, str(tmp_path), "none", "-1", *extra)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["final_output"] == "done after 5 tool calls"
+
+    tools = Counter(lines(tmp_path / "tools.log"))
+    models = Counter(lines(tmp_path / "model.log"))
+    expected_tools = {f"work {n}": 1 for n in range(1, 6)}
+    expected_models = {f"model {t}": 1 for t in range(6)}
+    if where == "tool":
+        expected_tools["work 4"] = 2  # in flight at the kill: at-least-once
+    else:
+        expected_models["model 3"] = 2  # the 4th turn was in flight
+    assert tools == expected_tools
+    assert models == expected_models
+    if session:  # the conversation was saved once: no item repeated by the resumed process
+
+        async def items() -> list[Any]:
+            async with pk.connect(kind_url) as store:
+                return await PersistkitSession(thread + "-session", store).get_items()
+
+        saved = asyncio.run(items())
+        kinds = [i.get("type", "message") for i in saved]
+        assert kinds == ["message"] + ["function_call", "function_call_output"] * 5 + ["message"]
+        assert saved[0] == msg("do five units of work")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def kind_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_url(request.param, request, tmp_path_factory)
+
+
+# -- human approval ----------------------------------------------------------------------------
+
+
+def test_approval_is_stored_and_resumed_by_another_process(kind_url: str, tmp_path: Path) -> None:
+    thread = uid("approve")
+    started = run_script("approval", kind_url, thread, str(tmp_path))
+    assert started.returncode == 0, started.stderr
+    assert json.loads(started.stdout) == {"final_output": None, "interruptions": 1}
+    assert lines(tmp_path / "tools.log") == []  # nothing runs before approval
+
+    agent = make_agent(APPROVAL_PLAN, tmp_path, approval=True)  # this process's own objects
+
+    async def scenario() -> None:
+        async with pk.connect(kind_url) as store:
+            state = await load_run_state(agent, thread_id=thread, store=store)
+            assert state is not None
+            [item] = state.get_interruptions()
+            assert item.tool_name == "work" and json.loads(item.arguments or "") == {"n": 1}
+            state.approve(item)
+            second = await durable_run(agent, state, thread_id=thread, store=store)
+            assert second.final_output is None and len(second.interruptions) == 1
+
+        async with pk.connect(kind_url) as store:  # yet another open: reject the 2nd call
+            state = await load_run_state(agent, thread_id=thread, store=store)
+            assert state is not None
+            [item] = state.get_interruptions()
+            assert json.loads(item.arguments or "") == {"n": 2}
+            state.reject(item)
+            done = await durable_run(agent, state, thread_id=thread, store=store)
+            assert done.final_output == "done after 2 tool calls"
+            assert await load_run_state(agent, thread_id=thread, store=store) is None
+
+    asyncio.run(scenario())
+    assert lines(tmp_path / "tools.log") == ["work 1"]  # approved ran once, rejected never
+
+
+def test_no_pending_approval_on_an_unknown_thread(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with pk.connect(f"sqlite:///{tmp_path}/a.db") as store:
+            agent = make_agent(SEQUENTIAL, tmp_path)
+            assert await load_run_state(agent, thread_id="nobody", store=store) is None
+
+    asyncio.run(scenario())

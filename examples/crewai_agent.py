@@ -33,10 +33,10 @@ from crewai import Agent, Crew, Process, Task
 from crewai.flow.flow import Flow, listen, start
 from crewai.flow.persistence import persist
 from crewai.llms.base_llm import BaseLLM
-from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff
 from pydantic import BaseModel
 
 import persistkit as pk
+from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff
 
 FLOW_ID = "demo-crewai-report"
 CALLS = Path(".persistkit") / "demo-crewai-llm-calls.log"

@@ -32,9 +32,9 @@ from openai.types.responses import (
     ResponseOutputMessage,
     ResponseOutputText,
 )
-from persistkit_openai_agents import durable_run
 
 import persistkit as pk
+from persistkit_openai_agents import durable_run
 
 agents.set_tracing_disabled(True)
 CITIES = ["Lisbon", "Porto", "Madrid", "Seville"]

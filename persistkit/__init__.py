@@ -28,7 +28,7 @@ from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
-from ._store import Store, connect
+from ._store import Store, connect, default_store
 
 if TYPE_CHECKING:
     from ._model import State
@@ -64,6 +64,7 @@ __all__ = [
     "connect",
     "current_run",
     "current_step",
+    "default_store",
     "merge",
     "migration",
     "register",

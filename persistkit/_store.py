@@ -355,6 +355,15 @@ class Store:
         )
         return result
 
+    async def aget_checkpoint(
+        self, thread_id: str, checkpoint_id: str | None = None, *, namespace: str = ""
+    ) -> Checkpoint:
+        check_thread_id(thread_id)
+        rec: Record = await self.run_async(
+            self.read_record(thread_id, check_namespace(namespace), checkpoint_id)
+        )
+        return rec.public(self.codec)
+
     async def aget_state(
         self, thread_id: str, checkpoint_id: str | None = None, *, state: Any = None, namespace: str = ""
     ) -> Any:

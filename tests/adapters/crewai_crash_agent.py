@@ -43,10 +43,10 @@ from crewai.flow.flow import Flow, listen, router, start  # noqa: E402
 from crewai.flow.persistence import persist  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.tasks.task_output import TaskOutput  # noqa: E402
-from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 import persistkit as pk  # noqa: E402
+from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff  # noqa: E402
 
 URL, KEY, COUNTER, KILL_AT = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 

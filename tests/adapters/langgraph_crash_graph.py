@@ -22,6 +22,7 @@ from typing import Annotated, Any, TypedDict
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
+
 from persistkit_langgraph import PersistkitSaver
 
 URL, THREAD, LOG = sys.argv[1:4]

@@ -120,9 +120,8 @@ APPROVAL_PLAN: list[Turn] = [[("work", {"n": 1})], [("work", {"n": 2})], []]
 
 
 def main() -> None:
-    from persistkit_openai_agents import PersistkitSession, durable_run
-
     import persistkit as pk
+    from persistkit_openai_agents import PersistkitSession, durable_run
 
     mode, url, thread, log_dir = sys.argv[1:5]
     kwargs: dict[str, Any] = {}

@@ -36,10 +36,10 @@ from crewai.flow.async_feedback.types import PendingFeedbackContext
 from crewai.flow.flow import Flow, listen, router, start
 from crewai.flow.persistence import persist
 from crewai.llms.base_llm import BaseLLM
-from persistkit_crewai import PersistkitFlowPersistence, adurable_kickoff, durable_kickoff
 from pydantic import BaseModel
 
 import persistkit as pk
+from persistkit_crewai import PersistkitFlowPersistence, adurable_kickoff, durable_kickoff
 
 AGENT = Path(__file__).with_name("crewai_crash_agent.py")
 ROOT = Path(__file__).resolve().parents[2]

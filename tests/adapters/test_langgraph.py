@@ -22,11 +22,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
-from persistkit_langgraph import PersistkitSaver
 
 import persistkit as pk
 from persistkit.backends import CheckpointRow, Head
 from persistkit.backends.memory import MemoryBackend
+from persistkit_langgraph import PersistkitSaver
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}

@@ -31,16 +31,16 @@ from openai_agents_fake import (
     lines,
     make_agent,
 )
+
+import persistkit as pk
+from persistkit.backends import CheckpointRow, Head
+from persistkit.backends.memory import MemoryBackend
 from persistkit_openai_agents import (
     PersistkitSession,
     durable,
     durable_run,
     load_run_state,
 )
-
-import persistkit as pk
-from persistkit.backends import CheckpointRow, Head
-from persistkit.backends.memory import MemoryBackend
 
 SCRIPT = Path(__file__).with_name("openai_agents_fake.py")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "adapters"), os.environ.get("PYTHONPATH", "")])}

@@ -602,12 +602,21 @@ class BackendConformance:
 
     # -- async twins -----------------------------------------------------------
 
-    def test_async_twins_agree_with_sync(self, backend: Backend) -> None:
+    def test_async_twins_agree_with_sync(
+        self, backend: Backend, open_another: Callable[[], Backend]
+    ) -> None:
         p = _uid("async")
         t = p + "/1"
         b = backend
 
         async def scenario() -> None:
+            try:
+                await body()
+            finally:
+                # Async resources (pools, clients) belong to this loop: close them in it.
+                await backend.aclose()
+
+        async def body() -> None:
             assert await b.awrite(_row(t, 1, run_id="r"), {"a": b"1"}, 0) == Head(_cid(1), 1)
             await b.aput_blobs(t, {"b": b"2", "a": b"ignored"})
             with pytest.raises(ConflictError):
@@ -628,12 +637,19 @@ class BackendConformance:
 
         asyncio.run(scenario())
 
-    def test_async_racing_writers_exactly_one_wins(self, backend: Backend) -> None:
+    def test_async_racing_writers_exactly_one_wins(
+        self, backend: Backend, open_another: Callable[[], Backend]
+    ) -> None:
         t = _uid()
+        racer = open_another()
 
         async def race() -> list[Head | BaseException]:
-            writes = [backend.awrite(_row(t, 1, payload=bytes([w])), {}, 0) for w in range(4)]
-            return await asyncio.gather(*writes, return_exceptions=True)
+            try:
+                writes = [racer.awrite(_row(t, 1, payload=bytes([w])), {}, 0) for w in range(4)]
+                return await asyncio.gather(*writes, return_exceptions=True)
+            finally:
+                # Async resources (pools, clients) belong to this loop: close them in it.
+                await racer.aclose()
 
         results = asyncio.run(race())
         assert sum(isinstance(r, Head) for r in results) == 1, results

@@ -13,13 +13,13 @@ can tell "1 KB appended" from "list rewritten" without comparing 5 MB.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
 from . import _serde
 from ._errors import ConfigurationError, SchemaVersionError
+from ._registry import _base_model
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -151,18 +151,9 @@ class TrackedList(list[Any]):
         self._pk_dirty = False
 
 
-# pydantic is imported only by code that uses it (``pk.State`` imports it): a value
-# cannot be a pydantic model unless pydantic was imported first.
-
-
-def _base_model() -> type[BaseModel] | None:
-    module = sys.modules.get("pydantic")
-    return None if module is None else module.BaseModel
-
-
 def _is_model_class(obj: Any) -> bool:
-    base = _base_model()
-    return base is not None and isinstance(obj, type) and issubclass(obj, base)
+    # _base_model() stands in a class nothing subclasses while pydantic is not imported.
+    return isinstance(obj, type) and issubclass(obj, _base_model())
 
 
 _MIGRATIONS: dict[tuple[type[Any], int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -209,8 +200,7 @@ class StateSpec:
 
     def __init__(self, state: Any = None) -> None:
         self.initial: Any = None
-        base = _base_model()
-        if base is not None and isinstance(state, base):
+        if isinstance(state, _base_model()):
             self.initial = state
             state = type(state)
         elif isinstance(state, dict):

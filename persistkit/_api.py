@@ -259,7 +259,7 @@ def _begin(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, 
     rec = run.lookup(position, step.name)
     digest = run.digest(args, kwargs) if step.check_args else None
     if rec is not None:
-        run.check_args(rec, position, step.name, digest)
+        run.check_args(rec, position, step.name, digest, args, kwargs)
     return position, rec, digest
 
 

@@ -19,22 +19,26 @@ __all__ = ["is_checkpoint_id", "new_run_id", "next_checkpoint_id"]
 
 _WIDTH = 24
 _RE = re.compile(r"^[0-9a-f]{24}$")
+_MASK = (1 << (4 * _WIDTH)) - 1
+_FORMAT = f"0{_WIDTH}x"
 _lock = threading.Lock()
 _last = 0
+_last_text = ""  # _last as an id: the usual parent, which then needs no parsing
 
 
 def next_checkpoint_id(parent: str | None = None) -> str:
     """A new checkpoint id, greater than ``parent`` and than any id made before in this process."""
-    global _last
+    global _last, _last_text
     # Random low bits keep ids of different processes apart within a millisecond;
     # they are not secrets (ids are visible in every listing).
     now = (int(time.time() * 1000) << 48) | (random.getrandbits(32) << 8)
     with _lock:
-        value = max(now, _last + 1)
-        if parent is not None and _RE.match(parent):
+        value = now if now > _last else _last + 1
+        if parent is not None and parent != _last_text and _RE.match(parent):
             value = max(value, int(parent, 16) + 1)
         _last = value
-    return format(value & ((1 << (4 * _WIDTH)) - 1), f"0{_WIDTH}x")
+        _last_text = text = format(value & _MASK, _FORMAT)
+    return text
 
 
 def is_checkpoint_id(value: object) -> bool:

@@ -332,3 +332,43 @@ def test_backend_instance_and_options_are_checked() -> None:
     with pytest.raises(pk.ConfigurationError):
         pk.Store("memory://")  # type: ignore[arg-type]
     assert isinstance(pk.connect("memory://").backend, Backend)
+
+
+def test_args_digest_schemes_compare_like_for_like(local_store: pk.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Digests recorded by the typed encoding (older persistkit, or non-JSON args) still guard replay."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Q:
+        text: str
+
+    @pk.checkpointed
+    def ask(q: Any) -> str:
+        return str(q)
+
+    @pk.checkpointed
+    def fail() -> None:
+        raise RuntimeError("stop")
+
+    run = pk.Run.__new__(pk.Run)  # only the digest helpers are used here
+    run.codec = local_store.codec
+    fast, typed = run.digest(("hi",), {}), run._typed_digest(("hi",), {})
+    assert fast.startswith("o") and not typed.startswith("o")
+    assert not run.digest(({1, 2},), {}).startswith("o")  # sets take the typed path
+    assert run.digest(([*range(100)],), {}) == run.digest(([0, *range(1, 98), 98, 99],), {})
+
+    cases = [("first", "first", "second"), (Q("a"), Q("a"), Q("b")), ({"s": {1}}, {"s": {1}}, {"s": {2}})]
+    for old_persistkit in (False, True):
+        for arg, same, other in cases:
+            tid = uid("digest")
+            with monkeypatch.context() as m:
+                if old_persistkit:  # it recorded typed digests only
+                    m.setattr(pk.Run, "digest", pk.Run._typed_digest)
+                with pytest.raises(RuntimeError), pk.resume(tid, store=local_store):
+                    ask(arg)
+                    fail()
+            with pytest.raises(pk.NonDeterminismError, match="different arguments"), pk.resume(tid, store=local_store):
+                ask(other)
+            with pytest.raises(RuntimeError), pk.resume(tid, store=local_store):
+                assert ask(same) == str(arg)
+                fail()

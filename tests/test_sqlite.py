@@ -149,6 +149,37 @@ def test_migrations_are_idempotent(db: Path) -> None:
         assert raw.execute("SELECT count(*) FROM pk_heads").fetchone()[0] == 3
 
 
+def test_schema_1_file_upgrades_and_keeps_run_listing(db: Path) -> None:
+    """A file written by schema 1 (a per-row run index, no pk_runs) opens, migrates and lists by run."""
+    from persistkit.backends.sqlite import _MIGRATIONS
+
+    with sqlite3.connect(db) as raw:
+        for sql in _MIGRATIONS[0]:
+            raw.execute(sql)
+        raw.execute("CREATE TABLE pk_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID")
+        raw.execute("INSERT INTO pk_meta VALUES ('schema_version', 1)")
+        for i, run in enumerate(["r1", "r1", "r2", "r1"]):
+            raw.execute(
+                "INSERT INTO pk_checkpoints VALUES ('t', '', ?, ?, ?, x'01')",
+                (f"{i:024x}", f"{i - 1:024x}" if i else None, run),
+            )
+        raw.execute("INSERT INTO pk_heads VALUES ('t', '', ?, 4)", (f"{3:024x}",))
+    b = SQLiteBackend.from_url(f"sqlite:///{db}")
+    try:
+        assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r1")] == ["3", "1", "0"]
+        assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r2")] == ["2"]
+        assert b.list("t", "", run_id="nope") == []
+        assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r1", before=f"{3:024x}", limit=1)] == ["1"]
+        b.write(CheckpointRow("t", "", f"{4:024x}", f"{3:024x}", "r3", b"\x01"), {}, 4)
+        assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r3")] == ["4"]
+    finally:
+        b.close()
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT value FROM pk_meta").fetchone()[0] == SCHEMA_VERSION
+        indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert "pk_checkpoints_run" not in indexes
+
+
 def test_newer_schema_refuses_to_open(db: Path) -> None:
     SQLiteBackend.from_url(f"sqlite:///{db}").close()
     with sqlite3.connect(db) as raw:

@@ -105,6 +105,23 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (thread_id, key)
         )""",
     ),
+    # 2: the per-row run index cost a fourth page (a 4 KB WAL frame) on every
+    # commit. A run's first checkpoint id, written once per run, bounds the scan
+    # of list(run_id=...) instead: an INSERT OR IGNORE of a key that exists
+    # dirties no page. Measured on the 200 x 1 KB benchmark: ~20% off a write.
+    (
+        "DROP INDEX pk_checkpoints_run",
+        """CREATE TABLE pk_runs (
+            thread_id TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            first_id TEXT NOT NULL,
+            PRIMARY KEY (thread_id, namespace, run_id)
+        ) WITHOUT ROWID""",
+        """INSERT INTO pk_runs (thread_id, namespace, run_id, first_id)
+            SELECT thread_id, namespace, run_id, MIN(checkpoint_id) FROM pk_checkpoints
+            WHERE run_id IS NOT NULL GROUP BY thread_id, namespace, run_id""",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -120,6 +137,8 @@ _PUT_ROW = """INSERT INTO pk_checkpoints
     (thread_id, namespace, checkpoint_id, parent_id, run_id, payload) VALUES (?, ?, ?, ?, ?, ?)"""
 # Compare-and-swap of the head: expected version 0 inserts (ignored if a head
 # exists), any other expected version updates only if it still matches.
+_PUT_RUN = """INSERT OR IGNORE INTO pk_runs (thread_id, namespace, run_id, first_id)
+    VALUES (?, ?, ?, ?)"""
 _NEW_HEAD = """INSERT OR IGNORE INTO pk_heads (thread_id, namespace, checkpoint_id, version)
     VALUES (?, ?, ?, 1)"""
 _MOVE_HEAD = """UPDATE pk_heads SET checkpoint_id = ?, version = ?
@@ -130,9 +149,16 @@ _LIST_BASE = """SELECT checkpoint_id, parent_id, run_id, payload FROM pk_checkpo
     WHERE thread_id = ? AND namespace = ?"""
 # (filter by run_id, filter by before) -> SQL; four constant strings, so four
 # cached statements.
+# A run's rows all sort at or after its first checkpoint id (no pk_runs entry:
+# NULL, so no rows); the primary key serves the scan from there.
 _LIST: dict[tuple[bool, bool], str] = {
     (run, before): _LIST_BASE
-    + (" AND run_id = ?" if run else "")
+    + (
+        " AND checkpoint_id >= (SELECT first_id FROM pk_runs"
+        " WHERE thread_id = ?1 AND namespace = ?2 AND run_id = ?3) AND run_id = ?3"
+        if run
+        else ""
+    )
     + (" AND checkpoint_id < ?" if before else "")
     + " ORDER BY checkpoint_id DESC LIMIT ?"
     for run in (False, True)
@@ -155,6 +181,7 @@ _DELETE = (
     "DELETE FROM pk_heads WHERE thread_id = ?",
     "DELETE FROM pk_checkpoints WHERE thread_id = ?",
     "DELETE FROM pk_blobs WHERE thread_id = ?",
+    "DELETE FROM pk_runs WHERE thread_id = ?",
 )
 
 # Connections inherited by a forked child. The child must never use them,
@@ -402,6 +429,8 @@ class SQLiteBackend(ThreadedAsync):
                 if blobs:
                     conn.executemany(_PUT_BLOB, [(tid, k, v) for k, v in blobs.items()])
                 conn.execute(_PUT_ROW, (tid, ns, cid, row.parent_id, row.run_id, row.payload))
+                if row.run_id is not None:
+                    conn.execute(_PUT_RUN, (tid, ns, row.run_id, cid))
             except BaseException as exc:
                 _rollback(conn, exc)
                 raise

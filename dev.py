@@ -49,6 +49,11 @@ def demo() -> int:
 
 def test(args: list[str]) -> int:
     ensure_venv("all,test")
+    # The coverage-guided fuzzer where a wheel exists; without it the fuzz tests
+    # still run on hypothesis and the atheris run is skipped (and says so).
+    if not (VENV / ".atheris-tried").exists():
+        sh(PY, "-m", "pip", "install", "--quiet", "--only-binary", ":all:", "atheris", check=False)
+        (VENV / ".atheris-tried").write_text("")
     failed = 0
     failed |= sh(PY, "-m", "ruff", "check", "persistkit", "adapters", "tests", "examples", "bench", "scripts", "dev.py", check=False)
     failed |= sh(PY, "-m", "mypy", check=False)

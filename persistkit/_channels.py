@@ -278,6 +278,7 @@ class Loader:
 
     def _fetch_chain(self, name: str, key: str | None, gen: int) -> Plan[None]:
         walked: list[str] = []
+        seen: set[str] = set()
         while key is not None and (name, key) not in self.complete:
             if _is_blob_key(key):
                 if key not in self.blobs and (name, gen) not in self.scanned:
@@ -298,7 +299,13 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self.add(Record.decode(self.codec, row) for row in page)
+            if key in seen:
+                raise IntegrityError(
+                    f"thread {self.thread_id!r}: list channel {name!r} has a segment chain that "
+                    f"loops back to {key}; the store was edited"
+                )
             walked.append(key)
+            seen.add(key)
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
 

@@ -72,8 +72,9 @@ class Record:
     def decode(cls, codec: Codec, row: CheckpointRow) -> Record:
         where = f"checkpoint {row.checkpoint_id} of thread {row.thread_id!r}"
         body = codec.unpack_tree(row.payload, where)
-        if not isinstance(body, dict) or body.get("k") not in KINDS or not isinstance(body.get("ch", {}), dict):
-            raise SerializationError("not a persistkit checkpoint record", path=where)
+        problem = _check_body(body)
+        if problem:
+            raise SerializationError(f"not a valid persistkit checkpoint record ({problem})", path=where)
         return cls(row, body)
 
     def public(self, codec: Codec) -> Checkpoint:
@@ -102,6 +103,64 @@ class Record:
             forked_from=(str(f[0]), str(f[1])) if f else None,
             channels=tuple(sorted(self.refs)),
         )
+
+
+def _is_str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _is_num(v: Any) -> bool:
+    return type(v) in (int, float)
+
+
+def _ref_ok(ref: Any) -> bool:
+    """A channel ref: ``{"i": tree}``, ``{"b": key}`` or ``{"l": tip, "n": length, "g": generation}``."""
+    if type(ref) is not dict:
+        return False
+    if "i" in ref:
+        return len(ref) == 1
+    if "b" in ref:
+        return len(ref) == 1 and _is_str(ref["b"])
+    return (
+        len(ref) == 3
+        and (ref.get("l") is None or _is_str(ref.get("l")))
+        and type(ref.get("n")) is int
+        and ref["n"] >= 0
+        and type(ref.get("g")) is int
+    )
+
+
+# Shape of each payload key (see the module docstring); stored bytes are
+# untrusted, so every field is checked once here rather than at each use.
+_FIELDS: dict[str, Any] = {
+    "p": _is_str,
+    "n": _is_str,
+    "s": lambda v: v in ("completed", "failed"),
+    "rs": lambda v: v is None or _is_str(v),
+    "sc": lambda v: v is None or (type(v) is list and len(v) == 2 and _is_str(v[0]) and type(v[1]) is int),
+    "t": _is_num,
+    "ch": lambda v: type(v) is dict and all(_ref_ok(r) for r in v.values()),
+    "rb": _is_str,
+    "e": lambda v: type(v) is dict,
+    "a": _is_str,
+    "x": lambda v: type(v) is list and all(_is_str(i) for i in v),
+    "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
+    "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
+}
+
+
+def _check_body(body: Any) -> str | None:
+    """What is wrong with a decoded payload, or None if its shape is right."""
+    if type(body) is not dict:
+        return "not an object"
+    if body.get("k") not in KINDS:
+        return "unknown kind"
+    for key, ok in _FIELDS.items():
+        if key in body and not ok(body[key]):
+            return f"field {key!r} is malformed"
+    if body["k"] == "step" and not ("p" in body and "n" in body and "s" in body):
+        return "a step record without position, name or status"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

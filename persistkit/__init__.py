@@ -23,6 +23,7 @@ from ._errors import (
     StepFailedError,
     StoreClosedError,
 )
+from ._keys import KeyRing, generate_key
 from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
@@ -43,6 +44,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "IntegrityError",
+    "KeyRing",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
@@ -65,6 +67,7 @@ __all__ = [
     "current_run",
     "current_step",
     "default_store",
+    "generate_key",
     "merge",
     "migration",
     "register",

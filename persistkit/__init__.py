@@ -24,6 +24,7 @@ from ._errors import (
     StoreClosedError,
 )
 from ._keys import KeyRing, generate_key
+from .backends._encrypted import RotationReport
 from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
@@ -50,6 +51,7 @@ __all__ = [
     "PersistkitError",
     "Reducer",
     "Retry",
+    "RotationReport",
     "Run",
     "SchemaVersionError",
     "SerializationError",

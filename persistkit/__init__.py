@@ -24,13 +24,13 @@ from ._errors import (
     StoreClosedError,
 )
 from ._keys import KeyRing, generate_key
-from .backends._encrypted import RotationReport
 from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
+from .backends._encrypted import RotationReport
 
 if TYPE_CHECKING:
     from ._model import State

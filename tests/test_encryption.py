@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_url, uid
 
 import persistkit as pk
 from persistkit import ConfigurationError, IntegrityError, KeyRing
@@ -17,8 +19,6 @@ from persistkit.backends import Backend, CheckpointRow, open_backend
 from persistkit.backends._encrypted import EncryptedBackend, key_id_of
 from persistkit.testing.backend_suite import BackendConformance
 from persistkit.testing.store_suite import StoreConformance
-
-from conftest import make_url, uid
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
@@ -41,7 +41,11 @@ def raw_dump(backend: Backend, threads: list[str]) -> list[tuple[str, bytes]]:
 
 
 def planted(data: bytes) -> bool:
-    forms = [MARKER.encode(), MARKER.encode().hex().encode(), base64.b64encode(MARKER.encode())[:16]]
+    forms = [
+        MARKER.encode(),
+        MARKER.encode().hex().encode(),
+        base64.b64encode(MARKER.encode())[:16],
+    ]
     return any(f in data for f in forms)
 
 
@@ -53,7 +57,10 @@ def run_agent(store: pk.Store, tid: str, calls: dict[str, int], *, fail_at: int 
             raise TimeoutError("flaky tool")
         run = pk.current_run()
         assert run is not None
-        run.state["messages"] = [*run.state.get("messages", []), f"{MARKER} message {i} " + "x" * 300]
+        run.state["messages"] = [
+            *run.state.get("messages", []),
+            f"{MARKER} message {i} " + "x" * 300,
+        ]
         return f"{MARKER}-result-{i}"
 
     with pk.resume(tid, store=store) as run:
@@ -72,11 +79,19 @@ def test_agent_round_trip_and_no_plaintext_at_rest(store_url: str) -> None:
         with pytest.raises(TimeoutError):
             run_agent(store, tid, calls, fail_at=2)
         assert run_agent(store, tid, calls) == [f"{MARKER}-result-{i}" for i in range(4)]
-        assert calls == {"s0": 1, "s1": 1, "s2": 2, "s3": 1}  # finished steps replayed from ciphertext
+        assert calls == {
+            "s0": 1,
+            "s1": 1,
+            "s2": 2,
+            "s3": 1,
+        }  # finished steps replayed from ciphertext
         state = store.get_state(tid)
         assert state["secret_note"] == MARKER * 40 and len(state["messages"]) == 4
         history = store.history(tid)
-        assert len(history) >= 5 and history[0].checkpoint_id == store.get_checkpoint(tid).checkpoint_id
+        assert (
+            len(history) >= 5
+            and history[0].checkpoint_id == store.get_checkpoint(tid).checkpoint_id
+        )
         fork = store.fork(tid, update={"extra": 1})
         assert store.get_state(fork.thread_id)["extra"] == 1
         dump = raw_dump(raw, [tid, fork.thread_id])
@@ -98,7 +113,10 @@ def test_rotation_then_old_key_dropped(store_url: str) -> None:
         assert report.active_key == "B" and report.rows_resealed >= 5 and report.blobs_resealed >= 1
         assert report.last_thread == tid and report.threads == 1
         again = store.rotate_keys(tid)  # idempotent: nothing left under A
-        assert again.rows_resealed == again.blobs_resealed == 0 and again.rows_skipped == report.rows_resealed
+        assert (
+            again.rows_resealed == again.blobs_resealed == 0
+            and again.rows_skipped == report.rows_resealed
+        )
     with pk.connect(store_url, encryption=ring("B")) as store:
         assert store.get_state(tid) == before
         assert run_agent(store, tid, calls) == [f"{MARKER}-result-{i}" for i in range(4)]
@@ -132,7 +150,9 @@ def _two_threads(store: pk.Store) -> tuple[str, str]:
     return a, b
 
 
-def test_row_moved_to_another_thread_or_checkpoint_is_refused(pair: tuple[pk.Store, Backend]) -> None:
+def test_row_moved_to_another_thread_or_checkpoint_is_refused(
+    pair: tuple[pk.Store, Backend],
+) -> None:
     store, raw = pair
     a, b = _two_threads(store)
     src = raw.list(a, "")[0]
@@ -182,7 +202,10 @@ def test_wrong_key_and_unknown_key_id(local_url: str) -> None:
     with pk.connect(local_url, encryption=wrong) as store, pytest.raises(IntegrityError) as info:
         store.get_state(tid)
     assert "failed authentication" in str(info.value)
-    with pk.connect(local_url, encryption=ring("B")) as store, pytest.raises(IntegrityError) as info:
+    with (
+        pk.connect(local_url, encryption=ring("B")) as store,
+        pytest.raises(IntegrityError) as info,
+    ):
         store.get_state(tid)
     text = str(info.value)
     assert "'A'" in text and "not in the key ring" in text and repr(tid) in text
@@ -288,10 +311,12 @@ def test_async_agent_and_rotation(local_url: str) -> None:
         return f"{MARKER}-{i}"
 
     async def main() -> tuple[list[str], pk.RotationReport, dict[str, Any]]:
-        async with pk.connect(local_url, encryption=ring("A")) as store:
-            async with pk.resume(tid, store=store) as run:
-                run.state["note"] = MARKER
-                out = list(await asyncio.gather(*(fetch(i) for i in range(3))))
+        async with (
+            pk.connect(local_url, encryption=ring("A")) as store,
+            pk.resume(tid, store=store) as run,
+        ):
+            run.state["note"] = MARKER
+            out = list(await asyncio.gather(*(fetch(i) for i in range(3))))
         async with pk.connect(local_url, encryption=ring("A", "B")) as store:
             report = await store.arotate_keys(tid)
         async with pk.connect(local_url, encryption=ring("B")) as store:
@@ -315,15 +340,22 @@ def test_connect_options_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyP
         pk.connect("memory://").rotate_keys()
     monkeypatch.setenv("PERSISTKIT_ENCRYPTION_KEYS", f"A:{base64.b64encode(KEY_A).decode()}")
     with pk.connect("memory://", encryption=True) as store:
-        assert isinstance(store.backend, EncryptedBackend) and store.backend.keyring.active_id == "A"
+        assert (
+            isinstance(store.backend, EncryptedBackend) and store.backend.keyring.active_id == "A"
+        )
     keyfile = tmp_path / "keys"
     keyfile.write_text(f"A:{KEY_A.hex()}\nB:{base64.b64encode(KEY_B).decode()}\n")
     with pk.connect("memory://", encryption=f"file:{keyfile}") as store:
-        assert isinstance(store.backend, EncryptedBackend) and store.backend.keyring.active_id == "B"
+        assert (
+            isinstance(store.backend, EncryptedBackend) and store.backend.keyring.active_id == "B"
+        )
 
 
 def test_cli_keygen_and_rotate_keys(
-    local_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    local_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert cli(["keygen", "--id", "k2027"]) == 0
     entry = capsys.readouterr().out.strip()
@@ -336,7 +368,9 @@ def test_cli_keygen_and_rotate_keys(
     keyfile.write_text(f"A:{base64.b64encode(KEY_A).decode()}\n{entry}\n")
     assert cli(["rotate-keys", local_url, "--thread", tid, "--keys", f"file:{keyfile}"]) == 0
     out = capsys.readouterr().out
-    assert "active key k2027" in out and key not in out and base64.b64encode(KEY_A).decode() not in out
+    assert (
+        "active key k2027" in out and key not in out and base64.b64encode(KEY_A).decode() not in out
+    )
     monkeypatch.setenv("PERSISTKIT_ENCRYPTION_KEYS", entry)
     with pk.connect(local_url, encryption=True) as store:
         assert store.get_state(tid)["secret_note"] == MARKER * 40
@@ -357,7 +391,9 @@ def test_import_persistkit_does_not_import_cryptography() -> None:
 
 class TestEncryptedBackendConformance(BackendConformance):
     @pytest.fixture(params=["memory", "sqlite"])
-    def persistkit_url(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    def persistkit_url(
+        self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> str:
         return make_url(request.param, request, tmp_path_factory)
 
     @pytest.fixture
@@ -381,7 +417,9 @@ class TestEncryptedBackendConformance(BackendConformance):
 
 class TestEncryptedStoreConformance(StoreConformance):
     @pytest.fixture(params=["memory", "sqlite"])
-    def persistkit_url(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    def persistkit_url(
+        self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> str:
         return make_url(request.param, request, tmp_path_factory)
 
     @pytest.fixture
@@ -391,3 +429,25 @@ class TestEncryptedStoreConformance(StoreConformance):
         yield s
         s.close()
 
+
+def test_offloaded_blobs_are_sealed_and_rotated(s3_endpoint: str) -> None:
+    primary = f"memory://{uuid.uuid4().hex[:10]}"
+    blobs = f"s3://persistkit-test/enc-offload/{uuid.uuid4().hex[:10]}?endpoint_url={s3_endpoint}"
+    tid = uid("off")
+    with pk.connect(primary, blobs=blobs, blob_threshold=64, encryption=ring("A")) as store:
+        run_agent(store, tid, {})
+        expected = store.get_state(tid)
+    s3 = open_backend(blobs)
+    try:
+        objects = s3.scan_blobs(tid, "", "\x7f")
+        assert objects and all(key_id_of(v) == "A" and not planted(v) for v in objects.values())
+        with pk.connect(
+            primary, blobs=blobs, blob_threshold=64, encryption=ring("A", "B")
+        ) as store:
+            assert store.rotate_keys(tid).blobs_resealed >= 1
+        with pk.connect(primary, blobs=blobs, blob_threshold=64, encryption=ring("B")) as store:
+            assert store.get_state(tid) == expected
+        # the rotated bytes went to fresh objects; the old ones stay until delete_thread
+        assert any(key_id_of(v) == "B" for v in s3.scan_blobs(tid, "", "\x7f").values())
+    finally:
+        s3.close()

@@ -79,9 +79,13 @@ def _field(value: str | None) -> bytes:
     return len(raw).to_bytes(4, "big") + raw
 
 
-def row_aad(thread_id: str, namespace: str, checkpoint_id: str, parent_id: str | None, run_id: str | None) -> bytes:
+def row_aad(
+    thread_id: str, namespace: str, checkpoint_id: str, parent_id: str | None, run_id: str | None
+) -> bytes:
     """Associated data of a row: its thread, namespace, id, parent and run."""
-    return b"pk-row\x00" + b"".join(map(_field, (thread_id, namespace, checkpoint_id, parent_id, run_id)))
+    return b"pk-row\x00" + b"".join(
+        map(_field, (thread_id, namespace, checkpoint_id, parent_id, run_id))
+    )
 
 
 def blob_aad(thread_id: str, key: str) -> bytes:
@@ -134,9 +138,13 @@ class EncryptedBackend(Backend):
 
     def __init__(self, inner: Backend, keyring: KeyRing, *, accept_plaintext: bool = False) -> None:
         if not isinstance(inner, Backend):
-            raise ConfigurationError(f"EncryptedBackend wraps a persistkit Backend, got {type(inner).__name__}")
+            raise ConfigurationError(
+                f"EncryptedBackend wraps a persistkit Backend, got {type(inner).__name__}"
+            )
         if not isinstance(keyring, KeyRing) or keyring.purpose != "encryption":
-            raise ConfigurationError("EncryptedBackend needs a KeyRing made for purpose='encryption'")
+            raise ConfigurationError(
+                "EncryptedBackend needs a KeyRing made for purpose='encryption'"
+            )
         self._aesgcm = _aesgcm()
         self.inner = inner
         self.keyring = keyring
@@ -185,7 +193,9 @@ class EncryptedBackend(Backend):
         kid = key_id_of(data)
         end = 2 + (data[1] if len(data) > 1 else 0)
         if kid is None or len(data) < end + _NONCE + 16:
-            raise IntegrityError(f"{where}: the encrypted record is malformed (truncated or altered)")
+            raise IntegrityError(
+                f"{where}: the encrypted record is malformed (truncated or altered)"
+            )
         if not self.keyring.has(kid):
             raise IntegrityError(
                 f"{where} is sealed with encryption key id {kid!r}, which is not in the key ring "
@@ -194,7 +204,9 @@ class EncryptedBackend(Backend):
         from cryptography.exceptions import InvalidTag
 
         try:
-            return self._cipher(kid).decrypt(data[end : end + _NONCE], data[end + _NONCE :], data[:end] + aad)
+            return self._cipher(kid).decrypt(
+                data[end : end + _NONCE], data[end + _NONCE :], data[:end] + aad
+            )
         except InvalidTag:
             raise IntegrityError(
                 f"{where} failed authentication under encryption key {kid!r}: the record was "
@@ -214,14 +226,20 @@ class EncryptedBackend(Backend):
     def open_row(self, row: CheckpointRow, *, plaintext_ok: bool | None = None) -> CheckpointRow:
         aad = row_aad(row.thread_id, row.namespace, row.checkpoint_id, row.parent_id, row.run_id)
         ok = self.accept_plaintext if plaintext_ok is None else plaintext_ok
-        return replace(row, payload=self._open(row.payload, aad, self._row_where(row), plaintext_ok=ok))
+        return replace(
+            row, payload=self._open(row.payload, aad, self._row_where(row), plaintext_ok=ok)
+        )
 
     def seal_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> dict[str, bytes]:
         return {k: self._seal(v, blob_aad(thread_id, k)) for k, v in blobs.items()}
 
-    def open_blob(self, thread_id: str, key: str, data: bytes, *, plaintext_ok: bool | None = None) -> bytes:
+    def open_blob(
+        self, thread_id: str, key: str, data: bytes, *, plaintext_ok: bool | None = None
+    ) -> bytes:
         ok = self.accept_plaintext if plaintext_ok is None else plaintext_ok
-        return self._open(data, blob_aad(thread_id, key), f"thread {thread_id!r} blob {key!r}", plaintext_ok=ok)
+        return self._open(
+            data, blob_aad(thread_id, key), f"thread {thread_id!r} blob {key!r}", plaintext_ok=ok
+        )
 
     def _open_blobs(self, thread_id: str, found: Mapping[str, bytes]) -> dict[str, bytes]:
         return {k: self.open_blob(thread_id, k, v) for k, v in found.items()}
@@ -232,7 +250,9 @@ class EncryptedBackend(Backend):
     # -- the protocol, sync ------------------------------------------------------------
 
     def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
-        return self.inner.write(self.seal_row(row), self.seal_blobs(row.thread_id, blobs), expected_version)
+        return self.inner.write(
+            self.seal_row(row), self.seal_blobs(row.thread_id, blobs), expected_version
+        )
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         self.inner.put_blobs(thread_id, self.seal_blobs(thread_id, blobs))
@@ -261,15 +281,33 @@ class EncryptedBackend(Backend):
     def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
         return self._open_blobs(thread_id, self.inner.scan_blobs(thread_id, start, stop))
 
-    def threads(self, *, prefix: str = "", after: str | None = None, limit: int | None = None) -> builtins.list[str]:
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
         return self.inner.threads(prefix=prefix, after=after, limit=limit)
 
     def namespaces(self, thread_id: str) -> builtins.list[str]:
         return self.inner.namespaces(thread_id)
 
-    def rewrite(self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]) -> None:
-        """Seal plaintext ``rows``/``blobs`` and rewrite them (rotation uses the inner store directly)."""
-        self.inner.rewrite(thread_id, [self.seal_row(r) for r in rows], self.seal_blobs(thread_id, blobs))
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        """Seal plaintext ``rows``/``blobs`` and rewrite them (rotation uses the inner store directly).
+
+        A row is sealed for the parent and run id STORED with it (rewrite keeps
+        those), so each row is read first; rows that do not exist are skipped."""
+        stored = [self.inner.get(thread_id, r.namespace, r.checkpoint_id) for r in rows]
+        sealed = self._seal_as_stored(rows, stored)
+        self.inner.rewrite(thread_id, sealed, self.seal_blobs(thread_id, blobs))
+
+    def _seal_as_stored(
+        self, rows: Sequence[CheckpointRow], stored: Sequence[CheckpointRow | None]
+    ) -> builtins.list[CheckpointRow]:
+        return [
+            self.seal_row(replace(old, payload=new.payload))
+            for new, old in zip(rows, stored, strict=True)
+            if old is not None
+        ]
 
     def delete_thread(self, thread_id: str) -> bool:
         return self.inner.delete_thread(thread_id)
@@ -279,7 +317,9 @@ class EncryptedBackend(Backend):
 
     # -- the protocol, async: the inner store's own twins; crypto is CPU-only and fast ------
 
-    async def awrite(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+    async def awrite(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
         sealed = self.seal_blobs(row.thread_id, blobs)
         return await self.inner.awrite(self.seal_row(row), sealed, expected_version)
 
@@ -289,7 +329,9 @@ class EncryptedBackend(Backend):
     async def ahead(self, thread_id: str, namespace: str) -> Head | None:
         return await self.inner.ahead(thread_id, namespace)
 
-    async def aget(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
+    async def aget(
+        self, thread_id: str, namespace: str, checkpoint_id: str
+    ) -> CheckpointRow | None:
         return self._open_row_or_none(await self.inner.aget(thread_id, namespace, checkpoint_id))
 
     async def alist(
@@ -301,7 +343,9 @@ class EncryptedBackend(Backend):
         before: str | None = None,
         limit: int | None = None,
     ) -> builtins.list[CheckpointRow]:
-        rows = await self.inner.alist(thread_id, namespace, run_id=run_id, before=before, limit=limit)
+        rows = await self.inner.alist(
+            thread_id, namespace, run_id=run_id, before=before, limit=limit
+        )
         return [self.open_row(r) for r in rows]
 
     async def aget_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -318,8 +362,11 @@ class EncryptedBackend(Backend):
     async def anamespaces(self, thread_id: str) -> builtins.list[str]:
         return await self.inner.anamespaces(thread_id)
 
-    async def arewrite(self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]) -> None:
-        sealed = [self.seal_row(r) for r in rows]
+    async def arewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        stored = [await self.inner.aget(thread_id, r.namespace, r.checkpoint_id) for r in rows]
+        sealed = self._seal_as_stored(rows, stored)
         await self.inner.arewrite(thread_id, sealed, self.seal_blobs(thread_id, blobs))
 
     async def adelete_thread(self, thread_id: str) -> bool:
@@ -330,7 +377,9 @@ class EncryptedBackend(Backend):
 
     # -- rotation: one plan, run against the INNER store by run_sync / run_async ---------
 
-    def _reseal(self, data: bytes, aad: bytes, where: str, encrypt_plaintext: bool) -> tuple[bytes | None, bool]:
+    def _reseal(
+        self, data: bytes, aad: bytes, where: str, encrypt_plaintext: bool
+    ) -> tuple[bytes | None, bool]:
         """(new bytes or None when already under the active key, was it plaintext)."""
         kid = key_id_of(data)
         if kid == self.keyring.active_id:
@@ -382,11 +431,15 @@ class EncryptedBackend(Backend):
         for ns in namespaces:
             before: str | None = None
             while True:
-                page: builtins.list[CheckpointRow] = yield call("list", t, ns, before=before, limit=batch_size)
+                page: builtins.list[CheckpointRow] = yield call(
+                    "list", t, ns, before=before, limit=batch_size
+                )
                 batch: builtins.list[CheckpointRow] = []
                 for row in page:
                     aad = row_aad(t, ns, row.checkpoint_id, row.parent_id, row.run_id)
-                    new, was_plain = self._reseal(row.payload, aad, self._row_where(row), encrypt_plaintext)
+                    new, was_plain = self._reseal(
+                        row.payload, aad, self._row_where(row), encrypt_plaintext
+                    )
                     if new is None:
                         report.rows_skipped += 1
                     else:
@@ -401,7 +454,9 @@ class EncryptedBackend(Backend):
         blobs: dict[str, bytes] = yield call("scan_blobs", t, "", _BLOB_STOP)
         pending: dict[str, bytes] = {}
         for key, data in blobs.items():
-            new, was_plain = self._reseal(data, blob_aad(t, key), f"thread {t!r} blob {key!r}", encrypt_plaintext)
+            new, was_plain = self._reseal(
+                data, blob_aad(t, key), f"thread {t!r} blob {key!r}", encrypt_plaintext
+            )
             if new is None:
                 report.blobs_skipped += 1
                 continue
@@ -426,4 +481,3 @@ def find_encrypted(backend: Backend) -> EncryptedBackend | None:
         current = getattr(current, "inner", None)
         seen += 1
     return None
-

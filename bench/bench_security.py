@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import persistkit as pk  # noqa: E402
-from bench_sqlite import STEPS, Chat, append_step, file_bytes, messages  # noqa: E402
+from bench_sqlite import STEPS, Chat, append_step, file_bytes, messages
+
+import persistkit as pk
 
 ROUNDS = 5
 KEY_A = bytes(range(32))

@@ -23,12 +23,14 @@ from ._errors import (
     StepFailedError,
     StoreClosedError,
 )
+from ._keys import KeyRing, generate_key
 from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
+from .backends._encrypted import RotationReport
 
 if TYPE_CHECKING:
     from ._model import State
@@ -43,11 +45,13 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "IntegrityError",
+    "KeyRing",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
     "Reducer",
     "Retry",
+    "RotationReport",
     "Run",
     "SchemaVersionError",
     "SerializationError",
@@ -65,6 +69,7 @@ __all__ = [
     "current_run",
     "current_step",
     "default_store",
+    "generate_key",
     "merge",
     "migration",
     "register",

@@ -5,6 +5,12 @@
     persistkit state [URL] THREAD [--checkpoint ID]
     persistkit delete [URL] THREAD
     persistkit migrate [URL] [--check]
+    persistkit rotate-keys [URL] [--thread T] [--keys SOURCE] [--batch-size N] [--after T] [--encrypt-plaintext]
+    persistkit keygen [--id KEY_ID]
+
+Encryption keys come from $PERSISTKIT_ENCRYPTION_KEYS, or ``--keys env:VAR`` /
+``--keys file:PATH``; key material is never printed except by ``keygen``,
+whose one job is to print a fresh key.
 
 URL defaults to $PERSISTKIT_URL, else the SQLite file under ./.persistkit/.
 Exit status: 0 ok, 1 error (or, with ``migrate --check``, the schema is behind).
@@ -44,7 +50,43 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="create or upgrade the store's own tables")
     m.add_argument("url", nargs="?")
     m.add_argument("--check", action="store_true", help="only report whether the schema is behind")
+    r = sub.add_parser("rotate-keys", help="re-seal records under the active encryption key")
+    r.add_argument("url", nargs="?")
+    r.add_argument("--thread", help="only this thread (default: every thread)")
+    r.add_argument("--keys", default=None, help="env:VAR or file:PATH (default: $PERSISTKIT_ENCRYPTION_KEYS)")
+    r.add_argument("--batch-size", type=int, default=100)
+    r.add_argument("--after", help="continue a store-wide rotation after this thread id")
+    r.add_argument("--encrypt-plaintext", action="store_true", help="also seal plaintext records (migration)")
+    k = sub.add_parser("keygen", help="print a fresh encryption key entry 'key_id:base64'")
+    k.add_argument("--id", dest="key_id", help="key id (default: derived from the key)")
     return p
+
+
+def _rotate(ns: argparse.Namespace) -> int:
+    keys: Any = ns.keys if ns.keys else True
+    if isinstance(keys, str) and not keys.startswith(("env:", "file:")):
+        raise SystemExit("--keys takes env:VAR or file:PATH (never key text on the command line)")
+    store = connect(ns.url, encryption=keys, accept_plaintext=ns.encrypt_plaintext) if ns.url else connect(
+        encryption=keys, accept_plaintext=ns.encrypt_plaintext
+    )
+    with store:
+        report = store.rotate_keys(
+            ns.thread, batch_size=ns.batch_size, after=ns.after, encrypt_plaintext=ns.encrypt_plaintext
+        )
+    print(report)
+    return 0
+
+
+def _keygen(key_id: str | None) -> int:
+    import base64
+
+    from ._keys import KeyRing, fingerprint_id, generate_key
+
+    key = generate_key("encryption")
+    kid = key_id or fingerprint_id(key)
+    KeyRing({kid: key})  # validates the id
+    print(f"{kid}:{base64.b64encode(key).decode('ascii')}")
+    return 0
 
 
 def _url_thread(args: list[str]) -> tuple[str | None, str]:
@@ -70,6 +112,10 @@ def _run(ns: argparse.Namespace) -> int:
             for tid in store.threads(prefix=ns.prefix, limit=ns.limit):
                 print(tid)
         return 0
+    if ns.command == "rotate-keys":
+        return _rotate(ns)
+    if ns.command == "keygen":
+        return _keygen(ns.key_id)
     if ns.command == "migrate":
         import os
 

@@ -120,6 +120,12 @@ class Codec:
                 return zlib.decompress(blob[1:])
             except zlib.error as exc:
                 raise SerializationError(f"compressed record is corrupt ({exc})", path=path) from exc
+        if blob[0] == 0xE1:  # persistkit.backends._encrypted.MAGIC (not imported: no crypto here)
+            raise SerializationError(
+                "the record is encrypted (envelope 0xe1) but the store was opened without its "
+                "keys: open it with pk.connect(url, encryption=...)",
+                path=path,
+            )
         raise SerializationError(
             f"unknown record envelope 0x{blob[0]:02x}: written by a newer persistkit, "
             "or not written by persistkit (an encrypted store opened without its key?)",

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
 from ._codec import Codec
@@ -21,6 +21,9 @@ from ._records import Checkpoint, Record
 from ._serde import Serializer
 from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend
+
+if TYPE_CHECKING:
+    from .backends._encrypted import EncryptedBackend, RotationReport
 
 __all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
 
@@ -327,6 +330,58 @@ class Store:
         )
         return result
 
+    def rotate_keys(
+        self,
+        thread_id: str | None = None,
+        *,
+        batch_size: int = 100,
+        after: str | None = None,
+        encrypt_plaintext: bool = False,
+    ) -> RotationReport:
+        """Re-seal under the active encryption key every row and blob of ``thread_id``
+        (or of every thread after ``after``, ascending) that another key sealed.
+
+        One ``rewrite`` per ``batch_size`` records; records already under the active
+        key are skipped, so it is idempotent and may run while writers are active.
+        After an interruption, run it again (or pass ``after=report.last_thread``).
+        ``encrypt_plaintext=True`` also seals plaintext records (migrating a store
+        to encryption). Needs a store opened with ``encryption=``.
+        """
+        enc = self._encrypted()
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        plan = enc.rotation_plan(thread_id, batch_size=batch_size, after=after, encrypt_plaintext=encrypt_plaintext)
+        self._check_open()
+        result: RotationReport = run_sync(enc.inner, plan)
+        return result
+
+    async def arotate_keys(
+        self,
+        thread_id: str | None = None,
+        *,
+        batch_size: int = 100,
+        after: str | None = None,
+        encrypt_plaintext: bool = False,
+    ) -> RotationReport:
+        enc = self._encrypted()
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        plan = enc.rotation_plan(thread_id, batch_size=batch_size, after=after, encrypt_plaintext=encrypt_plaintext)
+        self._check_open()
+        result: RotationReport = await run_async(enc.inner, plan)
+        return result
+
+    def _encrypted(self) -> EncryptedBackend:
+        from .backends._encrypted import find_encrypted
+
+        enc = find_encrypted(self.backend)
+        if enc is None:
+            raise ConfigurationError(
+                f"store {self.url} is not encrypted: rotate_keys needs a store opened with "
+                "pk.connect(url, encryption=...)"
+            )
+        return enc
+
     def delete_thread(self, thread_id: str) -> bool:
         """Delete every checkpoint and value of a thread. Returns whether it existed."""
         check_thread_id(thread_id)
@@ -438,6 +493,8 @@ def connect(
     allow_pickle: bool = False,
     allow_modules: tuple[str, ...] = (),
     compress_threshold: int = 1024,
+    encryption: Any = None,
+    accept_plaintext: bool = False,
     **options: Any,
 ) -> Store:
     """Open a store from a URL (``sqlite:///agent.db``, ``memory://``, ``postgresql://...``,
@@ -447,7 +504,11 @@ def connect(
     ``blobs`` names a second store (typically S3) for channel values larger than
     ``blob_threshold`` bytes. ``allow_pickle`` lets values of unknown types be
     pickled (off: a clear ``SerializationError`` instead). ``allow_modules`` lists
-    modules whose classes may be revived from storage. Other keyword options go
+    modules whose classes may be revived from storage. ``encryption`` seals every
+    record with AES-256-GCM: ``True`` (keys from ``$PERSISTKIT_ENCRYPTION_KEYS``),
+    ``"env:VAR"``, ``"file:PATH"``, key bytes, a ``{key_id: key}`` mapping, a
+    callable or a :class:`pk.KeyRing`; ``accept_plaintext=True`` reads records
+    written before encryption was on (while migrating). Other keyword options go
     to the backend.
     """
     if url is None:
@@ -462,6 +523,16 @@ def connect(
             raise ConfigurationError(f"blob_threshold must be a positive int, got {blob_threshold!r}")
         blob_backend = blobs if isinstance(blobs, Backend) else open_backend(blobs)
         backend = OffloadBackend(backend, blob_backend, threshold=blob_threshold)
+    # -- encryption at rest: wraps the offload wrapper, so offloaded objects are sealed
+    # too; an integrity wrapper (plaintext tags) goes outside this one.
+    if encryption is not None and encryption is not False:
+        from ._keys import KeyRing
+        from .backends._encrypted import EncryptedBackend
+
+        keyring = KeyRing.coerce(encryption, purpose="encryption")
+        backend = EncryptedBackend(backend, keyring, accept_plaintext=accept_plaintext)
+    elif accept_plaintext:
+        raise ConfigurationError("accept_plaintext=True only applies together with encryption=...")
     if not isinstance(compress_threshold, int) or compress_threshold < 1:
         raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
     serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))

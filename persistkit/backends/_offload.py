@@ -47,6 +47,12 @@ def _pointer(key: str, value: bytes) -> bytes:
     return _MARKER + f"{len(value)}:{digest}:{key}".encode("ascii")
 
 
+def _rewritten_target(key: str, value: bytes) -> str:
+    """Where ``rewrite`` puts new bytes of an offloaded blob: a fresh object, so the
+    pointer swap in the primary is the only switch and no reader sees a mismatch."""
+    return f"{key}.r{hashlib.sha256(value).hexdigest()[:16]}"
+
+
 def _parse(thread_id: str, key: str, value: bytes) -> _Ref:
     try:
         size, digest, target = value[len(_MARKER) :].decode("ascii").split(":", 2)
@@ -158,6 +164,52 @@ class OffloadBackend(Backend):
         if large:
             await self.blobs.aput_blobs(thread_id, large)
         await self.primary.aput_blobs(thread_id, inline)
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def _split_rewrite(
+        self, existing: Mapping[str, bytes], blobs: Mapping[str, bytes]
+    ) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """(new primary bytes, new blob-store objects) for the keys the primary has."""
+        inline: dict[str, bytes] = {}
+        large: dict[str, bytes] = {}
+        for key, value in blobs.items():
+            if key not in existing:
+                continue  # rewrite never creates a key
+            if len(value) > self.threshold or value.startswith(_MARKER):
+                target = _rewritten_target(key, value)
+                large[target] = value
+                digest = hashlib.sha256(value).hexdigest()
+                inline[key] = _MARKER + f"{len(value)}:{digest}:{target}".encode("ascii")
+            else:
+                inline[key] = value
+        return inline, large
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        # The old offloaded object stays in the blob store (unreferenced) until
+        # delete_thread: a reader holding the old pointer may still be fetching it.
+        existing = self.primary.get_blobs(thread_id, list(blobs)) if blobs else {}
+        inline, large = self._split_rewrite(existing, blobs)
+        if large:
+            self.blobs.put_blobs(thread_id, large)
+        self.primary.rewrite(thread_id, rows, inline)
+
+    async def arewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        existing = await self.primary.aget_blobs(thread_id, list(blobs)) if blobs else {}
+        inline, large = self._split_rewrite(existing, blobs)
+        if large:
+            await self.blobs.aput_blobs(thread_id, large)
+        await self.primary.arewrite(thread_id, rows, inline)
+
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        return self.primary.namespaces(thread_id)
+
+    async def anamespaces(self, thread_id: str) -> builtins.list[str]:
+        return await self.primary.anamespaces(thread_id)
 
     # -- blob reads -------------------------------------------------------------------
 

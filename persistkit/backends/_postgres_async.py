@@ -330,6 +330,27 @@ class AsyncCore:
         # Idempotent (existing keys are kept), so retried like a read.
         await self._run("storing blobs", thread_id, op, read=True)
 
+    async def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        self._shared.check_open()
+        if not rows and not blobs:
+            return
+        params = {
+            "t": thread_id,
+            "nss": [r.namespace for r in rows],
+            "cids": [r.checkpoint_id for r in rows],
+            "payloads": [bytes(r.payload) for r in rows],
+            "keys": list(blobs),
+            "datas": [bytes(v) for v in blobs.values()],
+        }
+
+        async def op(conn: AsyncConnection[Any]) -> None:
+            await _fetch(conn, self._q.rewrite, params)
+
+        # Idempotent (the same bytes replace the same records), so retried like a read.
+        await self._run("rewriting records", thread_id, op, read=True)
+
     async def delete_thread(self, thread_id: str) -> bool:
         async def op(conn: AsyncConnection[Any]) -> bool:
             return bool((await _fetch(conn, self._q.delete_thread, {"t": thread_id}))[0][0])
@@ -405,3 +426,10 @@ class AsyncCore:
             return [found[0] for found in await _fetch(conn, self._q.threads, params)]
 
         return await self._run("listing threads", None, op, read=True)
+
+    async def namespaces(self, thread_id: str) -> builtins.list[str]:
+        async def op(conn: AsyncConnection[Any]) -> builtins.list[str]:
+            found = await _fetch(conn, self._q.namespaces, {"t": thread_id})
+            return sorted(r[0] for r in found)
+
+        return await self._run("listing namespaces", thread_id, op, read=True)

@@ -125,6 +125,21 @@ _SQL = {
     WHERE thread_id >= %(prefix)s::text AND starts_with(thread_id, %(prefix)s::text)
       AND (%(after)s::text IS NULL OR thread_id > %(after)s::text)
     GROUP BY thread_id ORDER BY thread_id LIMIT %(limit)s::bigint""",
+    "namespaces": """SELECT namespace FROM {s}.heads WHERE thread_id = %(t)s::text
+    UNION SELECT namespace FROM {s}.checkpoints WHERE thread_id = %(t)s::text""",
+    # Maintenance (key rotation): one statement, so rows and blobs change in one
+    # transaction; UPDATE only, so rows or keys that do not exist are not created.
+    "rewrite": """WITH r AS (
+    UPDATE {s}.checkpoints c SET payload = v.payload
+    FROM unnest(%(nss)s::text[], %(cids)s::text[], %(payloads)b::bytea[]) AS v(ns, cid, payload)
+    WHERE c.thread_id = %(t)s::text AND c.namespace = v.ns AND c.checkpoint_id = v.cid
+    RETURNING 1),
+    b AS (
+    UPDATE {s}.blobs o SET data = v.data
+    FROM unnest(%(keys)s::text[], %(datas)b::bytea[]) AS v(key, data)
+    WHERE o.thread_id = %(t)s::text AND o.key = v.key
+    RETURNING 1)
+    SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM b)""",
     "delete_thread": """WITH h AS (DELETE FROM {s}.heads WHERE thread_id = %(t)s::text RETURNING 1),
     c AS (DELETE FROM {s}.checkpoints WHERE thread_id = %(t)s::text RETURNING 1),
     b AS (DELETE FROM {s}.blobs WHERE thread_id = %(t)s::text RETURNING 1)
@@ -184,6 +199,8 @@ class Queries:
         self.scan_blobs = render(_SQL["scan_blobs"])
         self.threads = render(_SQL["threads"])
         self.delete_thread = render(_SQL["delete_thread"])
+        self.namespaces = render(_SQL["namespaces"])
+        self.rewrite = render(_SQL["rewrite"])
         self.lock = render(_SQL["lock"])
         self.probe = render(_SQL["probe"])
         self.create_schema = render(_SQL["create_schema"])

@@ -331,6 +331,27 @@ class Core:
         # Idempotent (existing keys are kept), so retried like a read.
         self._run("storing blobs", thread_id, op, read=True)
 
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        self._shared.check_open()
+        if not rows and not blobs:
+            return
+        params = {
+            "t": thread_id,
+            "nss": [r.namespace for r in rows],
+            "cids": [r.checkpoint_id for r in rows],
+            "payloads": [bytes(r.payload) for r in rows],
+            "keys": list(blobs),
+            "datas": [bytes(v) for v in blobs.values()],
+        }
+
+        def op(conn: Connection[Any]) -> None:
+            _fetch(conn, self._q.rewrite, params)
+
+        # Idempotent (the same bytes replace the same records), so retried like a read.
+        self._run("rewriting records", thread_id, op, read=True)
+
     def delete_thread(self, thread_id: str) -> bool:
         def op(conn: Connection[Any]) -> bool:
             return bool((_fetch(conn, self._q.delete_thread, {"t": thread_id}))[0][0])
@@ -406,3 +427,10 @@ class Core:
             return [found[0] for found in _fetch(conn, self._q.threads, params)]
 
         return self._run("listing threads", None, op, read=True)
+
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        def op(conn: Connection[Any]) -> builtins.list[str]:
+            found = _fetch(conn, self._q.namespaces, {"t": thread_id})
+            return sorted(r[0] for r in found)
+
+        return self._run("listing namespaces", thread_id, op, read=True)

@@ -9,7 +9,11 @@ them (see ``persistkit/_codec.py``). A backend only has to get these right:
   durable or none of it is.
 * reads — the head, one row, a page of rows (newest first), blobs by key or
   by key range.
-* threads — list (by prefix, paginated) and delete.
+* threads — list (by prefix, paginated) and delete; the namespaces of a thread.
+* maintenance — ``rewrite`` replaces the payload bytes of existing rows and
+  blobs. It is used by key rotation only (never on the step path) and is the
+  ONE exception to "rows are never overwritten": it changes how a record is
+  sealed, never which record it is (ids, parent and run links stay).
 
 Every method has an async twin named with an ``a`` prefix. A backend whose
 driver has native async overrides them (and sets ``native_async = True``);
@@ -46,6 +50,8 @@ import builtins
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, TypeVar
+
+from .._errors import ConfigurationError
 
 __all__ = ["Backend", "CheckpointRow", "Head", "ThreadedAsync"]
 
@@ -155,6 +161,34 @@ class Backend(abc.ABC):
         """Thread ids that have at least one head, ascending, starting with
         ``prefix``, only those ``> after`` when given, at most ``limit``."""
 
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        """The namespaces that have a head or rows for ``thread_id``, sorted (code-point order).
+
+        Not abstract, so that third-party backends written before it keep
+        working; the default raises ``ConfigurationError``.
+        """
+        raise _missing(self, "namespaces")
+
+    # -- maintenance -----------------------------------------------------------
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        """Replace the payload bytes of EXISTING rows and the bytes of EXISTING blobs.
+
+        Rows are matched by ``(thread_id, namespace, checkpoint_id)``; only their
+        ``payload`` changes (stored ``parent_id`` and ``run_id`` stay as they are).
+        Blobs are matched by key within ``thread_id``. Rows and keys that do not
+        exist are skipped, never created; the head does not move. Each call is
+        atomic where the store has transactions.
+
+        This is the one exception to "rows are never overwritten", and it exists
+        for key rotation only: the caller guarantees the new bytes decode to the
+        same value as the old ones. Never used on the step path. Not abstract;
+        the default raises ``ConfigurationError``.
+        """
+        raise _missing(self, "rewrite")
+
     # -- deletion and lifecycle ----------------------------------------------
 
     @abc.abstractmethod
@@ -211,6 +245,23 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:
         raise NotImplementedError
+
+    # Not abstract: by default the sync method runs in a worker thread.
+    async def anamespaces(self, thread_id: str) -> builtins.list[str]:
+        return await _in_thread(self.namespaces, thread_id)
+
+    async def arewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        await _in_thread(self.rewrite, thread_id, rows, blobs)
+
+
+def _missing(backend: Backend, method: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"the store {type(backend).__name__} ({backend.url or 'no URL'}) does not implement "
+        f"{method}(), which key rotation and store-wide maintenance need; implement it "
+        "(see persistkit.backends.Backend) or rotate on a store that has it"
+    )
 
 
 P = ParamSpec("P")

@@ -32,7 +32,9 @@ __all__ = [
     "op_get_blobs",
     "op_head",
     "op_list",
+    "op_namespaces",
     "op_put_blobs",
+    "op_rewrite",
     "op_scan_blobs",
     "op_threads",
     "op_write",
@@ -118,6 +120,35 @@ end
 return out
 """
 
+# Maintenance (key rotation). KEYS: blobs hash, then one rows hash per namespace.
+# ARGV: number of row entries, then per row: index into KEYS, checkpoint id,
+# new payload; then blob key/value pairs. Only fields that exist are replaced;
+# a row keeps its stored parent and run id (the packed prefix is copied).
+_LUA_REWRITE = b"""
+local nrows = tonumber(ARGV[1])
+local j = 2
+for _ = 1, nrows do
+  local key = KEYS[tonumber(ARGV[j])]
+  local raw = redis.call('HGET', key, ARGV[j + 1])
+  if raw and string.byte(raw, 1) == 1 then
+    local pos = 2
+    for _ = 1, 2 do
+      local b1, b2, b3, b4 = string.byte(raw, pos, pos + 3)
+      pos = pos + 4
+      if b1 < 128 then pos = pos + ((b1 * 256 + b2) * 256 + b3) * 256 + b4 end
+    end
+    redis.call('HSET', key, ARGV[j + 1], string.sub(raw, 1, pos - 1) .. ARGV[j + 2])
+  end
+  j = j + 3
+end
+for i = j, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 1
+"""
+
 SOURCES: dict[str, bytes] = {}
 
 
@@ -127,8 +158,8 @@ def script_sha(source: bytes) -> str:
     return digest
 
 
-_WRITE, _PUT_BLOBS, _DELETE, _RANGE = map(
-    script_sha, (_LUA_WRITE, _LUA_PUT_BLOBS, _LUA_DELETE, _LUA_RANGE)
+_WRITE, _PUT_BLOBS, _DELETE, _RANGE, _REWRITE = map(
+    script_sha, (_LUA_WRITE, _LUA_PUT_BLOBS, _LUA_DELETE, _LUA_RANGE, _LUA_REWRITE)
 )
 
 # -- pure helpers (no I/O) ------------------------------------------------------
@@ -333,6 +364,37 @@ def op_threads(k: Keys, prefix: str, after: str | None, limit: int | None) -> Op
         if want is None or len(members) < want or (limit is not None and len(out) >= limit):
             return out
         lo = b"(" + members[-1]
+
+
+def op_namespaces(k: Keys, thread_id: str) -> Op[list[str]]:
+    # The registry set names the h/r/i/u keys of every namespace the thread wrote.
+    [members] = yield Batch((("SMEMBERS", k.thread(thread_id) + b"x"),), True)
+    # (rows never exist without that head entry: both are added by the same script).
+    head_tag = k.thread(thread_id) + b"h:"
+    found = set()
+    for m in members:
+        if m.startswith(head_tag):
+            enc = m[len(head_tag) :]
+            found.add(_dec(base64.urlsafe_b64decode(enc + b"=" * (-len(enc) % 4))))
+    return sorted(found)
+
+
+def op_rewrite(
+    k: Keys, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+) -> Op[None]:
+    if not rows and not blobs:
+        return
+    keys: list[bytes] = [k.thread(thread_id) + b"b"]
+    index: dict[str, int] = {}
+    args: list[Any] = [len(rows)]
+    for row in rows:
+        if row.namespace not in index:
+            keys.append(k.ns(thread_id, row.namespace, b"r"))
+            index[row.namespace] = len(keys)  # Lua indexes KEYS from 1
+        args += (index[row.namespace], _enc(row.checkpoint_id), bytes(row.payload))
+    for key, value in blobs.items():
+        args += (key.encode("ascii"), bytes(value))
+    yield Batch((_script(_REWRITE, keys, args),), False)
 
 
 def op_delete(k: Keys, thread_id: str) -> Op[bool]:

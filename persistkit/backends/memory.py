@@ -179,6 +179,32 @@ class MemoryBackend(ThreadedAsync):
         picked = sorted(t for t in ids if t.startswith(prefix) and (after is None or t > after))
         return picked if limit is None else picked[: max(limit, 0)]
 
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        d = self._open()
+        with d.lock:
+            found = {ns for t, ns in d.heads if t == thread_id}
+            found |= {ns for (t, ns), rows in d.rows.items() if t == thread_id and rows}
+        return sorted(found)
+
+    # -- maintenance -------------------------------------------------------------
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        d = self._open()
+        new_rows = [(r.namespace, r.checkpoint_id, bytes(r.payload)) for r in rows]
+        new_blobs = {k: bytes(v) for k, v in blobs.items()}
+        with d.lock:
+            for ns, cid, payload in new_rows:
+                stored = d.rows.get((thread_id, ns), {})
+                old = stored.get(cid)
+                if old is not None:  # parent and run id stay the stored ones
+                    stored[cid] = dataclasses.replace(old, payload=payload)
+            kept = d.blobs.get(thread_id, {})
+            for k, v in new_blobs.items():
+                if k in kept:
+                    kept[k] = v
+
     # -- deletion and lifecycle ------------------------------------------------
 
     def delete_thread(self, thread_id: str) -> bool:

@@ -306,6 +306,14 @@ class PostgresBackend(Backend):
     def delete_thread(self, thread_id: str) -> bool:
         return self._sync_core().delete_thread(thread_id)
 
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        return self._sync_core().namespaces(thread_id)
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        self._sync_core().rewrite(thread_id, rows, blobs)
+
     # -- async operations (a sync-only connection answers from a thread) ---------
 
     async def awrite(
@@ -377,6 +385,20 @@ class PostgresBackend(Backend):
         if core is None:
             return await asyncio.to_thread(self.delete_thread, thread_id)
         return await core.delete_thread(thread_id)
+
+    async def anamespaces(self, thread_id: str) -> builtins.list[str]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.namespaces, thread_id)
+        return await core.namespaces(thread_id)
+
+    async def arewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.rewrite, thread_id, rows, blobs)
+        await core.rewrite(thread_id, rows, blobs)
 
     # -- lifecycle ---------------------------------------------------------------
 

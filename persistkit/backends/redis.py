@@ -89,7 +89,9 @@ from ._redis_ops import (
     op_get_blobs,
     op_head,
     op_list,
+    op_namespaces,
     op_put_blobs,
+    op_rewrite,
     op_scan_blobs,
     op_threads,
     op_write,
@@ -418,6 +420,14 @@ class RedisBackend(Backend):
     def delete_thread(self, thread_id: str) -> bool:
         return self._run(op_delete(self._keys, thread_id))
 
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        return self._run(op_namespaces(self._keys, thread_id))
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        self._run(op_rewrite(self._keys, thread_id, rows, blobs))
+
     async def awrite(
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
     ) -> Head:
@@ -458,6 +468,14 @@ class RedisBackend(Backend):
 
     async def adelete_thread(self, thread_id: str) -> bool:
         return await self._arun(op_delete(self._keys, thread_id))
+
+    async def anamespaces(self, thread_id: str) -> builtins.list[str]:
+        return await self._arun(op_namespaces(self._keys, thread_id))
+
+    async def arewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        await self._arun(op_rewrite(self._keys, thread_id, rows, blobs))
 
     # -- lifecycle ---------------------------------------------------------------
 

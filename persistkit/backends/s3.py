@@ -199,6 +199,15 @@ def _decode_row(data: bytes) -> tuple[CheckpointRow, list[str]]:
     return row, list(h["blobs"])
 
 
+def _with_payload(stored: bytes, payload: bytes) -> bytes:
+    """A stored row object with its payload replaced (header: ids, links, blob list kept)."""
+    return stored[: stored.index(b"\n", len(_ROW_MAGIC)) + 1] + payload
+
+
+def _replace(stored: bytes, new: bytes) -> bytes:
+    return new
+
+
 # -- error mapping ----------------------------------------------------------------
 
 
@@ -636,6 +645,60 @@ class S3Backend(ThreadedAsync):
             return None if got is None else str(json.loads(got[0])["thread"])
 
         return sorted({t for t in self._map(thread_of, keys) if t is not None})
+
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        """Namespaces with a head (rows are only visible through their head on S3)."""
+        self._check_open()
+        prefix = f"{self._root}h/{_thread_seg(thread_id)}!"
+        found: set[str] = set()
+        for key in self._list(prefix):
+            seg = key[len(prefix) :]
+            if seg.startswith("n"):
+                found.add(_unb64(seg[1:]).decode("utf-8", "surrogatepass"))
+                continue
+            got = self._get_object(key, f"reading a head of {thread_id!r}")  # a hashed long name
+            if got is not None:
+                found.add(str(json.loads(got[0])["ns"]))
+        return sorted(found)
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        """Overwrite existing row and blob objects in place, each conditional on the ETag
+        just read, so an object deleted meanwhile (``delete_thread``) is not recreated."""
+        self._check_open()
+        jobs: builtins.list[tuple[str, Callable[[bytes, bytes], bytes], bytes]] = []
+        by_ns: dict[str, builtins.list[CheckpointRow]] = {}
+        for row in rows:
+            by_ns.setdefault(row.namespace, []).append(row)
+        for ns, wanted in by_ns.items():
+            _, chain = self._chain(thread_id, ns)
+            keys = {r.checkpoint_id: r.key for r in chain if r.checkpoint_id is not None}
+            unresolved = [r.key for r in chain if r.checkpoint_id is None]
+            for key, got in zip(unresolved, self._fetch_rows(unresolved), strict=True):
+                keys[got.checkpoint_id] = key
+            for row in wanted:
+                if row.checkpoint_id in keys:
+                    jobs.append((keys[row.checkpoint_id], _with_payload, bytes(row.payload)))
+        prefix = self._blob_prefix(thread_id)
+        jobs += [(prefix + k, _replace, bytes(v)) for k, v in blobs.items()]
+        self._map(lambda job: self._overwrite(*job), jobs)
+
+    def _overwrite(self, key: str, change: Callable[[bytes, bytes], bytes], new: bytes) -> None:
+        got = self._get_object(key, "reading an object to rewrite it")
+        if got is None:
+            return  # absent: rewrite never creates
+        body, etag = got
+        try:
+            self._client.put_object(
+                Bucket=self._bucket, Key=key, Body=change(body, new), IfMatch=etag
+            )
+        except Exception as exc:
+            # Changed or deleted since the read: a concurrent rewrite or delete won; skip.
+            if not _is_client_error(exc, _CONFLICT_CODES):
+                raise _map_error(exc, f"rewriting {key!r}") from exc
 
     # -- deletion and lifecycle -------------------------------------------------------------
 

@@ -177,6 +177,12 @@ _THREADS = """SELECT DISTINCT thread_id FROM pk_heads
     WHERE thread_id >= ? AND thread_id > ? ORDER BY thread_id LIMIT ?"""
 _THREADS_BOUNDED = """SELECT DISTINCT thread_id FROM pk_heads
     WHERE thread_id >= ? AND thread_id > ? AND thread_id < ? ORDER BY thread_id LIMIT ?"""
+_NAMESPACES = """SELECT namespace FROM pk_heads WHERE thread_id = ?
+    UNION SELECT namespace FROM pk_checkpoints WHERE thread_id = ?"""
+# Maintenance (key rotation): replace bytes of rows and blobs that exist; never insert.
+_REWRITE_ROW = """UPDATE pk_checkpoints SET payload = ?
+    WHERE thread_id = ? AND namespace = ? AND checkpoint_id = ?"""
+_REWRITE_BLOB = "UPDATE pk_blobs SET data = ? WHERE thread_id = ? AND key = ?"
 _DELETE = (
     "DELETE FROM pk_heads WHERE thread_id = ?",
     "DELETE FROM pk_checkpoints WHERE thread_id = ?",
@@ -512,6 +518,29 @@ class SQLiteBackend(ThreadedAsync):
                     _THREADS_BOUNDED, (prefix, lower, end, _sql_limit(limit))
                 ).fetchall()
         return [r[0] for r in found]
+
+    def namespaces(self, thread_id: str) -> builtins.list[str]:
+        conn = self._conn()
+        with self._mapped("namespaces", thread_id):
+            found = conn.execute(_NAMESPACES, (thread_id, thread_id)).fetchall()
+        return sorted(r[0] for r in found)
+
+    # -- maintenance -------------------------------------------------------------
+
+    def rewrite(
+        self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
+    ) -> None:
+        conn = self._conn()
+        if not rows and not blobs:
+            return
+        with self._mapped("rewrite", thread_id), self._transaction(conn):
+            if rows:
+                conn.executemany(
+                    _REWRITE_ROW,
+                    [(r.payload, thread_id, r.namespace, r.checkpoint_id) for r in rows],
+                )
+            if blobs:
+                conn.executemany(_REWRITE_BLOB, [(v, thread_id, k) for k, v in blobs.items()])
 
     # -- deletion and lifecycle ------------------------------------------------
 

@@ -563,6 +563,58 @@ class BackendConformance:
         assert backend.get_blobs(t, ["k"]) == {"k": b"new"}
         assert [r.checkpoint_id for r in backend.list(t, "")] == [_cid(9)]
 
+    # -- namespaces and rewrite (maintenance) ------------------------------------
+
+    def test_namespaces_sorted_per_thread(self, backend: Backend) -> None:
+        t = _uid()
+        assert backend.namespaces(t) == []
+        for ns in ("zeta", "", "ünï/ns", "a" * 200):
+            _write_chain(backend, t, 1, namespace=ns)
+        _write_chain(backend, t + "x", 1, namespace="other")
+        assert backend.namespaces(t) == sorted(["zeta", "", "ünï/ns", "a" * 200])
+        backend.delete_thread(t)
+        assert backend.namespaces(t) == []
+
+    def test_rewrite_replaces_existing_bytes_only(self, backend: Backend) -> None:
+        t = _uid()
+        rows = _write_chain(backend, t, 2, namespace="ns", runs=2)
+        backend.put_blobs(t, {"k": b"old", "j": b"keep"})
+        head = backend.head(t, "ns")
+        new = CheckpointRow(t, "ns", _cid(1), "bogus-parent", "bogus-run", b"new payload")
+        missing = CheckpointRow(t, "ns", _cid(7), None, None, b"never")
+        other_ns = CheckpointRow(t, "elsewhere", _cid(2), None, None, b"never")
+        backend.rewrite(t, [new, missing, other_ns], {"k": b"new", "absent": b"never"})
+        got = backend.get(t, "ns", _cid(1))
+        assert got is not None and got.payload == b"new payload"
+        assert (got.parent_id, got.run_id) == (rows[0].parent_id, rows[0].run_id)
+        assert backend.get(t, "ns", _cid(2)) == rows[1]
+        assert backend.get(t, "ns", _cid(7)) is None and backend.get(t, "elsewhere", _cid(2)) is None
+        assert backend.head(t, "ns") == head
+        assert [r.payload for r in backend.list(t, "ns")] == [rows[1].payload, b"new payload"]
+        assert backend.get_blobs(t, ["k", "j", "absent"]) == {"k": b"new", "j": b"keep"}
+        assert backend.namespaces(t) == ["ns"]
+        backend.rewrite(t, [], {})  # nothing to do is fine
+        # Blobs written later keep "existing bytes win" semantics.
+        backend.put_blobs(t, {"k": b"newer"})
+        assert backend.get_blobs(t, ["k"]) == {"k": b"new"}
+
+    def test_rewrite_and_namespaces_async(self, backend: Backend) -> None:
+        t = _uid()
+        _write_chain(backend, t, 1, namespace="a")
+        backend.put_blobs(t, {"k": b"v"})
+
+        async def scenario() -> tuple[list[str], CheckpointRow | None, dict[str, bytes]]:
+            try:
+                await backend.arewrite(t, [_row(t, 1, namespace="a", payload=b"async")], {"k": b"w"})
+                got = await backend.aget(t, "a", _cid(1))
+                return await backend.anamespaces(t), got, await backend.aget_blobs(t, ["k"])
+            finally:
+                await backend.aclose()
+
+        namespaces, got, blobs = asyncio.run(scenario())
+        assert namespaces == ["a"] and blobs == {"k": b"w"}
+        assert got is not None and got.payload == b"async"
+
     # -- lifecycle -------------------------------------------------------------
 
     def test_closed_backend_raises_store_closed(

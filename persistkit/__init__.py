@@ -7,6 +7,7 @@ storage; a retry or a later invocation resumes at the first unfinished step.
 
 from typing import TYPE_CHECKING, Any
 
+from . import secrets
 from ._api import checkpointed, current_run, current_step, resume
 from ._errors import (
     BackendError,
@@ -19,6 +20,7 @@ from ._errors import (
     NotFoundError,
     PersistkitError,
     SchemaVersionError,
+    SecretResolutionError,
     SerializationError,
     StepFailedError,
     StoreClosedError,
@@ -26,6 +28,7 @@ from ._errors import (
 from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
+from ._secrets import Secret
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
@@ -50,6 +53,8 @@ __all__ = [
     "Retry",
     "Run",
     "SchemaVersionError",
+    "Secret",
+    "SecretResolutionError",
     "SerializationError",
     "State",
     "StepEvent",
@@ -70,6 +75,7 @@ __all__ = [
     "register",
     "replace",
     "resume",
+    "secrets",
     "set_testing",
 ]
 

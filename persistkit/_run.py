@@ -263,7 +263,9 @@ class Run:
             except SerializationError:
                 parts.append({"unencodable": type(value).__qualname__})
         parts.append(sorted(kwargs))
-        return hashlib.blake2b(self.codec.dump_tree(parts), digest_size=8).hexdigest()
+        # Over the redacted form with kind-only handles: the digest is the same in every
+        # process (per-process handle tags would break replay) and never hashes a secret.
+        return hashlib.blake2b(self.codec.dump_tree(parts, stable=True), digest_size=8).hexdigest()
 
     def replay(self, rec: Record) -> Any:
         """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""
@@ -271,7 +273,7 @@ class Run:
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         if rec.body.get("s") == "failed":
             self.steps.append(StepEvent(pos, name, True, "failed"))
-            exc = self.codec.serializer.decode_exception(rec.body.get("e"))
+            exc = self.codec.decode_exception(rec.body.get("e"))
             self._failures[id(exc)] = (exc, rec.id)
             raise exc
         self.steps.append(StepEvent(pos, name, True, "completed"))

@@ -205,7 +205,7 @@ def configure(
     if resolver is not False:
         if resolver is not None and not callable(resolver):
             raise ConfigurationError("resolver must be a callable name -> value or None")
-        _config.resolver = resolver  # type: ignore[assignment]
+        _config.resolver = resolver
 
 
 # -- the Secret type ------------------------------------------------------------------------
@@ -278,7 +278,7 @@ class Secret(Generic[T]):
             if isinstance(value, Secret):
                 return value
             if isinstance(value, str | bytes):
-                return cls(value)
+                return Secret(value)  # type: ignore[arg-type]
             raise ValueError("expected a pk.Secret, str or bytes")
 
         return core_schema.no_info_plain_validator_function(

@@ -111,7 +111,7 @@ class FileVault:
             return None
         try:
             blob = base64.b64decode(entry["c"], validate=True)
-            raw = self._aead.decrypt(blob[:12], blob[12:], name.encode("utf-8"))
+            raw: bytes = self._aead.decrypt(blob[:12], blob[12:], name.encode("utf-8"))
         except Exception as exc:  # InvalidTag, bad base64, short blob: all mean "not ours"
             raise IntegrityError(
                 f"vault {self.path}: the entry for handle $CRED{{{name}}} does not decrypt with "

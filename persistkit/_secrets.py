@@ -278,7 +278,7 @@ class Secret(Generic[T]):
             if isinstance(value, Secret):
                 return value
             if isinstance(value, str | bytes):
-                return Secret(value)  # type: ignore[arg-type]
+                return Secret(value)
             raise ValueError("expected a pk.Secret, str or bytes")
 
         return core_schema.no_info_plain_validator_function(
@@ -408,9 +408,6 @@ class Redactor:
 
     def lookup(self, name: str) -> str | bytes | None:
         """The value a handle name stands for, or None when no resolver knows it."""
-        value = _values.get(name)
-        if value is not None:
-            return value
         resolver = _resolvers.get(name)
         if resolver is not None:
             value = self._call(name, resolver)
@@ -421,9 +418,12 @@ class Redactor:
                         "not a str or bytes",
                         handle=name,
                     )
-                if len(value) >= _MIN_REGISTERED:
+                if len(value) >= _MIN_REGISTERED and _values.get(name) != value:
                     _learn(name, value)  # redact it from now on
                 return value
+        value = _values.get(name)
+        if value is not None:
+            return value
         value = _memory.get(name)
         if value is not None:
             return value

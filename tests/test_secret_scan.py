@@ -5,6 +5,7 @@ look for the secrets in plain text and in the usual encodings."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import urllib.parse
@@ -13,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import uid
 
 import persistkit as pk
 from persistkit import _secrets
-
-from conftest import uid
 
 # One value per format. The secret part (what must never be stored) is the
 # second item; the first is the text it is planted as.
@@ -206,10 +206,8 @@ def agent(run: pk.Run) -> dict[str, Any]:
     run.state.setdefault("messages", []).append({"role": "user", "content": EVERYTHING})
     run.state["typed"] = pk.Secret(PLANTED["typed"][1], name="typed-planted")
     out = call_llm(EVERYTHING, PLANTED["openai"][0])
-    try:
+    with contextlib.suppress(ValueError):  # recorded as a failed step; the run goes on
         flaky_tool(PLANTED["stripe"][0])
-    except ValueError:
-        pass  # recorded as a failed step; the run goes on
     typed = fetch_typed()
     run.state["messages"].append({"role": "assistant", "content": out["answer"]})
     return {"out": out, "typed": typed}

@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import persistkit as pk
 from bench_sqlite import messages
+
+import persistkit as pk
 from persistkit._codec import Codec
 from persistkit._secrets import Redactor
 

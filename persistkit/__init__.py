@@ -7,6 +7,7 @@ storage; a retry or a later invocation resumes at the first unfinished step.
 
 from typing import TYPE_CHECKING, Any
 
+from . import secrets
 from ._api import checkpointed, current_run, current_step, resume
 from ._errors import (
     BackendError,
@@ -19,6 +20,7 @@ from ._errors import (
     NotFoundError,
     PersistkitError,
     SchemaVersionError,
+    SecretResolutionError,
     SerializationError,
     StepFailedError,
     StoreClosedError,
@@ -27,6 +29,7 @@ from ._keys import KeyRing, generate_key
 from ._records import Checkpoint
 from ._retry import Retry, set_testing
 from ._run import Run, StepEvent, StepInfo
+from ._secrets import Secret
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
@@ -54,6 +57,8 @@ __all__ = [
     "RotationReport",
     "Run",
     "SchemaVersionError",
+    "Secret",
+    "SecretResolutionError",
     "SerializationError",
     "State",
     "StepEvent",
@@ -75,6 +80,7 @@ __all__ = [
     "register",
     "replace",
     "resume",
+    "secrets",
     "set_testing",
 ]
 

@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from ._errors import PersistkitError
+from ._secrets import scrub
 from ._store import Store, connect
 
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(ns)
     except PersistkitError as exc:
-        print(f"persistkit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return 1
 
 
@@ -125,7 +126,7 @@ def _run(ns: argparse.Namespace) -> int:
         url = ns.url or os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
         cls = backend_class(url)
         if not hasattr(cls, "migrate"):
-            print(f"{url}: this store creates and upgrades its tables when it opens; nothing to do")
+            print(f"{scrub(url)}: this store creates and upgrades its tables when it opens; nothing to do")
             return 0
         backend = cls.from_url(url, migrate=False)  # open without migrating, then decide
         try:
@@ -136,6 +137,7 @@ def _run(ns: argparse.Namespace) -> int:
         return 1 if ns.check and status.behind else 0
     url, thread = _url_thread(ns.args)
     with _store(url) as store:
+        store.codec.reveal = False  # print handles, never the secrets they stand for
         if ns.command == "history":
             print(f"{'checkpoint':<24}  {'run':<12}  {'kind':<6}  {'pos':<7}  {'step':<24}  {'status':<9}  {'run status':<10}  created")
             for cp in store.history(thread, limit=ns.limit, run_id=ns.run):

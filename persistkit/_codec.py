@@ -1,7 +1,8 @@
 """The codec pipeline between Python values and the bytes a backend stores.
 
-value → serialize (type-tagged JSON, :mod:`persistkit._serde`) → compress
-above a size threshold → envelope. Reading runs it backwards and fails
+value → serialize (type-tagged JSON, :mod:`persistkit._serde`) → redact
+secrets into handles (:mod:`persistkit._secrets`, inside ``dump_tree``) →
+compress above a size threshold → envelope. Reading runs it backwards and fails
 closed: bytes that are not a known envelope raise ``SerializationError``.
 
 Envelope: one version byte, then the body.
@@ -10,17 +11,20 @@ Envelope: one version byte, then the body.
 * ``0x02`` — body is the serialized JSON compressed with zlib.
 
 Content addresses (blob keys of unchanged values) hash the serialized bytes,
-before compression, so a value has one address however it is stored.
+after redaction and before compression, so a value has one address however
+it is stored, and a hash never covers a secret.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import zlib
 from typing import Any
 
 from ._errors import SerializationError
+from ._secrets import Redactor, default_redactor
 from ._serde import Serializer
 
 try:  # 5-20x faster than the json module on the per-step path; optional
@@ -45,6 +49,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"unexpected JSON constant {name}")
 
 
+def _dump(tree: Any) -> bytes:
+    """Compact JSON bytes of an encoded tree (no redaction)."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(tree)
+        except (TypeError, _orjson.JSONEncodeError):
+            pass  # ints beyond 64 bits, lone surrogates: the json module handles them
+    text = _JSON.encode(tree)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _JSON_ASCII.encode(tree).encode("ascii")
+
+
+def _unescape(text: str) -> str:
+    # Stored text without resolving handles: only undo the escaping of literal "$CRED{".
+    return text.replace("$CRED{$}", "$CRED{")
+
+
 def content_hash(data: bytes) -> str:
     """32 hex digits of BLAKE2b over ``data``: the content address of a serialized value."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
@@ -59,32 +82,50 @@ class Codec:
         *,
         compress_threshold: int = 1024,
         compress_level: int = 1,
+        redactor: Redactor | None = None,
     ) -> None:
         self.serializer = serializer or Serializer()
         self.compress_threshold = compress_threshold
         self.compress_level = compress_level
+        self.redactor = redactor or default_redactor()
+        self.serializer.secrets = self.redactor
+        self.serializer.reveal = self.redactor.reveal_text if self.redactor.enabled else None
+        #: Whether decoded values get their handles resolved (the CLI turns it off).
+        self.reveal = True
+        self._plain_serializer: Serializer | None = None
 
     # -- trees (JSON-able structures) -----------------------------------------
 
     def encode(self, value: Any, path: str = "value") -> Any:
         return self.serializer.encode(value, path=path)
 
-    def decode(self, tree: Any, path: str = "value") -> Any:
-        return self.serializer.decode(tree, path=path)
+    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None) -> Any:
+        """The value of a stored tree; its handles resolved unless ``reveal`` (default
+        ``self.reveal``) is false (history listings, CLI output, replayed errors)."""
+        if self.reveal if reveal is None else reveal:
+            return self.serializer.decode(tree, path=path)
+        return self._plain().decode(tree, path=path)
 
-    @staticmethod
-    def dump_tree(tree: Any) -> bytes:
-        """Compact JSON bytes of an already-encoded tree."""
-        if _orjson is not None:
-            try:
-                return _orjson.dumps(tree)
-            except (TypeError, _orjson.JSONEncodeError):
-                pass  # ints beyond 64 bits, lone surrogates: the json module handles them
-        text = _JSON.encode(tree)
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError:
-            return _JSON_ASCII.encode(tree).encode("ascii")
+    def decode_exception(self, tree: Any) -> BaseException:
+        """A recorded exception, revived with handles left in place (never a secret in a message)."""
+        return self._plain().decode_exception(tree)
+
+    def _plain(self) -> Serializer:
+        plain = self._plain_serializer
+        if plain is None:
+            plain = copy.copy(self.serializer)
+            plain.reveal = _unescape if self.redactor.enabled else None
+            self._plain_serializer = plain
+        return plain
+
+    def dump_tree(self, tree: Any, *, stable: bool = False) -> bytes:
+        """Compact JSON bytes of an already-encoded tree, secrets replaced by handles.
+
+        ``stable``: handles of detected secrets name only their kind, the same in
+        every process (for digests that are compared across processes).
+        """
+        data = _dump(tree)
+        return self.redactor.redact_json(data, tree, _dump, stable)
 
     @staticmethod
     def load_tree(data: bytes, path: str = "value") -> Any:

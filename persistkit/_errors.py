@@ -14,10 +14,15 @@
     ├── SchemaVersionError        stored state version newer than the code, or no migration path
     ├── NonDeterminismError       on replay, the step at a position is not the recorded one
     ├── IntegrityError            a stored record failed authentication or its chain is broken
+    ├── SecretResolutionError     a secret handle ($CRED{name}) that no resolver or vault knows
     └── StepFailedError           a recorded failure whose exception class cannot be revived
 
 Errors raised by the user's own step functions pass through untouched; they
 are never wrapped in these classes.
+
+Every message passes through the secret scrubber (``pk.secrets``) when the
+error is created: registered values and detected secrets become handles, so
+no secret value reaches a log line or a traceback through persistkit.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "NotFoundError",
     "PersistkitError",
     "SchemaVersionError",
+    "SecretResolutionError",
     "SerializationError",
     "StepFailedError",
     "StoreClosedError",
@@ -40,7 +46,16 @@ __all__ = [
 
 
 class PersistkitError(Exception):
-    """Base class of every error persistkit raises itself."""
+    """Base class of every error persistkit raises itself. Messages never carry secret values."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(_scrub(a) if isinstance(a, str) else a for a in args))
+
+
+def _scrub(text: str) -> str:
+    from ._secrets import scrub  # lazy: _secrets imports this module
+
+    return scrub(text)
 
 
 class ConfigurationError(PersistkitError, ValueError):
@@ -154,6 +169,24 @@ class IntegrityError(PersistkitError):
     """A stored record failed authentication, or a thread's chain of records is broken."""
 
 
+class SecretResolutionError(PersistkitError):
+    """A handle (``$CRED{name}``) that no registered value, resolver or vault knows.
+
+    ``handle`` is the handle's name; the message names it and never holds a value.
+    """
+
+    def __init__(self, message: str, *, handle: str = "") -> None:
+        self.handle = handle
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_secret_error, (str(self), self.handle))
+
+
+def _rebuild_secret_error(message: str, handle: str) -> SecretResolutionError:
+    return SecretResolutionError(message, handle=handle)
+
+
 class StepFailedError(PersistkitError):
     """A step failed on an earlier attempt and its exception class could not be revived.
 
@@ -163,5 +196,5 @@ class StepFailedError(PersistkitError):
 
     def __init__(self, message: str, *, type_name: str = "", original_message: str = "") -> None:
         self.type_name = type_name
-        self.original_message = original_message
+        self.original_message = _scrub(original_message)
         super().__init__(message)

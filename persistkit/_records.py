@@ -82,7 +82,7 @@ class Record:
         err = b.get("e")
         error = None
         if isinstance(err, dict):
-            error = f"{err.get('type', 'Exception')}: {err.get('message', '')}"
+            error = f"{err.get('type', 'Exception')}: {err.get('message', '')}".replace("$CRED{$}", "$CRED{")
         f = b.get("f")
         meta = b.get("m")
         return Checkpoint(
@@ -98,7 +98,7 @@ class Record:
             run_status=self.run_status,
             schema=self.schema,
             created_at=datetime.fromtimestamp(float(b.get("t", 0.0)), UTC),
-            metadata=codec.decode(meta, "metadata") if meta else {},
+            metadata=codec.decode(meta, "metadata", reveal=False) if meta else {},
             error=error,
             forked_from=(str(f[0]), str(f[1])) if f else None,
             channels=tuple(sorted(self.refs)),

@@ -285,7 +285,8 @@ class Run:
 
         Plain JSON-like arguments (what most steps take) are hashed straight from
         orjson's bytes, marked ``o``: a third of the cost of the typed encoding,
-        which the other arguments (models, sets, big ints) go through.
+        which the other arguments (models, sets, big ints) go through — and so do
+        arguments that may hold a secret, so that no stored digest hashes one.
         """
         if _orjson is not None:
             try:
@@ -293,7 +294,8 @@ class Run:
             except (TypeError, _orjson.JSONEncodeError):
                 pass
             else:
-                return "o" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+                if not self.codec.redactor.may_hold_secret(raw):
+                    return "o" + hashlib.blake2b(raw, digest_size=8).hexdigest()
         return self._typed_digest(args, kwargs)
 
     def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -304,7 +306,9 @@ class Run:
             except SerializationError:
                 parts.append({"unencodable": type(value).__qualname__})
         parts.append(sorted(kwargs))
-        return hashlib.blake2b(self.codec.dump_tree(parts), digest_size=8).hexdigest()
+        # Over the redacted form with kind-only handles: the digest is the same in every
+        # process (per-process handle tags would break replay) and never hashes a secret.
+        return hashlib.blake2b(self.codec.dump_tree(parts, stable=True), digest_size=8).hexdigest()
 
     def replay(self, rec: Record) -> Any:
         """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""
@@ -312,7 +316,7 @@ class Run:
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         if rec.body.get("s") == "failed":
             self.steps.append(StepEvent(pos, name, True, "failed"))
-            exc = self.codec.serializer.decode_exception(rec.body.get("e"))
+            exc = self.codec.decode_exception(rec.body.get("e"))
             self._failures[id(exc)] = (exc, rec.id)
             raise exc
         self.steps.append(StepEvent(pos, name, True, "completed"))

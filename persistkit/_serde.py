@@ -24,6 +24,7 @@ m     pydantic model (c)                         {field: value} (fields + extras
 dc    dataclass (c)                              {field: value}
 nt    namedtuple (c)                             list
 ex    exception (c)                              {"args": [...], "str": ..., "notes": [...]}
+sec   pk.Secret, pydantic SecretStr/SecretBytes  handle name (``v``) and kind (``k``): never the value
 x     pickled object (only with allow_pickle)    base64 of pickle protocol 5
 ====  =========================================  ==================================
 
@@ -67,6 +68,7 @@ from ._registry import (
     register_module,
     register_type_hints,
 )
+from ._secrets import Redactor, Secret, default_redactor
 
 __all__ = [
     "Serializer",
@@ -266,6 +268,8 @@ class Serializer:
         self.allow_pickle = bool(allow_pickle)
         self.allow_modules = tuple(allow_modules)
         self._resolved: dict[str, type] = {}
+        self.secrets: Redactor | None = None  # names and resolves pk.Secret / SecretStr handles
+        self.reveal: Callable[[str], str] | None = None  # resolves handles in decoded strings
 
     # -- public API ---------------------------------------------------------
 
@@ -510,7 +514,9 @@ class Serializer:
 
     def _dec(self, node: Any, depth: int) -> Any:
         t = type(node)
-        if t is str or t is int or node is None or t is bool or t is float:
+        if t is str:
+            return node if self.reveal is None or "$CRED{" not in node else self.reveal(node)
+        if t is int or node is None or t is bool or t is float:
             return node
         if depth >= MAX_DEPTH:
             raise _too_deep()
@@ -664,6 +670,8 @@ def _classify(t: type) -> _EncFn:
         fn = Serializer._enc_exception
     elif _is_namedtuple(t):
         fn = Serializer._enc_namedtuple
+    elif t.__module__.startswith("pydantic") and t.__name__ in ("SecretStr", "SecretBytes"):
+        fn = _enc_secret
     elif issubclass(t, (list, dict)):
         fn = Serializer._enc_list_like
     elif issubclass(t, (str, int, float)):
@@ -755,7 +763,12 @@ def _dec_pickle(self: Serializer, node: dict[str, Any], depth: int) -> Any:
     return pickle.loads(_b64(node))
 
 
+def _enc_secret(self: Serializer, value: Any, depth: int) -> Any:
+    return (self.secrets or default_redactor()).encode_secret(value)
+
+
 _ENCODERS: dict[type, _EncFn] = {
+    Secret: _enc_secret,
     tuple: Serializer._enc_tuple,
     set: Serializer._enc_set,
     frozenset: Serializer._enc_set,
@@ -792,4 +805,5 @@ _DECODERS: dict[str, _DecFn] = {
     "nt": _dec_namedtuple,
     "ex": Serializer._dec_exception,
     "x": _dec_pickle,
+    "sec": lambda s, n, d: (s.secrets or default_redactor()).decode_secret(n),
 }

@@ -18,6 +18,7 @@ from ._errors import ConfigurationError, NotFoundError, StoreClosedError
 from ._ids import is_checkpoint_id, next_checkpoint_id
 from ._io import Plan, call, run_async, run_sync
 from ._records import Checkpoint, Record
+from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend
@@ -74,7 +75,7 @@ class Store:
         return self.backend.url
 
     def __repr__(self) -> str:
-        return f"<persistkit.Store {self.url}>"
+        return scrub(f"<persistkit.Store {self.url}>")
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -493,6 +494,8 @@ def connect(
     allow_pickle: bool = False,
     allow_modules: tuple[str, ...] = (),
     compress_threshold: int = 1024,
+    redact: bool | None = None,
+    vault: Vault | None = None,
     encryption: Any = None,
     accept_plaintext: bool = False,
     **options: Any,
@@ -504,12 +507,14 @@ def connect(
     ``blobs`` names a second store (typically S3) for channel values larger than
     ``blob_threshold`` bytes. ``allow_pickle`` lets values of unknown types be
     pickled (off: a clear ``SerializationError`` instead). ``allow_modules`` lists
-    modules whose classes may be revived from storage. ``encryption`` seals every
-    record with AES-256-GCM: ``True`` (keys from ``$PERSISTKIT_ENCRYPTION_KEYS``),
-    ``"env:VAR"``, ``"file:PATH"``, key bytes, a ``{key_id: key}`` mapping, a
-    callable or a :class:`pk.KeyRing`; ``accept_plaintext=True`` reads records
-    written before encryption was on (while migrating). Other keyword options go
-    to the backend.
+    modules whose classes may be revived from storage. ``redact`` (default: on,
+    following ``pk.secrets.configure``) replaces secrets in every stored string
+    by handles; ``vault`` keeps detected secrets for this store (see
+    ``pk.secrets``). ``encryption`` seals every record with AES-256-GCM: ``True``
+    (keys from ``$PERSISTKIT_ENCRYPTION_KEYS``), ``"env:VAR"``, ``"file:PATH"``,
+    key bytes, a ``{key_id: key}`` mapping, a callable or a :class:`pk.KeyRing`;
+    ``accept_plaintext=True`` reads records written before encryption was on
+    (while migrating). Other keyword options go to the backend.
     """
     if url is None:
         url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
@@ -536,7 +541,14 @@ def connect(
     if not isinstance(compress_threshold, int) or compress_threshold < 1:
         raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
     serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))
-    return Store(backend, codec=Codec(serializer, compress_threshold=compress_threshold))
+    # -- secrets (redact=, vault=) ------------------------------------------------------------
+    redactor: Redactor | None = None
+    if redact is not None or vault is not None:
+        if vault is not None and not all(hasattr(vault, a) for a in ("get", "put", "handle_key")):
+            raise ConfigurationError("vault must be a pk.secrets.FileVault (or have get/put/handle_key)")
+        redactor = Redactor(enabled=redact is not False, vault=vault)
+    # ------------------------------------------------------------------------------------------
+    return Store(backend, codec=Codec(serializer, compress_threshold=compress_threshold, redactor=redactor))
 
 
 _default: Store | None = None

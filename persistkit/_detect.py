@@ -1,0 +1,106 @@
+"""Built-in secret detectors: the patterns persistkit redacts from every stored string.
+
+Each detector is a ``kind`` (it names the handle, ``$CRED{<kind>-<tag>}``) and a
+regular expression. When the pattern has a group named ``s``, only that group
+is the secret (``Bearer <token>``: the word ``Bearer`` stays); otherwise the
+whole match is. The rules aim at a low false-positive rate: fixed vendor
+prefixes plus a minimum length, or a secret-looking value right after a
+keyword that names it (AWS secret keys, ``Authorization``). A handle
+(``$CRED{...}``) never matches a detector, so redacting twice changes nothing.
+
+Patterns are compiled on first use, so ``import persistkit`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["BUILTIN", "Detector"]
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A named pattern. ``pattern`` is a regular expression over text; a group named
+    ``s`` marks the secret part of a match (the rest of the match is kept)."""
+
+    kind: str
+    pattern: str
+    flags: int = 0
+    _compiled: list[re.Pattern[str]] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        if not self._compiled:
+            self._compiled.append(re.compile(self.pattern, self.flags))
+        return self._compiled[0]
+
+
+_B = r"(?<![A-Za-z0-9_])"  # a token starts at a non-word character (\b treats '-' as a boundary too)
+_TOKEN_END = r"(?![A-Za-z0-9_-])"
+
+#: The built-in detectors, most specific first (an Anthropic key also looks like an OpenAI one).
+BUILTIN: tuple[Detector, ...] = (
+    # PEM private keys: BEGIN to the matching END line; a key cut off before END is
+    # redacted to the end of the string (a partial key is still a secret).
+    Detector(
+        "private_key",
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY( BLOCK)?-----"
+        r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY( BLOCK)?-----|[\s\S]*)",
+    ),
+    Detector("anthropic", _B + r"sk-ant-[A-Za-z0-9_-]{20,}"),
+    Detector("openai", _B + r"sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_-]{20,}"),
+    Detector("aws_access_key", _B + r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    # A 40-character base64 value is far too common to flag alone (hashes, ids); it
+    # is an AWS secret key when a keyword naming one comes right before it.
+    Detector(
+        "aws_secret_key",
+        r"(?i:aws_?secret_?(?:access_?)?key|secret_?access_?key|aws_?secret)[\"']?\s*[:=]\s*[\"']?"
+        r"(?P<s>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+    ),
+    Detector("github", _B + r"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})" + _TOKEN_END),
+    Detector("slack", _B + r"(?:xox[bpars]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,})"),
+    Detector("google_api_key", _B + r"AIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
+    Detector("stripe", _B + r"(?:sk_live|sk_test|rk_live|rk_test|pk_live)_[0-9A-Za-z]{16,}"),
+    Detector(
+        "jwt",
+        _B + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*" + r"(?![A-Za-z0-9_.-])",
+    ),
+    # "Bearer <token>" anywhere (an Authorization header copied into a log line or a
+    # prompt); the token must look like one: 16+ characters of the token68 set.
+    Detector("bearer", r"(?i:\bbearer)\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)"),
+    Detector(
+        "authorization",
+        r"(?i:\bauthorization)[\"']?\s*[:=]\s*[\"']?(?i:basic|token|digest)\s+(?P<s>[A-Za-z0-9._~+/-]{8,}=*)",
+    ),
+    # scheme://user:password@host -> scheme://user:$CRED{...}@host
+    Detector(
+        "url_password",
+        r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,30}://[^\s/?#@:\"'<>]*:"
+        r"(?!\$CRED\{)(?P<s>[^\s/?#@\"'<>]+)@",
+    ),
+)
+
+#: Every built-in detector's match contains a run of at least this many token
+#: characters (``[A-Za-z0-9_-]``), or one of the KEYWORDS below: the shortest token
+#: secret is a Slack ``xoxb-`` + 10 characters. (JWTs are dotted: "eyJ" covers them.)
+MIN_TOKEN_RUN = 15
+
+#: Searched in the lower-cased bytes: the keyword detectors' anchors (their regexes are
+#: case-insensitive), the PEM header and the JWT prefix (the one case-sensitive anchor is
+#: checked in the original bytes).
+KEYWORDS: tuple[bytes, ...] = (b"private key", b"secret", b"bearer", b"authorization")
+
+#: The detectors whose matches are runs of token characters: tried only on such runs.
+TOKEN_KINDS = frozenset({"anthropic", "openai", "aws_access_key", "github", "slack", "google_api_key", "stripe"})
+
+
+def _token_classes() -> bytes:
+    table = bytearray(b" " * 256)
+    for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-":
+        table[c] = ord("a")
+    return bytes(table)
+
+
+#: ``bytes.translate`` table: token characters to ``a``, everything else to a space.
+TOKEN_CLASSES = _token_classes()

@@ -1,0 +1,638 @@
+"""Secrets become opaque handles before anything is stored, and come back only at the point of use.
+
+Write side (``Redactor.redact_json``, called by ``Codec.dump_tree`` on every
+byte string persistkit stores): one cheap pass of substring checks over the
+serialized JSON; only when something could be a secret is the tree walked and
+each string rewritten:
+
+1. a literal ``$CRED{`` already in the text is escaped to ``$CRED{$}`` (so text
+   an attacker wrote can never turn into a handle that resolves on load);
+2. every registered value (``pk.secrets.register``) becomes ``$CRED{<name>}``;
+3. every match of a detector (``_detect``) becomes ``$CRED{<kind>-<tag>}``, the
+   tag a keyed hash of the value (the vault's key, else a per-process random
+   key): it never reveals the value, and with a vault it is the same in every
+   process. The value goes to the vault, if one is configured.
+
+``pk.Secret`` and pydantic ``SecretStr`` / ``SecretBytes`` values are encoded
+by the serializer as a handle only (tag ``sec``).
+
+Read side: strings in decoded values have their handles substituted back when
+a resolver knows them (registered values and resolvers, this process's memory
+of what it redacted, the configured resolver callable, the vault), else keep
+the handle text. ``Secret`` / ``SecretStr`` come back lazy: they resolve at
+``.reveal()`` / ``.get_secret_value()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from ._detect import BUILTIN, KEYWORDS, MIN_TOKEN_RUN, TOKEN_CLASSES, TOKEN_KINDS, Detector
+from ._errors import ConfigurationError, SecretResolutionError
+
+if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler
+    from pydantic_core import CoreSchema
+
+__all__ = [
+    "Redactor",
+    "Secret",
+    "Vault",
+    "configure",
+    "default_redactor",
+    "from_env",
+    "register",
+    "resolve",
+    "scrub",
+    "unregister",
+]
+
+T = TypeVar("T", str, bytes)
+_HANDLE_RE = re.compile(r"\$CRED\{([^{}\s]{1,200})\}")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}\Z")
+_MIN_REGISTERED = 4  # shorter registered values would rewrite ordinary words
+_MEMORY_LIMIT = 10_000
+_PROCESS_KEY = os.urandom(32)  # names detected secrets' handles when no vault is configured
+_MASK = "**********"
+
+
+class Vault(Protocol):
+    """Where detected secrets are kept so another process can resolve their handles."""
+
+    def get(self, name: str) -> str | bytes | None: ...
+
+    def put(self, name: str, value: str | bytes) -> None: ...
+
+    def handle_key(self) -> bytes: ...
+
+
+# -- process-wide registry and configuration ---------------------------------------------
+
+_lock = threading.Lock()
+_values: dict[str, str | bytes] = {}  # name -> value (registered, or learned from a resolver)
+_resolvers: dict[str, Callable[[], str | bytes | None]] = {}
+_memory: dict[str, str | bytes] = {}  # handle name -> value this process redacted
+_loaded: set[str] = set()  # handle texts read back unresolved: written again as handles, not escaped
+_search: list[tuple[bytes, str | bytes, str]] = []  # (JSON-escaped bytes, value, name), longest first
+
+
+class _Config:
+    detect: bool = True
+    vault: Vault | None = None
+    detectors: tuple[Detector, ...] = BUILTIN
+    resolver: Callable[[str], str | bytes | None] | None = None
+
+
+_config = _Config()
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name == "$":
+        raise ConfigurationError(
+            f"secret names are 1-100 characters of letters, digits and _ . : -, got {type(name).__name__}"
+            + (f" {name!r}" if isinstance(name, str) and len(name) <= 100 else "")
+        )
+    return name
+
+
+def _learn(name: str, value: str | bytes) -> None:
+    """Remember a registered value so every occurrence of it is redacted."""
+    if isinstance(value, str) and len(value) < _MIN_REGISTERED:
+        raise ConfigurationError(
+            f"secret {name!r}: values shorter than {_MIN_REGISTERED} characters cannot be registered "
+            "(every occurrence of them in stored text would be rewritten)"
+        )
+    with _lock:
+        _values[name] = value
+        _search[:] = [e for e in _search if e[2] != name]
+        if isinstance(value, str):
+            forms = {_json_escaped(value, False), _json_escaped(value, True)}
+            _search.extend((f, value, name) for f in forms)
+            _search.sort(key=lambda e: -len(e[1]))
+
+
+def _json_escaped(value: str, ascii_only: bool) -> bytes:
+    import json
+
+    return json.dumps(value, ensure_ascii=ascii_only)[1:-1].encode("utf-8", "surrogatepass")
+
+
+def register(
+    name: str, value: str | bytes | None = None, *, resolver: Callable[[], str | bytes | None] | None = None
+) -> None:
+    """Register a secret by name: its value (every occurrence in stored text becomes
+    ``$CRED{name}``) or a ``resolver`` called at the point of use (its value is redacted
+    from then on)."""
+    _check_name(name)
+    if (value is None) == (resolver is None):
+        raise ConfigurationError(f"pk.secrets.register({name!r}, ...) takes a value or resolver=, exactly one")
+    if resolver is not None:
+        if not callable(resolver):
+            raise ConfigurationError(f"resolver for secret {name!r} must be callable")
+        with _lock:
+            _resolvers[name] = resolver
+        return
+    if not isinstance(value, str | bytes):
+        raise ConfigurationError(f"secret {name!r} must be a str or bytes, got {type(value).__name__}")
+    _learn(name, value)
+
+
+def from_env(name: str, variable: str) -> None:
+    """Register secret ``name`` as the environment variable ``variable`` (read at the point
+    of use; its current value is redacted from now on)."""
+    _check_name(name)
+    if not isinstance(variable, str) or not variable:
+        raise ConfigurationError("pk.secrets.from_env needs the name of an environment variable")
+
+    def read() -> str | None:
+        return os.environ.get(variable)
+
+    with _lock:
+        _resolvers[name] = read
+    current = read()
+    if current is not None and len(current) >= _MIN_REGISTERED:
+        _learn(name, current)
+
+
+def unregister(name: str) -> None:
+    """Forget a registered secret (mostly for tests)."""
+    with _lock:
+        _values.pop(name, None)
+        _resolvers.pop(name, None)
+        _search[:] = [e for e in _search if e[2] != name]
+
+
+def configure(
+    *,
+    vault: Vault | bool | None = False,
+    detect: bool | None = None,
+    detectors: Iterable[Detector | tuple[str, str]] | None = None,
+    resolver: Callable[[str], str | bytes | None] | bool | None = False,
+) -> None:
+    """Process-wide settings (stores opened without their own ``redact=``/``vault=`` follow them).
+
+    ``vault``: where detected secrets are kept (None: nowhere). ``detect``: run the
+    pattern detectors (registered values and Secret types are always handled).
+    ``detectors``: extra ``Detector`` objects or ``(kind, regex)`` pairs, added to
+    the built-in ones. ``resolver``: a callable ``name -> value or None`` asked for
+    handles nothing else knows.
+    """
+    if vault is not False:
+        if vault is not None and not all(hasattr(vault, a) for a in ("get", "put", "handle_key")):
+            raise ConfigurationError("vault must be a pk.secrets.FileVault (or have get/put/handle_key)")
+        _config.vault = vault  # type: ignore[assignment]
+    if detect is not None:
+        _config.detect = bool(detect)
+    if detectors is not None:
+        extra: list[Detector] = []
+        for d in detectors:
+            if isinstance(d, tuple):
+                d = Detector(_check_name(d[0]), d[1])
+            if not isinstance(d, Detector):
+                raise ConfigurationError("detectors takes pk.secrets.Detector objects or (kind, regex) pairs")
+            try:
+                d.regex  # noqa: B018 - compile now: a bad pattern is a configuration error
+            except re.error as exc:
+                raise ConfigurationError(f"detector {d.kind!r}: invalid regular expression ({exc})") from exc
+            extra.append(d)
+        _config.detectors = BUILTIN + tuple(extra)
+    if resolver is not False:
+        if resolver is not None and not callable(resolver):
+            raise ConfigurationError("resolver must be a callable name -> value or None")
+        _config.resolver = resolver
+
+
+# -- the Secret type ------------------------------------------------------------------------
+
+_UNSET: Any = object()
+
+
+class Secret(Generic[T]):
+    """A secret value that is never stored, logged or shown: stored as a handle.
+
+    ``pk.Secret("sk-...", name="openai")`` is stored as ``$CRED{openai}``; without a
+    name the handle is ``$CRED{secret-<keyed hash>}``. ``repr``/``str`` show only the
+    name; ``.reveal()`` returns the value (resolving it lazily for a loaded Secret).
+    Works as a pydantic field type: ``key: pk.Secret[str]``.
+    """
+
+    __slots__ = ("_redactor", "_value", "name")
+
+    def __init__(self, value: T, *, name: str | None = None) -> None:
+        if not isinstance(value, str | bytes):
+            raise ConfigurationError(f"pk.Secret holds a str or bytes, got {type(value).__name__}")
+        self._value: Any = value
+        self.name = None if name is None else _check_name(name)
+        self._redactor: Redactor | None = None
+
+    @classmethod
+    def _from_handle(cls, name: str, redactor: Redactor | None) -> Secret[Any]:
+        obj = cls.__new__(cls)
+        obj._value, obj.name, obj._redactor = _UNSET, name, redactor
+        return obj
+
+    def reveal(self) -> T:
+        """The secret value. A loaded Secret resolves its handle now (``SecretResolutionError`` if nothing knows it)."""
+        if self._value is _UNSET:
+            value = (self._redactor or default_redactor()).lookup(str(self.name))
+            if value is None:
+                raise _unresolved(str(self.name))
+            self._value = value
+        return self._value  # type: ignore[no-any-return]
+
+    @property
+    def handle(self) -> str:
+        """The handle text this secret is stored as (named once it has been stored)."""
+        return f"$CRED{{{self.name}}}" if self.name else "$CRED{secret}"
+
+    def __repr__(self) -> str:
+        return f"Secret({self.name or ''!r}, {_MASK!r})" if self.name else f"Secret({_MASK!r})"
+
+    def __str__(self) -> str:
+        return _MASK
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        if self._value is _UNSET or other._value is _UNSET:
+            return self.name is not None and self.name == other.name
+        return bool(self._value == other._value and self.name == other.name)
+
+    def __hash__(self) -> int:
+        return hash(("pk.Secret", self.name))
+
+    def __reduce__(self) -> Any:
+        raise TypeError("pk.Secret cannot be pickled (it would carry the value in clear)")
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        from pydantic_core import core_schema
+
+        def validate(value: Any) -> Secret[Any]:
+            if isinstance(value, Secret):
+                return value
+            if isinstance(value, str | bytes):
+                return Secret(value)
+            raise ValueError("expected a pk.Secret, str or bytes")
+
+        return core_schema.no_info_plain_validator_function(
+            validate, serialization=core_schema.plain_serializer_function_ser_schema(str)
+        )
+
+
+def _unresolved(name: str) -> SecretResolutionError:
+    return SecretResolutionError(
+        f"handle $CRED{{{name}}} cannot be resolved: no registered value or resolver, no "
+        "environment binding and no vault entry knows it. Register it "
+        f"(pk.secrets.register({name!r}, ...) or pk.secrets.from_env({name!r}, 'VAR')) or "
+        "configure the vault it was stored in (pk.secrets.configure(vault=...))",
+        handle=name,
+    )
+
+
+def _lazy_secret_str(kind: str, name: str, redactor: Redactor) -> Any:
+    """A pydantic SecretStr/SecretBytes whose value is resolved at get_secret_value()."""
+    import pydantic
+
+    base = pydantic.SecretStr if kind == "str" else pydantic.SecretBytes
+    cls = _LAZY.get(kind)
+    if cls is None:
+
+        class Lazy(base):  # type: ignore[valid-type,misc]
+            _pk_handle: str = ""
+            _pk_redactor: Any = None
+
+            def get_secret_value(self) -> Any:
+                if self._pk_handle:
+                    value = self._pk_redactor.lookup(self._pk_handle)
+                    if value is None:
+                        raise _unresolved(self._pk_handle)
+                    self._secret_value = value.encode() if kind == "bytes" and isinstance(value, str) else value
+                    self._pk_handle = ""
+                return self._secret_value
+
+            def __len__(self) -> int:
+                return len(self.get_secret_value())
+
+        Lazy.__name__ = Lazy.__qualname__ = base.__name__
+        cls = _LAZY[kind] = Lazy
+    obj = cls("" if kind == "str" else b"")
+    obj._pk_handle, obj._pk_redactor = name, redactor
+    return obj
+
+
+_LAZY: dict[str, type] = {}
+
+
+def resolve(value: Any, *, redactor: Redactor | None = None) -> Any:
+    """Resolve explicitly: a ``Secret`` to its value, a text's handles to their values.
+
+    Raises ``SecretResolutionError`` naming the first handle nothing knows.
+    """
+    if isinstance(value, Secret):
+        return value.reveal()
+    red = redactor or default_redactor()
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            if m[1] == "$":
+                return "$CRED{"
+            found = red.lookup(m[1])
+            if found is None:
+                raise _unresolved(m[1])
+            return found if isinstance(found, str) else found.decode("utf-8", "replace")
+
+        return _HANDLE_RE.sub(sub, value)
+    if hasattr(value, "get_secret_value"):
+        return value.get_secret_value()
+    raise ConfigurationError(f"pk.secrets.resolve takes a str or a Secret, got {type(value).__name__}")
+
+
+def scrub(text: str) -> str:
+    """``text`` with registered values and detected secrets replaced by handles; no side effects.
+
+    Used on every message persistkit puts in an exception, a log line or CLI output.
+    """
+    return default_redactor().redact_text(text, stable=True, escape=False)
+
+
+# -- the redactor ---------------------------------------------------------------------------
+
+
+class Redactor:
+    """Turns secrets into handles in stored trees, and handles back into values on load.
+
+    ``detect``/``vault`` of None follow ``pk.secrets.configure``; ``enabled=False``
+    stores free text as is (Secret types are still stored as handles).
+    """
+
+    def __init__(self, *, enabled: bool = True, detect: bool | None = None, vault: Vault | None = None) -> None:
+        self.enabled = enabled
+        self._detect = detect
+        self._vault = vault
+        self._vaulted: set[str] = set()
+
+    @property
+    def detect(self) -> bool:
+        return _config.detect if self._detect is None else self._detect
+
+    @property
+    def vault(self) -> Vault | None:
+        return self._vault if self._vault is not None else _config.vault
+
+    # -- names ---------------------------------------------------------------------------
+
+    def _tag(self, value: str | bytes) -> str:
+        vault = self.vault
+        key = vault.handle_key() if vault is not None else _PROCESS_KEY
+        raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+        return hmac.new(key, raw, hashlib.blake2b).hexdigest()[:16]
+
+    def _keep(self, name: str, value: str | bytes) -> None:
+        """Remember a redacted value in this process, and in the vault when there is one."""
+        with _lock:
+            if len(_memory) >= _MEMORY_LIMIT:
+                _memory.clear()
+            _memory[name] = value
+        vault = self.vault
+        if vault is not None and name not in self._vaulted:
+            if vault.get(name) is None:
+                vault.put(name, value)
+            self._vaulted.add(name)
+
+    def lookup(self, name: str) -> str | bytes | None:
+        """The value a handle name stands for, or None when no resolver knows it."""
+        resolver = _resolvers.get(name)
+        if resolver is not None:
+            value = self._call(name, resolver)
+            if value is not None:
+                if not isinstance(value, str | bytes):
+                    raise SecretResolutionError(
+                        f"the resolver of handle $CRED{{{name}}} returned a {type(value).__name__}, "
+                        "not a str or bytes",
+                        handle=name,
+                    )
+                if len(value) >= _MIN_REGISTERED and _values.get(name) != value:
+                    _learn(name, value)  # redact it from now on
+                return value
+        value = _values.get(name)
+        if value is not None:
+            return value
+        value = _memory.get(name)
+        if value is not None:
+            return value
+        if _config.resolver is not None:
+            value = self._call(name, lambda: _config.resolver(name) if _config.resolver else None)
+            if value is not None:
+                return value
+        vault = self.vault
+        return None if vault is None else vault.get(name)
+
+    @staticmethod
+    def _call(name: str, fn: Callable[[], str | bytes | None]) -> str | bytes | None:
+        try:
+            return fn()
+        except Exception as exc:
+            raise SecretResolutionError(
+                f"the resolver of handle $CRED{{{name}}} failed ({type(exc).__name__}); "
+                "see __cause__",
+                handle=name,
+            ) from exc
+
+    # -- write side ------------------------------------------------------------------------
+
+    def redact_json(self, data: bytes, tree: Any, dump: Callable[[Any], bytes], stable: bool = False) -> bytes:
+        """``data`` (the JSON of ``tree``) with secrets replaced; ``data`` itself when none can be there."""
+        if not self.enabled or not self._maybe(data):
+            return data
+        out = self._walk(tree, stable, 0)
+        return dump(out)
+
+    def may_hold_secret(self, data: bytes) -> bool:
+        """False only when redaction would leave these JSON bytes as they are."""
+        return self.enabled and self._maybe(data)
+
+    def _maybe(self, data: bytes) -> bool:
+        if b"$CRED{" in data:
+            return True
+        for form, _, _ in _search:
+            if form in data:
+                return True
+        if self.detect:
+            if _may_match_builtin(data):
+                return True
+            if len(_config.detectors) > len(BUILTIN):
+                text = data.decode("utf-8", "replace")
+                return any(d.regex.search(text) for d in _config.detectors[len(BUILTIN) :])
+        return False
+
+    def _walk(self, node: Any, stable: bool, depth: int) -> Any:
+        t = type(node)
+        if t is str:
+            return self.redact_text(node, stable=stable)
+        if t is list:
+            return [self._walk(v, stable, depth + 1) for v in node]
+        if t is dict:
+            out: dict[str, Any] = {}
+            for k, v in node.items():
+                nk = self.redact_text(k, stable=stable)
+                if type(v) is str and self.detect and _AWS_KEY_NAME.search(k) and _AWS_SECRET.fullmatch(v):
+                    out[nk] = self._handle("aws_secret_key", v, stable)
+                else:
+                    out[nk] = self._walk(v, stable, depth + 1)
+            return out
+        return node
+
+    def _handle(self, kind: str, value: str, stable: bool) -> str:
+        if stable:
+            return f"$CRED{{{kind}}}"
+        name = f"{kind}-{self._tag(value)}"
+        self._keep(name, value)
+        return f"$CRED{{{name}}}"
+
+    def redact_text(self, text: str, *, stable: bool = False, escape: bool = True) -> str:
+        """``text`` with handles escaped, registered values and detected secrets replaced."""
+        if escape and "$CRED{" in text:
+            text = _HANDLE_OR_OPEN.sub(_escape, text)
+        for _, value, name in _search:
+            if isinstance(value, str) and value in text:
+                text = text.replace(value, f"$CRED{{{name}}}")
+        if not self.detect:
+            return text
+        for det in _config.detectors:
+            rx = det.regex
+            if rx.search(text) is None:
+                continue
+            kind = det.kind
+
+            def sub(m: re.Match[str], kind: str = kind) -> str:
+                if "s" in m.re.groupindex and m.group("s") is not None:
+                    start, end = m.span("s")
+                    whole = m.group(0)
+                    off = m.start(0)
+                    return whole[: start - off] + self._handle(kind, m.group("s"), stable) + whole[end - off :]
+                return self._handle(kind, m.group(0), stable)
+
+            text = rx.sub(sub, text)
+        return text
+
+    # -- read side ---------------------------------------------------------------------------
+
+    def reveal_text(self, text: str) -> str:
+        """A stored text with its handles resolved where a resolver knows them."""
+
+        def sub(m: re.Match[str]) -> str:
+            name = m[1]
+            if name == "$":
+                return "$CRED{"
+            value = self.lookup(name)
+            if value is None:
+                _loaded.add(m[0])
+                return m[0]
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+        return _HANDLE_RE.sub(sub, text)
+
+    # -- Secret types in the serializer --------------------------------------------------------
+
+    def encode_secret(self, value: Any) -> dict[str, Any]:
+        """The stored form of a pk.Secret / SecretStr / SecretBytes: its handle name only."""
+        if isinstance(value, Secret):
+            kind = "pk"
+            if value._value is _UNSET:
+                return {"__pk__": "sec", "k": kind, "v": value.name}
+            raw: Any = value._value
+            name = value.name
+        else:
+            kind = "bytes" if isinstance(value, _bytes_type()) else "str"
+            pending = getattr(value, "_pk_handle", "")
+            if pending:
+                return {"__pk__": "sec", "k": kind, "v": pending}
+            raw, name = value.get_secret_value(), None
+        if name is None:
+            name = f"secret-{self._tag(raw)}"
+            self._keep(name, raw)
+        elif _values.get(name) != raw and name not in _resolvers:
+            self._keep(name, raw)
+        return {"__pk__": "sec", "k": kind, "v": name}
+
+    def decode_secret(self, node: dict[str, Any]) -> Any:
+        name, kind = node.get("v"), node.get("k")
+        if type(name) is not str or kind not in ("pk", "str", "bytes"):
+            raise ValueError("a secret handle needs a name and a kind")
+        if kind == "pk":
+            return Secret._from_handle(name, self)
+        return _lazy_secret_str(kind, name, self)
+
+
+def _bytes_type() -> type:
+    import pydantic
+
+    return pydantic.SecretBytes
+
+
+_HANDLE_OR_OPEN = re.compile(r"\$CRED\{(?:[^{}\s]{1,200}\})?")
+_AWS_KEY_NAME = re.compile(r"(?i)aws_?secret|secret_?access_?key")
+_AWS_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
+
+
+def _escape(m: re.Match[str]) -> str:
+    # A handle this process read back unresolved is written again as the same handle;
+    # any other "$CRED{" in text is escaped, so it can never resolve to a secret on load.
+    return m[0] if m[0] in _loaded else "$CRED{$}" + m[0][6:]
+
+
+_TOKEN_RX: list[re.Pattern[bytes]] = []
+_RUN = b"a" * MIN_TOKEN_RUN
+
+
+def _may_match_builtin(data: bytes) -> bool:
+    """False only when no built-in detector can match in ``data`` (a superset test, ~3 µs/KB).
+
+    A regex alternation of every detector's anchor costs ~20 µs per KB of JSON
+    (the regex engine tries each branch at each position), paid on every stored
+    record. Instead: keyword anchors by substring search in the lower-cased
+    bytes, and the token detectors only on runs of >= MIN_TOKEN_RUN token
+    characters, found by translating the bytes to two classes; ids and hashes
+    are such runs too, but no token detector matches them.
+    """
+    lowered = data.lower()
+    if any(k in lowered for k in KEYWORDS) or b"eyJ" in data:
+        return True
+    if b"://" in data and b"@" in data:
+        return True
+    classes = data.translate(TOKEN_CLASSES)
+    pos = classes.find(_RUN)
+    if pos < 0:
+        return False
+    if not _TOKEN_RX:
+        _TOKEN_RX.append(
+            re.compile("|".join(f"(?:{d.pattern})" for d in BUILTIN if d.kind in TOKEN_KINDS).encode())
+        )
+    rx = _TOKEN_RX[0]
+    while pos >= 0:
+        end = classes.find(b" ", pos)
+        if end < 0:
+            end = len(data)
+        # one byte of left context: the detectors require a non-token character before
+        if rx.search(data, max(pos - 1, 0), end) is not None:
+            return True
+        pos = classes.find(_RUN, end)
+    return False
+
+
+_default: Redactor | None = None
+
+
+def default_redactor() -> Redactor:
+    """The redactor of stores opened without ``redact=``/``vault=`` (follows ``configure``)."""
+    global _default
+    if _default is None:
+        _default = Redactor()
+    return _default

@@ -86,10 +86,11 @@ BUILTIN: tuple[Detector, ...] = (
 #: secret is a Slack ``xoxb-`` + 10 characters. (JWTs are dotted: "eyJ" covers them.)
 MIN_TOKEN_RUN = 15
 
-#: Searched in the lower-cased bytes: the keyword detectors' anchors (their regexes are
-#: case-insensitive), the PEM header and the JWT prefix (the one case-sensitive anchor is
-#: checked in the original bytes).
-KEYWORDS: tuple[bytes, ...] = (b"private key", b"secret", b"bearer", b"authorization")
+#: The anchors of the detectors that are not token runs: ``secret``, ``bearer`` and
+#: ``authorization`` (case-insensitive, searched lower-cased), ``PRIVATE KEY``, ``eyJ``
+#: (JWTs are dotted) and ``://`` with ``@`` (URL passwords). ``_secrets._may_match_builtin``
+#: searches them; a new detector must add its anchor there or be a token run.
+KEYWORDS: tuple[bytes, ...] = (b"secret", b"bearer", b"authorization", b"PRIVATE KEY", b"eyJ", b"://")
 
 #: The detectors whose matches are runs of token characters: tried only on such runs.
 TOKEN_KINDS = frozenset({"anthropic", "openai", "aws_access_key", "github", "slack", "google_api_key", "stripe"})

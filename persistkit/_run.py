@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
+from ._codec import _dump
 from ._errors import ConflictError, NonDeterminismError, SerializationError
 from ._ids import new_run_id, next_checkpoint_id
 from ._io import Plan, call
@@ -262,9 +263,9 @@ class Run:
         recorded = rec.body.get("a")
         if not recorded or not digest:
             return
-        if recorded[:1] == "o" and digest[:1] != "o":
+        if recorded[:2] == "x:" and digest[:2] != "x:":
             return  # the arguments no longer fit the fast digest (e.g. a model class now): no basis to compare
-        if recorded[:1] != "o" and digest[:1] == "o":
+        if recorded[:2] != "x:" and digest[:2] == "x:":
             # Recorded by an older persistkit (or a value the fast path refused): compare like for like.
             digest = self._typed_digest(args, kwargs or {})
         if recorded != digest:
@@ -284,7 +285,7 @@ class Run:
         first and last items — which is what differs when code goes astray.
 
         Plain JSON-like arguments (what most steps take) are hashed straight from
-        orjson's bytes, marked ``o``: a third of the cost of the typed encoding,
+        orjson's bytes, marked ``x:``: a third of the cost of the typed encoding,
         which the other arguments (models, sets, big ints) go through — and so do
         arguments that may hold a secret, so that no stored digest hashes one.
         """
@@ -295,7 +296,8 @@ class Run:
                 pass
             else:
                 if not self.codec.redactor.may_hold_secret(raw):
-                    return "o" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+                    # "x:" then hex: a stored run of hex digits costs the secret scan nothing
+                    return "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
         return self._typed_digest(args, kwargs)
 
     def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -400,10 +402,11 @@ class Run:
                     f"its result cannot be stored: {exc}. Return JSON-like data, pydantic models or "
                     "dataclasses, or register the type with pk.register()"
                 ) from exc
-            text = self.codec.dump_tree(tree)
-            if len(text) > RESULT_INLINE_LIMIT:
+            # Sized unredacted: an inline result is redacted once, with the whole row.
+            if len(_dump(tree)) > RESULT_INLINE_LIMIT:
                 from ._codec import content_hash
 
+                text = self.codec.dump_tree(tree)
                 key = "v:" + content_hash(text)
                 extra[key] = self.codec.seal(text)
                 body["rb"] = key

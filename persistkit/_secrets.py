@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from ._detect import BUILTIN, KEYWORDS, MIN_TOKEN_RUN, TOKEN_CLASSES, TOKEN_KINDS, Detector
+from ._detect import BUILTIN, MIN_TOKEN_RUN, TOKEN_CLASSES, TOKEN_KINDS, Detector
 from ._errors import ConfigurationError, SecretResolutionError
 
 if TYPE_CHECKING:
@@ -459,7 +459,8 @@ class Redactor:
         return self.enabled and self._maybe(data)
 
     def _maybe(self, data: bytes) -> bool:
-        if b"$CRED{" in data:
+        # A one-byte search is a memchr: gate the longer ones on a rare byte.
+        if b"$" in data and b"$CRED{" in data:
             return True
         for form, _, _ in _search:
             if form in data:
@@ -590,6 +591,7 @@ def _escape(m: re.Match[str]) -> str:
 
 _TOKEN_RX: list[re.Pattern[bytes]] = []
 _RUN = b"a" * MIN_TOKEN_RUN
+_HEX = b"0123456789abcdef"
 
 
 def _may_match_builtin(data: bytes) -> bool:
@@ -602,10 +604,18 @@ def _may_match_builtin(data: bytes) -> bool:
     characters, found by translating the bytes to two classes; ids and hashes
     are such runs too, but no token detector matches them.
     """
-    lowered = data.lower()
-    if any(k in lowered for k in KEYWORDS) or b"eyJ" in data:
+    # Each multi-byte search is a pass over the data (~1 ns/byte); one-byte searches
+    # (memchr) are ~20x cheaper, so rare bytes gate the anchors that have one.
+    if b"J" in data and b"eyJ" in data:
         return True
-    if b"://" in data and b"@" in data:
+    if b"@" in data and b"://" in data:
+        return True
+    if b"Y" in data and b"PRIVATE KEY" in data:
+        return True
+    lowered = data.lower()
+    if b"secret" in lowered or b"bearer" in lowered:
+        return True
+    if (b"z" in lowered) and b"authorization" in lowered:
         return True
     classes = data.translate(TOKEN_CLASSES)
     pos = classes.find(_RUN)
@@ -620,8 +630,10 @@ def _may_match_builtin(data: bytes) -> bool:
         end = classes.find(b" ", pos)
         if end < 0:
             end = len(data)
-        # one byte of left context: the detectors require a non-token character before
-        if rx.search(data, max(pos - 1, 0), end) is not None:
+        # Checkpoint ids, content hashes and run ids are lowercase hex: no token
+        # detector matches one (their prefixes all hold a character outside 0-9a-f).
+        # Otherwise one byte of left context: the detectors need a non-token one before.
+        if data[pos:end].strip(_HEX) and rx.search(data, max(pos - 1, 0), end) is not None:
             return True
         pos = classes.find(_RUN, end)
     return False

@@ -376,7 +376,7 @@ def test_first_pass_skips_ordinary_records() -> None:
 
     body = {
         "k": "step", "p": "0/3", "n": "my_agent_module.research_step_with_a_long_name", "s": "completed",
-        "a": "o2ce43957ceedb95b", "t": 1763900000.5,
+        "a": "x:2ce43957ceedb95b", "t": 1763900000.5,
         "ch": {"messages": {"l": "0193a4c2b1d0e0f0a1b2c3d4", "n": 4, "g": 1}, "doc": {"b": "v:" + "ab" * 16}},
         "sg": {"messages": {"p": None, "s": 3, "i": [{"role": "user", "content": "Summarize https://example.com/a for me " * 20}]}},
     }

@@ -82,7 +82,11 @@ class Record:
         err = b.get("e")
         error = None
         if isinstance(err, dict):
-            error = f"{err.get('type', 'Exception')}: {err.get('message', '')}".replace("$CRED{$}", "$CRED{")
+            # {"__pk__": "ex", "c": "module:Class", "v": {"str": message, ...}} (see _serde)
+            cls, v = err.get("c"), err.get("v")
+            name = cls.partition(":")[2] or cls if isinstance(cls, str) else "Exception"
+            text = v.get("str") if isinstance(v, dict) else None
+            error = f"{name}: {text if isinstance(text, str) else ''}".replace("$CRED{$}", "$CRED{")
         f = b.get("f")
         meta = b.get("m")
         return Checkpoint(

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +126,31 @@ class FileVault:
         nonce = os.urandom(12)
         sealed = nonce + self._aead.encrypt(nonce, raw, name.encode("utf-8"))
         entry = {"t": "b" if isinstance(value, bytes) else "s", "c": base64.b64encode(sealed).decode("ascii")}
-        with self._lock:
+        with self._lock, self._file_lock():
             self._entries = None  # merge with what other processes wrote
             entries = dict(self._load())
             entries[name] = entry
             self._write(entries)
             self._entries = entries
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Serialize read-merge-write across processes (else two writers lose an entry)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(self.path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                import fcntl
+            except ImportError:  # pragma: no cover - Windows: in-process lock only
+                yield
+                return
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def _load(self) -> dict[str, dict[str, str]]:
         if self._entries is not None:

@@ -375,3 +375,16 @@ def test_args_digest_schemes_compare_like_for_like(local_store: pk.Store, monkey
             with pytest.raises(RuntimeError), pk.resume(tid, store=local_store):
                 assert ask(same) == str(arg)
                 fail()
+
+
+def test_history_names_a_recorded_error(local_store: pk.Store) -> None:
+    @pk.checkpointed
+    def broken() -> None:
+        raise KeyError("no such tool")
+
+    tid = uid("err")
+    with pytest.raises(KeyError), pk.resume(tid, store=local_store):
+        broken()
+    step, end = sorted(local_store.history(tid), key=lambda c: c.kind == "end")
+    assert step.status == "failed" and step.error == "KeyError: 'no such tool'"
+    assert end.run_status == "failed" and end.error == "KeyError: 'no such tool'"

@@ -85,6 +85,26 @@ class _ListPrev:
     last_tree: Any  # encoded tree of the newest committed item (None: empty list)
     obj: list[Any] | None = None  # identity mode: the live TrackedList committed last
     items: list[Any] | None = None  # compare mode: the committed items (shallow)
+    last_raw: bytes | None = None  # orjson bytes of the newest item, when it is plain JSON
+
+
+try:  # a cheap "was the newest item edited in place?" for plain-JSON items
+    import orjson as _orjson
+
+    # datetimes, dataclasses, subclasses and the like raise: they take the typed comparison
+    _RAW_OPTS = _orjson.OPT_PASSTHROUGH_DATETIME | _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_SUBCLASS
+except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
+    _RAW_OPTS = 0
+
+
+def _raw(item: Any) -> bytes | None:
+    if _orjson is None:
+        return None
+    try:
+        return _orjson.dumps(item, option=_RAW_OPTS)
+    except (TypeError, _orjson.JSONEncodeError):
+        return None
 
 
 _Prev = _ValuePrev | _ListPrev
@@ -180,14 +200,17 @@ class Tracker:
                 extends = (value == p.items) if len(value) == p.n else (value[: p.n] == p.items)
             if extends and p.n:
                 # The newest committed item is the one most often edited in place.
-                extends = self.codec.encode(value[p.n - 1], f"state.{name}[{p.n - 1}]") == p.last_tree
+                last = value[p.n - 1]
+                raw = _raw(last) if p.last_raw is not None else None
+                if raw is None or raw != p.last_raw:
+                    extends = self.codec.encode(last, f"state.{name}[{p.n - 1}]") == p.last_tree
         if tracked is not None:
             tracked._pk_dirty = False
         if extends:
             assert isinstance(p, _ListPrev)
             if len(value) == p.n:
                 d.refs[name] = p.ref
-                d.prev[name] = _ListPrev(p.ref, p.n, p.tip, p.gen, p.last_tree, *_mode(value))
+                d.prev[name] = _ListPrev(p.ref, p.n, p.tip, p.gen, p.last_tree, *_mode(value), p.last_raw)
                 return
             self._write_segment(name, value, p.n, p.tip, p.gen, d, cid)
         else:
@@ -216,7 +239,7 @@ class Tracker:
             d.blobs[key] = self.codec.seal(text)
         ref = {"l": key, "n": len(value), "g": gen}
         d.refs[name] = ref
-        d.prev[name] = _ListPrev(ref, len(value), key, gen, trees[-1], *_mode(value))
+        d.prev[name] = _ListPrev(ref, len(value), key, gen, trees[-1], *_mode(value), _raw(value[-1]))
 
 
 def _mode(value: list[Any]) -> tuple[list[Any] | None, list[Any] | None]:

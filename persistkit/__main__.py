@@ -5,9 +5,12 @@
     persistkit state [URL] THREAD [--checkpoint ID]
     persistkit delete [URL] THREAD
     persistkit migrate [URL] [--check]
+    persistkit verify [URL] [--thread T] [--key file:PATH | env:VAR] [--witness W]
 
 URL defaults to $PERSISTKIT_URL, else the SQLite file under ./.persistkit/.
-Exit status: 0 ok, 1 error (or, with ``migrate --check``, the schema is behind).
+Exit status: 0 ok, 1 error (or, with ``migrate --check``, the schema is behind;
+with ``verify``, any broken record). ``verify`` reads the integrity key from
+$PERSISTKIT_INTEGRITY_KEYS unless ``--key`` names another source.
 """
 
 from __future__ import annotations
@@ -44,7 +47,26 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("migrate", help="create or upgrade the store's own tables")
     m.add_argument("url", nargs="?")
     m.add_argument("--check", action="store_true", help="only report whether the schema is behind")
+    v = sub.add_parser("verify", help="check every record's integrity tag and chain; list every broken one")
+    v.add_argument("url", nargs="?")
+    v.add_argument("--thread", help="only this thread")
+    v.add_argument("--key", default=None, help="integrity key source: file:PATH or env:VAR "
+                   "(default: $PERSISTKIT_INTEGRITY_KEYS)")
+    v.add_argument("--witness", default=None, help="the witness the store was written with: file:PATH or a store URL")
     return p
+
+
+def _verify(ns: argparse.Namespace) -> int:
+    import os
+
+    from ._store import DEFAULT_URL
+
+    url = ns.url or os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
+    key: Any = ns.key if ns.key is not None else True
+    with connect(url, integrity=key, witness=ns.witness) as store:
+        report = store.verify(ns.thread)
+    print(report)
+    return 0 if report.ok else 1
 
 
 def _url_thread(args: list[str]) -> tuple[str | None, str]:
@@ -88,6 +110,8 @@ def _run(ns: argparse.Namespace) -> int:
             backend.close()
         print(status)
         return 1 if ns.check and status.behind else 0
+    if ns.command == "verify":
+        return _verify(ns)
     url, thread = _url_thread(ns.args)
     with _store(url) as store:
         if ns.command == "history":

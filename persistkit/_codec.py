@@ -120,6 +120,12 @@ class Codec:
                 return zlib.decompress(blob[1:])
             except zlib.error as exc:
                 raise SerializationError(f"compressed record is corrupt ({exc})", path=path) from exc
+        if blob[0] == 0xA1:
+            raise SerializationError(
+                "the record is sealed with an integrity tag: open the store with "
+                "pk.connect(url, integrity=...) and the integrity key",
+                path=path,
+            )
         raise SerializationError(
             f"unknown record envelope 0x{blob[0]:02x}: written by a newer persistkit, "
             "or not written by persistkit (an encrypted store opened without its key?)",

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
 from ._codec import Codec
@@ -21,6 +21,9 @@ from ._records import Checkpoint, Record
 from ._serde import Serializer
 from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend
+
+if TYPE_CHECKING:
+    from ._verify import IntegrityReport
 
 __all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
 
@@ -327,6 +330,22 @@ class Store:
         )
         return result
 
+    def verify(self, thread_id: str | None = None) -> IntegrityReport:
+        """Check every record of one thread (or of the whole store) offline and report
+        every broken one. Needs a store opened with ``integrity=``."""
+        from ._verify import verify_backend
+        from .backends._integrity import IntegrityBackend
+
+        self._check_open()
+        if not isinstance(self.backend, IntegrityBackend):
+            raise ConfigurationError(
+                f"store {self.url} was opened without integrity=; open it with "
+                "pk.connect(url, integrity=...) to verify it"
+            )
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        return verify_backend(self.backend, thread_id)
+
     def delete_thread(self, thread_id: str) -> bool:
         """Delete every checkpoint and value of a thread. Returns whether it existed."""
         check_thread_id(thread_id)
@@ -438,6 +457,8 @@ def connect(
     allow_pickle: bool = False,
     allow_modules: tuple[str, ...] = (),
     compress_threshold: int = 1024,
+    integrity: Any = None,
+    witness: Any = None,
     **options: Any,
 ) -> Store:
     """Open a store from a URL (``sqlite:///agent.db``, ``memory://``, ``postgresql://...``,
@@ -447,8 +468,12 @@ def connect(
     ``blobs`` names a second store (typically S3) for channel values larger than
     ``blob_threshold`` bytes. ``allow_pickle`` lets values of unknown types be
     pickled (off: a clear ``SerializationError`` instead). ``allow_modules`` lists
-    modules whose classes may be revived from storage. Other keyword options go
-    to the backend.
+    modules whose classes may be revived from storage. ``integrity`` (True,
+    ``"env:VAR"``, ``"file:PATH"``, key bytes, ``{id: key}``, a callable or a
+    ``KeyRing``) seals every record with a keyed hash chain and refuses tampered
+    reads; ``witness`` (``"file:PATH"``, a store URL or Backend, or an object with
+    ``record``/``latest``) also refuses a store rolled back to an older copy.
+    Other keyword options go to the backend.
     """
     if url is None:
         url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
@@ -462,6 +487,13 @@ def connect(
             raise ConfigurationError(f"blob_threshold must be a positive int, got {blob_threshold!r}")
         blob_backend = blobs if isinstance(blobs, Backend) else open_backend(blobs)
         backend = OffloadBackend(backend, blob_backend, threshold=blob_threshold)
+    # -- integrity: the OUTERMOST wrapper (keep this block last) ------------------
+    if integrity is not None and integrity is not False:
+        from .backends._integrity import wrap_integrity
+
+        backend = wrap_integrity(backend, integrity, witness)
+    elif witness is not None:
+        raise ConfigurationError("witness= needs integrity= (the witness records integrity tags)")
     if not isinstance(compress_threshold, int) or compress_threshold < 1:
         raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
     serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 from ._errors import IntegrityError
 from .backends import Backend
-from .backends._integrity import IntegrityBackend, Sealed, check_links, check_witness, open_blob, open_row
+from .backends._integrity import (
+    IntegrityBackend,
+    Sealed,
+    check_links,
+    check_witness,
+    open_blob,
+    open_row,
+)
 
 __all__ = ["IntegrityProblem", "IntegrityReport", "verify_backend"]
 

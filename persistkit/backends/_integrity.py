@@ -53,7 +53,8 @@ import hmac
 import logging
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, TypeVar
+from itertools import pairwise
+from typing import Any, TypeVar
 
 from .._errors import ConfigurationError, ConflictError, IntegrityError
 from .._keys import KeyRing
@@ -329,7 +330,7 @@ class IntegrityBackend(Backend):
                 target: Any = self.witness if method.startswith("w:") else self._inner
                 try:
                     result = getattr(target, method.removeprefix("w:"))(*args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001 - handed to the operation, which decides
+                except BaseException as exc:
                     method, args, kwargs = op.throw(exc)
                 else:
                     method, args, kwargs = op.send(result)
@@ -343,7 +344,7 @@ class IntegrityBackend(Backend):
                 target: Any = self.witness if method.startswith("w:") else self._inner
                 try:
                     result = await getattr(target, "a" + method.removeprefix("w:"))(*args, **kwargs)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     method, args, kwargs = op.throw(exc)
                 else:
                     method, args, kwargs = op.send(result)
@@ -416,7 +417,7 @@ class IntegrityBackend(Backend):
             if before is None and sealed and (head is None or sealed[0].seq > head.version):
                 continue  # a writer committed between the head read and the list
             break
-        for a, b in zip(sealed, sealed[1:], strict=False):
+        for a, b in pairwise(sealed):
             check_links(thread_id, namespace, a, b)
         if sealed and (want is None or len(sealed) < want) and sealed[-1].seq != 1:
             oldest = sealed[-1]
@@ -453,7 +454,7 @@ class IntegrityBackend(Backend):
             "list", thread_id, namespace, run_id=run_id, before=before, limit=limit
         )
         sealed = [self._open(r) for r in rows]
-        for a, b in zip(sealed, sealed[1:], strict=False):
+        for a, b in pairwise(sealed):
             if a.seq == b.seq + 1:
                 check_links(thread_id, namespace, a, b)
                 continue
@@ -464,7 +465,7 @@ class IntegrityBackend(Backend):
                 "list", thread_id, namespace, before=a.row.checkpoint_id, limit=a.seq - b.seq
             )
             chain = [a, *(self._open(r) for r in gap)]
-            for x, y in zip(chain, chain[1:], strict=False):
+            for x, y in pairwise(chain):
                 check_links(thread_id, namespace, x, y)
                 if y.row.run_id == run_id and y.row.checkpoint_id != b.row.checkpoint_id:
                     raise IntegrityError(

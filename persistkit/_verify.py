@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ._errors import IntegrityError
 from .backends import Backend
 from .backends._integrity import (
+    _FIX,
     IntegrityBackend,
     Sealed,
     check_links,
@@ -89,7 +90,7 @@ def namespaces(backend: Backend, thread_id: str) -> list[str]:
 
 def _reason(exc: IntegrityError) -> str:
     # The message starts with "thread '...' checkpoint ...: "; the problem carries that already.
-    text = str(exc)
+    text = str(exc).replace(" " + _FIX, "")
     return text.split(": ", 1)[1] if ": " in text else text
 
 
@@ -101,6 +102,7 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
 
     head = inner.head(thread_id, ns)
     good: list[Sealed] = []  # verified rows, newest first
+    last_ok = True  # was the row just before (newer) verified? A broken row is reported once, not twice
     before: str | None = None
     newest_seen: str | None = None
     while True:
@@ -112,13 +114,15 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
                 s = open_row(row, ib.keyring)
             except IntegrityError as exc:
                 problem(row.checkpoint_id, _reason(exc))
+                last_ok = False
                 continue
-            if good:
+            if good and last_ok:
                 try:
                     check_links(thread_id, ns, good[-1], s)
                 except IntegrityError as exc:
                     problem(good[-1].row.checkpoint_id, _reason(exc))
             good.append(s)
+            last_ok = True
         if len(page) < _PAGE:
             break
         before = page[-1].checkpoint_id

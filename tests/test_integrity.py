@@ -654,13 +654,14 @@ def test_cli_verify(env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     kid = KeyRing.coerce(KEY, purpose="integrity").active_id
     keyfile.write_text(f"{kid}:{KEY.hex()}\n")
     t, cids = written(env)
-    args = ["verify", env.url, "--key", f"file:{keyfile}", "--witness", env.witness]
+    args = ["verify", env.url, "--key", f"file:{keyfile}", "--witness", env.witness, "--thread", t]
     assert main(args) == 0
     env.raw.set_row(t, cids[1], "run_id", "x")
     env.raw.set_row(t, cids[3], "run_id", "y")
-    assert main([*args, "--thread", t]) == 1
+    assert main(args) == 1
     out = capsys.readouterr().out
     assert cids[1] in out and cids[3] in out and "2 problem(s)" in out
     assert KEY.hex() not in out
     os.environ.pop("PERSISTKIT_INTEGRITY_KEYS", None)
-    assert main(["verify", env.url]) == 1  # no key in the environment: a clear error
+    assert main(["verify", env.url, "--thread", t]) == 1  # no key in the environment: a clear error
+    assert "PERSISTKIT_INTEGRITY_KEYS" in capsys.readouterr().err

@@ -15,6 +15,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -417,7 +418,7 @@ def test_5_forged_unsealed_record_in_the_middle(env: Env) -> None:
     src_row = plain.backend.list("src", "", limit=1)[0]
     plain.close()
     # ids of consecutive steps may be adjacent numbers: forge into a gap, else before the first
-    gaps = [a for a, b in zip(cids, cids[1:], strict=False) if int(b, 16) - int(a, 16) > 1]
+    gaps = [a for a, b in pairwise(cids) if int(b, 16) - int(a, 16) > 1]
     after = gaps[0] if gaps else format(int(cids[0], 16) - 2, f"0{len(cids[0])}x")
     forged = format(int(after, 16) + 1, f"0{len(cids[0])}x")
     assert forged not in cids

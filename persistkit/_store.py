@@ -346,6 +346,23 @@ class Store:
             check_thread_id(thread_id)
         return verify_backend(self.backend, thread_id)
 
+    def copy_from(self, source: Store | str, thread_id: str | None = None) -> int:
+        """Copy one thread (or every thread) of another store into this integrity store,
+        sealing every record (history, ids and blobs kept). The way to move an existing
+        store under ``integrity=``. Returns the number of checkpoints copied."""
+        from ._verify import copy_into
+        from .backends._integrity import IntegrityBackend
+
+        self._check_open()
+        if not isinstance(self.backend, IntegrityBackend):
+            raise ConfigurationError("copy_from() seals records: open the target with pk.connect(url, integrity=...)")
+        src = connect(source) if isinstance(source, str) else source
+        try:
+            return copy_into(src.backend, self.backend, None if thread_id is None else check_thread_id(thread_id))
+        finally:
+            if isinstance(source, str):
+                src.close()
+
     def delete_thread(self, thread_id: str) -> bool:
         """Delete every checkpoint and value of a thread. Returns whether it existed."""
         check_thread_id(thread_id)

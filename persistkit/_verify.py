@@ -173,3 +173,34 @@ def verify_backend(ib: IntegrityBackend, thread_id: str | None = None) -> Integr
         if len(page) < _PAGE:
             return report
         after = page[-1]
+
+
+def copy_into(source: Backend, target: IntegrityBackend, thread_id: str | None = None) -> int:
+    """Copy threads (one, or all) of an unsealed store into an integrity store, sealing them.
+
+    The migration path into integrity: rows are immutable, so an existing store is
+    never sealed in place. Every row keeps its checkpoint id, parent, run id and
+    payload; blobs are copied first. Returns the number of rows copied. The target
+    threads must not exist yet (``ConflictError`` otherwise).
+    """
+    copied = 0
+    if thread_id is not None:
+        todo = [thread_id]
+    else:
+        todo, after = [], None
+        while True:
+            page = source.threads(after=after, limit=_PAGE)
+            todo += page
+            if len(page) < _PAGE:
+                break
+            after = page[-1]
+    for tid in todo:
+        blobs = source.scan_blobs(tid, *_BLOB_RANGE)
+        if blobs:
+            target.put_blobs(tid, blobs)
+        for ns in namespaces(source, tid):
+            rows = source.list(tid, ns)
+            for version, row in enumerate(reversed(rows)):
+                target.write(row, {}, version)
+                copied += 1
+    return copied

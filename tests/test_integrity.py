@@ -666,3 +666,19 @@ def test_cli_verify(env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     os.environ.pop("PERSISTKIT_INTEGRITY_KEYS", None)
     assert main(["verify", env.url, "--thread", t]) == 1  # no key in the environment: a clear error
     assert "PERSISTKIT_INTEGRITY_KEYS" in capsys.readouterr().err
+
+
+def test_copy_an_unsealed_store_into_an_integrity_store(env: Env, tmp_path: Path) -> None:
+    old_url = f"sqlite:///{tmp_path}/old.db"
+    old = pk.connect(old_url)
+    t = uid("old")
+    agent(old, t, 3)
+    old.update_state(t, {"notes": "edited"})
+    history = [cp.checkpoint_id for cp in old.history(t)]
+    old.close()
+    sealed = env.open()
+    assert sealed.copy_from(old_url, t) == len(history)
+    assert [cp.checkpoint_id for cp in sealed.history(t)] == history
+    assert sealed.get_state(t)["notes"] == "edited"
+    agent(sealed, t, 1, start=3)  # and it goes on from there, sealed
+    assert sealed.verify(t).ok

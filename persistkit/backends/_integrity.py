@@ -54,7 +54,7 @@ import logging
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .._errors import ConfigurationError, ConflictError, IntegrityError
 from .._keys import KeyRing
@@ -298,6 +298,9 @@ class IntegrityBackend(Backend):
     ``witness`` (optional) keeps the latest head tag outside the store.
     """
 
+    # Read from the class (not the instance) by callers: promise only what every inner store can.
+    atomic_blobs: ClassVar[bool] = False
+
     def __init__(self, inner: Backend, keyring: KeyRing, witness: Witness | None = None) -> None:
         if keyring.purpose != "integrity":
             raise ConfigurationError(f"IntegrityBackend needs an integrity key ring, got one for {keyring.purpose}")
@@ -306,7 +309,6 @@ class IntegrityBackend(Backend):
         self.witness = witness
         self._links: dict[tuple[str, str], _Link] = {}
         setattr(self, "native_async", inner.native_async)  # noqa: B010 - as native as its inner store
-        setattr(self, "atomic_blobs", inner.atomic_blobs)  # noqa: B010
         self.url = inner.url
 
     @property

@@ -32,7 +32,7 @@ from persistkit.backends._witness import FileWitness, WitnessEntry
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
-KINDS = ["memory", "sqlite", "postgres"]
+KINDS = ["memory", "sqlite", "postgres", "redis"]
 
 
 # -- raw access to each store's storage ---------------------------------------------------
@@ -194,6 +194,90 @@ class SQLRaw(Raw):
         self.con.close()
 
 
+class RedisRaw(Raw):
+    """The Redis layout of ``persistkit/backends/redis.py`` (row hash, id and run indexes, head hash)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        from persistkit.backends._redis_ops import Keys
+
+        parts = urlsplit(url)
+        self.r = redis.Redis.from_url(parts._replace(query="").geturl())
+        self.k = Keys(parse_qs(parts.query)["prefix"][0], 0)
+
+    def _n(self, t: str, kind: bytes) -> bytes:
+        return self.k.ns(t, "", kind)
+
+    def _row(self, t: str, cid: str) -> CheckpointRow:
+        from persistkit.backends._redis_ops import _unpack
+
+        return _unpack(t, "", cid, self.r.hget(self._n(t, b"r"), cid))
+
+    def _put(self, row: CheckpointRow, old_run: str | None = None) -> None:
+        from persistkit.backends._redis_ops import _b64, _pack
+
+        cid = row.checkpoint_id.encode()
+        self.r.hset(self._n(row.thread_id, b"r"), cid, _pack(row))
+        self.r.zadd(self._n(row.thread_id, b"i"), {cid: 0})
+        if old_run is not None:
+            self.r.zrem(self._n(row.thread_id, b"u"), _b64(old_run) + b":" + cid)
+        if row.run_id is not None:
+            self.r.zadd(self._n(row.thread_id, b"u"), {_b64(row.run_id) + b":" + cid: 0})
+
+    def rows(self, t: str) -> list[tuple[str, str | None, str | None, bytes]]:
+        cids = sorted(c.decode() for c in self.r.hkeys(self._n(t, b"r")))
+        return [(c, r.parent_id, r.run_id, r.payload) for c in cids for r in [self._row(t, c)]]
+
+    def head(self, t: str) -> tuple[str, int]:
+        h = self.r.hgetall(self._n(t, b"h"))
+        return h[b"c"].decode(), int(h[b"v"])
+
+    def set_head(self, t: str, cid: str, version: int) -> None:
+        self.r.hset(self._n(t, b"h"), mapping={"c": cid, "v": version})
+
+    def delete_row(self, t: str, cid: str) -> None:
+        row = self._row(t, cid)
+        self.r.hdel(self._n(t, b"r"), cid)
+        self.r.zrem(self._n(t, b"i"), cid)
+        if row.run_id is not None:
+            from persistkit.backends._redis_ops import _b64
+
+            self.r.zrem(self._n(t, b"u"), _b64(row.run_id) + b":" + cid.encode())
+
+    def set_row(self, t: str, cid: str, column: str, value: Any) -> None:
+        import dataclasses
+
+        row = self._row(t, cid)
+        self._put(dataclasses.replace(row, **{column: value}), old_run=row.run_id)
+
+    def insert_row(self, t: str, cid: str, parent: str | None, run: str | None, payload: bytes) -> None:
+        self._put(CheckpointRow(t, "", cid, parent, run, payload))
+
+    def blobs(self, t: str) -> dict[str, bytes]:
+        return {k.decode(): v for k, v in self.r.hgetall(self.k.thread(t) + b"b").items()}
+
+    def set_blob(self, t: str, key: str, data: bytes) -> None:
+        self.r.hset(self.k.thread(t) + b"b", key, data)
+
+    def _keys(self, t: str) -> list[bytes]:
+        return list(self.r.scan_iter(match=self.k.thread(t) + b"*"))
+
+    def snapshot(self, threads: list[str]) -> Any:
+        return threads, {key: self.r.dump(key) for t in threads for key in self._keys(t)}
+
+    def restore(self, snap: Any) -> None:
+        threads, dumps = snap
+        for t in threads:
+            for key in self._keys(t):
+                self.r.delete(key)
+        for key, data in dumps.items():
+            self.r.restore(key, 0, data, replace=True)
+
+    def close(self) -> None:
+        self.r.close()
+
+
 @pytest.fixture(params=KINDS)
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Iterator[Env]:
     url = make_url(request.param, request, tmp_path_factory)
@@ -219,7 +303,12 @@ class Env:
     @property
     def raw(self) -> Raw:
         if self._raw is None:
-            self._raw = MemoryRaw(self.url) if self.kind == "memory" else SQLRaw(self.kind, self.url)
+            if self.kind == "memory":
+                self._raw = MemoryRaw(self.url)
+            elif self.kind == "redis":
+                self._raw = RedisRaw(self.url)
+            else:
+                self._raw = SQLRaw(self.kind, self.url)
         return self._raw
 
     def close(self) -> None:
@@ -490,6 +579,8 @@ def test_9_thread_removed_behind_our_back(env: Env) -> None:
         env.raw.delete_row(t, cid)
     if env.kind == "memory":
         env.raw.data.heads.pop((t, ""))  # type: ignore[attr-defined]
+    elif env.kind == "redis":
+        env.raw.r.delete(env.raw._n(t, b"h"))  # type: ignore[attr-defined]
     else:
         env.raw._q("DELETE FROM {h} WHERE thread_id = ?", t)  # type: ignore[attr-defined]
     store = env.open()

@@ -714,6 +714,9 @@ def test_run_filtered_listing_checks_the_gaps(env: Env) -> None:
     fresh = env.open().backend
     refused(lambda: fresh.list(t, "", run_id="A"), t, {cids[4], cids[5]})
     refused(lambda: fresh.list(t, "", run_id="B"), t, {cids[4], cids[5]})
+    # the gap sits between two pages of A's listing: the row past the page catches it
+    refused(lambda: fresh.list(t, "", run_id="A", limit=1), t, {cids[4], cids[5]})
+    assert [r.checkpoint_id for r in fresh.list(t, "", run_id="A", before=cids[3], limit=1)] == [cids[2]]
 
 
 def test_store_and_callback_witnesses(env: Env) -> None:

@@ -74,6 +74,8 @@ _BLOB_PERSON = b"pk-int-blob-v1"
 #: Re-reads of head + newest row before a mismatch is called tampering (a concurrent
 #: writer can commit between the two reads).
 _HEAD_ATTEMPTS = 5
+#: Threads whose newest tag is cached for the next write (a miss costs one head + one get).
+_LINK_CACHE = 10_000
 _FIX = (
     "The store was edited outside persistkit, restored from an older copy, or written without "
     "the integrity key. Restore it from a trusted backup, or fork the thread from a checkpoint "
@@ -359,7 +361,14 @@ class IntegrityBackend(Backend):
         return open_row(row, self.keyring)
 
     def _remember(self, s: Sealed) -> None:
-        self._links[(s.row.thread_id, s.row.namespace)] = _Link(s.seq, s.row.checkpoint_id, s.tag)
+        self._link(s.row.thread_id, s.row.namespace, _Link(s.seq, s.row.checkpoint_id, s.tag))
+
+    def _link(self, thread_id: str, namespace: str, link: _Link) -> None:
+        links = self._links
+        links.pop((thread_id, namespace), None)
+        links[(thread_id, namespace)] = link
+        if len(links) > _LINK_CACHE:  # bounded: a long-lived server touches unboundedly many threads
+            links.pop(next(iter(links)), None)
 
     def _witness_check(self, thread_id: str, namespace: str, head: Sealed | None) -> _Op[None]:
         if self.witness is None:
@@ -452,8 +461,10 @@ class IntegrityBackend(Backend):
     def _run_list_op(
         self, thread_id: str, namespace: str, run_id: str, before: str | None, limit: int | None
     ) -> _Op[list[CheckpointRow]]:
+        # One row past the page, so the link across the page boundary is checked too.
+        want = None if limit is None else limit + 1
         rows: list[CheckpointRow] = yield _req(
-            "list", thread_id, namespace, run_id=run_id, before=before, limit=limit
+            "list", thread_id, namespace, run_id=run_id, before=before, limit=want
         )
         sealed = [self._open(r) for r in rows]
         for a, b in pairwise(sealed):
@@ -476,7 +487,7 @@ class IntegrityBackend(Backend):
                     )
             if chain[-1].row.checkpoint_id != b.row.checkpoint_id:
                 check_links(thread_id, namespace, chain[-1], b)
-        if sealed and (limit is None or len(sealed) < limit) and sealed[-1].seq > 1:
+        if sealed and (want is None or len(sealed) < want) and sealed[-1].seq > 1:
             oldest = sealed[-1]
             assert oldest.prev_cid is not None
             prev: CheckpointRow | None = yield _req("get", thread_id, namespace, oldest.prev_cid)
@@ -486,7 +497,7 @@ class IntegrityBackend(Backend):
                     f"{oldest.prev_cid} (record #{oldest.seq - 1}), is missing; a record was deleted. {_FIX}"
                 )
             check_links(thread_id, namespace, oldest, self._open(prev))
-        return [s.plain() for s in sealed]
+        return [s.plain() for s in (sealed if limit is None else sealed[:limit])]
 
     def _write_op(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> _Op[Head]:
         t, ns = row.thread_id, row.namespace
@@ -522,7 +533,7 @@ class IntegrityBackend(Backend):
         except ConflictError:
             self._links.pop((t, ns), None)
             raise
-        self._links[(t, ns)] = _Link(seq, row.checkpoint_id, tag)
+        self._link(t, ns, _Link(seq, row.checkpoint_id, tag))
         if self.witness is not None:
             try:
                 yield _req("w:record", t, ns, seq, row.checkpoint_id, tag)

@@ -29,6 +29,8 @@ from ._run import Run, StepEvent, StepInfo
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
+from ._verify import IntegrityProblem, IntegrityReport
+from .backends._witness import FileWitness, Witness, WitnessEntry
 
 if TYPE_CHECKING:
     from ._model import State
@@ -42,7 +44,10 @@ __all__ = [
     "Checkpoint",
     "ConfigurationError",
     "ConflictError",
+    "FileWitness",
     "IntegrityError",
+    "IntegrityProblem",
+    "IntegrityReport",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
@@ -58,6 +63,8 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "TrackedList",
+    "Witness",
+    "WitnessEntry",
     "add",
     "append",
     "checkpointed",

@@ -776,3 +776,19 @@ def test_copy_an_unsealed_store_into_an_integrity_store(env: Env, tmp_path: Path
     assert sealed.get_state(t)["notes"] == "edited"
     agent(sealed, t, 1, start=3)  # and it goes on from there, sealed
     assert sealed.verify(t).ok
+
+
+def test_a_failing_witness_never_fails_a_committed_step(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def record(self, *args: Any) -> None:
+            raise OSError("witness disk full")
+
+        def latest(self, t: str, ns: str) -> None:
+            return None
+
+    t = uid("wfail")
+    store = env.open(witness=Broken())
+    with caplog.at_level("WARNING", logger="persistkit"):
+        agent(store, t, 2)
+    assert store.get_state(t)["messages"] == ["message 0", "message 1"]
+    assert "witness disk full" in caplog.text and repr(t) in caplog.text

@@ -100,6 +100,8 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
     def problem(cid: str | None, reason: str) -> None:
         report.problems.append(IntegrityProblem(thread_id, ns, cid, reason))
 
+    # The witness first: a writer records after its commit, so what is read next is at least as new.
+    seen = ib.witness.latest(thread_id, ns) if ib.witness is not None else None
     head = inner.head(thread_id, ns)
     good: list[Sealed] = []  # verified rows, newest first
     last_ok = True  # was the row just before (newer) verified? A broken row is reported once, not twice
@@ -142,7 +144,7 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
             )
     if ib.witness is not None:
         try:
-            check_witness(thread_id, ns, newest if head is not None else None, ib.witness.latest(thread_id, ns))
+            check_witness(thread_id, ns, newest if head is not None else None, seen)
         except IntegrityError as exc:
             problem(head.checkpoint_id if head else None, _reason(exc))
 

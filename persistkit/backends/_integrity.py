@@ -71,9 +71,6 @@ FORMAT = 1
 TAG_SIZE = 32
 _ROW_PERSON = b"pk-int-row-v1"
 _BLOB_PERSON = b"pk-int-blob-v1"
-#: Re-reads of head + newest row before a mismatch is called tampering (a concurrent
-#: writer can commit between the two reads).
-_HEAD_ATTEMPTS = 5
 #: Threads whose newest tag is cached for the next write (a miss costs one head + one get).
 _LINK_CACHE = 10_000
 _FIX = (
@@ -370,43 +367,53 @@ class IntegrityBackend(Backend):
         if len(links) > _LINK_CACHE:  # bounded: a long-lived server touches unboundedly many threads
             links.pop(next(iter(links)), None)
 
-    def _witness_check(self, thread_id: str, namespace: str, head: Sealed | None) -> _Op[None]:
+    def _witness_latest(self, thread_id: str, namespace: str) -> _Op[WitnessEntry | None]:
+        # Read BEFORE the head: a writer records in the witness after its commit, so a head
+        # read later is at least as new as anything the witness held at this moment.
         if self.witness is None:
+            return None
+        seen: WitnessEntry | None = yield _req("w:latest", thread_id, namespace)
+        return seen
+
+    def _overtaken(self, thread_id: str, namespace: str, newest: Sealed, head: Head | None) -> _Op[None]:
+        """``newest`` (listed after ``head`` was read) is newer than ``head``: a live writer, or a
+        head set back. Rows and head move together, so the head read again must have caught up
+        with ``newest``; a head that stays behind was replaced by an older version of itself."""
+        again: Head | None = yield _req("head", thread_id, namespace)
+        if again is not None and (
+            again.version > newest.seq
+            or (again.version == newest.seq and again.checkpoint_id == newest.row.checkpoint_id)
+        ):
             return
-        seen = yield _req("w:latest", thread_id, namespace)
-        check_witness(thread_id, namespace, head, seen)
+        shown = f"{again.checkpoint_id} version {again.version}" if again else "none"
+        raise IntegrityError(
+            f"{where(thread_id, namespace, newest.row.checkpoint_id)}: this record (#{newest.seq}) is newer "
+            f"than the thread head ({shown}): the head was replaced by an older version of itself, "
+            f"or the records were inserted. {_FIX}"
+        )
 
     def _head_op(self, thread_id: str, namespace: str) -> _Op[Head | None]:
-        newer: Sealed | None = None
-        for _ in range(_HEAD_ATTEMPTS):
-            head: Head | None = yield _req("head", thread_id, namespace)
-            rows: list[CheckpointRow] = yield _req("list", thread_id, namespace, limit=1)
-            newest = self._open(rows[0]) if rows else None
-            if head is None:
-                if newest is None:
-                    yield from self._witness_check(thread_id, namespace, None)
-                    return None
-                newer = newest
-                continue  # a first write racing us, or a head deleted behind our back
-            if newest is not None and newest.seq > head.version:
-                newer = newest
-                continue  # a concurrent writer committed between the two reads
-            if newest is None or newest.row.checkpoint_id != head.checkpoint_id or newest.seq != head.version:
-                raise IntegrityError(
-                    f"{where(thread_id, namespace, head.checkpoint_id)}: the thread head (version "
-                    f"{head.version}) points at this checkpoint, but the newest stored record is "
-                    + (f"checkpoint {newest.row.checkpoint_id} (record #{newest.seq})" if newest else "missing")
-                    + f"; the newest records were removed or the head was edited. {_FIX}"
-                )
-            yield from self._witness_check(thread_id, namespace, newest)
+        seen = yield from self._witness_latest(thread_id, namespace)
+        head: Head | None = yield _req("head", thread_id, namespace)
+        rows: list[CheckpointRow] = yield _req("list", thread_id, namespace, limit=1)
+        newest = self._open(rows[0]) if rows else None
+        if newest is not None and (head is None or newest.seq > head.version):
+            yield from self._overtaken(thread_id, namespace, newest, head)
+            check_witness(thread_id, namespace, newest, seen)
+            return Head(newest.row.checkpoint_id, newest.seq)  # the head as of the listing
+        if head is not None and (
+            newest is None or newest.row.checkpoint_id != head.checkpoint_id or newest.seq != head.version
+        ):
+            raise IntegrityError(
+                f"{where(thread_id, namespace, head.checkpoint_id)}: the thread head (version "
+                f"{head.version}) points at this checkpoint, but the newest stored record is "
+                + (f"checkpoint {newest.row.checkpoint_id} (record #{newest.seq})" if newest else "missing")
+                + f"; the newest records were removed or the head was edited. {_FIX}"
+            )
+        check_witness(thread_id, namespace, newest, seen)
+        if newest is not None:
             self._remember(newest)
-            return head
-        assert newer is not None
-        raise IntegrityError(
-            f"{where(thread_id, namespace, newer.row.checkpoint_id)}: this record (#{newer.seq}) is newer than "
-            f"the thread head ({head.checkpoint_id + ' version ' + str(head.version) if head else 'none'}): "
-            f"the head was replaced by an older version of itself. {_FIX}"
-        )
+        return head
 
     def _get_op(self, thread_id: str, namespace: str, checkpoint_id: str) -> _Op[CheckpointRow | None]:
         row: CheckpointRow | None = yield _req("get", thread_id, namespace, checkpoint_id)
@@ -420,14 +427,11 @@ class IntegrityBackend(Backend):
         if run_id is not None:
             result = yield from self._run_list_op(thread_id, namespace, run_id, before, limit)
             return result
-        for _ in range(_HEAD_ATTEMPTS):
-            head: Head | None = (yield _req("head", thread_id, namespace)) if before is None else None
-            want = None if limit is None else limit + 1
-            rows: list[CheckpointRow] = yield _req("list", thread_id, namespace, before=before, limit=want)
-            sealed = [self._open(r) for r in rows]
-            if before is None and sealed and (head is None or sealed[0].seq > head.version):
-                continue  # a writer committed between the head read and the list
-            break
+        seen = (yield from self._witness_latest(thread_id, namespace)) if before is None else None
+        head: Head | None = (yield _req("head", thread_id, namespace)) if before is None else None
+        want = None if limit is None else limit + 1
+        rows: list[CheckpointRow] = yield _req("list", thread_id, namespace, before=before, limit=want)
+        sealed = [self._open(r) for r in rows]
         for a, b in pairwise(sealed):
             check_links(thread_id, namespace, a, b)
         if sealed and (want is None or len(sealed) < want) and sealed[-1].seq != 1:
@@ -438,7 +442,9 @@ class IntegrityBackend(Backend):
                 f"were deleted. {_FIX}"
             )
         if before is None:
-            if head is not None and (
+            if sealed and (head is None or sealed[0].seq > head.version):
+                yield from self._overtaken(thread_id, namespace, sealed[0], head)
+            elif head is not None and (
                 not sealed or sealed[0].row.checkpoint_id != head.checkpoint_id or sealed[0].seq != head.version
             ):
                 raise IntegrityError(
@@ -447,12 +453,7 @@ class IntegrityBackend(Backend):
                     + (f"checkpoint {sealed[0].row.checkpoint_id} (record #{sealed[0].seq})" if sealed else "missing")
                     + f"; records were removed or the head was edited. {_FIX}"
                 )
-            if head is None and sealed:
-                raise IntegrityError(
-                    f"{where(thread_id, namespace, sealed[0].row.checkpoint_id)}: records exist but the thread has "
-                    f"no head; the head was deleted or the records were inserted. {_FIX}"
-                )
-            yield from self._witness_check(thread_id, namespace, sealed[0] if sealed else None)
+            check_witness(thread_id, namespace, sealed[0] if sealed else None, seen)
             if sealed:
                 self._remember(sealed[0])
         keep = sealed if limit is None else sealed[:limit]

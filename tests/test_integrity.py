@@ -792,3 +792,33 @@ def test_a_failing_witness_never_fails_a_committed_step(env: Env, caplog: pytest
         agent(store, t, 2)
     assert store.get_state(t)["messages"] == ["message 0", "message 1"]
     assert "witness disk full" in caplog.text and repr(t) in caplog.text
+
+
+def test_readers_racing_a_writer_see_no_tampering(env: Env) -> None:
+    import threading
+
+    t = uid("race")
+    store = env.open()
+    agent(store, t, 1)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                store.history(t, limit=3)
+                store.get_state(t)
+                store.get_checkpoint(t)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        agent(store, t, 30, start=1)
+    finally:
+        done.set()
+        reader.join()
+    assert not errors, errors[0]
+    assert store.verify(t).ok

@@ -51,6 +51,7 @@ import builtins
 import hashlib
 import hmac
 import logging
+import struct
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -80,6 +81,9 @@ _FIX = (
 )
 
 
+_U32 = struct.Struct(">I")
+
+
 def where(thread_id: str, namespace: str, checkpoint_id: str | None = None) -> str:
     text = f"thread {thread_id!r}"
     if namespace:
@@ -92,8 +96,8 @@ def where(thread_id: str, namespace: str, checkpoint_id: str | None = None) -> s
 def _s(value: str | None) -> bytes:
     if value is None:
         return b"\x00"
-    data = value.encode("utf-8")
-    return b"\x01" + len(data).to_bytes(4, "big") + data
+    data = value.encode("utf-8", "surrogatepass")  # ids may hold lone surrogates
+    return b"\x01" + _U32.pack(len(data)) + data
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,8 @@ class Sealed:
     body: bytes
 
     def plain(self) -> CheckpointRow:
-        return replace(self.row, payload=self.body)
+        r = self.row  # the constructor, not dataclasses.replace: this runs once per row read
+        return CheckpointRow(r.thread_id, r.namespace, r.checkpoint_id, r.parent_id, r.run_id, self.body)
 
 
 def _row_mac(

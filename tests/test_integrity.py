@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -496,7 +495,9 @@ def test_store_and_callback_witnesses(env: Env) -> None:
         assert env.open(witness=None).get_state(t)["messages"] == ["message 0", "message 1"]
 
 
-def test_cli_verify(env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_verify(
+    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from persistkit.__main__ import main
 
     if env.kind == "memory":
@@ -507,13 +508,16 @@ def test_cli_verify(env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     t, cids = written(env)
     args = ["verify", env.url, "--key", f"file:{keyfile}", "--witness", env.witness, "--thread", t]
     assert main(args) == 0
+    monkeypatch.setenv("PERSISTKIT_INTEGRITY_KEYS", f"{kid}:{KEY.hex()}")
+    assert main(["verify", env.url, "--thread", t]) == 0  # the key from the environment
     env.raw.set_row(t, cids[1], "run_id", "x")
     env.raw.set_row(t, cids[3], "run_id", "y")
     assert main(args) == 1
     out = capsys.readouterr().out
     assert cids[1] in out and cids[3] in out and "2 problem(s)" in out
     assert KEY.hex() not in out
-    os.environ.pop("PERSISTKIT_INTEGRITY_KEYS", None)
+    assert main(["verify", env.url, "--thread", t]) == 1
+    monkeypatch.delenv("PERSISTKIT_INTEGRITY_KEYS")
     assert main(["verify", env.url, "--thread", t]) == 1  # no key in the environment: a clear error
     assert "PERSISTKIT_INTEGRITY_KEYS" in capsys.readouterr().err
 
@@ -625,3 +629,26 @@ def test_s3_content_edit_and_rollback(s3_env: Env) -> None:
     refused(lambda: store.history(t), t)
     assert not store.verify(t).ok
     assert s3_env.open(witness=None).get_state(t)["messages"][-1] == "message 4"  # genuine, only older
+
+
+def test_file_witness_compacts_reloads_and_refuses_an_edited_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.log"
+    w = FileWitness(path)
+    for seq in range(1, 1201):
+        w.record("a", "", seq, f"c{seq}", bytes(32))
+        w.record("b", "ns", seq, f"d{seq}", b"\x01" * 32)
+    w.record("a", "", 5, "old", bytes(32))  # never goes backwards
+    w.forget("b")
+    w.close()
+    assert len(path.read_text().splitlines()) < 1100  # compacted
+    with path.open("a") as fh:
+        fh.write('{"t": "a", "n": "", "s": 99')  # a line torn by a crash: ignored
+    again = FileWitness(path)
+    assert again.latest("a", "") == WitnessEntry(1200, "c1200", bytes(32))
+    assert again.latest("b", "ns") is None
+    again.record("a", "", 1201, "c1201", bytes(32))  # appended on a line of its own
+    again.close()
+    assert FileWitness(path).latest("a", "") == WitnessEntry(1201, "c1201", bytes(32))
+    path.write_text('{"t": "a"}\n' + path.read_text())
+    with pytest.raises(pk.IntegrityError, match="line 1"):
+        FileWitness(path)

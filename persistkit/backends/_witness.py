@@ -107,17 +107,23 @@ class FileWitness(Witness):
         self._load()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._torn:  # drop the torn fragment, or the next record would be glued onto it
+                with open(self.path, "r+b") as raw:
+                    data = raw.read()
+                    raw.truncate(data.rfind(b"\n") + 1)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open for appends
         except OSError as exc:
             raise ConfigurationError(f"witness file {str(self.path)!r} cannot be opened ({exc.strerror})") from exc
 
     def _load(self) -> None:
+        self._torn = False
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return
         except OSError as exc:
             raise ConfigurationError(f"witness file {str(self.path)!r} cannot be read ({exc.strerror})") from exc
+        self._torn = bool(text) and not text.endswith("\n")
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue

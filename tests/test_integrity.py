@@ -652,3 +652,22 @@ def test_file_witness_compacts_reloads_and_refuses_an_edited_file(tmp_path: Path
     path.write_text('{"t": "a"}\n' + path.read_text())
     with pytest.raises(pk.IntegrityError, match="line 1"):
         FileWitness(path)
+
+
+def test_a_record_moved_to_another_namespace_or_id_fails_its_tag() -> None:
+    import dataclasses
+
+    from persistkit.backends._integrity import open_row
+    from persistkit.backends.memory import MemoryBackend
+
+    ring = KeyRing({"k1": KEY}, purpose="integrity")
+    inner = MemoryBackend()
+    ib = IntegrityBackend(inner, ring)
+    row = CheckpointRow("t", "a", next_checkpoint_id(None), None, "r", b"\x01{}")
+    ib.write(row, {}, 0)
+    stored = inner.get("t", "a", row.checkpoint_id)
+    assert stored is not None and open_row(stored, ring).seq == 1
+    for change in ({"namespace": "b"}, {"thread_id": "u"}, {"checkpoint_id": next_checkpoint_id(row.checkpoint_id)},
+                   {"run_id": None}, {"parent_id": row.checkpoint_id}):
+        with pytest.raises(pk.IntegrityError, match="does not match"):
+            open_row(dataclasses.replace(stored, **change), ring)

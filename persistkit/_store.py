@@ -441,6 +441,12 @@ class Store:
         )
         return result
 
+    async def averify(self, thread_id: str | None = None) -> IntegrityReport:
+        """``verify`` in a worker thread (an offline walk: it uses the store's blocking methods)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.verify, thread_id)
+
     async def adelete_thread(self, thread_id: str) -> bool:
         check_thread_id(thread_id)
         result: bool = await self.run_async(_delete_plan(thread_id))

@@ -411,6 +411,7 @@ def test_async_paths(env: Env) -> None:
         assert len(await store.ahistory(t)) == 5
 
     asyncio.run(go())
+    assert asyncio.run(store.averify(t)).ok
     cids = [r[0] for r in env.raw.rows(t)]
     payload = env.raw.rows(t)[1][3]
     env.raw.set_row(t, cids[1], "payload", edit_body(payload, lambda b: b.update(n="other")))

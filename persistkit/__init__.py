@@ -33,7 +33,9 @@ from ._secrets import Secret
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
+from ._verify import IntegrityProblem, IntegrityReport
 from .backends._encrypted import RotationReport
+from .backends._witness import FileWitness, Witness, WitnessEntry
 
 if TYPE_CHECKING:
     from ._model import State
@@ -47,7 +49,10 @@ __all__ = [
     "Checkpoint",
     "ConfigurationError",
     "ConflictError",
+    "FileWitness",
     "IntegrityError",
+    "IntegrityProblem",
+    "IntegrityReport",
     "KeyRing",
     "NonDeterminismError",
     "NotFoundError",
@@ -67,6 +72,8 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "TrackedList",
+    "Witness",
+    "WitnessEntry",
     "add",
     "append",
     "checkpointed",

@@ -7,13 +7,17 @@
     persistkit migrate [URL] [--check]
     persistkit rotate-keys [URL] [--thread T] [--keys SOURCE] [--batch-size N] [--after T] [--encrypt-plaintext]
     persistkit keygen [--id KEY_ID]
+    persistkit verify [URL] [--thread T] [--key SOURCE] [--keys SOURCE] [--witness W]
 
 Encryption keys come from $PERSISTKIT_ENCRYPTION_KEYS, or ``--keys env:VAR`` /
-``--keys file:PATH``; key material is never printed except by ``keygen``,
-whose one job is to print a fresh key.
+``--keys file:PATH``; integrity keys from $PERSISTKIT_INTEGRITY_KEYS or
+``--key``. Key material is never printed except by ``keygen``, whose one job
+is to print a fresh key.
 
 URL defaults to $PERSISTKIT_URL, else the SQLite file under ./.persistkit/.
-Exit status: 0 ok, 1 error (or, with ``migrate --check``, the schema is behind).
+Exit status: 0 ok, 1 error (or, with ``migrate --check``, the schema is behind;
+with ``verify``, any broken record). ``verify`` reads the integrity key from
+$PERSISTKIT_INTEGRITY_KEYS unless ``--key`` names another source.
 """
 
 from __future__ import annotations
@@ -60,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--encrypt-plaintext", action="store_true", help="also seal plaintext records (migration)")
     k = sub.add_parser("keygen", help="print a fresh encryption key entry 'key_id:base64'")
     k.add_argument("--id", dest="key_id", help="key id (default: derived from the key)")
+    v = sub.add_parser("verify", help="check every record's integrity tag and chain; list every broken one")
+    v.add_argument("url", nargs="?")
+    v.add_argument("--thread", help="only this thread")
+    v.add_argument("--key", default=None, help="integrity key source: file:PATH or env:VAR "
+                   "(default: $PERSISTKIT_INTEGRITY_KEYS)")
+    v.add_argument("--keys", default=None, help="encryption keys of an encrypted store: env:VAR or file:PATH "
+                   "(default: $PERSISTKIT_ENCRYPTION_KEYS when set)")
+    v.add_argument("--witness", default=None, help="the witness the store was written with: file:PATH or a store URL")
     return p
 
 
@@ -88,6 +100,23 @@ def _keygen(key_id: str | None) -> int:
     KeyRing({kid: key})  # validates the id
     print(f"{kid}:{base64.b64encode(key).decode('ascii')}")
     return 0
+
+
+def _verify(ns: argparse.Namespace) -> int:
+    import os
+
+    from ._store import DEFAULT_URL
+
+    url = ns.url or os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
+    key: Any = ns.key if ns.key is not None else True
+    for source in (ns.key, ns.keys):
+        if source is not None and not source.startswith(("env:", "file:")):
+            raise SystemExit("--key/--keys take env:VAR or file:PATH (never key text on the command line)")
+    encryption: Any = ns.keys if ns.keys is not None else (True if os.environ.get("PERSISTKIT_ENCRYPTION_KEYS") else None)
+    with connect(url, integrity=key, witness=ns.witness, encryption=encryption) as store:
+        report = store.verify(ns.thread)
+    print(report)
+    return 0 if report.ok else 1
 
 
 def _url_thread(args: list[str]) -> tuple[str | None, str]:
@@ -135,6 +164,8 @@ def _run(ns: argparse.Namespace) -> int:
             backend.close()
         print(status)
         return 1 if ns.check and status.behind else 0
+    if ns.command == "verify":
+        return _verify(ns)
     url, thread = _url_thread(ns.args)
     with _store(url) as store:
         store.codec.reveal = False  # print handles, never the secrets they stand for

@@ -167,9 +167,15 @@ class Codec:
                 "keys: open it with pk.connect(url, encryption=...)",
                 path=path,
             )
+        if blob[0] == 0xA1:  # persistkit.backends._integrity: a sealed (tagged) record
+            raise SerializationError(
+                "the record is sealed with an integrity tag: open the store with "
+                "pk.connect(url, integrity=...) and the integrity key",
+                path=path,
+            )
         raise SerializationError(
             f"unknown record envelope 0x{blob[0]:02x}: written by a newer persistkit, "
-            "or not written by persistkit (an encrypted store opened without its key?)",
+            "or not written by persistkit",
             path=path,
         )
 

@@ -24,6 +24,7 @@ from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend
 
 if TYPE_CHECKING:
+    from ._verify import IntegrityReport
     from .backends._encrypted import EncryptedBackend, RotationReport
 
 __all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
@@ -383,6 +384,39 @@ class Store:
             )
         return enc
 
+    def verify(self, thread_id: str | None = None) -> IntegrityReport:
+        """Check every record of one thread (or of the whole store) offline and report
+        every broken one. Needs a store opened with ``integrity=``."""
+        from ._verify import verify_backend
+        from .backends._integrity import IntegrityBackend
+
+        self._check_open()
+        if not isinstance(self.backend, IntegrityBackend):
+            raise ConfigurationError(
+                f"store {self.url} was opened without integrity=; open it with "
+                "pk.connect(url, integrity=...) to verify it"
+            )
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        return verify_backend(self.backend, thread_id)
+
+    def copy_from(self, source: Store | str, thread_id: str | None = None) -> int:
+        """Copy one thread (or every thread) of another store into this integrity store,
+        sealing every record (history, ids and blobs kept). The way to move an existing
+        store under ``integrity=``. Returns the number of checkpoints copied."""
+        from ._verify import copy_into
+        from .backends._integrity import IntegrityBackend
+
+        self._check_open()
+        if not isinstance(self.backend, IntegrityBackend):
+            raise ConfigurationError("copy_from() seals records: open the target with pk.connect(url, integrity=...)")
+        src = connect(source) if isinstance(source, str) else source
+        try:
+            return copy_into(src.backend, self.backend, None if thread_id is None else check_thread_id(thread_id))
+        finally:
+            if isinstance(source, str):
+                src.close()
+
     def delete_thread(self, thread_id: str) -> bool:
         """Delete every checkpoint and value of a thread. Returns whether it existed."""
         check_thread_id(thread_id)
@@ -461,6 +495,12 @@ class Store:
         )
         return result
 
+    async def averify(self, thread_id: str | None = None) -> IntegrityReport:
+        """``verify`` in a worker thread (an offline walk: it uses the store's blocking methods)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.verify, thread_id)
+
     async def adelete_thread(self, thread_id: str) -> bool:
         check_thread_id(thread_id)
         result: bool = await self.run_async(_delete_plan(thread_id))
@@ -498,6 +538,8 @@ def connect(
     vault: Vault | None = None,
     encryption: Any = None,
     accept_plaintext: bool = False,
+    integrity: Any = None,
+    witness: Any = None,
     **options: Any,
 ) -> Store:
     """Open a store from a URL (``sqlite:///agent.db``, ``memory://``, ``postgresql://...``,
@@ -514,7 +556,12 @@ def connect(
     (keys from ``$PERSISTKIT_ENCRYPTION_KEYS``), ``"env:VAR"``, ``"file:PATH"``,
     key bytes, a ``{key_id: key}`` mapping, a callable or a :class:`pk.KeyRing`;
     ``accept_plaintext=True`` reads records written before encryption was on
-    (while migrating). Other keyword options go to the backend.
+    (while migrating). ``integrity`` (True,
+    ``"env:VAR"``, ``"file:PATH"``, key bytes, ``{id: key}``, a callable or a
+    ``KeyRing``) seals every record with a keyed hash chain and refuses tampered
+    reads; ``witness`` (``"file:PATH"``, a store URL or Backend, or an object with
+    ``record``/``latest``) also refuses a store rolled back to an older copy.
+    Other keyword options go to the backend.
     """
     if url is None:
         url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
@@ -538,6 +585,13 @@ def connect(
         backend = EncryptedBackend(backend, keyring, accept_plaintext=accept_plaintext)
     elif accept_plaintext:
         raise ConfigurationError("accept_plaintext=True only applies together with encryption=...")
+    # -- integrity: the OUTERMOST wrapper (keep this block last) ------------------
+    if integrity is not None and integrity is not False:
+        from .backends._integrity import wrap_integrity
+
+        backend = wrap_integrity(backend, integrity, witness)
+    elif witness is not None:
+        raise ConfigurationError("witness= needs integrity= (the witness records integrity tags)")
     if not isinstance(compress_threshold, int) or compress_threshold < 1:
         raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
     serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))

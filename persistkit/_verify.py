@@ -1,0 +1,199 @@
+"""Offline verification of an integrity store: every broken record, not only the first.
+
+``store.verify()`` / ``python -m persistkit verify URL`` walk each thread (or
+one) and each of its namespaces through the *inner* store, check every row's
+tag, every chain link, the head and the witness, and every blob's tag, and
+collect a :class:`IntegrityProblem` for each failure instead of stopping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._errors import IntegrityError
+from .backends import Backend
+from .backends._integrity import (
+    _FIX,
+    IntegrityBackend,
+    Sealed,
+    check_links,
+    check_witness,
+    open_blob,
+    open_row,
+)
+
+__all__ = ["IntegrityProblem", "IntegrityReport", "verify_backend"]
+
+_PAGE = 500
+#: Blob keys are printable ASCII; this range covers every one of them.
+_BLOB_RANGE = (" ", "\x7f")
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrityProblem:
+    """One broken record: where it is and what is wrong with it."""
+
+    thread_id: str
+    namespace: str
+    checkpoint_id: str | None
+    reason: str
+    blob_key: str | None = None
+
+    def __str__(self) -> str:
+        at = f"thread {self.thread_id!r}"
+        if self.namespace:
+            at += f" namespace {self.namespace!r}"
+        if self.checkpoint_id:
+            at += f" checkpoint {self.checkpoint_id}"
+        if self.blob_key:
+            at += f" blob {self.blob_key!r}"
+        return f"{at}: {self.reason}"
+
+
+@dataclass(slots=True)
+class IntegrityReport:
+    """What ``store.verify()`` found. ``ok`` is True when nothing is broken."""
+
+    threads: int = 0
+    records: int = 0
+    blobs: int = 0
+    problems: list[IntegrityProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.threads} thread(s), {self.records} record(s), {self.blobs} blob(s) checked: "
+            + ("all verified" if self.ok else f"{len(self.problems)} problem(s)")
+        )
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+
+def namespaces(backend: Backend, thread_id: str) -> list[str]:
+    """The namespaces of a thread (every built-in store implements ``Backend.namespaces``)."""
+    return list(backend.namespaces(thread_id))
+
+
+def _reason(exc: IntegrityError) -> str:
+    # The message starts with "thread '...' checkpoint ...: "; the problem carries that already.
+    text = str(exc).replace(" " + _FIX, "")
+    return text.split(": ", 1)[1] if ": " in text else text
+
+
+def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: IntegrityReport) -> None:
+    inner = ib.inner
+
+    def problem(cid: str | None, reason: str) -> None:
+        report.problems.append(IntegrityProblem(thread_id, ns, cid, reason))
+
+    # The witness first: a writer records after its commit, so what is read next is at least as new.
+    seen = ib.witness.latest(thread_id, ns) if ib.witness is not None else None
+    head = inner.head(thread_id, ns)
+    good: list[Sealed] = []  # verified rows, newest first
+    last_ok = True  # was the row just before (newer) verified? A broken row is reported once, not twice
+    before: str | None = None
+    newest_seen: str | None = None
+    while True:
+        page = inner.list(thread_id, ns, before=before, limit=_PAGE)
+        for row in page:
+            newest_seen = newest_seen or row.checkpoint_id
+            report.records += 1
+            try:
+                s = open_row(row, ib.keyring)
+            except IntegrityError as exc:
+                problem(row.checkpoint_id, _reason(exc))
+                last_ok = False
+                continue
+            if good and last_ok:
+                try:
+                    check_links(thread_id, ns, good[-1], s)
+                except IntegrityError as exc:
+                    problem(good[-1].row.checkpoint_id, _reason(exc))
+            good.append(s)
+            last_ok = True
+        if len(page) < _PAGE:
+            break
+        before = page[-1].checkpoint_id
+    if good and good[-1].seq != 1:
+        problem(good[-1].row.checkpoint_id, f"the oldest verifiable record is #{good[-1].seq}; older records are missing")
+    newest = good[0] if good else None
+    if head is None:
+        if newest_seen is not None:
+            problem(newest_seen, "records exist but the thread has no head (head deleted, or records inserted)")
+    else:
+        if newest is None or newest.row.checkpoint_id != head.checkpoint_id or newest.seq != head.version:
+            problem(
+                head.checkpoint_id,
+                f"the head (version {head.version}) does not match the newest verified record "
+                + (f"(checkpoint {newest.row.checkpoint_id}, #{newest.seq})" if newest else "(none)")
+                + ": newest records removed, or the head replaced by an older version",
+            )
+    if ib.witness is not None:
+        try:
+            check_witness(thread_id, ns, newest if head is not None else None, seen)
+        except IntegrityError as exc:
+            problem(head.checkpoint_id if head else None, _reason(exc))
+
+
+def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport) -> None:
+    report.threads += 1
+    for ns in namespaces(ib.inner, thread_id):
+        _verify_namespace(ib, thread_id, ns, report)
+    for key, value in ib.inner.scan_blobs(thread_id, *_BLOB_RANGE).items():
+        report.blobs += 1
+        try:
+            open_blob(thread_id, key, value, ib.keyring)
+        except IntegrityError as exc:
+            report.problems.append(IntegrityProblem(thread_id, "", None, _reason(exc), blob_key=key))
+
+
+def verify_backend(ib: IntegrityBackend, thread_id: str | None = None) -> IntegrityReport:
+    """Walk one thread, or every thread of the store, and report every broken record."""
+    report = IntegrityReport()
+    if thread_id is not None:
+        _verify_thread(ib, thread_id, report)
+        return report
+    after: str | None = None
+    while True:
+        page = ib.inner.threads(after=after, limit=_PAGE)
+        for tid in page:
+            _verify_thread(ib, tid, report)
+        if len(page) < _PAGE:
+            return report
+        after = page[-1]
+
+
+def copy_into(source: Backend, target: IntegrityBackend, thread_id: str | None = None) -> int:
+    """Copy threads (one, or all) of an unsealed store into an integrity store, sealing them.
+
+    The migration path into integrity: rows are immutable, so an existing store is
+    never sealed in place. Every row keeps its checkpoint id, parent, run id and
+    payload; blobs are copied first. Returns the number of rows copied. The target
+    threads must not exist yet (``ConflictError`` otherwise).
+    """
+    copied = 0
+    if thread_id is not None:
+        todo = [thread_id]
+    else:
+        todo, after = [], None
+        while True:
+            page = source.threads(after=after, limit=_PAGE)
+            todo += page
+            if len(page) < _PAGE:
+                break
+            after = page[-1]
+    for tid in todo:
+        blobs = source.scan_blobs(tid, *_BLOB_RANGE)
+        if blobs:
+            target.put_blobs(tid, blobs)
+        for ns in namespaces(source, tid):
+            rows = source.list(tid, ns)
+            for version, row in enumerate(reversed(rows)):
+                target.write(row, {}, version)
+                copied += 1
+    return copied

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ._errors import IntegrityError
-from .backends import Backend
+from .backends import Backend, CheckpointRow
 from .backends._integrity import (
     _FIX,
     IntegrityBackend,
@@ -85,8 +85,28 @@ def _reason(exc: IntegrityError) -> str:
     return text.split(": ", 1)[1] if ": " in text else text
 
 
+class _Source:
+    """Where verification reads rows and blobs: below an encryption layer when there is
+    one, opening each record on its own, so that one record that fails to decrypt is
+    reported (and its neighbours still checked) instead of failing a whole page."""
+
+    def __init__(self, ib: IntegrityBackend) -> None:
+        from .backends._encrypted import EncryptedBackend
+
+        inner = ib.inner
+        self.enc = inner if isinstance(inner, EncryptedBackend) else None
+        self.backend: Backend = self.enc.inner if self.enc is not None else inner
+
+    def row(self, row: CheckpointRow) -> CheckpointRow:
+        return row if self.enc is None else self.enc.open_row(row)
+
+    def blob(self, thread_id: str, key: str, data: bytes) -> bytes:
+        return data if self.enc is None else self.enc.open_blob(thread_id, key, data)
+
+
 def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: IntegrityReport) -> None:
-    inner = ib.inner
+    source = _Source(ib)
+    inner = source.backend
 
     def problem(cid: str | None, reason: str) -> None:
         report.problems.append(IntegrityProblem(thread_id, ns, cid, reason))
@@ -104,7 +124,7 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
             newest_seen = newest_seen or row.checkpoint_id
             report.records += 1
             try:
-                s = open_row(row, ib.keyring)
+                s = open_row(source.row(row), ib.keyring)
             except IntegrityError as exc:
                 problem(row.checkpoint_id, _reason(exc))
                 last_ok = False
@@ -144,10 +164,11 @@ def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport
     report.threads += 1
     for ns in namespaces(ib.inner, thread_id):
         _verify_namespace(ib, thread_id, ns, report)
-    for key, value in ib.inner.scan_blobs(thread_id, *_BLOB_RANGE).items():
+    source = _Source(ib)
+    for key, value in source.backend.scan_blobs(thread_id, *_BLOB_RANGE).items():
         report.blobs += 1
         try:
-            open_blob(thread_id, key, value, ib.keyring)
+            open_blob(thread_id, key, source.blob(thread_id, key, value), ib.keyring)
         except IntegrityError as exc:
             report.problems.append(IntegrityProblem(thread_id, "", None, _reason(exc), blob_key=key))
 

@@ -33,12 +33,12 @@ from ._secrets import Secret
 from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
-from ._verify import IntegrityProblem, IntegrityReport
-from .backends._encrypted import RotationReport
-from .backends._witness import FileWitness, Witness, WitnessEntry
 
 if TYPE_CHECKING:
     from ._model import State
+    from ._verify import IntegrityProblem, IntegrityReport
+    from .backends._encrypted import RotationReport
+    from .backends._witness import FileWitness, Witness, WitnessEntry
 
 __version__ = "0.1.0"
 
@@ -92,11 +92,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # pk.State imports pydantic; importing persistkit alone does not.
-    if name == "State":
-        from ._model import State
+# Names whose modules only a store with encryption or integrity needs: imported on
+# first use, so that `import persistkit` stays cheap (pk.State: pydantic, likewise).
+_LAZY = {
+    "State": "._model",
+    "IntegrityProblem": "._verify",
+    "IntegrityReport": "._verify",
+    "RotationReport": ".backends._encrypted",
+    "FileWitness": ".backends._witness",
+    "Witness": ".backends._witness",
+    "WitnessEntry": ".backends._witness",
+}
 
-        globals()["State"] = State
-        return State
-    raise AttributeError(f"module 'persistkit' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'persistkit' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -101,7 +101,7 @@ class Record:
             status=b.get("s"),
             run_status=self.run_status,
             schema=self.schema,
-            created_at=datetime.fromtimestamp(float(b.get("t", 0.0)), UTC),
+            created_at=_created(b.get("t", 0.0), self.row),
             metadata=codec.decode(meta, "metadata", reveal=False) if meta else {},
             error=error,
             forked_from=(str(f[0]), str(f[1])) if f else None,
@@ -165,6 +165,15 @@ def _check_body(body: Any) -> str | None:
     if body["k"] == "step" and not ("p" in body and "n" in body and "s" in body):
         return "a step record without position, name or status"
     return None
+
+
+def _created(t: Any, row: CheckpointRow) -> datetime:
+    try:
+        return datetime.fromtimestamp(float(t), UTC)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise SerializationError(
+            f"creation time {t!r} is out of range", path=f"checkpoint {row.checkpoint_id} of thread {row.thread_id!r}"
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,11 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
 
 def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport) -> None:
     report.threads += 1
-    for ns in namespaces(ib.inner, thread_id):
+    known = set(namespaces(ib.inner, thread_id))
+    if ib.witness is not None:  # a thread removed from the store entirely is still walked
+        listed = getattr(ib.witness, "namespaces", None)
+        known.update(listed(thread_id) if callable(listed) else [""])
+    for ns in sorted(known):
         _verify_namespace(ib, thread_id, ns, report)
     source = _Source(ib)
     for key, value in source.backend.scan_blobs(thread_id, *_BLOB_RANGE).items():

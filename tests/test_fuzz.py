@@ -68,3 +68,16 @@ def test_atheris_bounded_run(tmp_path: Path) -> None:
         cwd=HERE,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_out_of_range_creation_time_is_a_serialization_error() -> None:
+    """Found by the random mutations: a stored time far outside datetime's range."""
+    import persistkit as pk
+    from persistkit._codec import Codec
+    from persistkit._records import Record
+    from persistkit.backends import CheckpointRow
+
+    codec = Codec()
+    row = CheckpointRow("t", "", "0" * 24, None, None, codec.pack_tree({"k": "update", "t": 1e20, "ch": {}}))
+    with pytest.raises(pk.SerializationError, match="out of range"):
+        Record.decode(codec, row).public(codec)

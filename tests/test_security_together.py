@@ -124,3 +124,32 @@ def test_cli_verify_on_an_encrypted_integrity_store(tmp_path: Path, monkeypatch:
     env.pop("PERSISTKIT_ENCRYPTION_KEYS")
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode != 0
+
+
+def test_readme_security_snippet_runs(tmp_path: Path) -> None:
+    """The README's Security example, pointed at a SQLite file and a temp witness."""
+    import base64
+    import os
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    found = re.search(r"## Security\s.*?```python\n(.*?)```", readme, re.S)
+    assert found is not None
+    code = found.group(1).replace('"postgresql://db/agents"', f'"sqlite:///{tmp_path}/agent.db"')
+    code = code.replace("/var/lib/agent/witness.log", f"{tmp_path}/witness.log")
+    code = "import persistkit as pk\n" + code + (
+        "\n@pk.checkpointed\ndef ask(q):\n    import os\n    return 'key ' + os.environ['OPENAI_API_KEY']\n"
+        "with pk.resume('t', store=store):\n    print(ask('q'))\n"
+        "print(store.verify().ok)\n"
+    )
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": OPENAI,
+        "PERSISTKIT_ENCRYPTION_KEYS": "k1:" + base64.b64encode(ENC_A).decode(),
+        "PERSISTKIT_INTEGRITY_KEYS": "m1:" + base64.b64encode(MAC).decode(),
+    }
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["key", OPENAI, "True"]
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("agent.db*"))
+    assert OPENAI.encode() not in raw

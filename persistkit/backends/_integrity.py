@@ -304,6 +304,9 @@ class IntegrityBackend(Backend):
 
     # Read from the class (not the instance) by callers: promise only what every inner store can.
     atomic_blobs: ClassVar[bool] = False
+    # Rewriting a sealed row in place would break the chain after it: rotation of
+    # encryption keys runs below this wrapper instead, on the encrypted store.
+    supports_rewrite: ClassVar[bool] = False
 
     def __init__(self, inner: Backend, keyring: KeyRing, witness: Witness | None = None) -> None:
         if keyring.purpose != "integrity":
@@ -601,6 +604,13 @@ class IntegrityBackend(Backend):
 
     def namespaces(self, thread_id: str) -> builtins.list[str]:
         return self._inner.namespaces(thread_id)
+
+    def rewrite(self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]) -> None:
+        raise ConfigurationError(
+            "records under integrity= are sealed into a chain and cannot be rewritten in place: "
+            "store.rotate_keys() re-encrypts below the integrity layer, and store.copy_from() "
+            "moves threads to a store with new integrity keys"
+        )
 
     def delete_thread(self, thread_id: str) -> bool:
         return self._drive(self._delete_op(thread_id))

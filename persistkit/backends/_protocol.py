@@ -88,6 +88,9 @@ class Backend(abc.ABC):
     #: and set this to False: the loser's new blobs stay, unreferenced (they are
     #: never deleted there, since a concurrent writer may already reference them).
     atomic_blobs: ClassVar[bool] = True
+    #: True when ``rewrite`` replaces stored bytes (key rotation needs it). A
+    #: wrapper whose records cannot change in place (the integrity chain) sets False.
+    supports_rewrite: ClassVar[bool] = True
 
     #: The URL the backend was opened from, with any password masked.
     url: str = ""

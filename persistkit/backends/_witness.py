@@ -73,6 +73,11 @@ class Witness:
         """The thread was deleted through persistkit: drop every namespace of it."""
         raise NotImplementedError
 
+    def namespaces(self, thread_id: str) -> list[str]:
+        """The namespaces of ``thread_id`` this witness knows (for ``verify``: a thread
+        removed from the store entirely is still walked). Optional: ``[]`` by default."""
+        return []
+
     def close(self) -> None:
         """Release resources. Idempotent."""
 
@@ -185,6 +190,10 @@ class FileWitness(Witness):
         with self._lock:
             return self._entries.get((thread_id, namespace))
 
+    def namespaces(self, thread_id: str) -> list[str]:
+        with self._lock:
+            return sorted(ns for t, ns in self._entries if t == thread_id)
+
     def forget(self, thread_id: str) -> None:
         with self._lock:
             self._drop(thread_id)
@@ -270,6 +279,9 @@ class StoreWitness(Witness):
             for key in [k for k in self._versions if k[0] == thread_id]:
                 del self._versions[key]
         self.backend.delete_thread(thread_id)
+
+    def namespaces(self, thread_id: str) -> list[str]:
+        return list(self.backend.namespaces(thread_id))
 
     async def alatest(self, thread_id: str, namespace: str) -> WitnessEntry | None:
         head = await self.backend.ahead(thread_id, namespace)

@@ -127,7 +127,8 @@ def _ref_ok(ref: Any) -> bool:
         return len(ref) == 1 and _is_str(ref["b"])
     return (
         len(ref) == 3
-        and (ref.get("l") is None or _is_str(ref.get("l")))
+        and "l" in ref
+        and (ref["l"] is None or _is_str(ref["l"]))
         and type(ref.get("n")) is int
         and ref["n"] >= 0
         and type(ref.get("g")) is int

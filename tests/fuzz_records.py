@@ -72,7 +72,30 @@ def _fail() -> None:
 
 
 def build() -> tuple[dict[tuple[str, str], dict[str, CheckpointRow]], dict[str, dict[str, bytes]]]:
-    """A genuine store's rows and blobs, as the memory backend holds them."""
+    """A genuine store's rows and blobs, as the memory backend holds them.
+
+    Deterministic (a fake clock, fixed run ids), so that a crashing fuzz input
+    replays against the same bytes in any later process.
+    """
+    import itertools
+    import random
+    import time
+    from unittest import mock
+
+    import persistkit._ids as ids
+
+    clock = itertools.count(1_700_000_000_000)
+    runs = (f"{i:032x}" for i in itertools.count(1))
+    ids._last, ids._last_text = 0, ""
+    with (
+        mock.patch.object(time, "time", lambda: next(clock) / 1000),
+        mock.patch.object(random, "getrandbits", lambda n: 0),
+        mock.patch("persistkit._run.new_run_id", lambda: next(runs)),
+    ):
+        return _build()
+
+
+def _build() -> tuple[dict[tuple[str, str], dict[str, CheckpointRow]], dict[str, dict[str, bytes]]]:
     backend = MemoryBackend()
     store = pk.Store(backend)
     with pk.resume(TID, store=store, state={"log": [], "count": 0}, metadata={"user": "u1"}):

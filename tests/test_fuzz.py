@@ -61,7 +61,9 @@ def test_the_harness_can_fail() -> None:
 def test_atheris_bounded_run(tmp_path: Path) -> None:
     runs = os.environ.get("PERSISTKIT_FUZZ_RUNS", "5000")
     proc = subprocess.run(
-        [sys.executable, str(HERE / "fuzz_records.py"), f"-runs={runs}", "-max_total_time=120", f"-artifact_prefix={tmp_path}/"],
+        # a fixed seed: the same inputs on every run, so CI fails only when code changes
+        [sys.executable, str(HERE / "fuzz_records.py"), f"-runs={runs}", "-seed=20261123", "-max_total_time=120",
+         f"-artifact_prefix={tmp_path}/"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -81,3 +83,16 @@ def test_out_of_range_creation_time_is_a_serialization_error() -> None:
     row = CheckpointRow("t", "", "0" * 24, None, None, codec.pack_tree({"k": "update", "t": 1e20, "ch": {}}))
     with pytest.raises(pk.SerializationError, match="out of range"):
         Record.decode(codec, row).public(codec)
+
+
+# Inputs the coverage-guided run once crashed on (base64 of the atheris input).
+REGRESSIONS = [
+    "CvsKCvsK",  # a list ref without its "l" key reached the loader (KeyError)
+]
+
+
+@pytest.mark.parametrize("data", REGRESSIONS)
+def test_atheris_regressions(data: str) -> None:
+    import base64
+
+    fuzz_records.atheris_input(base64.b64decode(data))

@@ -66,8 +66,8 @@ def test_all_layers_compose(store_url: str, tmp_path: Path) -> None:
     store.close()
 
     # without the encryption key the integrity layer cannot even see its tags
-    with pytest.raises(pk.PersistkitError):
-        pk.connect(store_url, integrity={"m": MAC}).history(tid)
+    with pk.connect(store_url, integrity={"m": MAC}) as keyless, pytest.raises(pk.PersistkitError):
+        keyless.history(tid)
 
 
 def test_sqlite_file_holds_no_marker_no_secret_and_refuses_edits(tmp_path: Path) -> None:

@@ -220,5 +220,6 @@ def atheris_input(data: bytes) -> None:
 if __name__ == "__main__":
     import atheris
 
+    atheris.instrument_all()  # coverage feedback from every loaded module (persistkit's included)
     atheris.Setup(sys.argv, atheris_input)
     atheris.Fuzz()

@@ -24,6 +24,8 @@ import zlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import zstandard
+
 import persistkit as pk
 from persistkit.backends import CheckpointRow
 from persistkit.backends.memory import MemoryBackend
@@ -157,6 +159,8 @@ def mutate(original: bytes, how: int, where: int, extra: bytes) -> bytes:
         inner = original[1:]
     elif original[:1] == b"\x02":
         inner = zlib.decompress(original[1:])
+    elif original[:1] == b"\x04":
+        inner = zstandard.ZstdDecompressor().decompress(original[1:])
     op = how % 6
     if op == 0 or inner is None:  # raw bytes: envelope byte, compression stream
         buf = bytearray(original)
@@ -177,7 +181,12 @@ def mutate(original: bytes, how: int, where: int, extra: bytes) -> bytes:
     else:
         buf = buf[:pos]
     sealed = bytes(buf)
-    return (b"\x02" + zlib.compress(sealed)) if how % 2 else (b"\x01" + sealed)
+    envelope = (how // 6) % 3  # re-sealed in each envelope the codec reads
+    if envelope == 1:
+        return b"\x02" + zlib.compress(sealed)
+    if envelope == 2:
+        return b"\x04" + zstandard.ZstdCompressor(level=1).compress(sealed)
+    return b"\x01" + sealed
 
 
 def exercise(store: pk.Store, focus: str | None) -> None:

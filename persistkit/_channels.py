@@ -31,7 +31,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from ._codec import Codec, content_hash
+from ._codec import Codec, _orjson, content_hash
 from ._errors import IntegrityError, SerializationError
 from ._io import Plan, call
 from ._records import Record
@@ -88,14 +88,13 @@ class _ListPrev:
     last_raw: bytes | None = None  # orjson bytes of the newest item, when it is plain JSON
 
 
-try:  # a cheap "was the newest item edited in place?" for plain-JSON items
-    import orjson as _orjson
-
-    # datetimes, dataclasses, subclasses and the like raise: they take the typed comparison
-    _RAW_OPTS = _orjson.OPT_PASSTHROUGH_DATETIME | _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_SUBCLASS
-except ImportError:  # pragma: no cover
-    _orjson = None  # type: ignore[assignment]
-    _RAW_OPTS = 0
+# A cheap "was the newest item edited in place?" for plain-JSON items: datetimes,
+# dataclasses, subclasses and the like raise, and take the typed comparison.
+_RAW_OPTS = (
+    _orjson.OPT_PASSTHROUGH_DATETIME | _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_SUBCLASS
+    if _orjson is not None
+    else 0
+)
 
 
 def _raw(item: Any) -> bytes | None:
@@ -300,8 +299,7 @@ class Loader:
             yield from self._fetch_chain(name, ref["l"], ref["g"])
 
     def _fetch_chain(self, name: str, key: str | None, gen: int) -> Plan[None]:
-        walked: list[str] = []
-        seen: set[str] = set()
+        walked: dict[str, None] = {}  # ordered, and a loop is found in O(1)
         while key is not None and (name, key) not in self.complete:
             if _is_blob_key(key):
                 if key not in self.blobs and (name, gen) not in self.scanned:
@@ -322,13 +320,12 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self.add(Record.decode(self.codec, row) for row in page)
-            if key in seen:
+            if key in walked:
                 raise IntegrityError(
                     f"thread {self.thread_id!r}: list channel {name!r} has a segment chain that "
                     f"loops back to {key}; the store was edited"
                 )
-            walked.append(key)
-            seen.add(key)
+            walked[key] = None
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
 

@@ -35,7 +35,7 @@ try:  # 5-20x faster than the json module on the per-step path; optional
 except ImportError:  # pragma: no cover - exercised where no wheel exists
     _orjson = None  # type: ignore[assignment]
 
-__all__ = ["Codec", "content_hash"]
+__all__ = ["Codec", "_orjson", "content_hash"]  # _orjson: the one optional import, shared
 
 # One encoder for every write (json.dumps builds a new one per call). Trees come
 # from the serializer, which rejects cycles, so the circular check is skipped.

@@ -82,15 +82,14 @@ BUILTIN: tuple[Detector, ...] = (
 )
 
 #: Every built-in detector's match contains a run of at least this many token
-#: characters (``[A-Za-z0-9_-]``), or one of the KEYWORDS below: the shortest token
+#: characters (``[A-Za-z0-9_-]``), or one of the anchors below: the shortest token
 #: secret is a Slack ``xoxb-`` + 10 characters. (JWTs are dotted: "eyJ" covers them.)
 MIN_TOKEN_RUN = 15
 
-#: The anchors of the detectors that are not token runs: ``secret``, ``bearer`` and
-#: ``authorization`` (case-insensitive, searched lower-cased), ``PRIVATE KEY``, ``eyJ``
-#: (JWTs are dotted) and ``://`` with ``@`` (URL passwords). ``_secrets._may_match_builtin``
-#: searches them; a new detector must add its anchor there or be a token run.
-KEYWORDS: tuple[bytes, ...] = (b"secret", b"bearer", b"authorization", b"PRIVATE KEY", b"eyJ", b"://")
+# The detectors that are not token runs are found by their anchors — ``secret``,
+# ``bearer``, ``authorization`` (any case), ``PRIVATE KEY``, ``eyJ`` (JWTs are dotted)
+# and ``://`` with ``@`` — searched in ``_secrets._may_match_builtin``: a new detector
+# must add its anchor there or be a token run.
 
 #: The detectors whose matches are runs of token characters: tried only on such runs.
 TOKEN_KINDS = frozenset({"anthropic", "openai", "aws_access_key", "github", "slack", "google_api_key", "stripe"})

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
-from ._codec import _dump
+from ._codec import _dump, _orjson  # without orjson every digest takes the typed path
 from ._errors import ConflictError, NonDeterminismError, SerializationError
 from ._ids import new_run_id, next_checkpoint_id
 from ._io import Plan, call
@@ -40,10 +40,6 @@ RESULT_INLINE_LIMIT = 64 * 1024
 #: Lists longer than this enter an args digest by length and first and last item.
 _FINGERPRINT_ITEMS = 16
 
-try:  # the fast args digest; without orjson every digest takes the typed path
-    import orjson as _orjson
-except ImportError:  # pragma: no cover
-    _orjson = None  # type: ignore[assignment]
 
 
 def _fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -74,11 +74,6 @@ class IntegrityReport:
         return "\n".join([head, *(f"  {p}" for p in self.problems)])
 
 
-def namespaces(backend: Backend, thread_id: str) -> list[str]:
-    """The namespaces of a thread (every built-in store implements ``Backend.namespaces``)."""
-    return list(backend.namespaces(thread_id))
-
-
 def _reason(exc: IntegrityError) -> str:
     # The message starts with "thread '...' checkpoint ...: "; the problem carries that already.
     text = str(exc).replace(" " + _FIX, "")
@@ -162,7 +157,7 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
 
 def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport) -> None:
     report.threads += 1
-    known = set(namespaces(ib.inner, thread_id))
+    known = set(ib.inner.namespaces(thread_id))
     if ib.witness is not None:  # a thread removed from the store entirely is still walked
         listed = getattr(ib.witness, "namespaces", None)
         known.update(listed(thread_id) if callable(listed) else [""])
@@ -216,7 +211,7 @@ def copy_into(source: Backend, target: IntegrityBackend, thread_id: str | None =
         blobs = source.scan_blobs(tid, *_BLOB_RANGE)
         if blobs:
             target.put_blobs(tid, blobs)
-        for ns in namespaces(source, tid):
+        for ns in source.namespaces(tid):
             rows = source.list(tid, ns)
             for version, row in enumerate(reversed(rows)):
                 target.write(row, {}, version)

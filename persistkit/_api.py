@@ -11,9 +11,9 @@ import functools
 import inspect
 import itertools
 import typing
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
 from . import _serde
@@ -29,12 +29,17 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@dataclass(slots=True)
 class _Frame:
-    run: Run
-    path: str
-    step: StepInfo | None
-    seq: Iterator[int] = field(default_factory=itertools.count)
+    """Where the code runs: the run, the call path, and the step (name and attempt) if in one."""
+
+    __slots__ = ("attempt", "name", "path", "run", "seq")
+
+    def __init__(self, run: Run, path: str, name: str | None = None, attempt: int = 0) -> None:
+        self.run = run
+        self.path = path
+        self.name = name
+        self.attempt = attempt
+        self.seq = itertools.count()
 
     def child(self) -> str:
         n = next(self.seq)  # itertools.count is atomic under the GIL: safe across threads
@@ -47,7 +52,10 @@ _CURRENT: ContextVar[_Frame | None] = ContextVar("persistkit_frame", default=Non
 def current_step() -> StepInfo | None:
     """The step being executed (with its stable idempotency ``key``), or None outside a step."""
     frame = _CURRENT.get()
-    return frame.step if frame is not None else None
+    if frame is None or frame.name is None:
+        return None
+    run = frame.run
+    return StepInfo(run.thread_id, run.run_id, frame.path, frame.name, frame.attempt)
 
 
 def current_run() -> Run | None:
@@ -103,7 +111,7 @@ class resume:
     def __enter__(self) -> Run:
         run = self._new_run()
         run.store.run_sync(run.open(self.run_id))
-        self._token = _CURRENT.set(_Frame(run, "", None))
+        self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -113,8 +121,7 @@ class resume:
         if run.replay_only or (exc is not None and not isinstance(exc, Exception)):
             return  # a replayed run writes nothing; an interrupt leaves the run unfinished
         try:
-            with run.sync_lock():
-                run.store.run_sync(run.end_plan(exc))
+            run.end_sync(exc)
         except PersistkitError as end_exc:
             if exc is None:
                 raise
@@ -123,7 +130,7 @@ class resume:
     async def __aenter__(self) -> Run:
         run = self._new_run()
         await run.store.run_async(run.open(self.run_id))
-        self._token = _CURRENT.set(_Frame(run, "", None))
+        self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -133,8 +140,7 @@ class resume:
         if run.replay_only or (exc is not None and not isinstance(exc, Exception)):
             return
         try:
-            async with run.async_lock():
-                await run.store.run_async(run.end_plan(exc))
+            await run.end_async(exc)
         except PersistkitError as end_exc:
             if exc is None:
                 raise
@@ -273,8 +279,7 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     def body() -> Any:
         nonlocal attempt
         attempt += 1
-        info = StepInfo(run.thread_id, run.run_id, position, step.name, attempt)
-        token = _CURRENT.set(_Frame(run, position, info))
+        token = _CURRENT.set(_Frame(run, position, step.name, attempt))
         try:
             return step.fn(*args, **kwargs)
         except BaseException as exc:
@@ -293,11 +298,9 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
                 with att:
                     result = body()
     except Exception as exc:
-        with run.sync_lock():
-            run.store.run_sync(run.step_plan(position, step.name, digest, error=exc))
+        run.step_sync(position, step.name, digest, error=exc)
         raise
-    with run.sync_lock():
-        run.store.run_sync(run.step_plan(position, step.name, digest, result=result))
+    run.step_sync(position, step.name, digest, result=result)
     return result
 
 
@@ -311,8 +314,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     async def body() -> Any:
         nonlocal attempt
         attempt += 1
-        info = StepInfo(run.thread_id, run.run_id, position, step.name, attempt)
-        token = _CURRENT.set(_Frame(run, position, info))
+        token = _CURRENT.set(_Frame(run, position, step.name, attempt))
         try:
             return await step.fn(*args, **kwargs)
         except BaseException as exc:
@@ -331,9 +333,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
                 with att:
                     result = await body()
     except Exception as exc:
-        async with run.async_lock():
-            await run.store.run_async(run.step_plan(position, step.name, digest, error=exc))
+        await run.step_async(position, step.name, digest, error=exc)
         raise
-    async with run.async_lock():
-        await run.store.run_async(run.step_plan(position, step.name, digest, result=result))
+    await run.step_async(position, step.name, digest, result=result)
     return result

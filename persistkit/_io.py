@@ -25,7 +25,7 @@ from ._errors import BackendError, BackendUnavailableError, ConflictError, Persi
 from ._retry import testing_enabled
 from .backends import Backend, CheckpointRow, Head
 
-__all__ = ["Call", "Plan", "call", "run_async", "run_sync"]
+__all__ = ["Call", "Plan", "call", "call_async", "call_sync", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -77,7 +77,8 @@ def _checked(method: str, exc: BaseException) -> BaseException:
     return BackendError(f"store backend failed in {method}(): {type(exc).__name__}: {exc}")
 
 
-def _sync_call(backend: Backend, req: Call) -> Any:
+def call_sync(backend: Backend, req: Call) -> Any:
+    """``req`` on the backend's blocking method, transient failures retried."""
     last: BackendUnavailableError | None = None
     for attempt in range(TRANSIENT_ATTEMPTS):
         try:
@@ -98,7 +99,8 @@ def _sync_call(backend: Backend, req: Call) -> Any:
     raise last
 
 
-async def _async_call(backend: Backend, req: Call) -> Any:
+async def call_async(backend: Backend, req: Call) -> Any:
+    """``req`` on the backend's async twin, transient failures retried."""
     last: BackendUnavailableError | None = None
     for attempt in range(TRANSIENT_ATTEMPTS):
         try:
@@ -127,7 +129,7 @@ def run_sync(backend: Backend, plan: Plan[T]) -> T:
         req = next(plan)
         while True:
             try:
-                result = _sync_call(backend, req)
+                result = call_sync(backend, req)
             except BaseException as exc:
                 req = plan.throw(exc)
             else:
@@ -142,7 +144,7 @@ async def run_async(backend: Backend, plan: Plan[T]) -> T:
         req = next(plan)
         while True:
             try:
-                result = await _async_call(backend, req)
+                result = await call_async(backend, req)
             except BaseException as exc:
                 req = plan.throw(exc)
             else:

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._channels import Loader, Tracker
-from ._codec import _dump, _orjson  # without orjson every digest takes the typed path
+from ._channels import Diff, Loader, Tracker
+from ._codec import _dump, _orjson, content_hash  # without orjson every digest takes the typed path
 from ._errors import ConflictError, NonDeterminismError, SerializationError
 from ._ids import new_run_id, next_checkpoint_id
-from ._io import Plan, call
+from ._io import Call, Plan, call
 from ._records import Record
 from ._state import StateSpec, TrackedList
 from .backends import CheckpointRow, Head
@@ -115,6 +115,8 @@ class Run:
         self._tracker = Tracker(self.codec)
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}
+        schema = spec.schema
+        self._schema = schema  # stamped on every checkpoint (orjson writes a tuple as an array)
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -371,16 +373,60 @@ class Run:
                 stack.extend(e.exceptions)
 
     # -- commits ---------------------------------------------------------------------------
+    # A checkpoint goes straight to the backend (no plan generator in between: the
+    # per-step path is the one whose microseconds matter). What to write and what
+    # to remember is decided once, in _step_body/_end_body, _prepare and _landed;
+    # the sync and async twins only differ in how they call the backend.
 
-    def step_plan(
-        self,
-        position: str,
-        name: str,
-        digest: str | None,
-        *,
-        result: Any = None,
-        error: BaseException | None = None,
-    ) -> Plan[None]:
+    def step_sync(
+        self, position: str, name: str, digest: str | None, *, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Commit the checkpoint of a step that ran (its result, or the error it raised)."""
+        with self._lock:
+            body, extra = self._step_body(position, name, digest, result, error)
+            self._stepped(self._write_sync(body, extra), error)
+
+    async def step_async(
+        self, position: str, name: str, digest: str | None, *, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        async with self.async_lock():
+            body, extra = self._step_body(position, name, digest, result, error)
+            self._stepped(await self._write_async(body, extra), error)
+
+    def end_sync(self, error: BaseException | None) -> None:
+        """Commit the run's end: completed, or failed with ``error``."""
+        with self._lock:
+            body = self._end_body(error)
+            self._write_sync(body, {})
+            self.status = body["rs"]
+
+    async def end_async(self, error: BaseException | None) -> None:
+        async with self.async_lock():
+            body = self._end_body(error)
+            await self._write_async(body, {})
+            self.status = body["rs"]
+
+    def _write_sync(self, body: dict[str, Any], extra: dict[str, bytes]) -> Record:
+        row, blobs, diff = self._prepare(body, extra)
+        try:
+            head = self.store.call_sync(Call("write", (row, blobs, self._head.version if self._head else 0)))
+        except BaseException:
+            self._tracker.failed(diff)
+            raise
+        return self._landed(row, body, diff, head)
+
+    async def _write_async(self, body: dict[str, Any], extra: dict[str, bytes]) -> Record:
+        row, blobs, diff = self._prepare(body, extra)
+        try:
+            head = await self.store.call_async(Call("write", (row, blobs, self._head.version if self._head else 0)))
+        except BaseException:
+            self._tracker.failed(diff)
+            raise
+        return self._landed(row, body, diff, head)
+
+    def _step_body(
+        self, position: str, name: str, digest: str | None, result: Any, error: BaseException | None
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
         body: dict[str, Any] = {"k": "step", "p": position, "n": name, "rs": RUNNING}
         extra: dict[str, bytes] = {}
         if digest:
@@ -388,77 +434,70 @@ class Run:
         if error is not None:
             body["s"] = "failed"
             body["e"] = self.codec.serializer.encode_exception(error)
+            return body, extra
+        body["s"] = "completed"
+        if result is None:
+            body["r"] = None
+            return body, extra
+        try:
+            tree = self.codec.encode(result, f"result of step {name!r}")
+        except SerializationError as exc:
+            raise SerializationError(
+                f"step {name!r} at position {position} of thread {self.thread_id!r} ran, but "
+                f"its result cannot be stored: {exc}. Return JSON-like data, pydantic models or "
+                "dataclasses, or register the type with pk.register()"
+            ) from exc
+        # Sized unredacted: an inline result is redacted once, with the whole row.
+        if len(_dump(tree)) > RESULT_INLINE_LIMIT:
+            text = self.codec.dump_tree(tree)
+            key = "v:" + content_hash(text)
+            extra[key] = self.codec.seal(text)
+            body["rb"] = key
+            self._loader.blobs[key] = extra[key]
         else:
-            body["s"] = "completed"
-            try:
-                tree = self.codec.encode(result, f"result of step {name!r}")
-            except SerializationError as exc:
-                raise SerializationError(
-                    f"step {name!r} at position {position} of thread {self.thread_id!r} ran, but "
-                    f"its result cannot be stored: {exc}. Return JSON-like data, pydantic models or "
-                    "dataclasses, or register the type with pk.register()"
-                ) from exc
-            # Sized unredacted: an inline result is redacted once, with the whole row.
-            if len(_dump(tree)) > RESULT_INLINE_LIMIT:
-                from ._codec import content_hash
+            body["r"] = tree
+        return body, extra
 
-                text = self.codec.dump_tree(tree)
-                key = "v:" + content_hash(text)
-                extra[key] = self.codec.seal(text)
-                body["rb"] = key
-                self._loader.blobs[key] = extra[key]
-            else:
-                body["r"] = tree
-        rec = yield from self._commit(body, extra)
-        if error is not None:
-            self._failures[id(error)] = (error, rec.id)
-        self._remember(rec)
-        self.steps.append(StepEvent(position, name, False, body["s"]))
-
-    def end_plan(self, error: BaseException | None) -> Plan[None]:
+    def _end_body(self, error: BaseException | None) -> dict[str, Any]:
         if error is not None:
             self.mark_escaped(error)
         body: dict[str, Any] = {"k": "end", "rs": FAILED if error is not None else COMPLETED}
         if error is not None:
             body["e"] = self.codec.serializer.encode_exception(error)
             body["x"] = sorted(self._escaped)
-        yield from self._commit(body, {})
-        self.status = body["rs"]
+        return body
 
-    def _commit(self, body: dict[str, Any], extra: dict[str, bytes]) -> Plan[Record]:
+    def _prepare(self, body: dict[str, Any], extra: dict[str, bytes]) -> tuple[CheckpointRow, dict[str, bytes], Diff]:
+        """The row and blobs that commit ``body`` with the state as it is now."""
         head = self._head
         parent = head.checkpoint_id if head else None
         cid = next_checkpoint_id(parent)
         diff = self._tracker.diff(self.spec.channels(self.state), cid)
         if diff.segments:
             body["sg"] = diff.segments
-        body["sc"] = list(self.spec.schema) if self.spec.schema else None
+        body["sc"] = self._schema
         body["t"] = time.time()
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
         body["ch"] = diff.refs
-        row = CheckpointRow(
-            self.thread_id,
-            self.namespace,
-            cid,
-            parent,
-            self.run_id,
-            self.codec.pack_tree(body),
-        )
-        blobs = {**diff.blobs, **extra} if extra else diff.blobs
-        try:
-            self._head = yield call("write", row, blobs, head.version if head else 0)
-        except BaseException:
-            self._tracker.failed(diff)
-            raise
+        row = CheckpointRow(self.thread_id, self.namespace, cid, parent, self.run_id, self.codec.pack_tree(body))
+        return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
+
+    def _landed(self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head) -> Record:
+        """``row`` is the thread's head now."""
+        self._head = head
         self._tracker.committed(diff)
-        self._loader.rows[cid] = body  # later replays in this run may read its segments
+        self._loader.rows[row.checkpoint_id] = body  # later replays in this run may read its segments
         return Record(row, body)
 
-    # -- locks serializing commits of concurrent steps -------------------------------------
+    def _stepped(self, rec: Record, error: BaseException | None) -> None:
+        body = rec.body
+        if error is not None:
+            self._failures[id(error)] = (error, rec.id)
+        self._remember(rec)
+        self.steps.append(StepEvent(body["p"], body["n"], False, body["s"]))
 
-    def sync_lock(self) -> threading.Lock:
-        return self._lock
+    # -- locks serializing commits of concurrent steps -------------------------------------
 
     def async_lock(self) -> asyncio.Lock:
         import asyncio

@@ -206,6 +206,7 @@ class StateSpec:
         elif isinstance(state, dict):
             self.initial = state
             state = dict
+        self.fields: tuple[str, ...] = ()  # a model's field names (read on every checkpoint)
         if state is None or state is dict:
             self.cls: type[BaseModel] | None = None
             self.name: str | None = None
@@ -229,6 +230,7 @@ class StateSpec:
                 _serde.register_type_hints(field.annotation)
             self.name = state.__qualname__
             self.version = 1
+        self.fields = tuple(state.model_fields)
         self.reducers = {}
         for fname, field in state.model_fields.items():
             for meta in field.metadata:
@@ -266,7 +268,7 @@ class StateSpec:
                 )
             return state
         d = state.__dict__
-        return {name: d[name] for name in self.cls.model_fields if name in d}
+        return {name: d[name] for name in self.fields if name in d}
 
     def set_channel(self, state: Any, name: str, value: Any) -> None:
         if self.cls is None:

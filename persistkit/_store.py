@@ -16,7 +16,7 @@ from ._channels import Loader, Tracker
 from ._codec import Codec
 from ._errors import ConfigurationError, NotFoundError, StoreClosedError
 from ._ids import is_checkpoint_id, next_checkpoint_id
-from ._io import Plan, call, run_async, run_sync
+from ._io import Call, Plan, call, call_async, call_sync, run_async, run_sync
 from ._records import Checkpoint, Record
 from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
@@ -91,6 +91,15 @@ class Store:
     async def run_async(self, plan: Plan[Any]) -> Any:
         self._check_open()
         return await run_async(self.backend, plan)
+
+    def call_sync(self, req: Call) -> Any:
+        """One backend call, with the plans' error mapping and transient retries."""
+        self._check_open()
+        return call_sync(self.backend, req)
+
+    async def call_async(self, req: Call) -> Any:
+        self._check_open()
+        return await call_async(self.backend, req)
 
     def close(self) -> None:
         """Close the backend. Idempotent."""

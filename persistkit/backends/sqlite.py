@@ -287,6 +287,7 @@ class SQLiteBackend(ThreadedAsync):
         if conn is None:
             conn = self._connect()
             self._local.conn = conn
+            self._local.run = None  # (thread, namespace, run) whose pk_runs row this connection wrote
             with self._lock:
                 self._conns.add(conn)
         return conn
@@ -435,7 +436,11 @@ class SQLiteBackend(ThreadedAsync):
                 if blobs:
                     conn.executemany(_PUT_BLOB, [(tid, k, v) for k, v in blobs.items()])
                 conn.execute(_PUT_ROW, (tid, ns, cid, row.parent_id, row.run_id, row.payload))
-                if row.run_id is not None:
+                run_key = (tid, ns, row.run_id)
+                # The run's pk_runs row exists once this connection committed it, and
+                # stays while the head it moved does (delete_thread removes both, and
+                # then no write expecting a version > 0 lands): skip the statement.
+                if row.run_id is not None and (expected_version == 0 or self._local.run != run_key):
                     conn.execute(_PUT_RUN, (tid, ns, row.run_id, cid))
             except BaseException as exc:
                 _rollback(conn, exc)
@@ -443,6 +448,7 @@ class SQLiteBackend(ThreadedAsync):
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise self._error(exc, "write", tid) from exc
+        self._local.run = run_key
         return Head(cid, version)
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:

@@ -224,10 +224,11 @@ class Tracker:
     def _write_segment(
         self, name: str, value: list[Any], start: int, prev_tip: str | None, gen: int, d: Diff, cid: str
     ) -> None:
-        trees = [
-            self.codec.encode(item, f"state.{name}[{start + i}]")
-            for i, item in enumerate(value[start:])
-        ]
+        encode = self.codec.encode
+        try:
+            trees = [encode(item) for item in value[start:]]
+        except SerializationError:  # again, item by item, for the error that names the item
+            trees = [encode(item, f"state.{name}[{start + i}]") for i, item in enumerate(value[start:])]
         segment = {"p": prev_tip, "s": start, "i": trees}
         if start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS:
             d.segments[name] = segment

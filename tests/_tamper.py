@@ -161,8 +161,17 @@ class SQLRaw(Raw):
             for t in threads:
                 self._q(f"DELETE FROM {table} WHERE thread_id = ?", t)
             for row in rows[name]:
+                row = tuple(row)
+                version = None
+                if self.kind == "sqlite" and name == "c":
+                    # An INSERT with a head version fires the store's compare-and-swap
+                    # trigger; put the row back as a file restore would, then its version.
+                    row, version = (*row[:6], None), row[6]
                 marks = ", ".join([self.p] * len(row))
-                self.con.execute(f"INSERT INTO {table} VALUES ({marks})", tuple(row))
+                self.con.execute(f"INSERT INTO {table} VALUES ({marks})", row)
+                if version is not None:
+                    self._q("UPDATE {c} SET version = ? WHERE thread_id = ? AND namespace = ? AND checkpoint_id = ?",
+                            version, row[0], row[1], row[2])
 
     def close(self) -> None:
         self.con.close()

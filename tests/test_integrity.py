@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -258,14 +259,20 @@ def test_5_forged_record_inserted_as_head(env: Env) -> None:
 
 
 def test_5_forged_unsealed_record_in_the_middle(env: Env) -> None:
-    t, cids = written(env)
+    # Ids of steps in one millisecond are adjacent numbers: two runs a few ms apart
+    # leave a gap between them to forge into (a record before the first is not "in
+    # the middle": no read of the head's state passes it).
+    t = uid("int")
+    agent(env.open(), t, 3)
+    time.sleep(0.005)
+    agent(env.open(), t, 2, start=3)
+    cids = [r[0] for r in env.raw.rows(t)]
     plain = pk.connect(f"memory://{uid('plain')}")
     agent(plain, "src", 1)
     src_row = plain.backend.list("src", "", limit=1)[0]
     plain.close()
-    # ids of consecutive steps may be adjacent numbers: forge into a gap, else before the first
     gaps = [a for a, b in pairwise(cids) if int(b, 16) - int(a, 16) > 1]
-    after = gaps[0] if gaps else format(int(cids[0], 16) - 2, f"0{len(cids[0])}x")
+    after = gaps[0]
     forged = format(int(after, 16) + 1, f"0{len(cids[0])}x")
     assert forged not in cids
     env.raw.insert_row(t, forged, after, None, src_row.payload)

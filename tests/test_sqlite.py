@@ -23,6 +23,7 @@ from persistkit import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
+    ConflictError,
     SchemaVersionError,
 )
 from persistkit.backends import CheckpointRow, Head, open_backend
@@ -172,6 +173,12 @@ def test_schema_1_file_upgrades_and_keeps_run_listing(db: Path) -> None:
         assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r1", before=f"{3:024x}", limit=1)] == ["1"]
         b.write(CheckpointRow("t", "", f"{4:024x}", f"{3:024x}", "r3", b"\x01"), {}, 4)
         assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r3")] == ["4"]
+        # Schema 3's triggers took over the compare-and-swap from the old head row.
+        assert b.head("t", "") == Head(f"{4:024x}", 5)
+        with pytest.raises(ConflictError) as info:
+            b.write(CheckpointRow("t", "", f"{5:024x}", f"{3:024x}", "r3", b"\x01"), {"x": b"y"}, 4)
+        assert (info.value.expected, info.value.found) == (4, 5)
+        assert b.get("t", "", f"{5:024x}") is None and b.get_blobs("t", ["x"]) == {}
     finally:
         b.close()
     with sqlite3.connect(db) as raw:

@@ -259,7 +259,8 @@ def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
 
 def _begin(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, str | None]:
     """Position, the record to replay (or None) and the args digest of one step call."""
-    step.register_hints()
+    if not step.hints_done:
+        step.register_hints()
     run = frame.run
     position = frame.child()
     rec = run.lookup(position, step.name)

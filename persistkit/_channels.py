@@ -160,7 +160,8 @@ class Tracker:
 
     def committed(self, d: Diff) -> None:
         self.prev = d.prev
-        self.known.update(k for k in d.blobs if k.startswith("v:"))
+        if d.blobs:
+            self.known.update(k for k in d.blobs if k.startswith("v:"))
 
     def failed(self, d: Diff) -> None:
         """The write of ``d`` did not happen: lists it cleaned are dirty again."""

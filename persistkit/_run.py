@@ -42,10 +42,13 @@ _FINGERPRINT_ITEMS = 16
 
 
 
+_SEQUENCES = (list, tuple)  # a tuple, not `list | tuple`: that builds a union object per call
+
+
 def _fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
-    for value in [*args, *(kwargs[k] for k in sorted(kwargs))]:
-        if isinstance(value, list | tuple) and len(value) > _FINGERPRINT_ITEMS:
+    for value in [*args, *(kwargs[k] for k in sorted(kwargs))] if kwargs else args:
+        if isinstance(value, _SEQUENCES) and len(value) > _FINGERPRINT_ITEMS:
             value = (type(value).__name__, len(value), value[0], value[-1])
         out.append(value)
     return out
@@ -214,7 +217,9 @@ class Run:
         return out
 
     def _remember(self, rec: Record) -> None:
-        pos = str(rec.body.get("p"))
+        pos = rec.body.get("p")
+        if type(pos) is not str:
+            pos = str(pos)
         self._index[pos] = rec
         parent, _, seq = pos.rpartition("/")
         if seq.isdigit():

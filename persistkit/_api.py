@@ -258,16 +258,17 @@ def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
 
 
 def _begin(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, str | None]:
-    """Position, the record to replay (or None) and the args digest of one step call."""
+    """Position, the record to replay (or None) and the args digest of one step call to run."""
     if not step.hints_done:
         step.register_hints()
     run = frame.run
     position = frame.child()
     rec = run.lookup(position, step.name)
-    digest = run.digest(args, kwargs) if step.check_args else None
     if rec is not None:
-        run.check_args(rec, position, step.name, digest, args, kwargs)
-    return position, rec, digest
+        if step.check_args:
+            run.check_args(rec, position, step.name, args, kwargs)
+        return position, rec, None
+    return position, None, run.digest(args, kwargs) if step.check_args else None
 
 
 def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -255,22 +255,25 @@ class Run:
         return rec
 
     def check_args(
-        self,
-        rec: Record,
-        position: str,
-        name: str,
-        digest: str | None,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
+        self, rec: Record, position: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
+        """Refuse to replay ``rec`` for a call with other arguments than it recorded.
+
+        The digest is computed the way the recorded one was: from the JSON bytes
+        for an ``x:`` digest (with no secret scan: this one is compared, never
+        stored), else from the typed encoding (also what persistkit before the
+        fast digest recorded).
+        """
         recorded = rec.body.get("a")
-        if not recorded or not digest:
+        if not recorded:
             return
-        if recorded[:2] == "x:" and digest[:2] != "x:":
-            return  # the arguments no longer fit the fast digest (e.g. a model class now): no basis to compare
-        if recorded[:2] != "x:" and digest[:2] == "x:":
-            # Recorded by an older persistkit (or a value the fast path refused): compare like for like.
-            digest = self._typed_digest(args, kwargs or {})
+        if recorded[:2] == "x:":
+            raw = self._json_args(args, kwargs)
+            if raw is None:
+                return  # the arguments no longer fit the fast digest (e.g. a model class now): no basis to compare
+            digest = "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+        else:
+            digest = self._typed_digest(args, kwargs)
         if recorded != digest:
             raise NonDeterminismError(
                 f"thread {self.thread_id!r} run {self.run_id}: step {name!r} at position {position} "
@@ -292,16 +295,21 @@ class Run:
         which the other arguments (models, sets, big ints) go through — and so do
         arguments that may hold a secret, so that no stored digest hashes one.
         """
-        if _orjson is not None:
-            try:
-                raw = _orjson.dumps([*_fingerprints(args, kwargs), sorted(kwargs)])
-            except (TypeError, _orjson.JSONEncodeError):
-                pass
-            else:
-                if not self.codec.redactor.may_hold_secret(raw):
-                    # "x:" then hex: a stored run of hex digits costs the secret scan nothing
-                    return "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+        raw = self._json_args(args, kwargs)
+        if raw is not None and not self.codec.redactor.may_hold_secret(raw):
+            # "x:" then hex: a stored run of hex digits costs the secret scan nothing
+            return "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
         return self._typed_digest(args, kwargs)
+
+    @staticmethod
+    def _json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
+        """orjson's bytes of the fingerprinted arguments, or None if they are not plain JSON."""
+        if _orjson is None:
+            return None
+        try:
+            return _orjson.dumps([*_fingerprints(args, kwargs), sorted(kwargs)])
+        except (TypeError, _orjson.JSONEncodeError):
+            return None
 
     def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         parts: list[Any] = []

@@ -376,6 +376,16 @@ def test_args_digest_schemes_compare_like_for_like(local_store: pk.Store, monkey
                 assert ask(same) == str(arg)
                 fail()
 
+    # Replay computes the digest the recorded way: plain arguments that now carry a
+    # secret are a different call (not "no basis to compare"), and nothing is stored.
+    tid = uid("digest")
+    with pytest.raises(RuntimeError), pk.resume(tid, store=local_store):
+        ask("use the default key")
+        fail()
+    with pytest.raises(pk.NonDeterminismError, match="different arguments"), pk.resume(tid, store=local_store):
+        ask(f"use {key}")
+    assert key not in repr(local_store.history(tid))
+
 
 def test_history_names_a_recorded_error(local_store: pk.Store) -> None:
     @pk.checkpointed

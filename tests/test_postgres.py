@@ -198,6 +198,107 @@ def test_user_sync_connection_serves_async_from_a_thread(postgres_url: str, sche
         b.close()
 
 
+# -- the store's own connections ---------------------------------------------------
+
+
+def _sessions(admin: Any, app: str) -> int:
+    return int(
+        admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+        ).fetchone()[0]
+    )
+
+
+def test_one_thread_uses_one_dedicated_connection(
+    postgres_url: str, schema: str, admin: Any
+) -> None:
+    app = f"pkded_{_tag()}"
+    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app), min_size=4)
+    t = f"ded-{_tag()}"
+    for n in range(10):
+        b.write(_row(t, n + 1), {f"b{n}": b"x"}, n)
+        assert b.head(t, "") == Head(f"{n + 1:08d}", n + 1)
+    # The migration's connection is kept as the dedicated one; no pool was opened.
+    assert _sessions(admin, app) == 1
+    b.close()
+    assert _sessions(admin, app) == 0
+
+
+@pytest.mark.parametrize("max_size", [1, 3])
+def test_threads_that_find_it_busy_share_a_pool(
+    postgres_url: str, schema: str, admin: Any, max_size: int
+) -> None:
+    app = f"pkbusy_{_tag()}"
+    b = PostgresBackend.from_url(
+        _url(postgres_url, schema, application_name=app), max_size=max_size
+    )
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def writer(i: int) -> None:
+        t = f"busy-{i}-{_tag()}"
+        try:
+            barrier.wait(timeout=30)
+            for n in range(15):
+                b.write(_row(t, n + 1), {}, n)
+            assert b.head(t, "") == Head(f"{15:08d}", 15)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert errors == []
+    assert 1 <= _sessions(admin, app) <= max_size  # the dedicated one + at most max_size - 1
+    b.close()
+    assert _sessions(admin, app) == 0
+
+
+def test_async_tasks_and_event_loops(postgres_url: str, schema: str, admin: Any) -> None:
+    app = f"pkaloop_{_tag()}"
+    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app), max_size=3)
+    t = f"aloop-{_tag()}"
+
+    async def one_task(n: int) -> Head:
+        return await b.awrite(_row(t, n + 1), {}, n)
+
+    async def concurrent(k: int) -> None:
+        # Tasks that find the loop's connection busy take the loop's pool.
+        heads = await asyncio.gather(*(b.ahead(f"{t}-{i}", "") for i in range(8)))
+        assert heads == [None] * 8
+        assert await one_task(k) == Head(f"{k + 1:08d}", k + 1)
+
+    for k in range(3):  # a new event loop each time: each gets its own connection
+        asyncio.run(concurrent(k))
+    assert asyncio.run(one_task(3)) == Head("00000004", 4)
+    b.close()
+    assert _sessions(admin, app) == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_fork_child_opens_its_own_connection(postgres_url: str, schema: str) -> None:
+    import os
+
+    b = PostgresBackend.from_url(_url(postgres_url, schema))
+    t = f"fork-{_tag()}"
+    b.write(_row(t, 1), {}, 0)  # the parent's connection is open at fork
+    pid = os.fork()
+    if pid == 0:  # the child: writes through the inherited store, then leaves at once
+        code = 1
+        try:
+            b.write(_row(t, 2), {}, 1)
+            code = 0 if b.head(t, "") == Head("00000002", 2) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's session survived the child (which never closed it).
+    assert b.write(_row(t, 3), {}, 2) == Head("00000003", 3)
+    b.close()
+
+
 # -- migrations --------------------------------------------------------------------
 
 

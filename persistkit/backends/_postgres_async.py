@@ -4,8 +4,9 @@
 generated from it by ``scripts/unasync.py`` (CI runs it with ``--check``).
 Edit the async file, then run ``python scripts/unasync.py``.
 
-:class:`AsyncAccess` hands out connections (an owned pool, the user's pool, or
-one connection used under a lock); :class:`AsyncCore` runs the statements of
+:class:`AsyncAccess` hands out cursors (on the store's dedicated connection of
+the current scope, else its overflow pool; on the user's pool; or on the
+user's connection, under a lock); :class:`AsyncCore` runs the statements of
 ``_postgres_sql`` on them and maps driver errors at this boundary.
 """
 

@@ -52,9 +52,14 @@ class PostgresBackend(Backend):
     Open it from a URL (:meth:`from_url`), a user's ``psycopg_pool`` pools
     (``PostgresBackend(pool=..., async_pool=..., conninfo=...)``) or one user
     connection (:meth:`from_connection`). The user's pools and connection are
-    never closed by :meth:`close`; a pool for the missing side (sync or async)
-    is opened from ``conninfo`` or from the other pool's conninfo. The async
-    pool is created lazily, in the running event loop (one per loop).
+    never closed by :meth:`close`; connections for the missing side (sync or
+    async) are opened from ``conninfo`` or from the other pool's conninfo.
+
+    The store's own connections: one dedicated connection per process (sync)
+    and per event loop (async), opened on first use (the sync one by the
+    migration at open) and kept, so a single-threaded agent pays no pool
+    checkout per step. Callers that find it busy share a pool of the other
+    ``max_size - 1`` connections, created on that first contention.
 
     Options (URL query parameters or keywords; keywords win):
 
@@ -67,8 +72,10 @@ class PostgresBackend(Backend):
         statements are schema-qualified, there is no session state, and the
         migration lock is transaction-scoped. ``prepare=false`` does the same.
     ``min_size``, ``max_size``, ``timeout``
-        Owned pools' size (default 1..10) and how long an operation waits for
-        a connection (default 30 s) before ``BackendUnavailableError``.
+        Connections per side, the dedicated one included (default 1..10; the
+        sync overflow pool keeps ``min_size - 1`` open once created), and how
+        long an operation waits for a connection, or a connect for the server
+        (default 30 s), before ``BackendUnavailableError``.
     ``migrate``
         ``true`` (default): bring the schema up to date when the store opens,
         under an advisory lock so that many processes may start at once.

@@ -277,6 +277,30 @@ def test_async_tasks_and_event_loops(postgres_url: str, schema: str, admin: Any)
     assert _sessions(admin, app) == 0
 
 
+def test_cancelled_task_leaves_a_usable_store(postgres_url: str, schema: str) -> None:
+    b = PostgresBackend.from_url(_url(postgres_url, schema), max_size=1)
+    t = f"cancel-{_tag()}"
+    b.write(_row(t, 1), {}, 0)
+
+    async def main() -> None:
+        with psycopg.connect(postgres_url) as blocker:
+            # Hold the head row so the write is stuck inside its statement, then cancel it.
+            blocker.execute(f'SELECT * FROM "{schema}".heads WHERE thread_id = %s FOR UPDATE', (t,))
+            task = asyncio.create_task(b.awrite(_row(t, 2), {}, 1))
+            done, _ = await asyncio.wait([task], timeout=0.5)
+            assert not done
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            blocker.rollback()
+        # The one connection (max_size=1) serves the next operations.
+        assert await b.ahead(t, "") == Head("00000001", 1)
+        assert await b.awrite(_row(t, 2), {}, 1) == Head("00000002", 2)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_fork_child_opens_its_own_connection(postgres_url: str, schema: str) -> None:
     import os

@@ -53,6 +53,7 @@ MAX_LIFETIME = 3600.0
 _INHERITED: list[object] = []
 
 Cur = AsyncCursor[tuple[Any, ...]]
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _scope() -> object:
@@ -177,12 +178,16 @@ class AsyncAccess:
 
     async def _held_cursor(self, slot: _Slot) -> Cur:
         conn, cur = slot.conn, slot.cursor
-        if conn is not None and (conn.closed or conn.broken):
-            if slot.owned:
-                await conn.close()
-            conn = slot.conn = slot.cursor = None
-        elif conn is not None and slot.owned and time.monotonic() - slot.opened > MAX_LIFETIME:
+        if conn is not None and slot.owned and (
+            conn.closed
+            or conn.broken
+            # Not idle between operations: e.g. a cancelled statement still running.
+            or conn.pgconn.transaction_status != _IDLE
+            or time.monotonic() - slot.opened > MAX_LIFETIME
+        ):
             await conn.close()
+            conn = slot.conn = slot.cursor = None
+        elif conn is not None and (conn.closed or conn.broken):  # the user's, dead
             conn = slot.conn = slot.cursor = None
         if cur is not None and conn is not None:
             return cur

@@ -201,12 +201,19 @@ def test_user_sync_connection_serves_async_from_a_thread(postgres_url: str, sche
 # -- the store's own connections ---------------------------------------------------
 
 
-def _sessions(admin: Any, app: str) -> int:
-    return int(
-        admin.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
-        ).fetchone()[0]
-    )
+def _sessions(admin: Any, app: str, settled: int | None = None) -> int:
+    """Server sessions named ``app``; with ``settled``, waits (10 s at most) for
+    that count, as a closed session leaves pg_stat_activity a moment later."""
+    deadline = time.monotonic() + 10
+    while True:
+        n = int(
+            admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+            ).fetchone()[0]
+        )
+        if settled is None or n == settled or time.monotonic() > deadline:
+            return n
+        time.sleep(0.01)
 
 
 def test_one_thread_uses_one_dedicated_connection(
@@ -221,7 +228,7 @@ def test_one_thread_uses_one_dedicated_connection(
     # The migration's connection is kept as the dedicated one; no pool was opened.
     assert _sessions(admin, app) == 1
     b.close()
-    assert _sessions(admin, app) == 0
+    assert _sessions(admin, app, settled=0) == 0
 
 
 @pytest.mark.parametrize("max_size", [1, 3])
@@ -253,28 +260,35 @@ def test_threads_that_find_it_busy_share_a_pool(
     assert errors == []
     assert 1 <= _sessions(admin, app) <= max_size  # the dedicated one + at most max_size - 1
     b.close()
-    assert _sessions(admin, app) == 0
+    assert _sessions(admin, app, settled=0) == 0
 
 
 def test_async_tasks_and_event_loops(postgres_url: str, schema: str, admin: Any) -> None:
     app = f"pkaloop_{_tag()}"
-    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app), max_size=3)
+    url = _url(postgres_url, schema, application_name=app)
     t = f"aloop-{_tag()}"
+    b = PostgresBackend.from_url(url, max_size=3)
 
     async def one_task(n: int) -> Head:
         return await b.awrite(_row(t, n + 1), {}, n)
 
-    async def concurrent(k: int) -> None:
-        # Tasks that find the loop's connection busy take the loop's pool.
-        heads = await asyncio.gather(*(b.ahead(f"{t}-{i}", "") for i in range(8)))
-        assert heads == [None] * 8
-        assert await one_task(k) == Head(f"{k + 1:08d}", k + 1)
-
     for k in range(3):  # a new event loop each time: each gets its own connection
-        asyncio.run(concurrent(k))
-    assert asyncio.run(one_task(3)) == Head("00000004", 4)
+        assert asyncio.run(one_task(k)) == Head(f"{k + 1:08d}", k + 1)
+    # The connections of ended loops were closed when the next loop took over.
+    assert _sessions(admin, app, settled=2) == 2  # the sync side's (migration) + the last loop's
     b.close()
-    assert _sessions(admin, app) == 0
+    assert _sessions(admin, app, settled=0) == 0
+
+    async def concurrent() -> None:
+        c = PostgresBackend.from_url(url, max_size=3)
+        # Tasks that find the loop's connection busy take the loop's pool.
+        heads = await asyncio.gather(*(c.ahead(f"{t}-{i}", "") for i in range(8)))
+        assert heads == [None] * 8
+        assert await c.ahead(t, "") == Head("00000003", 3)
+        await c.aclose()
+
+    asyncio.run(concurrent())
+    assert _sessions(admin, app, settled=0) == 0
 
 
 def test_cancelled_task_leaves_a_usable_store(postgres_url: str, schema: str) -> None:

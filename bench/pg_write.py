@@ -6,9 +6,10 @@ Workload: ``--writes`` checkpoints on one thread, each with a 300 B payload
 and one new 1 KB blob. Baselines write the same bytes into one table:
 ``INSERT`` + ``commit()`` on a default (transactional) psycopg connection,
 and a single autocommit ``INSERT``. Rounds are interleaved and the median
-round is reported. Round trips are counted from libpq's protocol trace
-(client ``Sync`` messages). Everything runs in a scratch schema, dropped at
-the end.
+round is reported, with the client's own CPU time per write (``process_time``:
+what the driver, pool and store layers cost here, apart from the server).
+Round trips are counted from libpq's protocol trace (client ``Sync``
+messages). Everything runs in a scratch schema, dropped at the end.
 """
 
 from __future__ import annotations
@@ -31,25 +32,28 @@ PAYLOAD = os.urandom(300)
 BLOB = os.urandom(1024)
 
 
-def bench_store(url: str, schema: str, writes: int) -> float:
-    b = PostgresBackend.from_url(f"{url}?schema={schema}", min_size=1, max_size=1)
+Sample = tuple[float, float]  # seconds per write: wall, client CPU
+
+
+def bench_store(url: str, schema: str, writes: int) -> Sample:
+    b = PostgresBackend.from_url(f"{url}?schema={schema}")
     t = f"bench-{uuid.uuid4().hex}"
-    b.head(t, "")  # warm the pool
-    start = time.perf_counter()
+    b.head(t, "")  # warm the connection
+    start, cpu = time.perf_counter(), time.process_time()
     parent = None
     for n in range(writes):
         cid = f"{n + 1:08d}"
         b.write(CheckpointRow(t, "", cid, parent, "run", PAYLOAD), {f"b{n}": BLOB}, n)
         parent = cid
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     b.close()
-    return elapsed / writes
+    return elapsed / writes, cpu / writes
 
 
-def bench_raw(url: str, schema: str, writes: int, *, autocommit: bool) -> float:
+def bench_raw(url: str, schema: str, writes: int, *, autocommit: bool) -> Sample:
     with psycopg.connect(url, autocommit=autocommit) as conn:
         t = uuid.uuid4().hex
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for n in range(writes):
             conn.execute(
                 f'INSERT INTO "{schema}".raw (thread_id, id, payload, blob) VALUES (%s, %s, %s, %s)',
@@ -57,7 +61,7 @@ def bench_raw(url: str, schema: str, writes: int, *, autocommit: bool) -> float:
             )
             if not autocommit:
                 conn.commit()
-        return (time.perf_counter() - start) / writes
+        return (time.perf_counter() - start) / writes, (time.process_time() - cpu) / writes
 
 
 def round_trips(url: str, schema: str, writes: int) -> float:
@@ -94,7 +98,7 @@ def main() -> int:
             "PRIMARY KEY (thread_id, id))"
         )
         try:
-            cases: dict[str, Callable[[], float]] = {
+            cases: dict[str, Callable[[], Sample]] = {
                 "persistkit write (1 statement)": lambda: bench_store(
                     args.url, schema, args.writes
                 ),
@@ -105,18 +109,24 @@ def main() -> int:
                     args.url, schema, args.writes, autocommit=True
                 ),
             }
-            results: dict[str, list[float]] = {name: [] for name in cases}
+            results: dict[str, list[Sample]] = {name: [] for name in cases}
             for _ in range(args.rounds):
                 for name, case in cases.items():
                     results[name].append(case())
             trips = round_trips(args.url, schema, args.writes)
         finally:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    medians = {name: statistics.median(times) * 1e6 for name, times in results.items()}
-    ours = medians["persistkit write (1 statement)"]
+    medians = {
+        name: tuple(statistics.median(s[i] for s in samples) * 1e6 for i in (0, 1))
+        for name, samples in results.items()
+    }
+    ours = medians["persistkit write (1 statement)"][0]
     print(f"{args.writes} writes x {args.rounds} rounds, 300 B payload + 1 KB blob, median round")
-    for name, us in medians.items():
-        print(f"  {name:32s} {us:8.1f} us/write   ours/this = {ours / us:.2f}x")
+    for name, (us, cpu) in medians.items():
+        print(
+            f"  {name:32s} {us:8.1f} us/write   ours/this = {ours / us:.2f}x   "
+            f"client CPU {cpu:6.1f} us/write"
+        )
     print(f"  round trips per persistkit write: {trips:.2f}")
     return 0
 

@@ -36,9 +36,15 @@ RULES: list[Rule] = [
         "persistkit/backends/_postgres_async.py",
         "persistkit/backends/_postgres_sync.py",
         (
-            ("import asyncio\nimport builtins\n", "import builtins\nimport os\n"),
+            ("import asyncio\n", ""),
             ("asyncio.get_running_loop()", "os.getpid()"),
-            ("asyncio.Lock()", "threading.Lock()"),
+            ("asyncio.Lock", "threading.Lock"),
+            # Taking a lock: asyncio's has no non-blocking or timed acquire.
+            ("return not lock.locked() and await lock.acquire()", "return lock.acquire(blocking=False)"),
+            (
+                "return await asyncio.wait_for(lock.acquire(), timeout)",
+                "return lock.acquire(timeout=-1 if timeout is None else timeout)",
+            ),
             (
                 "from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence",
                 "from collections.abc import Callable, Iterator, Mapping, Sequence",

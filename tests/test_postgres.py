@@ -198,6 +198,145 @@ def test_user_sync_connection_serves_async_from_a_thread(postgres_url: str, sche
         b.close()
 
 
+# -- the store's own connections ---------------------------------------------------
+
+
+def _sessions(admin: Any, app: str, settled: int | None = None) -> int:
+    """Server sessions named ``app``; with ``settled``, waits (10 s at most) for
+    that count, as a closed session leaves pg_stat_activity a moment later."""
+    deadline = time.monotonic() + 10
+    while True:
+        n = int(
+            admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+            ).fetchone()[0]
+        )
+        if settled is None or n == settled or time.monotonic() > deadline:
+            return n
+        time.sleep(0.01)
+
+
+def test_one_thread_uses_one_dedicated_connection(
+    postgres_url: str, schema: str, admin: Any
+) -> None:
+    app = f"pkded_{_tag()}"
+    b = PostgresBackend.from_url(_url(postgres_url, schema, application_name=app), min_size=4)
+    t = f"ded-{_tag()}"
+    for n in range(10):
+        b.write(_row(t, n + 1), {f"b{n}": b"x"}, n)
+        assert b.head(t, "") == Head(f"{n + 1:08d}", n + 1)
+    # The migration's connection is kept as the dedicated one; no pool was opened.
+    assert _sessions(admin, app) == 1
+    b.close()
+    assert _sessions(admin, app, settled=0) == 0
+
+
+@pytest.mark.parametrize("max_size", [1, 3])
+def test_threads_that_find_it_busy_share_a_pool(
+    postgres_url: str, schema: str, admin: Any, max_size: int
+) -> None:
+    app = f"pkbusy_{_tag()}"
+    b = PostgresBackend.from_url(
+        _url(postgres_url, schema, application_name=app), max_size=max_size
+    )
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def writer(i: int) -> None:
+        t = f"busy-{i}-{_tag()}"
+        try:
+            barrier.wait(timeout=30)
+            for n in range(15):
+                b.write(_row(t, n + 1), {}, n)
+            assert b.head(t, "") == Head(f"{15:08d}", 15)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert errors == []
+    assert 1 <= _sessions(admin, app) <= max_size  # the dedicated one + at most max_size - 1
+    b.close()
+    assert _sessions(admin, app, settled=0) == 0
+
+
+def test_async_tasks_and_event_loops(postgres_url: str, schema: str, admin: Any) -> None:
+    app = f"pkaloop_{_tag()}"
+    url = _url(postgres_url, schema, application_name=app)
+    t = f"aloop-{_tag()}"
+    b = PostgresBackend.from_url(url, max_size=3)
+
+    async def one_task(n: int) -> Head:
+        return await b.awrite(_row(t, n + 1), {}, n)
+
+    for k in range(3):  # a new event loop each time: each gets its own connection
+        assert asyncio.run(one_task(k)) == Head(f"{k + 1:08d}", k + 1)
+    # The connections of ended loops were closed when the next loop took over.
+    assert _sessions(admin, app, settled=2) == 2  # the sync side's (migration) + the last loop's
+    b.close()
+    assert _sessions(admin, app, settled=0) == 0
+
+    async def concurrent() -> None:
+        c = PostgresBackend.from_url(url, max_size=3)
+        # Tasks that find the loop's connection busy take the loop's pool.
+        heads = await asyncio.gather(*(c.ahead(f"{t}-{i}", "") for i in range(8)))
+        assert heads == [None] * 8
+        assert await c.ahead(t, "") == Head("00000003", 3)
+        await c.aclose()
+
+    asyncio.run(concurrent())
+    assert _sessions(admin, app, settled=0) == 0
+
+
+def test_cancelled_task_leaves_a_usable_store(postgres_url: str, schema: str) -> None:
+    b = PostgresBackend.from_url(_url(postgres_url, schema), max_size=1)
+    t = f"cancel-{_tag()}"
+    b.write(_row(t, 1), {}, 0)
+
+    async def main() -> None:
+        with psycopg.connect(postgres_url) as blocker:
+            # Hold the head row so the write is stuck inside its statement, then cancel it.
+            blocker.execute(f'SELECT * FROM "{schema}".heads WHERE thread_id = %s FOR UPDATE', (t,))
+            task = asyncio.create_task(b.awrite(_row(t, 2), {}, 1))
+            done, _ = await asyncio.wait([task], timeout=0.5)
+            assert not done
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            blocker.rollback()
+        # The one connection (max_size=1) serves the next operations.
+        assert await b.ahead(t, "") == Head("00000001", 1)
+        assert await b.awrite(_row(t, 2), {}, 1) == Head("00000002", 2)
+        await b.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_fork_child_opens_its_own_connection(postgres_url: str, schema: str) -> None:
+    import os
+
+    b = PostgresBackend.from_url(_url(postgres_url, schema))
+    t = f"fork-{_tag()}"
+    b.write(_row(t, 1), {}, 0)  # the parent's connection is open at fork
+    pid = os.fork()
+    if pid == 0:  # the child: writes through the inherited store, then leaves at once
+        code = 1
+        try:
+            b.write(_row(t, 2), {}, 1)
+            code = 0 if b.head(t, "") == Head("00000002", 2) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's session survived the child (which never closed it).
+    assert b.write(_row(t, 3), {}, 2) == Head("00000003", 3)
+    b.close()
+
+
 # -- migrations --------------------------------------------------------------------
 
 

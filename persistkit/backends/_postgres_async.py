@@ -4,8 +4,9 @@
 generated from it by ``scripts/unasync.py`` (CI runs it with ``--check``).
 Edit the async file, then run ``python scripts/unasync.py``.
 
-:class:`AsyncAccess` hands out connections (an owned pool, the user's pool, or
-one connection used under a lock); :class:`AsyncCore` runs the statements of
+:class:`AsyncAccess` hands out cursors (on the store's dedicated connection of
+the current scope, else its overflow pool; on the user's pool; or on the
+user's connection, under a lock); :class:`AsyncCore` runs the statements of
 ``_postgres_sql`` on them and maps driver errors at this boundary.
 """
 
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import os
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._errors import ConflictError
 from ._postgres_sql import (
@@ -42,71 +45,188 @@ T = TypeVar("T")
 # checked or the connection reopened by then). Writes are never retried here:
 # the layer above retries them after reading the head.
 READ_ATTEMPTS = 3
+# A dedicated connection is replaced after this many seconds, as psycopg_pool
+# does with its connections (max_lifetime), so server-side memory is returned.
+MAX_LIFETIME = 3600.0
+# Connections inherited through fork(): never used, and never closed (closing
+# would end the parent's session) nor collected (which would warn) by the child.
+_INHERITED: list[object] = []
+
+Cur = AsyncCursor[tuple[Any, ...]]
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _scope() -> object:
-    """What an owned pool belongs to; a pool from another scope is never touched."""
+    """What an owned connection or pool belongs to; one of another scope is never used."""
     return asyncio.get_running_loop()
 
 
-async def _fetch(
-    conn: AsyncConnection[Any], query: bytes, params: Mapping[str, Any] | None
-) -> list[tuple[Any, ...]]:
-    # tuple_row whatever the user's pool configured; binary results skip the
-    # hex decoding of bytea.
-    cur = conn.cursor(row_factory=tuple_row)
+async def _take_now(lock: asyncio.Lock) -> bool:
+    """Take ``lock`` if it is free, never waiting."""
+    return not lock.locked() and await lock.acquire()
+
+
+async def _take(lock: asyncio.Lock, timeout: float | None) -> bool:
+    """Take ``lock``, waiting at most ``timeout`` seconds (None: as long as it takes)."""
+    try:
+        return await asyncio.wait_for(lock.acquire(), timeout)
+    except TimeoutError:
+        return False
+
+
+async def _fetch(cur: Cur, query: bytes, params: Mapping[str, Any] | None) -> list[tuple[Any, ...]]:
+    # Binary results skip the hex decoding of bytea.
     await cur.execute(query, params, binary=True)
     return await cur.fetchall()
+
+
+class _Slot:
+    """What the store holds in one scope (a process, or an event loop): a
+    connection with the cursor every operation on it reuses, the lock its
+    users take turns on, and the pool that serves callers finding it busy."""
+
+    __slots__ = ("conn", "cursor", "lock", "opened", "owned", "pid", "pool", "scope")
+
+    def __init__(self, scope: object, conn: AsyncConnection[Any] | None = None) -> None:
+        self.scope = scope
+        self.pid = os.getpid()
+        self.lock = asyncio.Lock()
+        self.conn = conn
+        self.cursor: Cur | None = None
+        self.owned = conn is None
+        self.opened = 0.0
+        self.pool: AsyncConnectionPool[Any] | None = None
 
 
 class AsyncAccess:
     """Where connections come from.
 
-    One of: ``factory`` (an owned pool, created unopened and opened lazily in
-    the current scope), ``pool`` (the user's open pool, used as is), or else
-    one connection (``connection``, or opened from ``conninfo`` on first use),
-    serialized by a lock and reopened from ``conninfo`` when it breaks. Connections from a user's pool are switched
-    to autocommit (and to no prepared statements when ``no_prepare``) for the
-    duration of one operation and switched back.
+    * ``conninfo`` (the store's own connections): ONE dedicated connection per
+      scope (process, or event loop for the async side), opened on first use
+      and kept; its cursor is reused. An operation that finds it busy (another
+      thread or task is on it) takes a connection from ``factory``'s pool,
+      created on that first contention; without ``factory`` it waits up to
+      ``timeout`` seconds for the dedicated one. Single-threaded use thus never
+      pays a pool checkout.
+    * ``pool``: the user's open pool; one checkout per operation.
+    * ``connection``: the user's connection, used under a lock and replaced by
+      one opened from ``conninfo`` if it breaks.
+
+    The user's connections are switched to autocommit (and to no prepared
+    statements when ``no_prepare``); those of a user's pool for the duration
+    of one operation only.
     """
 
     def __init__(
         self,
         *,
+        conninfo: str = "",
+        connect: Mapping[str, Any] | None = None,
         factory: Callable[[], AsyncConnectionPool[Any]] | None = None,
         pool: AsyncConnectionPool[Any] | None = None,
         connection: AsyncConnection[Any] | None = None,
-        conninfo: str = "",
         no_prepare: bool = False,
+        timeout: float = 30.0,
     ) -> None:
-        self._factory = factory
-        self._pool = pool
-        self._scope: object = None
-        self._create_lock = threading.Lock()
-        self._conn = connection
         self._conninfo = conninfo
-        self._owns_conn = False
-        # Neither pool given: one connection (the user's, or opened from conninfo).
-        single = factory is None and pool is None
-        self._conn_lock = asyncio.Lock() if single else None
+        self._connect: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": None if no_prepare else 5,
+            **(connect or {}),
+        }
+        self._factory = factory
+        self._user_pool = pool
         self._no_prepare = no_prepare
+        self._timeout = timeout
+        self._create_lock = threading.Lock()
+        # The user's connection belongs to no scope: it is never swapped for another.
+        self._scoped = connection is None
+        self._slot: _Slot | None = None if connection is None else _Slot(None, connection)
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection in autocommit mode for one operation."""
-        if self._conn_lock is not None:
-            async with self._conn_lock:
-                yield await self._live_connection()
+    async def cursor(self) -> AsyncIterator[Cur]:
+        """A cursor on an autocommit connection, for one operation."""
+        if self._user_pool is not None:
+            async with self._pooled(self._user_pool, restore=True) as cur:
+                yield cur
             return
-        pool = await self._current_pool()
+        slot = self._current_slot()
+        if not await _take_now(slot.lock):
+            if self._factory is not None:  # busy: another thread or task is on it
+                async with self._pooled(await self._overflow(slot), restore=False) as cur:
+                    yield cur
+                return
+            if not await _take(slot.lock, self._timeout if self._scoped else None):
+                raise PoolTimeout(f"no connection became free in {self._timeout:g} s")
+        try:
+            yield await self._held_cursor(slot)
+        finally:
+            slot.lock.release()
+
+    def _current_slot(self) -> _Slot:
+        slot = self._slot
+        if slot is not None and (not self._scoped or slot.scope == _scope()):
+            return slot
+        with self._create_lock:  # never held across an await
+            slot = self._slot
+            scope = _scope()
+            if slot is None or slot.scope != scope:
+                if slot is not None:
+                    _retire(slot)
+                slot = self._slot = _Slot(scope)
+            return slot
+
+    async def _held_cursor(self, slot: _Slot) -> Cur:
+        conn, cur = slot.conn, slot.cursor
+        if conn is not None and slot.owned and (
+            conn.closed
+            or conn.broken
+            # Not idle between operations: e.g. a cancelled statement still running.
+            or conn.pgconn.transaction_status != _IDLE
+            or time.monotonic() - slot.opened > MAX_LIFETIME
+        ):
+            await conn.close()
+            conn = slot.conn = slot.cursor = None
+        elif conn is not None and (conn.closed or conn.broken):  # the user's, dead
+            conn = slot.conn = slot.cursor = None
+        if cur is not None and conn is not None:
+            return cur
+        if conn is None:
+            # Ours, or a replacement for the user's connection that died (closed by us).
+            conn = await AsyncConnection.connect(self._conninfo, **self._connect)
+            slot.conn, slot.owned, slot.opened = conn, True, time.monotonic()
+        else:  # the user's connection, on first use
+            if not conn.autocommit:
+                await conn.set_autocommit(True)
+            if self._no_prepare:
+                conn.prepare_threshold = None
+        cur = slot.cursor = conn.cursor(row_factory=tuple_row)
+        return cur
+
+    async def _overflow(self, slot: _Slot) -> AsyncConnectionPool[Any]:
+        pool = slot.pool
+        if pool is None:
+            assert self._factory is not None
+            with self._create_lock:
+                pool = slot.pool
+                if pool is None:
+                    pool = slot.pool = self._factory()
+        await pool.open()  # idempotent; cheap once open
+        return pool
+
+    @asynccontextmanager
+    async def _pooled(self, pool: AsyncConnectionPool[Any], *, restore: bool) -> AsyncIterator[Cur]:
         async with pool.connection() as conn:
+            if not restore:  # our own pool's connections are set up at connect
+                yield conn.cursor(row_factory=tuple_row)
+                return
             autocommit, prepare = conn.autocommit, conn.prepare_threshold
             if not autocommit:
                 await conn.set_autocommit(True)
             if self._no_prepare:
                 conn.prepare_threshold = None
             try:
-                yield conn
+                yield conn.cursor(row_factory=tuple_row)
             finally:
                 # A dead connection is discarded by the pool; nothing to restore.
                 if not (conn.broken or conn.closed):
@@ -114,49 +234,13 @@ class AsyncAccess:
                     if not autocommit:
                         await conn.set_autocommit(False)
 
-    async def _live_connection(self) -> AsyncConnection[Any]:
-        conn = self._conn
-        if conn is not None and not (conn.closed or conn.broken):
-            if not conn.autocommit:  # the user's connection, on first use
-                await conn.set_autocommit(True)
-            if self._no_prepare:
-                conn.prepare_threshold = None
-            return conn
-        if conn is not None and self._owns_conn:
-            await conn.close()
-        # The user's connection died: open our own replacement (closed by us).
-        conn = await AsyncConnection.connect(
-            self._conninfo,
-            autocommit=True,
-            prepare_threshold=None if self._no_prepare else 5,
-        )
-        self._conn, self._owns_conn = conn, True
-        return conn
-
-    async def _current_pool(self) -> AsyncConnectionPool[Any]:
-        pool = self._pool
-        if self._factory is None:
-            assert pool is not None, "AsyncAccess needs a factory, a pool or a connection"
-            return pool
-        scope = _scope()
-        if pool is None or self._scope != scope:
-            with self._create_lock:  # never held across an await
-                pool = self._pool
-                if pool is None or self._scope != scope:
-                    # A pool of another event loop (or of the parent process,
-                    # after a fork) cannot be used or closed from here.
-                    pool = self._factory()
-                    self._pool, self._scope = pool, scope
-        await pool.open()  # idempotent; cheap once open
-        return pool
-
     async def recover(self) -> None:
         """After a connection failure: drop the pool's dead idle connections too,
-        so that the next operation gets a live one."""
-        pool = self._pool
-        if self._conn_lock is not None or pool is None:
-            return  # a single connection is reopened on its next use
-        if self._factory is not None and self._scope != _scope():
+        so that the next operation gets a live one (a dead dedicated connection
+        is replaced on its next use)."""
+        slot = self._slot
+        pool = self._user_pool if self._user_pool is not None else slot.pool if slot else None
+        if pool is None or (slot is not None and self._scoped and slot.scope != _scope()):
             return
         try:
             await pool.check()
@@ -164,23 +248,49 @@ class AsyncAccess:
             log.debug("pool check after a connection failure failed: %r", exc)
 
     def detach(self) -> tuple[AsyncConnectionPool[Any] | None, object, AsyncConnection[Any] | None]:
-        """Hand over what the store owns (pool, its scope, connection) to be closed elsewhere."""
-        pool = self._pool if self._factory is not None else None
-        conn = self._conn if self._owns_conn else None
-        if pool is not None:
-            self._pool = None
-        if conn is not None:
-            self._conn = None
-        return pool, self._scope, conn
+        """Hand over what the store owns in its current slot (the overflow pool,
+        its scope, the connection) to be closed elsewhere."""
+        with self._create_lock:
+            slot = self._slot
+            if slot is None:
+                return None, None, None
+            if slot.pid != os.getpid():
+                self._slot = None
+                _retire(slot)
+                return None, None, None
+            pool, slot.pool = slot.pool, None
+            conn = slot.conn if slot.owned else None
+            if conn is not None:
+                slot.conn = slot.cursor = None
+            return pool, slot.scope, conn
 
     async def close(self) -> None:
-        """Close what the store opened itself; the user's pool or connection stay open."""
-        pool, self._pool = (self._pool, None) if self._factory is not None else (None, self._pool)
-        if pool is not None and self._scope == _scope():
+        """Close what the store opened itself in this scope; the user's pool or
+        connection stay open."""
+        slot = self._slot
+        if slot is None or slot.pid != os.getpid() or (self._scoped and slot.scope != _scope()):
+            return
+        pool, slot.pool = slot.pool, None
+        if pool is not None:
             await pool.close()
-        if self._conn is not None and self._owns_conn:
-            conn, self._conn = self._conn, None
+        if slot.conn is not None and slot.owned:
+            conn, slot.conn, slot.cursor = slot.conn, None, None
             await conn.close()
+
+
+def _retire(slot: _Slot) -> None:
+    """Let go of a slot of another scope without using it."""
+    if slot.pid != os.getpid():
+        # Inherited through fork(): the parent's sessions, not ours to end.
+        _INHERITED.append(slot)
+        return
+    conn = slot.conn
+    if conn is not None and slot.owned and not slot.lock.locked():
+        # Another event loop's (in the same process), idle: libpq's close needs
+        # no loop. One in use is left to the garbage collector.
+        slot.conn = slot.cursor = None
+        conn.pgconn.finish()
+    # Its pool (if any) is left to that loop: closing it needs the loop.
 
 
 class AsyncCore:
@@ -195,7 +305,7 @@ class AsyncCore:
         self,
         action: str,
         thread_id: str | None,
-        op: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        op: Callable[[Cur], Awaitable[T]],
         *,
         read: bool,
     ) -> T:
@@ -208,7 +318,7 @@ class AsyncCore:
         self,
         action: str,
         thread_id: str | None,
-        op: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        op: Callable[[Cur], Awaitable[T]],
         *,
         read: bool,
     ) -> T:
@@ -217,9 +327,9 @@ class AsyncCore:
             attempt += 1
             used: AsyncConnection[Any] | None = None
             try:
-                async with self.access.connection() as conn:
-                    used = conn
-                    return await op(conn)
+                async with self.access.cursor() as cur:
+                    used = cur.connection
+                    return await op(cur)
             except psycopg.Error as exc:
                 error = map_error(exc, action, thread_id, self._shared.url)
                 if is_connection_failure(exc, used):
@@ -237,31 +347,31 @@ class AsyncCore:
         self._shared.check_open()
         q = self._q
 
-        async def version(conn: AsyncConnection[Any]) -> tuple[bool, int]:
-            probe = await _fetch(conn, q.probe, {"schema": q.schema})
+        async def version(cur: Cur) -> tuple[bool, int]:
+            probe = await _fetch(cur, q.probe, {"schema": q.schema})
             if not probe[0][1]:
                 return bool(probe[0][0]), 0
-            return True, int((await _fetch(conn, q.current_version, None))[0][0])
+            return True, int((await _fetch(cur, q.current_version, None))[0][0])
 
-        async def op(conn: AsyncConnection[Any]) -> MigrationStatus:
-            _, current = await version(conn)
+        async def op(cur: Cur) -> MigrationStatus:
+            _, current = await version(cur)
             if check or current >= LATEST_VERSION:
                 return MigrationStatus(q.schema, current, LATEST_VERSION)
             applied: list[int] = []
-            async with conn.transaction():
-                await _fetch(conn, q.lock, {"schema": q.schema})
+            async with cur.connection.transaction():
+                await _fetch(cur, q.lock, {"schema": q.schema})
                 # Re-read under the lock: another process may have just migrated.
-                schema_exists, current = await version(conn)
+                schema_exists, current = await version(cur)
                 if not schema_exists:
                     # Only when missing: CREATE SCHEMA needs a privilege a
                     # restricted role on a prepared schema may not have.
-                    await conn.execute(q.create_schema)
-                await conn.execute(q.create_migrations)
+                    await cur.execute(q.create_schema)
+                await cur.execute(q.create_migrations)
                 for number, statements in q.migrations:
                     if number > current:
                         for statement in statements:
-                            await conn.execute(statement)
-                        await conn.execute(q.record_version, {"version": number})
+                            await cur.execute(statement)
+                        await cur.execute(q.record_version, {"version": number})
                         applied.append(number)
             return MigrationStatus(
                 q.schema, max(current, LATEST_VERSION), LATEST_VERSION, tuple(applied)
@@ -301,13 +411,13 @@ class AsyncCore:
         else:
             query = q.write_first_row if expected_version == 0 else q.write_next_row
 
-        async def op(conn: AsyncConnection[Any]) -> Head:
-            moved = await _fetch(conn, query, params)
+        async def op(cur: Cur) -> Head:
+            moved = await _fetch(cur, query, params)
             if moved:
                 return Head(row.checkpoint_id, int(moved[0][0]))
             # The CAS matched nothing, so the statement wrote nothing; only this
             # failure path pays a second round trip, to say what it found.
-            found = await _fetch(conn, q.head, params)
+            found = await _fetch(cur, q.head, params)
             raise ConflictError(
                 thread_id=row.thread_id,
                 namespace=row.namespace,
@@ -324,8 +434,8 @@ class AsyncCore:
             return
         params = {"t": thread_id, "keys": list(blobs), "datas": list(blobs.values())}
 
-        async def op(conn: AsyncConnection[Any]) -> None:
-            await conn.execute(self._q.put_blobs, params)
+        async def op(cur: Cur) -> None:
+            await cur.execute(self._q.put_blobs, params)
 
         # Idempotent (existing keys are kept), so retried like a read.
         await self._run("storing blobs", thread_id, op, read=True)
@@ -345,23 +455,23 @@ class AsyncCore:
             "datas": [bytes(v) for v in blobs.values()],
         }
 
-        async def op(conn: AsyncConnection[Any]) -> None:
-            await _fetch(conn, self._q.rewrite, params)
+        async def op(cur: Cur) -> None:
+            await _fetch(cur, self._q.rewrite, params)
 
         # Idempotent (the same bytes replace the same records), so retried like a read.
         await self._run("rewriting records", thread_id, op, read=True)
 
     async def delete_thread(self, thread_id: str) -> bool:
-        async def op(conn: AsyncConnection[Any]) -> bool:
-            return bool((await _fetch(conn, self._q.delete_thread, {"t": thread_id}))[0][0])
+        async def op(cur: Cur) -> bool:
+            return bool((await _fetch(cur, self._q.delete_thread, {"t": thread_id}))[0][0])
 
         return await self._run("deleting", thread_id, op, read=False)
 
     # -- reads -----------------------------------------------------------------
 
     async def head(self, thread_id: str, namespace: str) -> Head | None:
-        async def op(conn: AsyncConnection[Any]) -> Head | None:
-            found = await _fetch(conn, self._q.head, {"t": thread_id, "ns": namespace})
+        async def op(cur: Cur) -> Head | None:
+            found = await _fetch(cur, self._q.head, {"t": thread_id, "ns": namespace})
             return Head(found[0][0], int(found[0][1])) if found else None
 
         return await self._run("reading the head", thread_id, op, read=True)
@@ -369,8 +479,8 @@ class AsyncCore:
     async def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         params = {"t": thread_id, "ns": namespace, "cid": checkpoint_id}
 
-        async def op(conn: AsyncConnection[Any]) -> CheckpointRow | None:
-            found = await _fetch(conn, self._q.get, params)
+        async def op(cur: Cur) -> CheckpointRow | None:
+            found = await _fetch(cur, self._q.get, params)
             if not found:
                 return None
             parent_id, run_id, payload = found[0]
@@ -390,10 +500,10 @@ class AsyncCore:
         query = self._q.list[(run_id is not None, before is not None)]
         params = {"t": thread_id, "ns": namespace, "run": run_id, "before": before, "limit": limit}
 
-        async def op(conn: AsyncConnection[Any]) -> list[CheckpointRow]:
+        async def op(cur: Cur) -> list[CheckpointRow]:
             return [
                 CheckpointRow(thread_id, namespace, cid, parent_id, run, payload)
-                for cid, parent_id, run, payload in await _fetch(conn, query, params)
+                for cid, parent_id, run, payload in await _fetch(cur, query, params)
             ]
 
         return await self._run("listing checkpoints", thread_id, op, read=True)
@@ -404,16 +514,16 @@ class AsyncCore:
             return {}
         params = {"t": thread_id, "keys": list(keys)}
 
-        async def op(conn: AsyncConnection[Any]) -> dict[str, bytes]:
-            return dict(await _fetch(conn, self._q.get_blobs, params))
+        async def op(cur: Cur) -> dict[str, bytes]:
+            return dict(await _fetch(cur, self._q.get_blobs, params))
 
         return await self._run("reading blobs", thread_id, op, read=True)
 
     async def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
         params = {"t": thread_id, "start": start, "stop": stop}
 
-        async def op(conn: AsyncConnection[Any]) -> dict[str, bytes]:
-            return dict(await _fetch(conn, self._q.scan_blobs, params))
+        async def op(cur: Cur) -> dict[str, bytes]:
+            return dict(await _fetch(cur, self._q.scan_blobs, params))
 
         return await self._run("scanning blobs", thread_id, op, read=True)
 
@@ -422,14 +532,14 @@ class AsyncCore:
     ) -> builtins.list[str]:
         params = {"prefix": prefix, "after": after, "limit": limit}
 
-        async def op(conn: AsyncConnection[Any]) -> builtins.list[str]:
-            return [found[0] for found in await _fetch(conn, self._q.threads, params)]
+        async def op(cur: Cur) -> builtins.list[str]:
+            return [found[0] for found in await _fetch(cur, self._q.threads, params)]
 
         return await self._run("listing threads", None, op, read=True)
 
     async def namespaces(self, thread_id: str) -> builtins.list[str]:
-        async def op(conn: AsyncConnection[Any]) -> builtins.list[str]:
-            found = await _fetch(conn, self._q.namespaces, {"t": thread_id})
+        async def op(cur: Cur) -> builtins.list[str]:
+            found = await _fetch(cur, self._q.namespaces, {"t": thread_id})
             return sorted(r[0] for r in found)
 
         return await self._run("listing namespaces", thread_id, op, read=True)

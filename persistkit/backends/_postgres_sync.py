@@ -5,8 +5,9 @@
 generated from it by ``scripts/unasync.py`` (CI runs it with ``--check``).
 Edit the async file, then run ``python scripts/unasync.py``.
 
-:class:`Access` hands out connections (an owned pool, the user's pool, or
-one connection used under a lock); :class:`Core` runs the statements of
+:class:`Access` hands out cursors (on the store's dedicated connection of
+the current scope, else its overflow pool; on the user's pool; or on the
+user's connection, under a lock); :class:`Core` runs the statements of
 ``_postgres_sql`` on them and maps driver errors at this boundary.
 """
 
@@ -15,14 +16,15 @@ from __future__ import annotations
 import builtins
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg.rows import tuple_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._errors import ConflictError
 from ._postgres_sql import (
@@ -43,71 +45,188 @@ T = TypeVar("T")
 # checked or the connection reopened by then). Writes are never retried here:
 # the layer above retries them after reading the head.
 READ_ATTEMPTS = 3
+# A dedicated connection is replaced after this many seconds, as psycopg_pool
+# does with its connections (max_lifetime), so server-side memory is returned.
+MAX_LIFETIME = 3600.0
+# Connections inherited through fork(): never used, and never closed (closing
+# would end the parent's session) nor collected (which would warn) by the child.
+_INHERITED: list[object] = []
+
+Cur = Cursor[tuple[Any, ...]]
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _scope() -> object:
-    """What an owned pool belongs to; a pool from another scope is never touched."""
+    """What an owned connection or pool belongs to; one of another scope is never used."""
     return os.getpid()
 
 
-def _fetch(
-    conn: Connection[Any], query: bytes, params: Mapping[str, Any] | None
-) -> list[tuple[Any, ...]]:
-    # tuple_row whatever the user's pool configured; binary results skip the
-    # hex decoding of bytea.
-    cur = conn.cursor(row_factory=tuple_row)
+def _take_now(lock: threading.Lock) -> bool:
+    """Take ``lock`` if it is free, never waiting."""
+    return lock.acquire(blocking=False)
+
+
+def _take(lock: threading.Lock, timeout: float | None) -> bool:
+    """Take ``lock``, waiting at most ``timeout`` seconds (None: as long as it takes)."""
+    try:
+        return lock.acquire(timeout=-1 if timeout is None else timeout)
+    except TimeoutError:
+        return False
+
+
+def _fetch(cur: Cur, query: bytes, params: Mapping[str, Any] | None) -> list[tuple[Any, ...]]:
+    # Binary results skip the hex decoding of bytea.
     cur.execute(query, params, binary=True)
     return cur.fetchall()
+
+
+class _Slot:
+    """What the store holds in one scope (a process, or an event loop): a
+    connection with the cursor every operation on it reuses, the lock its
+    users take turns on, and the pool that serves callers finding it busy."""
+
+    __slots__ = ("conn", "cursor", "lock", "opened", "owned", "pid", "pool", "scope")
+
+    def __init__(self, scope: object, conn: Connection[Any] | None = None) -> None:
+        self.scope = scope
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.conn = conn
+        self.cursor: Cur | None = None
+        self.owned = conn is None
+        self.opened = 0.0
+        self.pool: ConnectionPool[Any] | None = None
 
 
 class Access:
     """Where connections come from.
 
-    One of: ``factory`` (an owned pool, created unopened and opened lazily in
-    the current scope), ``pool`` (the user's open pool, used as is), or else
-    one connection (``connection``, or opened from ``conninfo`` on first use),
-    serialized by a lock and reopened from ``conninfo`` when it breaks. Connections from a user's pool are switched
-    to autocommit (and to no prepared statements when ``no_prepare``) for the
-    duration of one operation and switched back.
+    * ``conninfo`` (the store's own connections): ONE dedicated connection per
+      scope (process, or event loop for the async side), opened on first use
+      and kept; its cursor is reused. An operation that finds it busy (another
+      thread or task is on it) takes a connection from ``factory``'s pool,
+      created on that first contention; without ``factory`` it waits up to
+      ``timeout`` seconds for the dedicated one. Single-threaded use thus never
+      pays a pool checkout.
+    * ``pool``: the user's open pool; one checkout per operation.
+    * ``connection``: the user's connection, used under a lock and replaced by
+      one opened from ``conninfo`` if it breaks.
+
+    The user's connections are switched to autocommit (and to no prepared
+    statements when ``no_prepare``); those of a user's pool for the duration
+    of one operation only.
     """
 
     def __init__(
         self,
         *,
+        conninfo: str = "",
+        connect: Mapping[str, Any] | None = None,
         factory: Callable[[], ConnectionPool[Any]] | None = None,
         pool: ConnectionPool[Any] | None = None,
         connection: Connection[Any] | None = None,
-        conninfo: str = "",
         no_prepare: bool = False,
+        timeout: float = 30.0,
     ) -> None:
-        self._factory = factory
-        self._pool = pool
-        self._scope: object = None
-        self._create_lock = threading.Lock()
-        self._conn = connection
         self._conninfo = conninfo
-        self._owns_conn = False
-        # Neither pool given: one connection (the user's, or opened from conninfo).
-        single = factory is None and pool is None
-        self._conn_lock = threading.Lock() if single else None
+        self._connect: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": None if no_prepare else 5,
+            **(connect or {}),
+        }
+        self._factory = factory
+        self._user_pool = pool
         self._no_prepare = no_prepare
+        self._timeout = timeout
+        self._create_lock = threading.Lock()
+        # The user's connection belongs to no scope: it is never swapped for another.
+        self._scoped = connection is None
+        self._slot: _Slot | None = None if connection is None else _Slot(None, connection)
 
     @contextmanager
-    def connection(self) -> Iterator[Connection[Any]]:
-        """A connection in autocommit mode for one operation."""
-        if self._conn_lock is not None:
-            with self._conn_lock:
-                yield self._live_connection()
+    def cursor(self) -> Iterator[Cur]:
+        """A cursor on an autocommit connection, for one operation."""
+        if self._user_pool is not None:
+            with self._pooled(self._user_pool, restore=True) as cur:
+                yield cur
             return
-        pool = self._current_pool()
+        slot = self._current_slot()
+        if not _take_now(slot.lock):
+            if self._factory is not None:  # busy: another thread or task is on it
+                with self._pooled(self._overflow(slot), restore=False) as cur:
+                    yield cur
+                return
+            if not _take(slot.lock, self._timeout if self._scoped else None):
+                raise PoolTimeout(f"no connection became free in {self._timeout:g} s")
+        try:
+            yield self._held_cursor(slot)
+        finally:
+            slot.lock.release()
+
+    def _current_slot(self) -> _Slot:
+        slot = self._slot
+        if slot is not None and (not self._scoped or slot.scope == _scope()):
+            return slot
+        with self._create_lock:  # never held across an await
+            slot = self._slot
+            scope = _scope()
+            if slot is None or slot.scope != scope:
+                if slot is not None:
+                    _retire(slot)
+                slot = self._slot = _Slot(scope)
+            return slot
+
+    def _held_cursor(self, slot: _Slot) -> Cur:
+        conn, cur = slot.conn, slot.cursor
+        if conn is not None and slot.owned and (
+            conn.closed
+            or conn.broken
+            # Not idle between operations: e.g. a cancelled statement still running.
+            or conn.pgconn.transaction_status != _IDLE
+            or time.monotonic() - slot.opened > MAX_LIFETIME
+        ):
+            conn.close()
+            conn = slot.conn = slot.cursor = None
+        elif conn is not None and (conn.closed or conn.broken):  # the user's, dead
+            conn = slot.conn = slot.cursor = None
+        if cur is not None and conn is not None:
+            return cur
+        if conn is None:
+            # Ours, or a replacement for the user's connection that died (closed by us).
+            conn = Connection.connect(self._conninfo, **self._connect)
+            slot.conn, slot.owned, slot.opened = conn, True, time.monotonic()
+        else:  # the user's connection, on first use
+            if not conn.autocommit:
+                conn.set_autocommit(True)
+            if self._no_prepare:
+                conn.prepare_threshold = None
+        cur = slot.cursor = conn.cursor(row_factory=tuple_row)
+        return cur
+
+    def _overflow(self, slot: _Slot) -> ConnectionPool[Any]:
+        pool = slot.pool
+        if pool is None:
+            assert self._factory is not None
+            with self._create_lock:
+                pool = slot.pool
+                if pool is None:
+                    pool = slot.pool = self._factory()
+        pool.open()  # idempotent; cheap once open
+        return pool
+
+    @contextmanager
+    def _pooled(self, pool: ConnectionPool[Any], *, restore: bool) -> Iterator[Cur]:
         with pool.connection() as conn:
+            if not restore:  # our own pool's connections are set up at connect
+                yield conn.cursor(row_factory=tuple_row)
+                return
             autocommit, prepare = conn.autocommit, conn.prepare_threshold
             if not autocommit:
                 conn.set_autocommit(True)
             if self._no_prepare:
                 conn.prepare_threshold = None
             try:
-                yield conn
+                yield conn.cursor(row_factory=tuple_row)
             finally:
                 # A dead connection is discarded by the pool; nothing to restore.
                 if not (conn.broken or conn.closed):
@@ -115,49 +234,13 @@ class Access:
                     if not autocommit:
                         conn.set_autocommit(False)
 
-    def _live_connection(self) -> Connection[Any]:
-        conn = self._conn
-        if conn is not None and not (conn.closed or conn.broken):
-            if not conn.autocommit:  # the user's connection, on first use
-                conn.set_autocommit(True)
-            if self._no_prepare:
-                conn.prepare_threshold = None
-            return conn
-        if conn is not None and self._owns_conn:
-            conn.close()
-        # The user's connection died: open our own replacement (closed by us).
-        conn = Connection.connect(
-            self._conninfo,
-            autocommit=True,
-            prepare_threshold=None if self._no_prepare else 5,
-        )
-        self._conn, self._owns_conn = conn, True
-        return conn
-
-    def _current_pool(self) -> ConnectionPool[Any]:
-        pool = self._pool
-        if self._factory is None:
-            assert pool is not None, "Access needs a factory, a pool or a connection"
-            return pool
-        scope = _scope()
-        if pool is None or self._scope != scope:
-            with self._create_lock:  # never held across an await
-                pool = self._pool
-                if pool is None or self._scope != scope:
-                    # A pool of another event loop (or of the parent process,
-                    # after a fork) cannot be used or closed from here.
-                    pool = self._factory()
-                    self._pool, self._scope = pool, scope
-        pool.open()  # idempotent; cheap once open
-        return pool
-
     def recover(self) -> None:
         """After a connection failure: drop the pool's dead idle connections too,
-        so that the next operation gets a live one."""
-        pool = self._pool
-        if self._conn_lock is not None or pool is None:
-            return  # a single connection is reopened on its next use
-        if self._factory is not None and self._scope != _scope():
+        so that the next operation gets a live one (a dead dedicated connection
+        is replaced on its next use)."""
+        slot = self._slot
+        pool = self._user_pool if self._user_pool is not None else slot.pool if slot else None
+        if pool is None or (slot is not None and self._scoped and slot.scope != _scope()):
             return
         try:
             pool.check()
@@ -165,23 +248,49 @@ class Access:
             log.debug("pool check after a connection failure failed: %r", exc)
 
     def detach(self) -> tuple[ConnectionPool[Any] | None, object, Connection[Any] | None]:
-        """Hand over what the store owns (pool, its scope, connection) to be closed elsewhere."""
-        pool = self._pool if self._factory is not None else None
-        conn = self._conn if self._owns_conn else None
-        if pool is not None:
-            self._pool = None
-        if conn is not None:
-            self._conn = None
-        return pool, self._scope, conn
+        """Hand over what the store owns in its current slot (the overflow pool,
+        its scope, the connection) to be closed elsewhere."""
+        with self._create_lock:
+            slot = self._slot
+            if slot is None:
+                return None, None, None
+            if slot.pid != os.getpid():
+                self._slot = None
+                _retire(slot)
+                return None, None, None
+            pool, slot.pool = slot.pool, None
+            conn = slot.conn if slot.owned else None
+            if conn is not None:
+                slot.conn = slot.cursor = None
+            return pool, slot.scope, conn
 
     def close(self) -> None:
-        """Close what the store opened itself; the user's pool or connection stay open."""
-        pool, self._pool = (self._pool, None) if self._factory is not None else (None, self._pool)
-        if pool is not None and self._scope == _scope():
+        """Close what the store opened itself in this scope; the user's pool or
+        connection stay open."""
+        slot = self._slot
+        if slot is None or slot.pid != os.getpid() or (self._scoped and slot.scope != _scope()):
+            return
+        pool, slot.pool = slot.pool, None
+        if pool is not None:
             pool.close()
-        if self._conn is not None and self._owns_conn:
-            conn, self._conn = self._conn, None
+        if slot.conn is not None and slot.owned:
+            conn, slot.conn, slot.cursor = slot.conn, None, None
             conn.close()
+
+
+def _retire(slot: _Slot) -> None:
+    """Let go of a slot of another scope without using it."""
+    if slot.pid != os.getpid():
+        # Inherited through fork(): the parent's sessions, not ours to end.
+        _INHERITED.append(slot)
+        return
+    conn = slot.conn
+    if conn is not None and slot.owned and not slot.lock.locked():
+        # Another event loop's (in the same process), idle: libpq's close needs
+        # no loop. One in use is left to the garbage collector.
+        slot.conn = slot.cursor = None
+        conn.pgconn.finish()
+    # Its pool (if any) is left to that loop: closing it needs the loop.
 
 
 class Core:
@@ -196,7 +305,7 @@ class Core:
         self,
         action: str,
         thread_id: str | None,
-        op: Callable[[Connection[Any]], T],
+        op: Callable[[Cur], T],
         *,
         read: bool,
     ) -> T:
@@ -209,7 +318,7 @@ class Core:
         self,
         action: str,
         thread_id: str | None,
-        op: Callable[[Connection[Any]], T],
+        op: Callable[[Cur], T],
         *,
         read: bool,
     ) -> T:
@@ -218,9 +327,9 @@ class Core:
             attempt += 1
             used: Connection[Any] | None = None
             try:
-                with self.access.connection() as conn:
-                    used = conn
-                    return op(conn)
+                with self.access.cursor() as cur:
+                    used = cur.connection
+                    return op(cur)
             except psycopg.Error as exc:
                 error = map_error(exc, action, thread_id, self._shared.url)
                 if is_connection_failure(exc, used):
@@ -238,31 +347,31 @@ class Core:
         self._shared.check_open()
         q = self._q
 
-        def version(conn: Connection[Any]) -> tuple[bool, int]:
-            probe = _fetch(conn, q.probe, {"schema": q.schema})
+        def version(cur: Cur) -> tuple[bool, int]:
+            probe = _fetch(cur, q.probe, {"schema": q.schema})
             if not probe[0][1]:
                 return bool(probe[0][0]), 0
-            return True, int((_fetch(conn, q.current_version, None))[0][0])
+            return True, int((_fetch(cur, q.current_version, None))[0][0])
 
-        def op(conn: Connection[Any]) -> MigrationStatus:
-            _, current = version(conn)
+        def op(cur: Cur) -> MigrationStatus:
+            _, current = version(cur)
             if check or current >= LATEST_VERSION:
                 return MigrationStatus(q.schema, current, LATEST_VERSION)
             applied: list[int] = []
-            with conn.transaction():
-                _fetch(conn, q.lock, {"schema": q.schema})
+            with cur.connection.transaction():
+                _fetch(cur, q.lock, {"schema": q.schema})
                 # Re-read under the lock: another process may have just migrated.
-                schema_exists, current = version(conn)
+                schema_exists, current = version(cur)
                 if not schema_exists:
                     # Only when missing: CREATE SCHEMA needs a privilege a
                     # restricted role on a prepared schema may not have.
-                    conn.execute(q.create_schema)
-                conn.execute(q.create_migrations)
+                    cur.execute(q.create_schema)
+                cur.execute(q.create_migrations)
                 for number, statements in q.migrations:
                     if number > current:
                         for statement in statements:
-                            conn.execute(statement)
-                        conn.execute(q.record_version, {"version": number})
+                            cur.execute(statement)
+                        cur.execute(q.record_version, {"version": number})
                         applied.append(number)
             return MigrationStatus(
                 q.schema, max(current, LATEST_VERSION), LATEST_VERSION, tuple(applied)
@@ -302,13 +411,13 @@ class Core:
         else:
             query = q.write_first_row if expected_version == 0 else q.write_next_row
 
-        def op(conn: Connection[Any]) -> Head:
-            moved = _fetch(conn, query, params)
+        def op(cur: Cur) -> Head:
+            moved = _fetch(cur, query, params)
             if moved:
                 return Head(row.checkpoint_id, int(moved[0][0]))
             # The CAS matched nothing, so the statement wrote nothing; only this
             # failure path pays a second round trip, to say what it found.
-            found = _fetch(conn, q.head, params)
+            found = _fetch(cur, q.head, params)
             raise ConflictError(
                 thread_id=row.thread_id,
                 namespace=row.namespace,
@@ -325,8 +434,8 @@ class Core:
             return
         params = {"t": thread_id, "keys": list(blobs), "datas": list(blobs.values())}
 
-        def op(conn: Connection[Any]) -> None:
-            conn.execute(self._q.put_blobs, params)
+        def op(cur: Cur) -> None:
+            cur.execute(self._q.put_blobs, params)
 
         # Idempotent (existing keys are kept), so retried like a read.
         self._run("storing blobs", thread_id, op, read=True)
@@ -346,23 +455,23 @@ class Core:
             "datas": [bytes(v) for v in blobs.values()],
         }
 
-        def op(conn: Connection[Any]) -> None:
-            _fetch(conn, self._q.rewrite, params)
+        def op(cur: Cur) -> None:
+            _fetch(cur, self._q.rewrite, params)
 
         # Idempotent (the same bytes replace the same records), so retried like a read.
         self._run("rewriting records", thread_id, op, read=True)
 
     def delete_thread(self, thread_id: str) -> bool:
-        def op(conn: Connection[Any]) -> bool:
-            return bool((_fetch(conn, self._q.delete_thread, {"t": thread_id}))[0][0])
+        def op(cur: Cur) -> bool:
+            return bool((_fetch(cur, self._q.delete_thread, {"t": thread_id}))[0][0])
 
         return self._run("deleting", thread_id, op, read=False)
 
     # -- reads -----------------------------------------------------------------
 
     def head(self, thread_id: str, namespace: str) -> Head | None:
-        def op(conn: Connection[Any]) -> Head | None:
-            found = _fetch(conn, self._q.head, {"t": thread_id, "ns": namespace})
+        def op(cur: Cur) -> Head | None:
+            found = _fetch(cur, self._q.head, {"t": thread_id, "ns": namespace})
             return Head(found[0][0], int(found[0][1])) if found else None
 
         return self._run("reading the head", thread_id, op, read=True)
@@ -370,8 +479,8 @@ class Core:
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         params = {"t": thread_id, "ns": namespace, "cid": checkpoint_id}
 
-        def op(conn: Connection[Any]) -> CheckpointRow | None:
-            found = _fetch(conn, self._q.get, params)
+        def op(cur: Cur) -> CheckpointRow | None:
+            found = _fetch(cur, self._q.get, params)
             if not found:
                 return None
             parent_id, run_id, payload = found[0]
@@ -391,10 +500,10 @@ class Core:
         query = self._q.list[(run_id is not None, before is not None)]
         params = {"t": thread_id, "ns": namespace, "run": run_id, "before": before, "limit": limit}
 
-        def op(conn: Connection[Any]) -> list[CheckpointRow]:
+        def op(cur: Cur) -> list[CheckpointRow]:
             return [
                 CheckpointRow(thread_id, namespace, cid, parent_id, run, payload)
-                for cid, parent_id, run, payload in _fetch(conn, query, params)
+                for cid, parent_id, run, payload in _fetch(cur, query, params)
             ]
 
         return self._run("listing checkpoints", thread_id, op, read=True)
@@ -405,16 +514,16 @@ class Core:
             return {}
         params = {"t": thread_id, "keys": list(keys)}
 
-        def op(conn: Connection[Any]) -> dict[str, bytes]:
-            return dict(_fetch(conn, self._q.get_blobs, params))
+        def op(cur: Cur) -> dict[str, bytes]:
+            return dict(_fetch(cur, self._q.get_blobs, params))
 
         return self._run("reading blobs", thread_id, op, read=True)
 
     def scan_blobs(self, thread_id: str, start: str, stop: str) -> dict[str, bytes]:
         params = {"t": thread_id, "start": start, "stop": stop}
 
-        def op(conn: Connection[Any]) -> dict[str, bytes]:
-            return dict(_fetch(conn, self._q.scan_blobs, params))
+        def op(cur: Cur) -> dict[str, bytes]:
+            return dict(_fetch(cur, self._q.scan_blobs, params))
 
         return self._run("scanning blobs", thread_id, op, read=True)
 
@@ -423,14 +532,14 @@ class Core:
     ) -> builtins.list[str]:
         params = {"prefix": prefix, "after": after, "limit": limit}
 
-        def op(conn: Connection[Any]) -> builtins.list[str]:
-            return [found[0] for found in _fetch(conn, self._q.threads, params)]
+        def op(cur: Cur) -> builtins.list[str]:
+            return [found[0] for found in _fetch(cur, self._q.threads, params)]
 
         return self._run("listing threads", None, op, read=True)
 
     def namespaces(self, thread_id: str) -> builtins.list[str]:
-        def op(conn: Connection[Any]) -> builtins.list[str]:
-            found = _fetch(conn, self._q.namespaces, {"t": thread_id})
+        def op(cur: Cur) -> builtins.list[str]:
+            found = _fetch(cur, self._q.namespaces, {"t": thread_id})
             return sorted(r[0] for r in found)
 
         return self._run("listing namespaces", thread_id, op, read=True)

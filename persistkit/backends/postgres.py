@@ -52,9 +52,14 @@ class PostgresBackend(Backend):
     Open it from a URL (:meth:`from_url`), a user's ``psycopg_pool`` pools
     (``PostgresBackend(pool=..., async_pool=..., conninfo=...)``) or one user
     connection (:meth:`from_connection`). The user's pools and connection are
-    never closed by :meth:`close`; a pool for the missing side (sync or async)
-    is opened from ``conninfo`` or from the other pool's conninfo. The async
-    pool is created lazily, in the running event loop (one per loop).
+    never closed by :meth:`close`; connections for the missing side (sync or
+    async) are opened from ``conninfo`` or from the other pool's conninfo.
+
+    The store's own connections: one dedicated connection per process (sync)
+    and per event loop (async), opened on first use (the sync one by the
+    migration at open) and kept, so a single-threaded agent pays no pool
+    checkout per step. Callers that find it busy share a pool of the other
+    ``max_size - 1`` connections, created on that first contention.
 
     Options (URL query parameters or keywords; keywords win):
 
@@ -67,8 +72,10 @@ class PostgresBackend(Backend):
         statements are schema-qualified, there is no session state, and the
         migration lock is transaction-scoped. ``prepare=false`` does the same.
     ``min_size``, ``max_size``, ``timeout``
-        Owned pools' size (default 1..10) and how long an operation waits for
-        a connection (default 30 s) before ``BackendUnavailableError``.
+        Connections per side, the dedicated one included (default 1..10; the
+        sync overflow pool keeps ``min_size - 1`` open once created), and how
+        long an operation waits for a connection, or a connect for the server
+        (default 30 s), before ``BackendUnavailableError``.
     ``migrate``
         ``true`` (default): bring the schema up to date when the store opens,
         under an advisory lock so that many processes may start at once.
@@ -119,11 +126,26 @@ class PostgresBackend(Backend):
             "autocommit": True,
             "prepare_threshold": None if no_prepare else 5,
         }
-        sizes: dict[str, Any] = {"min_size": min_size, "max_size": max_size, "timeout": timeout}
         info = conninfo
+        # Each side holds one dedicated connection per process (per event loop
+        # on the async side); the pool only serves callers that find it busy,
+        # so it gets the rest of max_size and is created on first contention.
+        # max_size=1: no pool, a busy connection is waited for (up to timeout).
+        overflow = max_size - 1
+        pool_sizes: dict[str, Any] = {
+            "min_size": min(max(min_size - 1, 0), overflow),
+            "max_size": overflow,
+            "timeout": timeout,
+        }
+        # A direct connect is bounded like a pool wait, unless the URL says otherwise.
+        connect = {} if "connect_timeout" in conninfo_to_dict(info) else {
+            "connect_timeout": max(2, round(timeout))
+        }
 
         def sync_pool() -> ConnectionPool[Any]:
-            return ConnectionPool(info, kwargs=owned_kwargs, open=False, name="persistkit", **sizes)
+            return ConnectionPool(
+                info, kwargs=owned_kwargs, open=False, name="persistkit", **pool_sizes
+            )
 
         def async_pool_factory() -> AsyncConnectionPool[Any]:
             # min_size=0: no connection is being opened in the background when
@@ -134,33 +156,38 @@ class PostgresBackend(Backend):
                 kwargs=owned_kwargs,
                 open=False,
                 name="persistkit-async",
-                **{**sizes, "min_size": 0},
+                **{**pool_sizes, "min_size": 0},
             )
 
         self._sync = Core(
             self._shared,
             Access(pool=pool, no_prepare=no_prepare)
             if pool is not None
-            else Access(factory=sync_pool, no_prepare=no_prepare),
+            else Access(
+                conninfo=info,
+                connect=connect,
+                factory=sync_pool if overflow else None,
+                no_prepare=no_prepare,
+                timeout=timeout,
+            ),
         )
         self._async = AsyncCore(
             self._shared,
             AsyncAccess(pool=async_pool, no_prepare=no_prepare)
             if async_pool is not None
-            else AsyncAccess(factory=async_pool_factory, no_prepare=no_prepare),
+            else AsyncAccess(
+                conninfo=info,
+                connect=connect,
+                factory=async_pool_factory if overflow else None,
+                no_prepare=no_prepare,
+                timeout=timeout,
+            ),
         )
         if migrate:
-            if pool is not None:
-                self._sync.migrate()
-            else:
-                # A direct connection, not the pool: a wrong password or an
-                # unreachable server fails now with libpq's own message
-                # instead of a pool timeout.
-                once = Core(self._shared, Access(conninfo=info, no_prepare=no_prepare))
-                try:
-                    once.migrate()
-                finally:
-                    once.access.close()
+            # On the user's pool, or else on the dedicated connection, opened
+            # now: a wrong password or an unreachable server fails here with
+            # libpq's own message, and the first step finds it open.
+            self._sync.migrate()
 
     def _setup(self, schema: str, shown_url: str, migrate: bool) -> None:
         self.url = shown_url

@@ -39,9 +39,6 @@ __all__ = ["Run", "StepEvent", "StepInfo"]
 RESULT_INLINE_LIMIT = 64 * 1024
 #: Lists longer than this enter an args digest by length and first and last item.
 _FINGERPRINT_ITEMS = 16
-
-
-
 _SEQUENCES = (list, tuple)  # a tuple, not `list | tuple`: that builds a union object per call
 
 
@@ -52,6 +49,8 @@ def _fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
             value = (type(value).__name__, len(value), value[0], value[-1])
         out.append(value)
     return out
+
+
 #: Run statuses.
 RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
 
@@ -118,8 +117,7 @@ class Run:
         self._tracker = Tracker(self.codec)
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}
-        schema = spec.schema
-        self._schema = schema  # stamped on every checkpoint (orjson writes a tuple as an array)
+        self._schema = spec.schema  # stamped on every checkpoint (orjson writes a tuple as an array)
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"

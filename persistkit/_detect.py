@@ -81,26 +81,19 @@ BUILTIN: tuple[Detector, ...] = (
     ),
 )
 
-#: Every built-in detector's match contains a run of at least this many token
-#: characters (``[A-Za-z0-9_-]``), or one of the anchors below: the shortest token
-#: secret is a Slack ``xoxb-`` + 10 characters. (JWTs are dotted: "eyJ" covers them.)
-MIN_TOKEN_RUN = 15
-
-# The detectors that are not token runs are found by their anchors — ``secret``,
-# ``bearer``, ``authorization`` (any case), ``PRIVATE KEY``, ``eyJ`` (JWTs are dotted)
-# and ``://`` with ``@`` — searched in ``_secrets._may_match_builtin``: a new detector
-# must add its anchor there or be a token run.
-
-#: The detectors whose matches are runs of token characters: tried only on such runs.
+# The first pass (``_secrets._may_match_builtin``) finds candidates without the
+# regex engine: keyword anchors — ``secret``, ``bearer``, ``authorization`` (any
+# case), ``PRIVATE KEY``, ``eyJ`` (JWTs) and ``://`` with ``@`` — and, for the
+# token detectors below, their fixed prefixes (``sk-``, ``gh`` or ``_pat_`` with ``_``, ``k_``,
+# ``xox``, ``xapp-``, ``A`` + an AWS prefix, ``AIza``), confirmed by TOKEN_LOOSE.
+# A new detector must add its anchor or prefix there.
+#: The detectors whose matches are runs of token characters, found by their prefixes.
 TOKEN_KINDS = frozenset({"anthropic", "openai", "aws_access_key", "github", "slack", "google_api_key", "stripe"})
-
-
-def _token_classes() -> bytes:
-    table = bytearray(b" " * 256)
-    for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-":
-        table[c] = ord("a")
-    return bytes(table)
-
-
-#: ``bytes.translate`` table: token characters to ``a``, everything else to a space.
-TOKEN_CLASSES = _token_classes()
+#: The token detectors without their context assertions (a superset of what they
+#: match), for JSON bytes: token characters are never escaped in JSON, but the
+#: character before a token may be the ``n`` of an escaped newline.
+TOKEN_LOOSE = "|".join(
+    "(?:" + d.pattern.replace(_B, "").replace(_TOKEN_END, "").replace("(?![A-Za-z0-9])", "") + ")"
+    for d in BUILTIN
+    if d.kind in TOKEN_KINDS
+)

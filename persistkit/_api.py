@@ -160,15 +160,15 @@ class _Step:
     hints_done: bool = False
 
     def register_hints(self) -> None:
-        # Types named in the signature are trusted: a later process may revive them.
-        if not self.hints_done:
-            self.hints_done = True
-            try:
-                hints = typing.get_type_hints(self.fn, include_extras=True)
-            except Exception:  # unresolvable forward references: nothing to register
-                return
-            for hint in hints.values():
-                _serde.register_type_hints(hint)
+        """Trust the types named in the signature (a later process may revive them).
+        Once per step function: the caller checks ``hints_done`` (on the per-call path)."""
+        self.hints_done = True
+        try:
+            hints = typing.get_type_hints(self.fn, include_extras=True)
+        except Exception:  # unresolvable forward references: nothing to register
+            return
+        for hint in hints.values():
+            _serde.register_type_hints(hint)
 
 
 @overload

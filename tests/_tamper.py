@@ -15,6 +15,10 @@ from persistkit.backends import CheckpointRow
 class Raw:
     """Edits a store's storage directly, bypassing persistkit."""
 
+    #: The head is not stored but read off the newest row (SQLite): deleting the
+    #: newest rows rewinds it rather than leaving it dangling.
+    derived_head = False
+
     def rows(self, t: str) -> list[tuple[str, str | None, str | None, bytes]]:
         raise NotImplementedError  # (checkpoint_id, parent_id, run_id, payload), oldest first
 
@@ -100,7 +104,9 @@ class SQLRaw(Raw):
         self.kind = kind
         if kind == "sqlite":
             self.con: Any = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-            self.t = {"c": "pk_checkpoints", "h": "pk_heads", "b": "pk_blobs"}
+            # No heads table: a thread's head is its newest row with a version.
+            self.t = {"c": "pk_checkpoints", "b": "pk_blobs"}
+            self.derived_head = True
             self.p = "?"
         else:
             import psycopg
@@ -122,10 +128,21 @@ class SQLRaw(Raw):
         return [(a, b, c, bytes(d)) for a, b, c, d in got]
 
     def head(self, t: str) -> tuple[str, int]:
-        (row,) = self._q("SELECT checkpoint_id, version FROM {h} WHERE thread_id = ? AND namespace = ''", t)
+        if self.kind == "sqlite":
+            (row,) = self._q("SELECT checkpoint_id, version FROM {c} WHERE thread_id = ? AND namespace = '' "
+                             "AND version IS NOT NULL ORDER BY checkpoint_id DESC LIMIT 1", t)
+        else:
+            (row,) = self._q("SELECT checkpoint_id, version FROM {h} WHERE thread_id = ? AND namespace = ''", t)
         return row[0], int(row[1])
 
     def set_head(self, t: str, cid: str, version: int) -> None:
+        if self.kind == "sqlite":
+            # The head is the newest versioned row: unversion the rows after it, version it.
+            self._q("UPDATE {c} SET version = NULL WHERE thread_id = ? AND namespace = '' AND checkpoint_id > ?",
+                    t, cid)
+            self._q("UPDATE {c} SET version = ? WHERE thread_id = ? AND namespace = '' AND checkpoint_id = ?",
+                    version, t, cid)
+            return
         self._q("UPDATE {h} SET checkpoint_id = ?, version = ? WHERE thread_id = ? AND namespace = ''",
                 cid, version, t)
 

@@ -201,9 +201,11 @@ def test_2_truncation_head_left_dangling(env: Env) -> None:
     t, cids = written(env)
     for cid in cids[-2:]:
         env.raw.delete_row(t, cid)
+    # Where the head is read off the newest row, truncating rewinds it (the witness catches it).
+    head = cids[-3] if env.raw.derived_head else cids[-1]
     store = env.open()
-    all_paths_refused(store, t, cids[-1])
-    reported(store, t, cids[-1])
+    all_paths_refused(store, t, head)
+    reported(store, t, head)
 
 
 def test_2_truncation_with_head_rewound_needs_the_witness(env: Env) -> None:
@@ -345,7 +347,7 @@ def test_9_thread_removed_behind_our_back(env: Env) -> None:
         env.raw.data.heads.pop((t, ""))  # type: ignore[attr-defined]
     elif env.kind == "redis":
         env.raw.r.delete(env.raw._n(t, b"h"))  # type: ignore[attr-defined]
-    else:
+    elif not env.raw.derived_head:  # SQLite: no head left once the rows are gone
         env.raw._q("DELETE FROM {h} WHERE thread_id = ?", t)  # type: ignore[attr-defined]
     store = env.open()
     refused(lambda: store.get_state(t), t)

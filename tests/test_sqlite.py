@@ -146,8 +146,13 @@ def test_migrations_are_idempotent(db: Path) -> None:
             ("schema_version", SCHEMA_VERSION)
         ]
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"pk_meta", "pk_heads", "pk_checkpoints", "pk_blobs"} <= tables
-        assert raw.execute("SELECT count(*) FROM pk_heads").fetchone()[0] == 3
+        assert tables == {"pk_meta", "pk_checkpoints", "pk_blobs", "pk_runs"}
+        assert raw.execute("SELECT count(*) FROM pk_checkpoints").fetchone()[0] == 3
+    b = SQLiteBackend.from_url(f"sqlite:///{db}")
+    try:
+        assert b.threads() == ["t0", "t1", "t2"]
+    finally:
+        b.close()
 
 
 def test_schema_1_file_upgrades_and_keeps_run_listing(db: Path) -> None:
@@ -173,7 +178,7 @@ def test_schema_1_file_upgrades_and_keeps_run_listing(db: Path) -> None:
         assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r1", before=f"{3:024x}", limit=1)] == ["1"]
         b.write(CheckpointRow("t", "", f"{4:024x}", f"{3:024x}", "r3", b"\x01"), {}, 4)
         assert [r.checkpoint_id[-1] for r in b.list("t", "", run_id="r3")] == ["4"]
-        # Schema 3's triggers took over the compare-and-swap from the old head row.
+        # Schema 4's trigger took over the compare-and-swap from the old head row.
         assert b.head("t", "") == Head(f"{4:024x}", 5)
         with pytest.raises(ConflictError) as info:
             b.write(CheckpointRow("t", "", f"{5:024x}", f"{3:024x}", "r3", b"\x01"), {"x": b"y"}, 4)
@@ -185,6 +190,67 @@ def test_schema_1_file_upgrades_and_keeps_run_listing(db: Path) -> None:
         assert raw.execute("SELECT value FROM pk_meta").fetchone()[0] == SCHEMA_VERSION
         indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
         assert "pk_checkpoints_run" not in indexes
+
+
+def test_schema_3_file_upgrades_to_heads_from_rows(db: Path) -> None:
+    """Schema 3 kept heads in pk_heads; 4 derives them from the newest versioned row."""
+    from persistkit.backends.sqlite import _MIGRATIONS
+
+    with sqlite3.connect(db, isolation_level=None) as raw:
+        raw.execute("CREATE TABLE pk_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID")
+        for statements in _MIGRATIONS[:3]:
+            for sql in statements:
+                raw.execute(sql)
+        raw.execute("INSERT INTO pk_meta VALUES ('schema_version', 3)")
+        ins = "INSERT INTO pk_checkpoints VALUES (?, '', ?, ?, 'r', x'01', ?)"
+        for i in range(1, 4):  # "a": three rows written by schema 3 (they carry versions)
+            raw.execute(ins, ("a", f"{i:024x}", f"{i - 1:024x}" if i > 1 else None, i))
+        # "b": a schema-1 row under the head (no version), and a newer row the head
+        # does not point at (an edited file): the head stays where pk_heads says.
+        raw.execute("INSERT INTO pk_checkpoints VALUES ('b', '', ?, NULL, NULL, x'01', NULL)", (f"{1:024x}",))
+        raw.execute("INSERT INTO pk_checkpoints VALUES ('b', '', ?, ?, NULL, x'01', NULL)", (f"{2:024x}", f"{1:024x}"))
+        raw.execute("INSERT INTO pk_heads VALUES ('b', '', ?, 7)", (f"{1:024x}",))
+        raw.execute("INSERT INTO pk_checkpoints VALUES ('b', '', ?, ?, NULL, x'01', NULL)", (f"{3:024x}", f"{1:024x}"))
+        raw.execute("UPDATE pk_checkpoints SET version = 8 WHERE thread_id = 'b' AND checkpoint_id = ?", (f"{3:024x}",))
+    b = SQLiteBackend.from_url(f"sqlite:///{db}")
+    try:
+        assert b.head("a", "") == Head(f"{3:024x}", 3)
+        assert b.head("b", "") == Head(f"{1:024x}", 7)
+        assert b.threads() == ["a", "b"]
+        with pytest.raises(ConflictError) as info:
+            b.write(CheckpointRow("a", "", f"{4:024x}", f"{3:024x}", "r", b"\x01"), {}, 2)
+        assert (info.value.expected, info.value.found, info.value.found_checkpoint) == (2, 3, f"{3:024x}")
+        assert b.write(CheckpointRow("a", "", f"{4:024x}", f"{3:024x}", "r", b"\x01"), {}, 3) == Head(f"{4:024x}", 4)
+        assert b.head("a", "") == Head(f"{4:024x}", 4)
+    finally:
+        b.close()
+    with sqlite3.connect(db) as raw:
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert "pk_heads" not in tables
+
+
+def test_a_row_that_would_not_become_the_head_is_refused(backend: SQLiteBackend) -> None:
+    backend.write(_row("t", 2), {}, 0)
+    with pytest.raises(BackendError, match="does not sort after the thread's head"):
+        backend.write(_row("t", 1), {"k": b"v"}, 1)
+    assert backend.head("t", "") == Head(_row("t", 2).checkpoint_id, 1)
+    assert backend.get("t", "", _row("t", 1).checkpoint_id) is None and backend.get_blobs("t", ["k"]) == {}
+
+
+def test_threads_listing_seeks_one_row_per_thread(backend: SQLiteBackend) -> None:
+    names = ["a", "a/1", "a/2", "ab", "b", "é", "\U0001f600"]
+    for t in names:
+        for i in range(1, 4):
+            backend.write(_row(t, i), {}, i - 1)
+    assert backend.threads() == sorted(names)
+    assert backend.threads(prefix="a") == ["a", "a/1", "a/2", "ab"]
+    assert backend.threads(prefix="a/") == ["a/1", "a/2"]
+    assert backend.threads(prefix="a", after="a/1", limit=2) == ["a/2", "ab"]
+    assert backend.threads(limit=0) == []
+    assert backend.threads(after="\U0001f600") == []
+    assert backend.threads(prefix="zz") == []
+    backend.delete_thread("a/1")
+    assert backend.threads(prefix="a") == ["a", "a/2", "ab"]
 
 
 def test_newer_schema_refuses_to_open(db: Path) -> None:

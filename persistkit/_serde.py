@@ -43,7 +43,6 @@ import importlib
 import inspect
 import json
 import pathlib
-import pickle
 import sys
 import typing
 import uuid
@@ -505,6 +504,8 @@ class Serializer:
         if not self.allow_pickle:
             raise _Fail(why)
         try:
+            import pickle  # only with allow_pickle: not paid by every import
+
             data = pickle.dumps(value, protocol=5)
         except Exception as exc:
             raise _Fail(f"cannot pickle a {_type_name(type(value))}: {exc}") from exc
@@ -760,6 +761,8 @@ def _dec_pickle(self: Serializer, node: dict[str, Any], depth: int) -> Any:
             "the stored value is pickled; decode it with Serializer(allow_pickle=True) "
             "only if you trust the store"
         )
+    import pickle
+
     return pickle.loads(_b64(node))
 
 

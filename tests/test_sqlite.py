@@ -294,7 +294,7 @@ def test_write_lock_held_too_long_is_unavailable(db: Path) -> None:
 
 def test_other_sqlite_errors_are_backend_errors_and_roll_back(backend: SQLiteBackend) -> None:
     backend.write(_row("t", 1), {}, 0)
-    with pytest.raises(BackendError) as info:  # same checkpoint id twice: UNIQUE fails
+    with pytest.raises(BackendError) as info:  # same checkpoint id twice: it cannot follow itself
         backend.write(_row("t", 1), {"orphan": b"x"}, 1)
     assert type(info.value) is BackendError
     assert isinstance(info.value.__cause__, sqlite3.IntegrityError)

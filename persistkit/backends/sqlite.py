@@ -71,10 +71,12 @@ __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 _OPTIONS = ("busy_timeout", "synchronous")
 #: What the compare-and-swap trigger says when the head is not where the writer expected it.
 _CONFLICT = "persistkit: the thread head moved"
-#: What it says when a new row would not sort after the head (so could not become it).
-_ORDER = "persistkit: the checkpoint id does not sort after the thread head"
-# The head's version as seen by a trigger: the newest versioned row of NEW's thread.
-_HEAD_OF_NEW = """SELECT version FROM pk_checkpoints
+# Whether NEW may become the head: 1 if the head (the newest versioned row of
+# NEW's thread) is at the version before and sorts before NEW, 0 if not, NULL
+# if there is no head. One seek of the primary key. The writer tells a moved
+# head from an id out of order by reading the head after the refusal.
+_NEW_FOLLOWS_HEAD = """SELECT version = NEW.version - 1 AND checkpoint_id < NEW.checkpoint_id
+                FROM pk_checkpoints
                 WHERE thread_id = NEW.thread_id AND namespace = NEW.namespace AND version IS NOT NULL
                 ORDER BY checkpoint_id DESC LIMIT 1"""
 _SYNCHRONOUS = ("NORMAL", "FULL")
@@ -182,10 +184,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP TABLE pk_heads",
         f"""CREATE TRIGGER pk_checkpoints_cas BEFORE INSERT ON pk_checkpoints
             WHEN NEW.version IS NOT NULL BEGIN
-              SELECT RAISE(ABORT, '{_CONFLICT}') WHERE coalesce(({_HEAD_OF_NEW}), 0) != NEW.version - 1;
-              SELECT RAISE(ABORT, '{_ORDER}') WHERE EXISTS (SELECT 1 FROM pk_checkpoints
-                WHERE thread_id = NEW.thread_id AND namespace = NEW.namespace
-                AND checkpoint_id >= NEW.checkpoint_id AND version IS NOT NULL);
+              SELECT RAISE(ABORT, '{_CONFLICT}')
+                WHERE coalesce(({_NEW_FOLLOWS_HEAD}), NEW.version = 1) = 0;
             END""",
         """CREATE TRIGGER pk_checkpoints_run AFTER INSERT ON pk_checkpoints
             WHEN NEW.version IS NOT NULL AND NEW.run_id IS NOT NULL BEGIN
@@ -499,16 +499,16 @@ class SQLiteBackend(ThreadedAsync):
                     raise
                 conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
-            if _ORDER in str(exc):
-                raise BackendError(
-                    f"sqlite store {self.path!r}: write on thread {tid!r}: checkpoint id {cid!r} "
-                    "does not sort after the thread's head, so it could not become the head; "
-                    "make each new id sort after its parent's (persistkit's own ids do)"
-                ) from exc
             if _CONFLICT not in str(exc):
                 raise self._error(exc, "write", tid) from exc
             with self._mapped("write", tid):
                 current = conn.execute(_HEAD, (tid, ns)).fetchone()
+            if current is not None and current[1] == expected_version and current[0] >= cid:
+                raise BackendError(
+                    f"sqlite store {self.path!r}: write on thread {tid!r}: checkpoint id {cid!r} "
+                    f"does not sort after the thread's head {current[0]!r}, so it could not become "
+                    "the head; make each new id sort after its parent's (persistkit's own ids do)"
+                ) from exc
             raise ConflictError(
                 thread_id=tid,
                 namespace=ns,

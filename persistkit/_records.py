@@ -158,10 +158,12 @@ def _check_body(body: Any) -> str | None:
     """What is wrong with a decoded payload, or None if its shape is right."""
     if type(body) is not dict:
         return "not an object"
-    if body.get("k") not in KINDS:
+    kind = body.get("k")
+    if type(kind) is not str or kind not in KINDS:  # an unhashable kind must not raise TypeError
         return "unknown kind"
-    for key, ok in _FIELDS.items():
-        if key in body and not ok(body[key]):
+    for key, value in body.items():  # the keys present (~8), not all 13 known ones
+        ok = _FIELDS.get(key)
+        if ok is not None and not ok(value):
             return f"field {key!r} is malformed"
     if body["k"] == "step" and not ("p" in body and "n" in body and "s" in body):
         return "a step record without position, name or status"

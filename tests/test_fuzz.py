@@ -98,3 +98,17 @@ def test_list_ref_without_its_tip_is_refused_on_decode() -> None:
         row = CheckpointRow("t", "", "0" * 24, None, None, codec.pack_tree(body))
         with pytest.raises(pk.SerializationError, match="malformed"):
             Record.decode(codec, row)
+
+
+@pytest.mark.parametrize("kind", [[], {}, 1, None, "nope"])
+def test_unhashable_or_unknown_kind_is_refused_on_decode(kind: object) -> None:
+    """A stored kind that is a list or object raised TypeError (unhashable) instead of SerializationError."""
+    import persistkit as pk
+    from persistkit._codec import Codec
+    from persistkit._records import Record
+    from persistkit.backends import CheckpointRow
+
+    codec = Codec()
+    row = CheckpointRow("t", "", "0" * 24, None, None, codec.pack_tree({"k": kind, "t": 1.0, "ch": {}}))
+    with pytest.raises(pk.SerializationError, match="unknown kind"):
+        Record.decode(codec, row)

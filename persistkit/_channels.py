@@ -25,6 +25,7 @@ links, reading rows newest-first in pages and blobs in one range read.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,9 +34,11 @@ from urllib.parse import quote
 
 from ._codec import Codec, _orjson, content_hash
 from ._errors import IntegrityError, SerializationError
+from ._ids import next_checkpoint_id
 from ._io import Plan, call
 from ._records import Record
 from ._state import TrackedList
+from .backends import CheckpointRow
 
 __all__ = ["INLINE_LIMIT", "Loader", "Tracker"]
 
@@ -157,6 +160,30 @@ class Tracker:
             else:
                 self._diff_value(name, value, d)
         return d
+
+    def checkpoint(
+        self,
+        channels: dict[str, Any],
+        body: dict[str, Any],
+        where: tuple[str, str, str | None, str | None],
+        schema: Any,
+    ) -> tuple[CheckpointRow, Diff]:
+        """The row committing ``body`` (completed in place: segments, schema stamp,
+        time, channel refs) with these channel values, and their diff.
+
+        ``where`` is (thread_id, namespace, parent checkpoint id, run id); the new
+        id sorts after the parent's. The one place a checkpoint row is built: steps
+        and run ends (``Run``), forks and state edits (``Store``).
+        """
+        thread_id, namespace, parent, run_id = where
+        cid = next_checkpoint_id(parent)
+        diff = self.diff(channels, cid)
+        if diff.segments:
+            body["sg"] = diff.segments
+        body["sc"] = schema
+        body["t"] = time.time()
+        body["ch"] = diff.refs
+        return CheckpointRow(thread_id, namespace, cid, parent, run_id, self.codec.pack_tree(body)), diff
 
     def committed(self, d: Diff) -> None:
         self.prev = d.prev

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._channels import Diff, Loader, Tracker
 from ._codec import _dump, _orjson, content_hash  # without orjson every digest takes the typed path
 from ._errors import ConflictError, NonDeterminismError, SerializationError
-from ._ids import new_run_id, next_checkpoint_id
+from ._ids import new_run_id
 from ._io import Call, Plan, call
 from ._records import Record
 from ._state import StateSpec, TrackedList
@@ -481,17 +480,10 @@ class Run:
     def _prepare(self, body: dict[str, Any], extra: dict[str, bytes]) -> tuple[CheckpointRow, dict[str, bytes], Diff]:
         """The row and blobs that commit ``body`` with the state as it is now."""
         head = self._head
-        parent = head.checkpoint_id if head else None
-        cid = next_checkpoint_id(parent)
-        diff = self._tracker.diff(self.spec.channels(self.state), cid)
-        if diff.segments:
-            body["sg"] = diff.segments
-        body["sc"] = self._schema
-        body["t"] = time.time()
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
-        body["ch"] = diff.refs
-        row = CheckpointRow(self.thread_id, self.namespace, cid, parent, self.run_id, self.codec.pack_tree(body))
+        where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
+        row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema)
         return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
 
     def _landed(self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head) -> Record:

@@ -8,24 +8,23 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
 from ._codec import Codec
 from ._errors import ConfigurationError, NotFoundError, StoreClosedError
-from ._ids import is_checkpoint_id, next_checkpoint_id
+from ._ids import is_checkpoint_id
 from ._io import Call, Plan, call, call_async, call_sync, run_async, run_sync
 from ._records import Checkpoint, Record
 from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
-from .backends import Backend, CheckpointRow, Head, open_backend
+from .backends import Backend, Head, open_backend
 
 if TYPE_CHECKING:
     from ._verify import IntegrityReport
-    from .backends._encrypted import EncryptedBackend, RotationReport
+    from .backends._encrypted import RotationReport
 
 __all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
 
@@ -190,19 +189,9 @@ class Store:
         expected: int,
         tracker: Tracker,
     ) -> Plan[Checkpoint]:
-        cid = next_checkpoint_id(parent.id if parent else None)
-        diff = tracker.diff(spec.channels(state), cid)
-        body = {**body, "sc": list(spec.schema) if spec.schema else None, "t": time.time(), "ch": diff.refs}
-        if diff.segments:
-            body["sg"] = diff.segments
-        row = CheckpointRow(
-            thread_id,
-            namespace,
-            cid,
-            parent.id if parent else None,
-            None,
-            self.codec.pack_tree(body),
-        )
+        body = dict(body)
+        where = (thread_id, namespace, parent.id if parent else None, None)
+        row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
         yield call("write", row, diff.blobs, expected)
         return Record(row, body).public(self.codec)
 
@@ -358,12 +347,8 @@ class Store:
         ``encrypt_plaintext=True`` also seals plaintext records (migrating a store
         to encryption). Needs a store opened with ``encryption=``.
         """
-        enc = self._encrypted()
-        if thread_id is not None:
-            check_thread_id(thread_id)
-        plan = enc.rotation_plan(thread_id, batch_size=batch_size, after=after, encrypt_plaintext=encrypt_plaintext)
-        self._check_open()
-        result: RotationReport = run_sync(enc.inner, plan)
+        inner, plan = self._rotation(thread_id, batch_size, after, encrypt_plaintext)
+        result: RotationReport = run_sync(inner, plan)
         return result
 
     async def arotate_keys(
@@ -374,15 +359,14 @@ class Store:
         after: str | None = None,
         encrypt_plaintext: bool = False,
     ) -> RotationReport:
-        enc = self._encrypted()
-        if thread_id is not None:
-            check_thread_id(thread_id)
-        plan = enc.rotation_plan(thread_id, batch_size=batch_size, after=after, encrypt_plaintext=encrypt_plaintext)
-        self._check_open()
-        result: RotationReport = await run_async(enc.inner, plan)
+        inner, plan = self._rotation(thread_id, batch_size, after, encrypt_plaintext)
+        result: RotationReport = await run_async(inner, plan)
         return result
 
-    def _encrypted(self) -> EncryptedBackend:
+    def _rotation(
+        self, thread_id: str | None, batch_size: int, after: str | None, encrypt_plaintext: bool
+    ) -> tuple[Backend, Plan[RotationReport]]:
+        """The backend under the encryption layer and the plan that rotates (rotate_keys, arotate_keys)."""
         from .backends._encrypted import find_encrypted
 
         enc = find_encrypted(self.backend)
@@ -391,7 +375,11 @@ class Store:
                 f"store {self.url} is not encrypted: rotate_keys needs a store opened with "
                 "pk.connect(url, encryption=...)"
             )
-        return enc
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        plan = enc.rotation_plan(thread_id, batch_size=batch_size, after=after, encrypt_plaintext=encrypt_plaintext)
+        self._check_open()
+        return enc.inner, plan
 
     def verify(self, thread_id: str | None = None) -> IntegrityReport:
         """Check every record of one thread (or of the whole store) offline and report

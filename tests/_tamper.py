@@ -128,7 +128,7 @@ class SQLRaw(Raw):
         return [(a, b, c, bytes(d)) for a, b, c, d in got]
 
     def head(self, t: str) -> tuple[str, int]:
-        if self.kind == "sqlite":
+        if self.derived_head:
             (row,) = self._q("SELECT checkpoint_id, version FROM {c} WHERE thread_id = ? AND namespace = '' "
                              "AND version IS NOT NULL ORDER BY checkpoint_id DESC LIMIT 1", t)
         else:
@@ -136,7 +136,7 @@ class SQLRaw(Raw):
         return row[0], int(row[1])
 
     def set_head(self, t: str, cid: str, version: int) -> None:
-        if self.kind == "sqlite":
+        if self.derived_head:
             # The head is the newest versioned row: unversion the rows after it, version it.
             self._q("UPDATE {c} SET version = NULL WHERE thread_id = ? AND namespace = '' AND checkpoint_id > ?",
                     t, cid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import threading
 import typing
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
@@ -39,11 +40,20 @@ class _Frame:
         self.path = path
         self.name = name
         self.attempt = attempt
-        self.seq = itertools.count()
+        self.seq: itertools.count[int] | None = None  # made by the first child: most steps have none
 
     def child(self) -> str:
-        n = next(self.seq)  # itertools.count is atomic under the GIL: safe across threads
+        seq = self.seq
+        if seq is None:
+            with _SEQ_LOCK:  # two threads starting the first children of one step share one count
+                seq = self.seq
+                if seq is None:
+                    seq = self.seq = itertools.count()
+        n = next(seq)  # itertools.count is atomic under the GIL: safe across threads
         return f"{self.path}/{n}" if self.path else str(n)
+
+
+_SEQ_LOCK = threading.Lock()
 
 
 _CURRENT: ContextVar[_Frame | None] = ContextVar("persistkit_frame", default=None)
@@ -257,8 +267,11 @@ def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
     return wrapper
 
 
-def _begin(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any, str | None]:
-    """Position, the record to replay (or None) and the args digest of one step call to run."""
+def _begin(
+    step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, Any, bytes | str | None]:
+    """Position, the record to replay (or None) and the arguments' digest material
+    (``Run.arguments``) of one step call to run."""
     if not step.hints_done:
         step.register_hints()
     run = frame.run
@@ -268,7 +281,7 @@ def _begin(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, 
         if step.check_args:
             run.check_args(rec, position, step.name, args, kwargs)
         return position, rec, None
-    return position, None, run.digest(args, kwargs) if step.check_args else None
+    return position, None, run.arguments(args, kwargs) if step.check_args else None
 
 
 def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -276,6 +289,19 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     position, rec, digest = _begin(step, frame, args, kwargs)
     if rec is not None:
         return run.replay(rec)
+    if step.retry is None:  # the common case, without the closure a retry loop needs
+        token = _CURRENT.set(_Frame(run, position, step.name, 1))
+        try:
+            result = step.fn(*args, **kwargs)
+        except BaseException as exc:
+            _CURRENT.reset(token)
+            run.mark_escaped(exc)
+            if isinstance(exc, Exception):
+                run.step_sync(position, step.name, digest, error=exc)
+            raise
+        _CURRENT.reset(token)
+        run.step_sync(position, step.name, digest, result=result)
+        return result
     attempt = 0
 
     def body() -> Any:
@@ -290,15 +316,12 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
         finally:
             _CURRENT.reset(token)
 
-    try:
-        if step.retry is None:
-            result = body()
-        else:
-            import tenacity
+    import tenacity
 
-            for att in tenacity.Retrying(**step.retry.tenacity_kwargs()):
-                with att:
-                    result = body()
+    try:
+        for att in tenacity.Retrying(**step.retry.tenacity_kwargs()):
+            with att:
+                result = body()
     except Exception as exc:
         run.step_sync(position, step.name, digest, error=exc)
         raise
@@ -311,6 +334,19 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     position, rec, digest = _begin(step, frame, args, kwargs)
     if rec is not None:
         return run.replay(rec)
+    if step.retry is None:
+        token = _CURRENT.set(_Frame(run, position, step.name, 1))
+        try:
+            result = await step.fn(*args, **kwargs)
+        except BaseException as exc:
+            _CURRENT.reset(token)
+            run.mark_escaped(exc)
+            if isinstance(exc, Exception):
+                await run.step_async(position, step.name, digest, error=exc)
+            raise
+        _CURRENT.reset(token)
+        await run.step_async(position, step.name, digest, result=result)
+        return result
     attempt = 0
 
     async def body() -> Any:
@@ -325,15 +361,12 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
         finally:
             _CURRENT.reset(token)
 
-    try:
-        if step.retry is None:
-            result = await body()
-        else:
-            import tenacity
+    import tenacity
 
-            async for att in tenacity.AsyncRetrying(**step.retry.tenacity_kwargs()):
-                with att:
-                    result = await body()
+    try:
+        async for att in tenacity.AsyncRetrying(**step.retry.tenacity_kwargs()):
+            with att:
+                result = await body()
     except Exception as exc:
         await run.step_async(position, step.name, digest, error=exc)
         raise

@@ -167,9 +167,11 @@ class Tracker:
         body: dict[str, Any],
         where: tuple[str, str, str | None, str | None],
         schema: Any,
+        args: bytes | None = None,
     ) -> tuple[CheckpointRow, Diff]:
         """The row committing ``body`` (completed in place: segments, schema stamp,
-        time, channel refs) with these channel values, and their diff.
+        time, channel refs, and the digest of ``args``, a step's arguments as JSON
+        bytes, if given) with these channel values, and their diff.
 
         ``where`` is (thread_id, namespace, parent checkpoint id, run id); the new
         id sorts after the parent's. The one place a checkpoint row is built: steps
@@ -183,7 +185,9 @@ class Tracker:
         body["sc"] = schema
         body["t"] = time.time()
         body["ch"] = diff.refs
-        return CheckpointRow(thread_id, namespace, cid, parent, run_id, self.codec.pack_tree(body)), diff
+        codec = self.codec
+        payload = codec.pack_tree(body) if args is None else codec.pack_step(body, args)
+        return CheckpointRow(thread_id, namespace, cid, parent, run_id, payload), diff
 
     def committed(self, d: Diff) -> None:
         self.prev = d.prev

@@ -31,7 +31,7 @@ def next_checkpoint_id(parent: str | None = None) -> str:
     global _last, _last_text
     # Random low bits keep ids of different processes apart within a millisecond;
     # they are not secrets (ids are visible in every listing).
-    now = (int(time.time() * 1000) << 48) | (random.getrandbits(32) << 8)
+    now = (_time_ns() // 1_000_000 << 48) | (_getrandbits(32) << 8)
     with _lock:
         value = now if now > _last else _last + 1
         if parent is not None and parent != _last_text and _RE.match(parent):
@@ -39,6 +39,10 @@ def next_checkpoint_id(parent: str | None = None) -> str:
         _last = value
         _last_text = text = format(value & _MASK, _FORMAT)
     return text
+
+
+_time_ns = time.time_ns
+_getrandbits = random.getrandbits  # the module's shared generator, as random.getrandbits is
 
 
 def is_checkpoint_id(value: object) -> bool:

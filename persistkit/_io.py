@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from ._errors import BackendError, BackendUnavailableError, ConflictError, Persi
 from ._retry import testing_enabled
 from .backends import Backend, CheckpointRow, Head
 
-__all__ = ["Call", "Plan", "call", "call_async", "call_sync", "run_async", "run_sync"]
+__all__ = ["Call", "Plan", "call", "call_async", "call_sync", "run_async", "run_sync", "write_async", "write_sync"]
 
 T = TypeVar("T")
 
@@ -77,10 +77,41 @@ def _checked(method: str, exc: BaseException) -> BaseException:
     return BackendError(f"store backend failed in {method}(): {type(exc).__name__}: {exc}")
 
 
-def call_sync(backend: Backend, req: Call) -> Any:
-    """``req`` on the backend's blocking method, transient failures retried."""
-    last: BackendUnavailableError | None = None
-    for attempt in range(TRANSIENT_ATTEMPTS):
+def write_sync(backend: Backend, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
+    """``backend.write``, as ``call_sync`` would make it, without a ``Call`` on the way
+    (the per-step path): the first attempt is direct, a transient failure goes on
+    in ``call_sync``, which resolves the ambiguous write before retrying it."""
+    try:
+        return backend.write(row, blobs, expected)
+    except BackendUnavailableError as exc:
+        return call_sync(backend, Call("write", (row, blobs, expected)), exc)  # type: ignore[no-any-return]
+    except PersistkitError:
+        raise
+    except Exception as exc:
+        raise _checked("write", exc) from exc
+
+
+async def write_async(backend: Backend, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
+    """The async twin of :func:`write_sync`."""
+    try:
+        return await backend.awrite(row, blobs, expected)
+    except BackendUnavailableError as exc:
+        return await call_async(backend, Call("write", (row, blobs, expected)), exc)  # type: ignore[no-any-return]
+    except PersistkitError:
+        raise
+    except Exception as exc:
+        raise _checked("write", exc) from exc
+
+
+def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | None = None) -> Any:
+    """``req`` on the backend's blocking method, transient failures retried.
+
+    ``failed``: the first attempt was made already and failed so (``write_sync``).
+    """
+    last = failed
+    if failed is not None:
+        time.sleep(_backoff(0))
+    for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
             if last is not None and req.method == "write":
                 head = backend.head(req.args[0].thread_id, req.args[0].namespace)
@@ -99,10 +130,14 @@ def call_sync(backend: Backend, req: Call) -> Any:
     raise last
 
 
-async def call_async(backend: Backend, req: Call) -> Any:
-    """``req`` on the backend's async twin, transient failures retried."""
-    last: BackendUnavailableError | None = None
-    for attempt in range(TRANSIENT_ATTEMPTS):
+async def call_async(backend: Backend, req: Call, failed: BackendUnavailableError | None = None) -> Any:
+    """``req`` on the backend's async twin, transient failures retried (``failed``: as in call_sync)."""
+    last = failed
+    if failed is not None:
+        import asyncio
+
+        await asyncio.sleep(_backoff(0))
+    for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
             if last is not None and req.method == "write":
                 head = await backend.ahead(req.args[0].thread_id, req.args[0].namespace)

@@ -24,7 +24,7 @@ from ._channels import Diff, Loader, Tracker
 from ._codec import _dump, _orjson, content_hash  # without orjson every digest takes the typed path
 from ._errors import ConflictError, NonDeterminismError, SerializationError
 from ._ids import new_run_id
-from ._io import Call, Plan, call
+from ._io import Plan, call
 from ._records import Record
 from ._state import StateSpec, TrackedList
 from .backends import CheckpointRow, Head
@@ -42,12 +42,11 @@ _SEQUENCES = (list, tuple)  # a tuple, not `list | tuple`: that builds a union o
 
 
 def _fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
-    for value in [*args, *(kwargs[k] for k in sorted(kwargs))] if kwargs else args:
+    values = [*args, *(kwargs[k] for k in sorted(kwargs))] if kwargs else [*args]
+    for i, value in enumerate(values):
         if isinstance(value, _SEQUENCES) and len(value) > _FINGERPRINT_ITEMS:
-            value = (type(value).__name__, len(value), value[0], value[-1])
-        out.append(value)
-    return out
+            values[i] = (type(value).__name__, len(value), value[0], value[-1])
+    return values
 
 
 #: Run statuses.
@@ -105,7 +104,7 @@ class Run:
         self.run_id = ""
         self.status = RUNNING
         self.state: Any = None
-        self.steps: list[StepEvent] = []
+        self._events: list[tuple[str, str, bool, str]] = []  # StepEvent fields: made on request
         self.replay_only = False
         self._index: dict[str, Record] = {}
         self._max_child: dict[str, int] = {}
@@ -127,6 +126,11 @@ class Run:
     def checkpoint_id(self) -> str | None:
         """The thread's latest checkpoint as this run knows it."""
         return self._head.checkpoint_id if self._head else None
+
+    @property
+    def steps(self) -> list[StepEvent]:
+        """Every step call of this run so far, in call order: replayed or run."""
+        return [StepEvent(*e) for e in self._events]
 
     @property
     def replayed(self) -> list[StepEvent]:
@@ -197,7 +201,7 @@ class Run:
             self._tracker.reset(head_rec.refs, self._loader)
         for rec in rows:
             if rec.kind == "step":
-                self._remember(rec)
+                self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
             elif rec.kind == "end":
                 self._escaped.update(rec.body.get("x") or ())
 
@@ -213,14 +217,12 @@ class Run:
         out.reverse()
         return out
 
-    def _remember(self, rec: Record) -> None:
-        pos = rec.body.get("p")
-        if type(pos) is not str:
-            pos = str(pos)
+    def _remember(self, pos: str, rec: Record) -> None:
+        """``rec``, the step at ``pos``, replays in this run."""
         self._index[pos] = rec
         parent, _, seq = pos.rpartition("/")
-        if seq.isdigit():
-            self._max_child[parent] = max(self._max_child.get(parent, -1), int(seq))
+        if seq.isdigit() and seq.isascii() and int(seq) > self._max_child.get(parent, -1):
+            self._max_child[parent] = int(seq)
 
     # -- replay decisions (no I/O) ------------------------------------------------------
 
@@ -258,17 +260,21 @@ class Run:
 
         The digest is computed the way the recorded one was: from the JSON bytes
         for an ``x:`` digest (with no secret scan: this one is compared, never
-        stored), else from the typed encoding (also what persistkit before the
-        fast digest recorded).
+        stored), from their redacted form for an ``r:`` digest, else from the
+        typed encoding (also what persistkit before the fast digest recorded).
         """
         recorded = rec.body.get("a")
         if not recorded:
             return
-        if recorded[:2] == "x:":
+        scheme = recorded[:2]
+        if scheme == "x:" or scheme == "r:":
             raw = self._json_args(args, kwargs)
             if raw is None:
                 return  # the arguments no longer fit the fast digest (e.g. a model class now): no basis to compare
-            digest = "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+            if scheme == "x:":
+                digest = "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+            else:
+                digest = self.codec.args_digest(raw)
         else:
             digest = self._typed_digest(args, kwargs)
         if recorded != digest:
@@ -280,23 +286,28 @@ class Run:
             )
 
     def digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """A digest of a step's arguments, O(1) in the size of big containers.
+        """The digest a step called with these arguments records (see :meth:`arguments`)."""
+        snap = self.arguments(args, kwargs)
+        return self.codec.args_digest(snap) if type(snap) is bytes else snap  # type: ignore[return-value]
 
-        Steps are often called with the whole history (``call_llm(messages)``);
-        hashing it on every step would make each step cost O(state). A list or
-        tuple longer than ``_FINGERPRINT_ITEMS`` counts by its length and its
-        first and last items — which is what differs when code goes astray.
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | str:
+        """What a step call's digest is made from, taken when it is called (a step may
+        change its arguments in place): their JSON bytes, hashed when the step commits
+        (``Codec.pack_step``), or else the finished digest of their typed encoding.
+
+        A digest is O(1) in the size of big containers: steps are often called
+        with the whole history (``call_llm(messages)``), and hashing it on every
+        step would make each step cost O(state). A list or tuple longer than
+        ``_FINGERPRINT_ITEMS`` counts by its length and its first and last items,
+        which is what differs when code goes astray.
 
         Plain JSON-like arguments (what most steps take) are hashed straight from
-        orjson's bytes, marked ``x:``: a third of the cost of the typed encoding,
-        which the other arguments (models, sets, big ints) go through — and so do
-        arguments that may hold a secret, so that no stored digest hashes one.
+        orjson's bytes (``x:``), or from their redacted form if they may hold a
+        secret (``r:``), so that no stored digest hashes one. Other arguments
+        (models, sets, big ints) take the typed encoding, at three times the cost.
         """
         raw = self._json_args(args, kwargs)
-        if raw is not None and not self.codec.redactor.may_hold_secret(raw):
-            # "x:" then hex: a stored run of hex digits costs the secret scan nothing
-            return "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
-        return self._typed_digest(args, kwargs)
+        return raw if raw is not None else self._typed_digest(args, kwargs)
 
     @staticmethod
     def _json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
@@ -325,11 +336,11 @@ class Run:
         self._restore(rec)
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         if rec.body.get("s") == "failed":
-            self.steps.append(StepEvent(pos, name, True, "failed"))
+            self._events.append((pos, name, True, "failed"))
             exc = self.codec.decode_exception(rec.body.get("e"))
             self._failures[id(exc)] = (exc, rec.id)
             raise exc
-        self.steps.append(StepEvent(pos, name, True, "completed"))
+        self._events.append((pos, name, True, "completed"))
         where = f"result of step {name!r} at {pos}"
         if "rb" in rec.body:
             return self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], where), where)
@@ -389,57 +400,78 @@ class Run:
     # the sync and async twins only differ in how they call the backend.
 
     def step_sync(
-        self, position: str, name: str, digest: str | None, *, result: Any = None, error: BaseException | None = None
+        self,
+        position: str,
+        name: str,
+        digest: bytes | str | None,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
     ) -> None:
-        """Commit the checkpoint of a step that ran (its result, or the error it raised)."""
+        """Commit the checkpoint of a step that ran (its result, or the error it raised).
+
+        ``digest``: what :meth:`arguments` returned when the step was called, or None.
+        """
         with self._lock:
             body, extra = self._step_body(position, name, digest, result, error)
-            self._stepped(self._write_sync(body, extra), error)
+            row, blobs, diff = self._prepare(body, extra, digest if type(digest) is bytes else None)
+            try:
+                head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
+            except BaseException:
+                self._tracker.failed(diff)
+                raise
+            self._landed(row, body, diff, head, error)
 
     async def step_async(
-        self, position: str, name: str, digest: str | None, *, result: Any = None, error: BaseException | None = None
+        self,
+        position: str,
+        name: str,
+        digest: bytes | str | None,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
     ) -> None:
         async with self.async_lock():
             body, extra = self._step_body(position, name, digest, result, error)
-            self._stepped(await self._write_async(body, extra), error)
+            row, blobs, diff = self._prepare(body, extra, digest if type(digest) is bytes else None)
+            try:
+                head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
+            except BaseException:
+                self._tracker.failed(diff)
+                raise
+            self._landed(row, body, diff, head, error)
 
     def end_sync(self, error: BaseException | None) -> None:
         """Commit the run's end: completed, or failed with ``error``."""
         with self._lock:
             body = self._end_body(error)
-            self._write_sync(body, {})
+            row, blobs, diff = self._prepare(body, {}, None)
+            try:
+                head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
+            except BaseException:
+                self._tracker.failed(diff)
+                raise
+            self._landed(row, body, diff, head, None)
             self.status = body["rs"]
 
     async def end_async(self, error: BaseException | None) -> None:
         async with self.async_lock():
             body = self._end_body(error)
-            await self._write_async(body, {})
+            row, blobs, diff = self._prepare(body, {}, None)
+            try:
+                head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
+            except BaseException:
+                self._tracker.failed(diff)
+                raise
+            self._landed(row, body, diff, head, None)
             self.status = body["rs"]
 
-    def _write_sync(self, body: dict[str, Any], extra: dict[str, bytes]) -> Record:
-        row, blobs, diff = self._prepare(body, extra)
-        try:
-            head = self.store.call_sync(Call("write", (row, blobs, self._head.version if self._head else 0)))
-        except BaseException:
-            self._tracker.failed(diff)
-            raise
-        return self._landed(row, body, diff, head)
-
-    async def _write_async(self, body: dict[str, Any], extra: dict[str, bytes]) -> Record:
-        row, blobs, diff = self._prepare(body, extra)
-        try:
-            head = await self.store.call_async(Call("write", (row, blobs, self._head.version if self._head else 0)))
-        except BaseException:
-            self._tracker.failed(diff)
-            raise
-        return self._landed(row, body, diff, head)
-
     def _step_body(
-        self, position: str, name: str, digest: str | None, result: Any, error: BaseException | None
+        self, position: str, name: str, digest: bytes | str | None, result: Any, error: BaseException | None
     ) -> tuple[dict[str, Any], dict[str, bytes]]:
         body: dict[str, Any] = {"k": "step", "p": position, "n": name, "rs": RUNNING}
         extra: dict[str, bytes] = {}
-        if digest:
+        if digest and type(digest) is str:
             body["a"] = digest
         if error is not None:
             body["s"] = "failed"
@@ -477,28 +509,30 @@ class Run:
             body["x"] = sorted(self._escaped)
         return body
 
-    def _prepare(self, body: dict[str, Any], extra: dict[str, bytes]) -> tuple[CheckpointRow, dict[str, bytes], Diff]:
+    def _prepare(
+        self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None
+    ) -> tuple[CheckpointRow, dict[str, bytes], Diff]:
         """The row and blobs that commit ``body`` with the state as it is now."""
         head = self._head
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
         where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
-        row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema)
+        row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema, args)
         return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
 
-    def _landed(self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head) -> Record:
-        """``row`` is the thread's head now."""
+    def _landed(self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head, error: BaseException | None) -> None:
+        """``row`` is the thread's head now; a step's row is remembered for replay in this run."""
         self._head = head
         self._tracker.committed(diff)
         self._loader.rows[row.checkpoint_id] = body  # later replays in this run may read its segments
-        return Record(row, body)
-
-    def _stepped(self, rec: Record, error: BaseException | None) -> None:
-        body = rec.body
+        if body["k"] != "step":
+            return
+        rec = Record(row, body)
         if error is not None:
-            self._failures[id(error)] = (error, rec.id)
-        self._remember(rec)
-        self.steps.append(StepEvent(body["p"], body["n"], False, body["s"]))
+            self._failures[id(error)] = (error, row.checkpoint_id)
+        pos = body["p"]
+        self._remember(pos, rec)
+        self._events.append((pos, body["n"], False, body["s"]))
 
     # -- locks serializing commits of concurrent steps -------------------------------------
 

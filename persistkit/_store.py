@@ -15,12 +15,12 @@ from ._channels import Loader, Tracker
 from ._codec import Codec
 from ._errors import ConfigurationError, NotFoundError, StoreClosedError
 from ._ids import is_checkpoint_id
-from ._io import Call, Plan, call, call_async, call_sync, run_async, run_sync
+from ._io import Call, Plan, call, call_async, call_sync, run_async, run_sync, write_async, write_sync
 from ._records import Checkpoint, Record
 from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
-from .backends import Backend, Head, open_backend
+from .backends import Backend, CheckpointRow, Head, open_backend
 
 if TYPE_CHECKING:
     from ._verify import IntegrityReport
@@ -99,6 +99,17 @@ class Store:
     async def call_async(self, req: Call) -> Any:
         self._check_open()
         return await call_async(self.backend, req)
+
+    def write_sync(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
+        """``call_sync(Call("write", ...))`` for the per-step path (no Call unless it is retried)."""
+        if self._closed:
+            self._check_open()
+        return write_sync(self.backend, row, blobs, expected)
+
+    async def write_async(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
+        if self._closed:
+            self._check_open()
+        return await write_async(self.backend, row, blobs, expected)
 
     def close(self) -> None:
         """Close the backend. Idempotent."""

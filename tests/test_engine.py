@@ -366,7 +366,7 @@ def test_args_digest_schemes_compare_like_for_like(local_store: pk.Store, monkey
             tid = uid("digest")
             with monkeypatch.context() as m:
                 if old_persistkit:  # it recorded typed digests only
-                    m.setattr(pk.Run, "digest", pk.Run._typed_digest)
+                    m.setattr(pk.Run, "arguments", pk.Run._typed_digest)
                 with pytest.raises(RuntimeError), pk.resume(tid, store=local_store):
                     ask(arg)
                     fail()

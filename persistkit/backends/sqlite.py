@@ -268,6 +268,18 @@ _DELETE = (
 # stops the garbage collector from closing them.
 _FORK_ORPHANS: list[sqlite3.Connection] = []
 
+#: This process's id, kept current by a fork hook: ``os.getpid()`` is a system
+#: call (glibc no longer caches it), and ``_conn`` asks on every statement.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class _Connection(sqlite3.Connection):
     """A subclass only so that connections can be weakly referenced."""
@@ -353,7 +365,7 @@ class SQLiteBackend(ThreadedAsync):
         """This thread's connection, opened on first use (and again after fork)."""
         if self._closed:
             raise StoreClosedError(f"the store {self.url!r} was closed; open a new one")
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             self._after_fork()
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is None:

@@ -315,6 +315,8 @@ class Run:
         if _orjson is None:
             return None
         try:
+            if not kwargs and len(args) == 1 and not isinstance(args[0], _SEQUENCES):
+                return _orjson.dumps([args[0], []])  # the commonest call, as _fingerprints has it
             return _orjson.dumps([*_fingerprints(args, kwargs), sorted(kwargs)])
         except (TypeError, _orjson.JSONEncodeError):
             return None

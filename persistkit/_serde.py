@@ -362,7 +362,8 @@ class Serializer:
                 for k, v in value.items():
                     if type(k) is not str or k == TAG:
                         break
-                    out[k] = enc(v, d)
+                    tv = type(v)  # strings, None and bools inline: no call for the commonest values
+                    out[k] = v if tv is str or v is None or tv is bool else enc(v, d)
                 else:
                     return out
             except _Fail as fail:
@@ -374,7 +375,8 @@ class Serializer:
             append = items.append
             try:
                 for v in value:
-                    append(enc(v, d))
+                    tv = type(v)
+                    append(v if tv is str or v is None or tv is bool else enc(v, d))
             except _Fail as fail:
                 fail.parts.append(f"[{len(items)}]")
                 raise

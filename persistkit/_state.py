@@ -207,6 +207,7 @@ class StateSpec:
             self.initial = state
             state = dict
         self.fields: tuple[str, ...] = ()  # a model's field names (read on every checkpoint)
+        self.field_set: frozenset[str] = frozenset()
         if state is None or state is dict:
             self.cls: type[BaseModel] | None = None
             self.name: str | None = None
@@ -231,6 +232,7 @@ class StateSpec:
             self.name = state.__qualname__
             self.version = 1
         self.fields = tuple(state.model_fields)
+        self.field_set = frozenset(self.fields)
         self.reducers = {}
         for fname, field in state.model_fields.items():
             for meta in field.metadata:
@@ -267,7 +269,9 @@ class StateSpec:
                     f"run.state must stay a dict, it was replaced by a {type(state).__name__}"
                 )
             return state
-        d = state.__dict__
+        d: dict[str, Any] = state.__dict__
+        if d.keys() == self.field_set:  # a model's __dict__ is its fields: read it as it is
+            return d
         return {name: d[name] for name in self.fields if name in d}
 
     def set_channel(self, state: Any, name: str, value: Any) -> None:

@@ -80,7 +80,6 @@ def build() -> tuple[dict[tuple[str, str], dict[str, CheckpointRow]], dict[str, 
     replays against the same bytes in any later process.
     """
     import itertools
-    import random
     import time
     from unittest import mock
 
@@ -88,10 +87,11 @@ def build() -> tuple[dict[tuple[str, str], dict[str, CheckpointRow]], dict[str, 
 
     clock = itertools.count(1_700_000_000_000)
     runs = (f"{i:032x}" for i in itertools.count(1))
-    ids._last, ids._last_text = 0, ""
+    ids.reset()
     with (
         mock.patch.object(time, "time", lambda: next(clock) / 1000),
-        mock.patch.object(random, "getrandbits", lambda n: 0),
+        mock.patch.object(ids, "_time_ns", lambda: next(clock) * 1_000_000),
+        mock.patch.object(ids, "_getrandbits", lambda n: 0),
         mock.patch("persistkit._run.new_run_id", lambda: next(runs)),
     ):
         return _build()

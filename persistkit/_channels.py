@@ -39,6 +39,7 @@ from ._io import Plan, call
 from ._records import Record
 from ._state import TrackedList
 from .backends import CheckpointRow
+from .backends._protocol import new_row
 
 __all__ = ["INLINE_LIMIT", "Loader", "Tracker"]
 
@@ -187,7 +188,7 @@ class Tracker:
         body["ch"] = diff.refs
         codec = self.codec
         payload = codec.pack_tree(body) if args is None else codec.pack_step(body, args)
-        return CheckpointRow(thread_id, namespace, cid, parent, run_id, payload), diff
+        return new_row(thread_id, namespace, cid, parent, run_id, payload), diff
 
     def committed(self, d: Diff) -> None:
         self.prev = d.prev
@@ -256,11 +257,11 @@ class Tracker:
     def _write_segment(
         self, name: str, value: list[Any], start: int, prev_tip: str | None, gen: int, d: Diff, cid: str
     ) -> None:
-        encode = self.codec.encode
+        encode = self.codec.serializer.encode
         try:
-            trees = [encode(item) for item in value[start:]]
+            trees = list(map(encode, value[start:]))
         except SerializationError:  # again, item by item, for the error that names the item
-            trees = [encode(item, f"state.{name}[{start + i}]") for i, item in enumerate(value[start:])]
+            trees = [encode(item, path=f"state.{name}[{start + i}]") for i, item in enumerate(value[start:])]
         segment = {"p": prev_tip, "s": start, "i": trees}
         if start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS:
             d.segments[name] = segment

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from ._errors import BackendError, BackendUnavailableError, ConflictError, Persi
 from ._retry import testing_enabled
 from .backends import Backend, CheckpointRow, Head
 
-__all__ = ["Call", "Plan", "call", "call_async", "call_sync", "run_async", "run_sync", "write_async", "write_sync"]
+__all__ = ["Call", "Plan", "call", "call_async", "call_sync", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -71,42 +71,16 @@ def _resolve_write(req: Call, head: Head | None) -> Head | None:
     )
 
 
-def _checked(method: str, exc: BaseException) -> BaseException:
+def checked(method: str, exc: BaseException) -> BaseException:
     if isinstance(exc, PersistkitError):
         return exc
     return BackendError(f"store backend failed in {method}(): {type(exc).__name__}: {exc}")
 
 
-def write_sync(backend: Backend, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
-    """``backend.write``, as ``call_sync`` would make it, without a ``Call`` on the way
-    (the per-step path): the first attempt is direct, a transient failure goes on
-    in ``call_sync``, which resolves the ambiguous write before retrying it."""
-    try:
-        return backend.write(row, blobs, expected)
-    except BackendUnavailableError as exc:
-        return call_sync(backend, Call("write", (row, blobs, expected)), exc)  # type: ignore[no-any-return]
-    except PersistkitError:
-        raise
-    except Exception as exc:
-        raise _checked("write", exc) from exc
-
-
-async def write_async(backend: Backend, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
-    """The async twin of :func:`write_sync`."""
-    try:
-        return await backend.awrite(row, blobs, expected)
-    except BackendUnavailableError as exc:
-        return await call_async(backend, Call("write", (row, blobs, expected)), exc)  # type: ignore[no-any-return]
-    except PersistkitError:
-        raise
-    except Exception as exc:
-        raise _checked("write", exc) from exc
-
-
 def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | None = None) -> Any:
     """``req`` on the backend's blocking method, transient failures retried.
 
-    ``failed``: the first attempt was made already and failed so (``write_sync``).
+    ``failed``: the first attempt was made already and failed so (``Store.write_sync``).
     """
     last = failed
     if failed is not None:
@@ -125,7 +99,7 @@ def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | Non
         except PersistkitError:
             raise
         except Exception as exc:  # a backend that let a driver error escape
-            raise _checked(req.method, exc) from exc
+            raise checked(req.method, exc) from exc
     assert last is not None
     raise last
 
@@ -153,7 +127,7 @@ async def call_async(backend: Backend, req: Call, failed: BackendUnavailableErro
         except PersistkitError:
             raise
         except Exception as exc:
-            raise _checked(req.method, exc) from exc
+            raise checked(req.method, exc) from exc
     assert last is not None
     raise last
 

@@ -468,7 +468,7 @@ class Redactor:
         for form, _, _ in _search:
             if find(form) >= 0:
                 return True
-        if self.detect:
+        if _config.detect if self._detect is None else self._detect:  # self.detect, without the call
             if _may_match_builtin(data):
                 return True
             if len(_config.detectors) > len(BUILTIN):

@@ -13,9 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from ._channels import Loader, Tracker
 from ._codec import Codec
-from ._errors import ConfigurationError, NotFoundError, StoreClosedError
+from ._errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    NotFoundError,
+    PersistkitError,
+    StoreClosedError,
+)
 from ._ids import is_checkpoint_id
-from ._io import Call, Plan, call, call_async, call_sync, run_async, run_sync, write_async, write_sync
+from ._io import Call, Plan, call, call_async, call_sync, checked, run_async, run_sync
 from ._records import Checkpoint, Record
 from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
@@ -101,15 +107,31 @@ class Store:
         return await call_async(self.backend, req)
 
     def write_sync(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
-        """``call_sync(Call("write", ...))`` for the per-step path (no Call unless it is retried)."""
+        """``call_sync(Call("write", ...))`` for the per-step path: the first attempt
+        calls the backend directly; a transient failure goes on in ``call_sync``,
+        which resolves the ambiguous write before retrying it."""
         if self._closed:
             self._check_open()
-        return write_sync(self.backend, row, blobs, expected)
+        try:
+            return self.backend.write(row, blobs, expected)
+        except BackendUnavailableError as exc:
+            return call_sync(self.backend, Call("write", (row, blobs, expected)), exc)  # type: ignore[no-any-return]
+        except PersistkitError:
+            raise
+        except Exception as exc:  # a backend that let a driver error escape
+            raise checked("write", exc) from exc
 
     async def write_async(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
         if self._closed:
             self._check_open()
-        return await write_async(self.backend, row, blobs, expected)
+        try:
+            return await self.backend.awrite(row, blobs, expected)
+        except BackendUnavailableError as exc:
+            return await call_async(self.backend, Call("write", (row, blobs, expected)), exc)  # type: ignore[no-any-return]
+        except PersistkitError:
+            raise
+        except Exception as exc:
+            raise checked("write", exc) from exc
 
     def close(self) -> None:
         """Close the backend. Idempotent."""

@@ -64,7 +64,7 @@ from .._errors import (
     SchemaVersionError,
     StoreClosedError,
 )
-from ._protocol import CheckpointRow, Head, ThreadedAsync
+from ._protocol import CheckpointRow, Head, ThreadedAsync, new_head
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
@@ -530,7 +530,7 @@ class SQLiteBackend(ThreadedAsync):
             ) from None
         except sqlite3.Error as exc:
             raise self._error(exc, "write", tid) from exc
-        return Head(cid, version)
+        return new_head(cid, version)
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         conn = self._conn()

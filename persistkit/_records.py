@@ -70,11 +70,14 @@ class Record:
 
     @classmethod
     def decode(cls, codec: Codec, row: CheckpointRow) -> Record:
-        where = f"checkpoint {row.checkpoint_id} of thread {row.thread_id!r}"
-        body = codec.unpack_tree(row.payload, where)
+        # A resume decodes every row of the run: the error's path is made only on error.
+        try:
+            body = codec.unpack_tree(row.payload, "")
+        except SerializationError as exc:
+            raise SerializationError(str(exc), path=_where(row)) from exc
         problem = _check_body(body)
         if problem:
-            raise SerializationError(f"not a valid persistkit checkpoint record ({problem})", path=where)
+            raise SerializationError(f"not a valid persistkit checkpoint record ({problem})", path=_where(row))
         return cls(row, body)
 
     def public(self, codec: Codec) -> Checkpoint:
@@ -113,10 +116,6 @@ def _is_str(v: Any) -> bool:
     return type(v) is str
 
 
-def _is_num(v: Any) -> bool:
-    return type(v) in (int, float)
-
-
 def _ref_ok(ref: Any) -> bool:
     """A channel ref: ``{"i": tree}``, ``{"b": key}`` or ``{"l": tip, "n": length, "g": generation}``."""
     if type(ref) is not dict:
@@ -137,17 +136,14 @@ def _ref_ok(ref: Any) -> bool:
 
 # Shape of each payload key (see the module docstring); stored bytes are
 # untrusted, so every field is checked once here rather than at each use.
+# The string fields, ``rs`` and ``t`` are tested inline in _check_body (a
+# resume checks every row of the run); ``k`` and ``r`` take any value there.
+_STRINGS = frozenset({"p", "n", "a", "rb"})
 _FIELDS: dict[str, Any] = {
-    "p": _is_str,
-    "n": _is_str,
     "s": lambda v: v in ("completed", "failed"),
-    "rs": lambda v: v is None or _is_str(v),
     "sc": lambda v: v is None or (type(v) is list and len(v) == 2 and _is_str(v[0]) and type(v[1]) is int),
-    "t": _is_num,
-    "ch": lambda v: type(v) is dict and all(_ref_ok(r) for r in v.values()),
-    "rb": _is_str,
+    "ch": lambda v: type(v) is dict and all(map(_ref_ok, v.values())),
     "e": lambda v: type(v) is dict,
-    "a": _is_str,
     "x": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
     "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
@@ -162,12 +158,26 @@ def _check_body(body: Any) -> str | None:
     if type(kind) is not str or kind not in KINDS:  # an unhashable kind must not raise TypeError
         return "unknown kind"
     for key, value in body.items():  # the keys present (~8), not all 13 known ones
-        ok = _FIELDS.get(key)
-        if ok is not None and not ok(value):
+        if key in _STRINGS:
+            ok = type(value) is str
+        elif key == "rs":
+            ok = value is None or type(value) is str
+        elif key == "t":
+            ok = type(value) is float or type(value) is int
+        elif key == "r" or key == "k":
+            continue
+        else:
+            check = _FIELDS.get(key)
+            ok = check is None or check(value)
+        if not ok:
             return f"field {key!r} is malformed"
-    if body["k"] == "step" and not ("p" in body and "n" in body and "s" in body):
+    if kind == "step" and not ("p" in body and "n" in body and "s" in body):
         return "a step record without position, name or status"
     return None
+
+
+def _where(row: CheckpointRow) -> str:
+    return f"checkpoint {row.checkpoint_id} of thread {row.thread_id!r}"
 
 
 def _created(t: Any, row: CheckpointRow) -> datetime:

@@ -471,9 +471,9 @@ class Redactor:
         if _config.detect if self._detect is None else self._detect:  # self.detect, without the call
             if _may_match_builtin(data):
                 return True
-            if len(_config.detectors) > len(BUILTIN):
-                text = data.decode("utf-8", "replace")
-                return any(d.regex.search(text) for d in _config.detectors[len(BUILTIN) :])
+            extra = _config.detectors[len(BUILTIN) :]
+            if extra:
+                return _extra_match(data, extra)
         return False
 
     def _walk(self, node: Any, stable: bool, depth: int) -> Any:
@@ -633,6 +633,44 @@ def _may_match_builtin(data: bytes) -> bool:
     if not _TOKEN_RX:
         _TOKEN_RX.append(re.compile(TOKEN_LOOSE.encode()))
     return _TOKEN_RX[0].search(data) is not None
+
+
+def _extra_match(data: bytes, detectors: tuple[Detector, ...]) -> bool:
+    """Whether a configured (non built-in) detector matches a string of JSON ``data``.
+
+    The patterns run on each key and string value, as redaction runs them: a
+    pattern run over the JSON text would miss what it matches only in a whole
+    string (``^...$``) or across an escape (``\\s`` and a newline), and that
+    secret would be stored. ``data`` may be several documents, one per line
+    (a step's arguments and its record, scanned together).
+    """
+    try:
+        import orjson
+
+        loads: Callable[[bytes], Any] = orjson.loads
+    except ImportError:  # pragma: no cover - orjson is a dependency where wheels exist
+        import json
+
+        loads = json.loads
+    stack: list[Any] = []
+    for part in data.split(b"\n"):  # compact JSON has no raw newline: it separates documents
+        try:
+            stack.append(loads(part))
+        except ValueError:
+            return True  # cannot tell: look closer
+    while stack:
+        node = stack.pop()
+        if type(node) is str:
+            if any(d.regex.search(node) for d in detectors):
+                return True
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is dict:
+            for key, value in node.items():
+                if any(d.regex.search(key) for d in detectors):
+                    return True
+                stack.append(value)
+    return False
 
 
 _default: Redactor | None = None

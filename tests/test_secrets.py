@@ -116,6 +116,31 @@ def test_extra_detectors() -> None:
         pk.secrets.configure(detectors=[("bad", "(")])
 
 
+def test_extra_detectors_match_whole_strings_in_stored_records(local_store: pk.Store) -> None:
+    """An extra pattern is matched against each stored string, as redaction applies it:
+    one anchored to a whole string, or matching across a newline (an escape in the
+    JSON), used to pass the first pass (run over the JSON text) and be stored."""
+    pk.secrets.configure(detectors=[("acme", r"^ACME-[0-9]{8}$"), ("pair", r"user one\spass two")])
+
+    @pk.checkpointed
+    def echo(value: str) -> str:
+        return value
+
+    tid = uid("extra")
+    with pk.resume(tid, store=local_store) as run:
+        run.state["key"] = "ACME-12345678"
+        run.state["note"] = "user one\npass two"
+        echo("ACME-87654321")
+    stored = b"".join(
+        local_store.codec.open(row.payload) for row in local_store.backend.list(tid, "")
+    )
+    for clear in (b"ACME-1", b"ACME-8", b"pass two"):
+        assert clear not in stored
+    assert b"$CRED{acme-" in stored and b"$CRED{pair-" in stored
+    with pk.resume(tid, store=local_store) as run:
+        assert run.state["key"] == "ACME-12345678"  # the handles resolve in this process
+
+
 def test_detection_can_be_turned_off_but_registered_values_still_go() -> None:
     pk.secrets.register("db", "correct-horse-battery")
     pk.secrets.configure(detect=False)

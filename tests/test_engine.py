@@ -85,6 +85,8 @@ def test_unchanged_channels_cost_nothing() -> None:
         lambda m: m.insert(0, {"role": "x"}),
         lambda m: m.sort(key=lambda d: d["role"], reverse=True),
         lambda m: m[-1].update(role="edited in place"),
+        lambda m: m[-1].update(tone="added in place"),
+        lambda m: m[-1].pop("role"),
         lambda m: m.clear(),
     ],
 )

@@ -276,7 +276,8 @@ def _begin(
         step.register_hints()
     run = frame.run
     position = frame.child()
-    rec = run.lookup(position, step.name)
+    # run.lookup() decides; a position the run has not recorded runs live without asking
+    rec = run.lookup(position, step.name) if position in run._index or run.replay_only else None
     if rec is not None:
         if step.check_args:
             run.check_args(rec, position, step.name, args, kwargs)

@@ -69,14 +69,16 @@ def _zstd() -> Any:
     return _zstd_mod or None
 
 
-def _zstd_compress(z: Any, data: bytes, level: int) -> bytes:
+def _zstd_compressor(z: Any, level: int) -> Any:
+    """This thread's compressor for ``level``."""
     try:
-        c = _local.zc[level]
-    except (AttributeError, KeyError):
-        if not hasattr(_local, "zc"):
-            _local.zc = {}
-        c = _local.zc[level] = z.ZstdCompressor(level=level)
-    return c.compress(data)  # type: ignore[no-any-return]
+        return _local.zc[level]
+    except AttributeError:
+        _local.zc = {}
+    except KeyError:
+        pass
+    c = _local.zc[level] = z.ZstdCompressor(level=level)
+    return c
 
 
 def _zstd_decompress(body: bytes, path: str) -> bytes:
@@ -207,7 +209,12 @@ class Codec:
         if len(data) >= self.compress_threshold:
             z = _zstd_mod if _zstd_mod is not None else _zstd()
             if z:
-                packed, kind = _zstd_compress(z, data, self.compress_level), _ZSTD
+                try:  # _zstd_compressor(), inlined for its common case
+                    c = _local.zc[self.compress_level]
+                except (AttributeError, KeyError):
+                    c = _zstd_compressor(z, self.compress_level)
+                packed: bytes = c.compress(data)
+                kind = _ZSTD
             else:
                 packed, kind = zlib.compress(data, self.compress_level), _ZLIB
             if len(packed) < len(data):
@@ -275,7 +282,10 @@ class Codec:
         (``x:`` and hex digits) is then spliced into the record's JSON as its
         last key instead of serializing the record again.
         """
-        data = _dump(body)
+        try:  # _dump(), inlined for its common case
+            data = _orjson.dumps(body)
+        except (TypeError, AttributeError):  # big ints, lone surrogates (JSONEncodeError); no orjson
+            data = _dump(body)
         red = self.redactor
         if red.enabled and red._maybe(b"\n".join((args, data))):
             body["a"] = self.args_digest(args)

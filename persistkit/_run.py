@@ -312,13 +312,11 @@ class Run:
     @staticmethod
     def _json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
         """orjson's bytes of the fingerprinted arguments, or None if they are not plain JSON."""
-        if _orjson is None:
-            return None
         try:
             if not kwargs and len(args) == 1 and not isinstance(args[0], _SEQUENCES):
-                return _orjson.dumps([args[0], []])  # the commonest call, as _fingerprints has it
+                return _orjson.dumps([args[0], []])  # the commonest call
             return _orjson.dumps([*_fingerprints(args, kwargs), sorted(kwargs)])
-        except (TypeError, _orjson.JSONEncodeError):
+        except (TypeError, AttributeError):  # not plain JSON (JSONEncodeError), or no orjson (None.dumps)
             return None
 
     def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -84,37 +84,34 @@ class Head:
 class _RowDraft:
     __slots__ = ("checkpoint_id", "namespace", "parent_id", "payload", "run_id", "thread_id")
 
-    def __init__(
-        self, thread_id: str, namespace: str, checkpoint_id: str, parent_id: str | None, run_id: str | None, payload: bytes
-    ) -> None:
-        self.thread_id = thread_id
-        self.namespace = namespace
-        self.checkpoint_id = checkpoint_id
-        self.parent_id = parent_id
-        self.run_id = run_id
-        self.payload = payload
-
 
 class _HeadDraft:
     __slots__ = ("checkpoint_id", "version")
 
-    def __init__(self, checkpoint_id: str, version: int) -> None:
-        self.checkpoint_id = checkpoint_id
-        self.version = version
+
+_new = object.__new__
 
 
 def new_row(
     thread_id: str, namespace: str, checkpoint_id: str, parent_id: str | None, run_id: str | None, payload: bytes
 ) -> CheckpointRow:
     """``CheckpointRow(...)`` for the per-step path."""
-    row: Any = _RowDraft(thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
+    row: Any = _new(_RowDraft)
+    row.thread_id = thread_id
+    row.namespace = namespace
+    row.checkpoint_id = checkpoint_id
+    row.parent_id = parent_id
+    row.run_id = run_id
+    row.payload = payload
     row.__class__ = CheckpointRow
     return row  # type: ignore[no-any-return]
 
 
 def new_head(checkpoint_id: str, version: int) -> Head:
     """``Head(...)`` for the per-step path."""
-    head: Any = _HeadDraft(checkpoint_id, version)
+    head: Any = _new(_HeadDraft)
+    head.checkpoint_id = checkpoint_id
+    head.version = version
     head.__class__ = Head
     return head  # type: ignore[no-any-return]
 

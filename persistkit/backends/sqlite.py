@@ -490,7 +490,10 @@ class SQLiteBackend(ThreadedAsync):
     # -- writes ----------------------------------------------------------------
 
     def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
-        conn = self._conn()
+        # self._conn(), inlined for the common case (the per-step path)
+        conn = None if self._closed or self._pid != _pid else getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._conn()
         tid, ns, cid = row.thread_id, row.namespace, row.checkpoint_id
         version = expected_version + 1
         params = (tid, ns, cid, row.parent_id, row.run_id, row.payload, version)

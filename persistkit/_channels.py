@@ -429,8 +429,11 @@ class Loader:
         items = self.segments.get((name, key))
         if items is None:
             _, start, trees = self._raw(name, key)
-            path = f"state.{name}"
-            items = [self.codec.decode(t, f"{path}[{start + i}]") for i, t in enumerate(trees)]
+            decode = self.codec.decode
+            try:  # the segment as one list (a resume decodes every segment of the run)
+                items = decode(trees)
+            except SerializationError:  # again, item by item, for the error that names the item
+                items = [decode(t, f"state.{name}[{start + i}]") for i, t in enumerate(trees)]
             self.segments[(name, key)] = items
         return items
 

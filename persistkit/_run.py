@@ -414,13 +414,7 @@ class Run:
         """
         with self._lock:
             body, extra = self._step_body(position, name, digest, result, error)
-            row, blobs, diff = self._prepare(body, extra, digest if type(digest) is bytes else None)
-            try:
-                head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
-            except BaseException:
-                self._tracker.failed(diff)
-                raise
-            self._landed(row, body, diff, head, error)
+            self._write_sync(body, extra, digest if type(digest) is bytes else None, error)
 
     async def step_async(
         self,
@@ -433,38 +427,42 @@ class Run:
     ) -> None:
         async with self.async_lock():
             body, extra = self._step_body(position, name, digest, result, error)
-            row, blobs, diff = self._prepare(body, extra, digest if type(digest) is bytes else None)
-            try:
-                head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
-            except BaseException:
-                self._tracker.failed(diff)
-                raise
-            self._landed(row, body, diff, head, error)
+            await self._write_async(body, extra, digest if type(digest) is bytes else None, error)
 
     def end_sync(self, error: BaseException | None) -> None:
         """Commit the run's end: completed, or failed with ``error``."""
         with self._lock:
             body = self._end_body(error)
-            row, blobs, diff = self._prepare(body, {}, None)
-            try:
-                head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
-            except BaseException:
-                self._tracker.failed(diff)
-                raise
-            self._landed(row, body, diff, head, None)
+            self._write_sync(body, {}, None, None)
             self.status = body["rs"]
 
     async def end_async(self, error: BaseException | None) -> None:
         async with self.async_lock():
             body = self._end_body(error)
-            row, blobs, diff = self._prepare(body, {}, None)
-            try:
-                head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
-            except BaseException:
-                self._tracker.failed(diff)
-                raise
-            self._landed(row, body, diff, head, None)
+            await self._write_async(body, {}, None, None)
             self.status = body["rs"]
+
+    def _write_sync(
+        self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
+    ) -> None:
+        row, blobs, diff = self._prepare(body, extra, args)
+        try:
+            head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
+        except BaseException:
+            self._tracker.failed(diff)
+            raise
+        self._landed(row, body, diff, head, error)
+
+    async def _write_async(
+        self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
+    ) -> None:
+        row, blobs, diff = self._prepare(body, extra, args)
+        try:
+            head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
+        except BaseException:
+            self._tracker.failed(diff)
+            raise
+        self._landed(row, body, diff, head, error)
 
     def _step_body(
         self, position: str, name: str, digest: bytes | str | None, result: Any, error: BaseException | None
@@ -520,7 +518,9 @@ class Run:
         row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema, args)
         return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
 
-    def _landed(self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head, error: BaseException | None) -> None:
+    def _landed(
+        self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head, error: BaseException | None
+    ) -> None:
         """``row`` is the thread's head now; a step's row is remembered for replay in this run."""
         self._head = head
         self._tracker.committed(diff)

@@ -358,11 +358,16 @@ def test_args_digest_schemes_compare_like_for_like(local_store: pk.Store, monkey
     assert fast.startswith("x:") and not typed.startswith("x:")
     assert not run.digest(({1, 2},), {}).startswith("x:")  # sets take the typed path
     key = "sk-proj-Zq81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7"
-    assert not run.digest((f"use {key}",), {}).startswith("x:")  # may hold a secret: hashed redacted
+    assert run.digest((f"use {key}",), {}).startswith("r:")  # may hold a secret: hashed redacted
     assert run.digest((f"use {key}",), {}) == run.digest(("use sk-proj-" + "Q" * 30,), {})
     assert run.digest(([*range(100)],), {}) == run.digest(([0, *range(1, 98), 98, 99],), {})
 
-    cases = [("first", "first", "second"), (Q("a"), Q("a"), Q("b")), ({"s": {1}}, {"s": {1}}, {"s": {2}})]
+    cases = [
+        ("first", "first", "second"),
+        (Q("a"), Q("a"), Q("b")),
+        ({"s": {1}}, {"s": {1}}, {"s": {2}}),
+        (f"use {key}", f"use {key}", f"use {key} twice"),  # r: digests (redacted arguments)
+    ]
     for old_persistkit in (False, True):
         for arg, same, other in cases:
             tid = uid("digest")

@@ -400,13 +400,7 @@ class Run:
     # the sync and async twins only differ in how they call the backend.
 
     def step_sync(
-        self,
-        position: str,
-        name: str,
-        digest: bytes | str | None,
-        *,
-        result: Any = None,
-        error: BaseException | None = None,
+        self, position: str, name: str, digest: bytes | str | None, *, result: Any = None, error: BaseException | None = None
     ) -> None:
         """Commit the checkpoint of a step that ran (its result, or the error it raised).
 
@@ -417,13 +411,7 @@ class Run:
             self._write_sync(body, extra, digest if type(digest) is bytes else None, error)
 
     async def step_async(
-        self,
-        position: str,
-        name: str,
-        digest: bytes | str | None,
-        *,
-        result: Any = None,
-        error: BaseException | None = None,
+        self, position: str, name: str, digest: bytes | str | None, *, result: Any = None, error: BaseException | None = None
     ) -> None:
         async with self.async_lock():
             body, extra = self._step_body(position, name, digest, result, error)

@@ -35,7 +35,7 @@ try:  # 5-20x faster than the json module on the per-step path; optional
 except ImportError:  # pragma: no cover - exercised where no wheel exists
     _orjson = None  # type: ignore[assignment]
 
-__all__ = ["Codec", "_orjson", "content_hash"]  # _orjson: the one optional import, shared
+__all__ = ["Codec", "_orjson", "content_hash", "raw_digest"]  # _orjson: the one optional import, shared
 
 # One encoder for every write (json.dumps builds a new one per call). Trees come
 # from the serializer, which rejects cycles, so the circular check is skipped.
@@ -129,6 +129,12 @@ def _dump(tree: Any) -> bytes:
 def _unescape(text: str) -> str:
     # Stored text without resolving handles: only undo the escaping of literal "$CRED{".
     return text.replace("$CRED{$}", "$CRED{")
+
+
+def raw_digest(raw: bytes) -> str:
+    """``x:`` and 16 hex digits of BLAKE2b over a step's arguments as JSON bytes
+    (bytes that cannot hold a secret: see ``Codec.args_digest``)."""
+    return "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 def content_hash(data: bytes) -> str:
@@ -268,7 +274,7 @@ class Codec:
         same in every process, so that no stored digest is a hash of a secret.
         """
         if not self.redactor.may_hold_secret(raw):
-            return "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+            return raw_digest(raw)
         redacted = self.redactor.redact_json(raw, self.load_tree(raw, "arguments"), _dump, True)
         return "r:" + hashlib.blake2b(redacted, digest_size=8).hexdigest()
 
@@ -282,15 +288,12 @@ class Codec:
         (``x:`` and hex digits) is then spliced into the record's JSON as its
         last key instead of serializing the record again.
         """
-        try:  # _dump(), inlined for its common case
-            data = _orjson.dumps(body)
-        except (TypeError, AttributeError):  # big ints, lone surrogates (JSONEncodeError); no orjson
-            data = _dump(body)
+        data = _dump(body)
         red = self.redactor
         if red.enabled and red._maybe(b"\n".join((args, data))):
             body["a"] = self.args_digest(args)
             return self.pack_tree(body)
-        digest = "x:" + hashlib.blake2b(args, digest_size=8).hexdigest()
+        digest = raw_digest(args)
         body["a"] = digest
         return self.seal(b"".join((memoryview(data)[:-1], b',"a":"', digest.encode(), b'"}')))
 

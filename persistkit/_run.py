@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._channels import Diff, Loader, Tracker
-from ._codec import _dump, _orjson, content_hash  # without orjson every digest takes the typed path
+from ._codec import (  # without orjson every digest takes the typed path
+    _dump,
+    _orjson,
+    content_hash,
+    raw_digest,
+)
 from ._errors import ConflictError, NonDeterminismError, SerializationError
 from ._ids import new_run_id
 from ._io import Plan, call
@@ -271,10 +276,7 @@ class Run:
             raw = self._json_args(args, kwargs)
             if raw is None:
                 return  # the arguments no longer fit the fast digest (e.g. a model class now): no basis to compare
-            if scheme == "x:":
-                digest = "x:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
-            else:
-                digest = self.codec.args_digest(raw)
+            digest = raw_digest(raw) if scheme == "x:" else self.codec.args_digest(raw)
         else:
             digest = self._typed_digest(args, kwargs)
         if recorded != digest:
@@ -288,7 +290,7 @@ class Run:
     def digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The digest a step called with these arguments records (see :meth:`arguments`)."""
         snap = self.arguments(args, kwargs)
-        return self.codec.args_digest(snap) if type(snap) is bytes else snap  # type: ignore[return-value]
+        return self.codec.args_digest(snap) if isinstance(snap, bytes) else snap
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | str:
         """What a step call's digest is made from, taken when it is called (a step may
@@ -312,11 +314,13 @@ class Run:
     @staticmethod
     def _json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
         """orjson's bytes of the fingerprinted arguments, or None if they are not plain JSON."""
+        if _orjson is None:
+            return None
         try:
             if not kwargs and len(args) == 1 and not isinstance(args[0], _SEQUENCES):
                 return _orjson.dumps([args[0], []])  # the commonest call
             return _orjson.dumps([*_fingerprints(args, kwargs), sorted(kwargs)])
-        except (TypeError, AttributeError):  # not plain JSON (JSONEncodeError), or no orjson (None.dumps)
+        except TypeError:  # not plain JSON (orjson.JSONEncodeError is a TypeError)
             return None
 
     def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -640,7 +640,7 @@ class SQLiteBackend(ThreadedAsync):
     def close(self) -> None:
         """Close this process's connections. Idempotent; later calls raise StoreClosedError."""
         self._closed = True
-        if self._pid != os.getpid():
+        if self._pid != _pid:
             return  # a forked child never touches the parent's connections
         with self._lock:
             conns = list(self._conns)

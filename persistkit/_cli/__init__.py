@@ -1,0 +1,69 @@
+"""The ``persistkit`` command line: inspect and manage stores.
+
+One module per group of verbs, each adding its subcommands to one argparse
+parser (so help, usage and argument errors are generated), all printing
+through :class:`~persistkit._cli._output.Output`:
+
+* ``_threads``: ``threads``, ``history``, ``state``, ``delete``
+* ``_schema``: ``migrate``
+* ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
+
+Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
+or ``verify`` found a broken record; 2 a usage error; 3 not found (no store
+at the URL, or no such thread or checkpoint), the same for every verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .._errors import NotFoundError, PersistkitError
+from .._secrets import scrub
+from . import _keys, _schema, _threads
+from ._output import Output
+
+__all__ = ["EXIT_NOT_FOUND", "main", "parser"]
+
+EXIT_NOT_FOUND = 3
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help="the store's URL (default: $PERSISTKIT_URL, else "
+                        "sqlite:///.persistkit/persistkit.db); its password is never printed")
+    p = argparse.ArgumentParser(
+        prog="persistkit",
+        description="Inspect and manage persistkit stores. Every verb but `migrate` and `keygen` "
+        "opens an existing store and never creates one.",
+        epilog="Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
+        "2 usage error, 3 no such store, thread or checkpoint.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
+    for group in (_threads, _schema, _keys):
+        group.add_parsers(sub, common)
+    for verb in sub.choices.values():
+        verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    out = Output(as_json=getattr(ns, "json", False))
+    try:
+        code: int = ns.func(ns, out)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`persistkit history t | head`): stop quietly, and keep
+        # Python from reporting the flush at exit (the recipe of the signal module's docs).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except NotFoundError as exc:
+        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except PersistkitError as exc:
+        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
+        return 1

@@ -1,0 +1,163 @@
+"""Where the CLI's store comes from, and how it reads it without changing it.
+
+The URL is ``--url``, else ``$PERSISTKIT_URL``, else the default SQLite file;
+a first positional argument holding ``://`` is accepted as the URL too (the
+form before ``--url`` existed). Every verb but ``migrate`` opens an EXISTING
+store: a missing SQLite file, or a database without persistkit's tables, is
+a :class:`NotFoundError` that names the URL, and nothing is created.
+Values are shown as plain JSON, never revived as classes, so a state holding
+a pydantic model of the user's program prints without that program.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from datetime import timedelta
+from typing import Any
+
+from .._codec import Codec
+from .._errors import ConfigurationError, NotFoundError
+from .._io import call
+from .._serde import TAG
+from .._store import DEFAULT_URL, Store, connect
+from ..backends import backend_class, mask_url
+
+__all__ = [
+    "namespaces",
+    "open_store",
+    "plain",
+    "require_thread",
+    "resolve_url",
+    "split_url",
+    "thread_not_found",
+]
+
+
+def split_url(args: list[str]) -> tuple[str | None, list[str]]:
+    """A leading store URL (anything with ``://``) and the remaining positional arguments."""
+    if args and "://" in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def resolve_url(given: str | None) -> str:
+    return given or os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
+
+
+def _where(url: str) -> str:
+    source = "" if os.environ.get("PERSISTKIT_URL") != url else " (from $PERSISTKIT_URL)"
+    return f"{mask_url(url)}{source}"
+
+
+def _sqlite_path(url: str) -> str:
+    rest = url.partition("://")[2]
+    return rest[1:].partition("?")[0]
+
+
+def open_store(url: str, *, create: bool = False, display: bool = False, **options: Any) -> Store:
+    """The store at ``url``; unless ``create``, only if it already exists (nothing is created).
+    ``display``: decode values to plain JSON (:func:`plain`), for printing."""
+    cls = backend_class(url)
+    if create:
+        return connect(url, **options)
+    if url.partition("://")[0].lower() == "sqlite":
+        path = _sqlite_path(url)
+        if path and not os.path.isfile(path):
+            raise NotFoundError(
+                f"no store at {_where(url)}: the file {os.path.abspath(path)} does not exist. "
+                "Pass the store's URL with --url or set $PERSISTKIT_URL"
+            )
+    elif hasattr(cls, "migrate"):
+        # Stores that create their tables on open (PostgreSQL): open without
+        # migrating, and only if persistkit's tables are there.
+        backend = cls.from_url(url, migrate=False)
+        try:
+            status = backend.migrate(check=True)  # type: ignore[attr-defined]
+        finally:
+            backend.close()
+        if not status.current:
+            raise NotFoundError(
+                f"no store at {_where(url)}: schema {status.schema!r} has no persistkit tables. "
+                "Check the URL (and its ?schema=), or create the store with `persistkit migrate URL`"
+            )
+        options = {**options, "migrate": False}
+    store = connect(url, **options)
+    if display:
+        store.codec = _PlainCodec.like(store.codec)
+    return store
+
+
+def require_thread(store: Store, thread_id: str, namespace: str = "") -> None:
+    """Raise :func:`thread_not_found` unless the thread has a head in ``namespace``."""
+    if store.call_sync(call("head", thread_id, namespace)) is None:
+        raise thread_not_found(store, thread_id, namespace)
+
+
+def namespaces(store: Store, thread_id: str) -> list[str] | None:
+    """The thread's namespaces, or None when the store cannot list them."""
+    try:
+        return store.backend.namespaces(thread_id)
+    except ConfigurationError:  # a store without this maintenance primitive
+        return None
+
+
+def thread_not_found(store: Store, thread_id: str, namespace: str = "") -> NotFoundError:
+    """The one error every verb gives for a thread the store does not have."""
+    where = f" in namespace {namespace!r}" if namespace else ""
+    hint = "List the store's threads with `persistkit threads`"
+    spaces = [ns for ns in namespaces(store, thread_id) or () if ns != namespace]
+    if spaces:
+        shown = ", ".join(repr(ns) for ns in spaces[:5])
+        hint = f"It is stored under namespace(s) {shown}: pass --namespace {spaces[0]!r}"
+    return NotFoundError(f"thread {thread_id!r} not found{where} in the store at {_where(store.url)}. {hint}")
+
+
+class _PlainCodec(Codec):
+    """The store's codec, decoding stored trees to plain JSON values (see :func:`plain`)."""
+
+    @classmethod
+    def like(cls, codec: Codec) -> _PlainCodec:
+        return cls(
+            codec.serializer,
+            compress_threshold=codec.compress_threshold,
+            compress_level=codec.compress_level,
+            redactor=codec.redactor,
+        )
+
+    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None) -> Any:
+        return plain(tree)
+
+
+def plain(tree: Any) -> Any:
+    """A stored tree as plain JSON: tagged values become their JSON payload
+    (a model or dataclass its fields, a tuple or set a list, a datetime its
+    ISO text, a secret its handle), and no class is imported or revived."""
+    if isinstance(tree, str):
+        return tree.replace("$CRED{$}", "$CRED{")  # stored escape of a literal "$CRED{"
+    if isinstance(tree, list):
+        return [plain(v) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if TAG not in tree:
+        return {k: plain(v) for k, v in tree.items()}
+    tag, v = tree[TAG], tree.get("v")
+    if tag in ("m", "dc", "t", "s", "fs", "nt", "e"):
+        return plain(v)
+    if tag == "d" and isinstance(v, list):
+        return {str(plain(k)) if not isinstance(k, str) else k: plain(x) for k, x in v}
+    if tag == "i" and isinstance(v, str):
+        return int(v, 16)
+    if tag in ("dt", "tm") and isinstance(v, list) and v:
+        return v[0]
+    if tag == "td" and isinstance(v, list) and len(v) == 3:
+        return str(timedelta(days=v[0], seconds=v[1], microseconds=v[2]))
+    if tag == "pa" and isinstance(v, list) and len(v) == 2:
+        return v[1]
+    if tag == "sec":
+        return f"$CRED{{{v}}}"
+    if tag == "ex" and isinstance(v, dict):
+        return f"{str(tree.get('c', '')).partition(':')[2]}: {v.get('str', '')}"
+    if tag == "x" and isinstance(v, str):
+        return f"<pickled object, {len(base64.b64decode(v))} bytes>"
+    return plain(v)  # b ba (base64 text), f, da, dt, tm, u, dec (their text)

@@ -1,0 +1,51 @@
+"""The one output helper of the CLI: tables for people, JSON for programs.
+
+Every verb prints through :class:`Output`, so that ``--json`` means the same
+everywhere and a closed pipe (``persistkit history t | head``) ends quietly.
+Values are printed as they are stored: secret handles stay handles.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+__all__ = ["Output", "dumps"]
+
+
+def dumps(value: Any, *, indent: int | None = 2) -> str:
+    """JSON text of an already plain value (see ``_open.plain``)."""
+    return json.dumps(value, indent=indent, ensure_ascii=False, default=str)
+
+
+class Output:
+    """Writes one verb's result to ``stream``: a table (default) or JSON (``as_json``)."""
+
+    def __init__(self, *, as_json: bool = False, stream: TextIO | None = None) -> None:
+        self.as_json = as_json
+        self.stream = stream if stream is not None else sys.stdout
+
+    def line(self, text: str) -> None:
+        self.stream.write(text + "\n")
+
+    def value(self, value: Any) -> None:
+        """One JSON document (``state``), whatever the format."""
+        self.line(dumps(value))
+
+    def table(self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = ()) -> None:
+        """Rows under a header, columns padded to ``widths`` (the last is never
+        padded); with ``as_json``, one JSON list of objects keyed by column."""
+        if self.as_json:
+            self.value([dict(zip(columns, row, strict=True)) for row in rows])
+            return
+        pads = list(widths) + [0] * (len(columns) - len(widths))
+        self.line(self._row(columns, pads))
+        for row in rows:
+            self.line(self._row(["" if cell is None else str(cell) for cell in row], pads))
+
+    @staticmethod
+    def _row(cells: Sequence[str], pads: Sequence[int]) -> str:
+        last = len(cells) - 1
+        return "  ".join(cell if i == last else f"{cell:<{pads[i]}}" for i, cell in enumerate(cells)).rstrip()

@@ -1,0 +1,116 @@
+"""Verbs that read or delete threads: ``threads``, ``history``, ``state``, ``delete``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._ids import is_checkpoint_id
+from ._open import namespaces, open_store, require_thread, resolve_url, split_url, thread_not_found
+from ._output import Output
+
+__all__ = ["add_parsers"]
+
+_URL_NOTE = (
+    "The store is --url, else $PERSISTKIT_URL, else sqlite:///.persistkit/persistkit.db; "
+    "a store URL given as the first argument is accepted too."
+)
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    t = sub.add_parser("threads", parents=[common], help="list thread ids and their namespaces",
+                       description="List the store's thread ids, ascending, with their namespaces "
+                       "('' is the default namespace). " + _URL_NOTE)
+    t.add_argument("legacy_url", nargs="?", help=argparse.SUPPRESS)
+    t.add_argument("--prefix", default="", help="only ids starting with this")
+    t.add_argument("--limit", type=int, help="at most this many")
+    t.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    t.set_defaults(func=_threads)
+
+    h = sub.add_parser("history", parents=[common], help="checkpoints of one or more threads, newest first",
+                       description="Checkpoints of each THREAD, newest first. " + _URL_NOTE)
+    h.add_argument("threads", nargs="+", metavar="THREAD", help="thread id(s)")
+    h.add_argument("--namespace", default="", help="the threads' namespace (see `persistkit threads`)")
+    h.add_argument("--limit", type=int, help="at most this many checkpoints per thread")
+    h.add_argument("--run", metavar="RUN_ID", help="only this run's checkpoints")
+    h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.set_defaults(func=_history)
+
+    s = sub.add_parser("state", parents=[common], help="a thread's state as JSON (head or --checkpoint)",
+                       description="A thread's state as plain JSON, at its head or at --checkpoint. "
+                       "Secrets show as their handles. " + _URL_NOTE)
+    s.add_argument("thread", metavar="THREAD", help="the thread id")
+    s.add_argument("extra", nargs="*", help=argparse.SUPPRESS)  # a legacy leading URL, or a mistake
+    s.add_argument("--checkpoint", metavar="ID", help="a checkpoint id from `persistkit history`")
+    s.add_argument("--namespace", default="", help="the thread's namespace (see `persistkit threads`)")
+    s.set_defaults(func=_state)
+
+    d = sub.add_parser("delete", parents=[common], help="delete threads and all their data",
+                       description="Delete each THREAD (every namespace, every value). " + _URL_NOTE)
+    d.add_argument("threads", nargs="+", metavar="THREAD", help="thread id(s)")
+    d.set_defaults(func=_delete)
+
+
+def _threads(ns: argparse.Namespace, out: Output) -> int:
+    with open_store(resolve_url(ns.url or ns.legacy_url), display=True) as store:
+        rows = []
+        for tid in store.threads(prefix=ns.prefix, limit=ns.limit):
+            spaces = namespaces(store, tid)
+            rows.append((tid, spaces if out.as_json else ", ".join(repr(s) for s in spaces or ["?"])))
+        out.table(("thread", "namespaces"), rows, widths=(max([len(r[0]) for r in rows] + [6]),))
+    return 0
+
+
+def _thread_args(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, list[str]]:
+    url, threads = split_url(ns.threads if "threads" in ns else [ns.thread, *ns.extra])
+    if not threads:
+        parser.error("give at least one THREAD id (the store URL goes in --url)")
+    return resolve_url(ns.url or url), threads
+
+
+def _history(ns: argparse.Namespace, out: Output) -> int:
+    url, threads = _thread_args(ns, ns.parser)
+    with open_store(url, display=True) as store:
+        rows: list[tuple[Any, ...]] = []
+        for tid in threads:
+            require_thread(store, tid, ns.namespace)
+            for cp in store.history(tid, limit=ns.limit, run_id=ns.run, namespace=ns.namespace):
+                created = cp.created_at.isoformat(timespec="milliseconds")
+                if out.as_json:
+                    rows.append((tid, cp.checkpoint_id, cp.run_id, cp.kind, cp.position, cp.step,
+                                 cp.status, cp.run_status, created))
+                else:
+                    rows.append((tid, cp.checkpoint_id, (cp.run_id or "")[:12], cp.kind, cp.position,
+                                 (cp.step or "")[-24:], cp.status, cp.run_status, created))
+    columns: tuple[str, ...] = ("thread", "checkpoint", "run", "kind", "pos", "step", "status", "run status", "created")
+    widths: tuple[int, ...] = (max(len(t) for t in threads), 24, 12, 6, 7, 24, 9, 10)
+    if len(threads) == 1 and not out.as_json:  # one thread: no thread column
+        columns, widths, rows = columns[1:], widths[1:], [r[1:] for r in rows]
+    out.table(columns, rows, widths=widths)
+    return 0
+
+
+def _state(ns: argparse.Namespace, out: Output) -> int:
+    url, threads = _thread_args(ns, ns.parser)
+    if len(threads) > 1:
+        extra = threads[1]
+        hint = (f"{extra!r} is a checkpoint id: use --checkpoint {extra}" if is_checkpoint_id(extra)
+                else f"got {len(threads)}: {' '.join(threads)}")
+        ns.parser.error(f"state shows ONE thread; {hint}")
+    with open_store(url, display=True) as store:
+        require_thread(store, threads[0], ns.namespace)
+        out.value(store.get_state(threads[0], ns.checkpoint, namespace=ns.namespace))
+    return 0
+
+
+def _delete(ns: argparse.Namespace, out: Output) -> int:
+    url, threads = _thread_args(ns, ns.parser)
+    with open_store(url) as store:
+        for tid in threads:  # all or none: check every id before deleting any
+            if namespaces(store, tid) == []:
+                raise thread_not_found(store, tid)
+        for tid in threads:
+            if not store.delete_thread(tid):
+                raise thread_not_found(store, tid)
+            out.line(f"deleted {tid}")
+    return 0

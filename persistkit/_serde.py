@@ -575,8 +575,8 @@ class Serializer:
             raise _Fail(
                 f"cannot revive {kind} class {name}: it is not registered in this process. "
                 f"Register it with persistkit.register({dotted}) or annotate the step's "
-                f"return type, or allow its module with persistkit.register_module("
-                f"{module!r})"
+                f"return type, or allow its module with pk.connect(..., allow_modules="
+                f"[{module!r}])"
             )
         try:
             obj: Any = importlib.import_module(module)

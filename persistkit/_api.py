@@ -167,6 +167,7 @@ class _Step:
     retry: Retry | None
     check_args: bool
     takes_thread_id: bool
+    takes_store: bool = False
     hints_done: bool = False
 
     def register_hints(self) -> None:
@@ -205,7 +206,8 @@ def checkpointed(
     ``name`` (default: the function's qualified name) is what replay matches
     on; ``retry`` retries failed attempts, replaying finished child steps;
     ``check_args`` refuses to replay a step called with different arguments.
-    Outside a block, pass ``thread_id=...`` to run the one call as a block.
+    Outside a block, pass ``thread_id=...`` (and ``store=...``, default
+    :func:`default_store`) to run the one call as a block.
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigurationError(f"@checkpointed(name={name!r}): name must be a non-empty str")
@@ -226,7 +228,7 @@ def checkpointed(
         except (TypeError, ValueError):
             params = {}  # type: ignore[assignment]
         step_name: str = name or getattr(f, "__qualname__", None) or repr(f)
-        step = _Step(f, step_name, retry, check_args, "thread_id" in params)
+        step = _Step(f, step_name, retry, check_args, "thread_id" in params, "store" in params)
         _serde.register_module(getattr(f, "__module__", "") or "__main__")
         if inspect.iscoroutinefunction(f):
             return _async_wrapper(step)  # type: ignore[return-value]
@@ -243,7 +245,7 @@ def _sync_wrapper(step: _Step) -> Callable[..., Any]:
         frame = _CURRENT.get()
         if frame is None:
             if "thread_id" in kwargs and not step.takes_thread_id:
-                with resume(kwargs.pop("thread_id")):
+                with resume(kwargs.pop("thread_id"), store=_one_call_store(step, kwargs)):
                     return wrapper(*args, **kwargs)
             return fn(*args, **kwargs)
         return _call_sync(step, frame, args, kwargs)
@@ -259,12 +261,18 @@ def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
         frame = _CURRENT.get()
         if frame is None:
             if "thread_id" in kwargs and not step.takes_thread_id:
-                async with resume(kwargs.pop("thread_id")):
+                async with resume(kwargs.pop("thread_id"), store=_one_call_store(step, kwargs)):
                     return await wrapper(*args, **kwargs)
             return await fn(*args, **kwargs)
         return await _call_async(step, frame, args, kwargs)
 
     return wrapper
+
+
+def _one_call_store(step: _Step, kwargs: dict[str, Any]) -> Any:
+    """The ``store=`` of a one-call block (``step(..., thread_id=t, store=s)``; None: the
+    default store), unless the step takes a ``store`` argument itself."""
+    return None if step.takes_store else kwargs.pop("store", None)
 
 
 def _begin(

@@ -5,7 +5,7 @@ Put ``@pk.checkpointed`` on the functions of an agent loop and run a turn in
 storage; a retry or a later invocation resumes at the first unfinished step.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import secrets
 from ._api import checkpointed, current_run, current_step, resume
@@ -34,7 +34,7 @@ from ._serde import register
 from ._state import Reducer, TrackedList, add, append, merge, migration, replace
 from ._store import Store, connect, default_store
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from ._model import State
     from ._verify import IntegrityProblem, IntegrityReport
     from .backends._encrypted import RotationReport
@@ -105,7 +105,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'persistkit' has no attribute {name!r}")

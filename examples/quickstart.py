@@ -54,7 +54,8 @@ def plan(topic: str) -> list[str]:
 def research(question: str, step_no: int) -> str:
     answer = fake_llm(f"research {question}")
     if step_no == int(os.environ.get("DEMO_CRASH_AT", "0")):
-        print(f"  step {step_no:2d}  research  ... the process dies here (SIGKILL)", flush=True)
+        print(f"  step {step_no:2d} (pos {step_no - 1:2d})  research  ... the process dies here (SIGKILL)",
+              flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     run = pk.current_run()
     assert run is not None
@@ -83,9 +84,9 @@ def worker() -> None:
         run.state.topic = "durable AI agents"
         summary = agent(run.state.topic)
     elapsed = time.perf_counter() - started
-    for n, step in enumerate(run.steps, 1):
+    for n, step in enumerate(run.steps, 1):  # step n is stored at position n - 1
         how = "replayed from store" if step.replayed else "ran (LLM call)"
-        print(f"  step {n:2d}  {step.name:<9} {how}")
+        print(f"  step {n:2d} (pos {step.position:>2})  {step.name:<9} {how}")
     print(json.dumps({
         "replayed": len(run.replayed),
         "ran": len(run.executed),
@@ -128,7 +129,7 @@ def main() -> None:
     notes = store.get_state(THREAD, state=Research).notes
     print(f"  state: {len(notes)} notes, each written exactly once\n")
 
-    print(f"History of thread {THREAD!r} (newest first):")
+    print(f"History of thread {THREAD!r} (newest first; pos counts from 0, so step 14 is pos 13):")
     print(f"  {'checkpoint':<24}  {'run':<8}  {'kind':<4}  {'pos':>3}  {'step':<9}  {'status':<9}  run status")
     for cp in store.history(THREAD):
         print(f"  {cp.checkpoint_id}  {(cp.run_id or '')[:8]:<8}  {cp.kind:<4}  {cp.position or '':>3}  "

@@ -20,7 +20,7 @@ from .._codec import Codec
 from .._errors import ConfigurationError, NotFoundError
 from .._io import call
 from .._serde import TAG
-from .._store import DEFAULT_URL, Store, connect
+from .._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 from ..backends import backend_class, mask_url
 
 __all__ = [
@@ -90,6 +90,8 @@ def open_store(url: str, *, create: bool = False, display: bool = False, **optio
 
 def require_thread(store: Store, thread_id: str, namespace: str = "") -> None:
     """Raise :func:`thread_not_found` unless the thread has a head in ``namespace``."""
+    check_thread_id(thread_id)
+    check_namespace(namespace)
     if store.call_sync(call("head", thread_id, namespace)) is None:
         raise thread_not_found(store, thread_id, namespace)
 

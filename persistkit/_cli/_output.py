@@ -34,14 +34,17 @@ class Output:
         """One JSON document (``state``), whatever the format."""
         self.line(dumps(value))
 
-    def table(self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = ()) -> None:
+    def table(
+        self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = (), header: bool = True
+    ) -> None:
         """Rows under a header, columns padded to ``widths`` (the last is never
         padded); with ``as_json``, one JSON list of objects keyed by column."""
         if self.as_json:
             self.value([dict(zip(columns, row, strict=True)) for row in rows])
             return
         pads = list(widths) + [0] * (len(columns) - len(widths))
-        self.line(self._row(columns, pads))
+        if header:
+            self.line(self._row(columns, pads))
         for row in rows:
             self.line(self._row(["" if cell is None else str(cell) for cell in row], pads))
 

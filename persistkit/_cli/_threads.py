@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .._ids import is_checkpoint_id
+from .._store import check_thread_id
 from ._open import namespaces, open_store, require_thread, resolve_url, split_url, thread_not_found
 from ._output import Output
 
@@ -52,12 +53,18 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _threads(ns: argparse.Namespace, out: Output) -> int:
+    """One id a line (as scripts expect), followed by its namespaces when it has
+    any but the default one; ``--json``: ``[{"thread": id, "namespaces": [...]}]``."""
     with open_store(resolve_url(ns.url or ns.legacy_url), display=True) as store:
-        rows = []
+        rows: list[tuple[str, Any]] = []
         for tid in store.threads(prefix=ns.prefix, limit=ns.limit):
             spaces = namespaces(store, tid)
-            rows.append((tid, spaces if out.as_json else ", ".join(repr(s) for s in spaces or ["?"])))
-        out.table(("thread", "namespaces"), rows, widths=(max([len(r[0]) for r in rows] + [6]),))
+            if out.as_json:
+                rows.append((tid, spaces))
+            else:
+                shown = "" if spaces in ([""], None) else "namespaces: " + ", ".join(map(repr, spaces or []))
+                rows.append((tid, shown))
+    out.table(("thread", "namespaces"), rows, widths=(max([len(r[0]) for r in rows] + [6]),), header=False)
     return 0
 
 
@@ -107,10 +114,10 @@ def _delete(ns: argparse.Namespace, out: Output) -> int:
     url, threads = _thread_args(ns, ns.parser)
     with open_store(url) as store:
         for tid in threads:  # all or none: check every id before deleting any
-            if namespaces(store, tid) == []:
+            if namespaces(store, check_thread_id(tid)) == []:
                 raise thread_not_found(store, tid)
         for tid in threads:
             if not store.delete_thread(tid):
                 raise thread_not_found(store, tid)
-            out.line(f"deleted {tid}")
+            out.line(f"deleted {tid}" if len(threads) > 1 else "deleted")
     return 0

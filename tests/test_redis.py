@@ -113,10 +113,11 @@ def test_defaults_and_tls_scheme() -> None:
 
 def test_password_is_masked_in_url_and_errors() -> None:
     b = RedisBackend.from_url("redis://:s3cret@127.0.0.1:1/0?prefix=x:")
-    assert "s3cret" not in b.url and "***" in b.url
-    with pytest.raises(BackendUnavailableError) as info:
+    assert "s3cret" not in b.url and "$CRED{url_password}" in b.url  # as errors show it
+    with pytest.raises(BackendError, match="cannot connect") as info:  # never reached: not transient
         b.head("t", "")
-    assert "s3cret" not in str(info.value)
+    assert not isinstance(info.value, BackendUnavailableError)
+    assert "s3cret" not in str(info.value) and b.url in str(info.value)
     b.close()
 
 
@@ -213,12 +214,15 @@ def test_server_errors_map_to_backend_error(backend: RedisBackend, admin: Any, p
     assert isinstance(info.value.__cause__, redis.exceptions.ResponseError)
 
 
-def test_unreachable_server_is_unavailable() -> None:
+def test_a_server_never_reached_is_a_connect_error_not_a_transient_one() -> None:
+    # Nothing listens there: "safe to retry" would send the user to retry a wrong URL.
     b = RedisBackend.from_url("redis://127.0.0.1:1/0?socket_connect_timeout=1")
-    with pytest.raises(BackendUnavailableError):
+    with pytest.raises(BackendError, match=r"cannot connect.*host and port") as info:
         b.write(_row("t", 1), {}, 0)
-    with pytest.raises(BackendUnavailableError):
+    assert not isinstance(info.value, BackendUnavailableError)
+    with pytest.raises(BackendError, match="cannot connect") as info:
         asyncio.run(b.ahead("t", ""))
+    assert not isinstance(info.value, BackendUnavailableError)
     b.close()
 
 

@@ -8,7 +8,9 @@ Third-party stores register with :func:`register_backend`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -85,13 +87,43 @@ def open_backend(url: str, **options: Any) -> Backend:
     return backend_class(url).from_url(url, **options)
 
 
+#: What replaces a password in a shown URL: the handle the secret scrubber gives
+#: a URL password in messages, so ``store.url``, reprs and errors read the same.
+URL_PASSWORD_MASK = "$CRED{url_password}"
+
+#: The options ``pk.connect()`` takes itself (every other keyword goes to the store).
+CONNECT_OPTIONS = (
+    "blobs", "blob_threshold", "allow_pickle", "allow_modules", "compress_threshold", "redact",
+    "vault", "encryption", "accept_plaintext", "integrity", "witness",
+)
+
+
 def _mask(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe for messages and logs)."""
+    """``url`` with any password replaced by :data:`URL_PASSWORD_MASK` (safe for messages and logs)."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":" + URL_PASSWORD_MASK + "@", 1)
     return parts._replace(netloc=netloc).geturl()
 
 
 mask_url = _mask
+
+
+def unknown_options(
+    store: str, url: str, unknown: Iterable[str], accepted: Sequence[str], passthrough: str = ""
+) -> ConfigurationError:
+    """The one error for options a store does not take: names them, lists what
+    ``store`` accepts (and ``passthrough``, what else goes to its driver) and
+    ``pk.connect()``'s own options, with a close match when there is one."""
+    names = sorted(set(unknown))
+    known = [*accepted, *CONNECT_OPTIONS]
+    close = {n: m[0] for n in names if (m := difflib.get_close_matches(n, known, 1, 0.75))}
+    hint = "".join(f" Did you mean {m!r} for {n!r}?" for n, m in close.items())
+    return ConfigurationError(
+        f"unknown option(s) {', '.join(map(repr, names))} for the {store} store {_mask(url)!r}.{hint} "
+        f"The store's options, in the URL query or as keywords: "
+        + (f"accepted: {', '.join(accepted)}" if accepted else "none")
+        + (f"; {passthrough}" if passthrough else "")
+        + f". pk.connect() itself takes: {', '.join(CONNECT_OPTIONS)}"
+    )

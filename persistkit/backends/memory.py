@@ -21,8 +21,10 @@ import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl
 
 from .._errors import BackendError, ConfigurationError, ConflictError, StoreClosedError
+from . import unknown_options
 from ._protocol import CheckpointRow, Head, ThreadedAsync
 
 __all__ = ["MemoryBackend"]
@@ -56,18 +58,16 @@ class MemoryBackend(ThreadedAsync):
     def from_url(cls, url: str, **options: Any) -> MemoryBackend:
         """``memory://`` (private) or ``memory://NAME`` (shared in this process). No options."""
         if options:
-            raise ConfigurationError(
-                f"the memory store takes no options, got {sorted(options)} for {url!r}"
-            )
+            raise unknown_options("memory", url, options, ())
         scheme, sep, name = url.partition("://")
         if scheme.lower() != "memory" or not sep:
             raise ConfigurationError(
                 f"not a memory URL: {url!r}; use 'memory://' or 'memory://NAME'"
             )
         if "?" in name or "#" in name:
-            raise ConfigurationError(
-                f"the memory store takes no options, got {url!r}; use 'memory://NAME'"
-            )
+            query = name.partition("?")[2].partition("#")[0]
+            given = [k for k, _ in parse_qsl(query, keep_blank_values=True)] or [name]
+            raise unknown_options("memory", url, given, (), "use 'memory://' or 'memory://NAME'")
         if not name:
             return cls(_Data(), url)
         with _NAMED_LOCK:

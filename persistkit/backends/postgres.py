@@ -26,8 +26,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .._errors import ConfigurationError
-from . import mask_url
+from .._errors import BackendError, BackendUnavailableError, ConfigurationError, PersistkitError
+from . import URL_PASSWORD_MASK, mask_url, unknown_options
 from ._postgres_async import AsyncAccess, AsyncCore
 from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
 from ._postgres_sync import Access, Core
@@ -187,7 +187,7 @@ class PostgresBackend(Backend):
             # On the user's pool, or else on the dedicated connection, opened
             # now: a wrong password or an unreachable server fails here with
             # libpq's own message, and the first step finds it open.
-            self._sync.migrate()
+            self.migrate()
 
     def _setup(self, schema: str, shown_url: str, migrate: bool) -> None:
         self.url = shown_url
@@ -204,16 +204,18 @@ class PostgresBackend(Backend):
         persistkit's own query parameters and keywords are listed in
         :data:`OPTIONS` (see the class docstring); the rest goes to libpq.
         """
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ConfigurationError(
-                f"unknown PostgreSQL store option(s) {', '.join(unknown)} for {mask_url(url)}; "
-                f"accepted: {', '.join(OPTIONS)}"
-            )
         parts = urlsplit(url)
         if parts.scheme.lower() not in cls.schemes:
             raise ConfigurationError(f"not a PostgreSQL URL: {mask_url(url)!r}")
         query = parse_qsl(parts.query, keep_blank_values=True)
+        libpq = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
+        unknown = set(options) - set(OPTIONS) | {k for k, _ in query if k not in OPTIONS and k not in libpq}
+        if unknown:
+            raise unknown_options(
+                "PostgreSQL", url, unknown, OPTIONS,
+                "in the URL query also libpq's connection parameters (sslmode, connect_timeout, "
+                "application_name, options, ...)",
+            )
         merged: dict[str, Any] = {k: v for k, v in query if k in OPTIONS}
         merged.update(options)
         conninfo = urlunsplit(
@@ -270,14 +272,21 @@ class PostgresBackend(Backend):
         ``persistkit migrate [--check] URL`` calls
         ``PostgresBackend.from_url(URL, migrate=False).migrate(check=...)``.
         """
-        return self._sync_core().migrate(check)
+        core = self._sync_core()
+        try:
+            return core.migrate(check)
+        except BackendError as exc:
+            raise _connect_error(exc, self.url) from exc.__cause__
 
     async def amigrate(self, check: bool = False) -> MigrationStatus:
         """The async twin of :meth:`migrate`."""
         core = self._async_core()
         if core is None:
             return await asyncio.to_thread(self.migrate, check)
-        return await core.migrate(check)
+        try:
+            return await core.migrate(check)
+        except BackendError as exc:
+            raise _connect_error(exc, self.url) from exc.__cause__
 
     def _sync_core(self) -> Core:
         self._shared.check_open()
@@ -539,5 +548,41 @@ def _pool_conninfo(pool: ConnectionPool[Any] | AsyncConnectionPool[Any]) -> str:
 def _mask_conninfo(conninfo: str) -> str:
     params = conninfo_to_dict(conninfo)
     if "password" in params:
-        params["password"] = "***"
+        params["password"] = URL_PASSWORD_MASK
     return make_conninfo("", **params)
+
+
+# libpq's words for a connection that never opened, and what the user should fix.
+_CONNECT_FAILURES: tuple[tuple[tuple[str, ...], str, type[PersistkitError]], ...] = (
+    (("password authentication failed", "no pg_hba.conf entry", "role ", "authentication"),
+     "the server refused the login: check the user name and password in the URL (or $PGPASSWORD, "
+     "~/.pgpass) and the server's pg_hba.conf", ConfigurationError),
+    (("database ",), "that database does not exist on the server: check the database name at the "
+     "end of the URL, or create it (createdb)", ConfigurationError),
+    (("resolve host", "translate host name", "name or service not known", "nodename nor servname"),
+     "the host name does not resolve: check the host in the URL", ConfigurationError),
+    (("invalid ", "unrecognized", "missing \"=\""),
+     "a connection parameter in the URL is invalid", ConfigurationError),
+    (("connection refused", "no such file or directory"),
+     "nothing accepts connections there: check the URL's host and port, and that the server is running",
+     BackendError),
+    (("timeout expired",), "the server did not answer in time: check the URL's host and port (a firewall "
+     "may drop the packets), or give it longer with ?connect_timeout=SECONDS", BackendUnavailableError),
+)
+
+
+def _connect_error(exc: BackendError, url: str) -> PersistkitError:
+    """The error for a failure on a store's FIRST use (its migration at open), when a
+    connection could not even be opened: not transient (nothing was sent, and a retry
+    would fail the same way) but a wrong URL or a server that is not there.
+    Any other failure is returned as it was."""
+    cause = exc.__cause__
+    if not isinstance(cause, psycopg.OperationalError) or cause.sqlstate not in (None, "28P01", "28000", "3D000"):
+        return exc
+    text = str(cause).lower()
+    for needles, fix, error in _CONNECT_FAILURES:
+        if any(n in text for n in needles) and (needles != ("database ",) or "does not exist" in text):
+            detail = " ".join(str(cause).split()) or type(cause).__name__
+            message = f"cannot connect to the PostgreSQL store {url}: {fix} ({detail})"
+            return error(message)
+    return exc

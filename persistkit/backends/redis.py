@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import inspect
 import math
 import threading
 import weakref
@@ -74,9 +75,10 @@ from .._errors import (
     BackendError,
     BackendUnavailableError,
     ConfigurationError,
+    PersistkitError,
     StoreClosedError,
 )
-from . import mask_url
+from . import mask_url, unknown_options
 from ._protocol import Backend, CheckpointRow, Head
 from ._redis_ops import (
     SOURCES,
@@ -122,7 +124,34 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(exc, _TRANSIENT) or str(exc).startswith("BUSY")
 
 
-def _map_error(exc: Exception, url: str) -> BackendError:
+def _driver_options(tls: bool) -> frozenset[str]:
+    """The URL query options redis-py's ``from_url`` passes on to its connection class."""
+    from redis.connection import (
+        URL_QUERY_ARGUMENT_PARSERS,
+        AbstractConnection,
+        Connection,
+        SSLConnection,
+    )
+
+    names = set(URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (AbstractConnection, SSLConnection if tls else Connection):
+        names.update(inspect.signature(cls.__init__).parameters)
+    return frozenset(names - {"self", "kwargs"})
+
+
+def _map_error(exc: Exception, url: str, reached: bool = True) -> PersistkitError:
+    """The persistkit error for a driver error. Before the server was ever reached, a
+    refused connection, an unknown host or a failed login is the URL's fault, not a
+    transient failure: saying "retry" would hide it."""
+    if not reached and isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+        return ConfigurationError(
+            f"cannot log in to the redis store {url}: {exc}. Check the user name and password in the URL"
+        )
+    if not reached and isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError):
+        return BackendError(
+            f"cannot connect to the redis store {url}: {exc}. Check the URL's host and port, "
+            "and that the server is running and reachable from here"
+        )
     if _is_transient(exc):
         return BackendUnavailableError(f"redis at {url} is unavailable: {exc!r}; safe to retry")
     return BackendError(f"redis at {url} failed: {exc!r}")
@@ -244,6 +273,7 @@ class RedisBackend(Backend):
         self._lock = threading.Lock()
         self._owns = False
         self._closed = False
+        self._reached = False  # whether the server ever answered (see _map_error)
         self.prefix = prefix
         self.ttl = ttl
         self.url = _describe(client if client is not None else async_client)
@@ -252,18 +282,22 @@ class RedisBackend(Backend):
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
         """Open ``redis://`` or ``rediss://`` ``url``. Options: ``prefix=``, ``ttl=``
         (override the URL's query values); anything else is ``ConfigurationError``."""
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise ConfigurationError(
-                f"unknown option(s) {unknown} for the redis store {mask_url(url)!r}; "
-                f"accepted: {', '.join(_OPTIONS)}"
-            )
         parts = urlsplit(url)
         if parts.scheme.lower() not in cls.schemes:
             raise ConfigurationError(
                 f"not a redis URL: {mask_url(url)!r}; use 'redis://host:6379/0'"
             )
         query = parse_qsl(parts.query, keep_blank_values=True)
+        driver = _driver_options(parts.scheme.lower() == "rediss")
+        unknown = set(options) - set(_OPTIONS) | {n for n, _ in query if n not in _OPTIONS and n not in driver}
+        if unknown:
+            # redis-py would pass an unknown query option to its connection class, which
+            # raises TypeError on first use: refuse it here, at connect().
+            raise unknown_options(
+                "redis", url, unknown, _OPTIONS,
+                "in the URL query also redis-py's connection options (socket_timeout, "
+                "socket_connect_timeout, client_name, health_check_interval, ...)",
+            )
         ours = {name: value for name, value in query if name in _OPTIONS}
         rest = parts._replace(query=urlencode([(n, v) for n, v in query if n not in _OPTIONS]))
         driver_url = rest.geturl()
@@ -317,13 +351,14 @@ class RedisBackend(Backend):
         for attempt in range(1, attempts + 1):
             try:
                 replies = _send(client, batch.commands)
+                self._reached = True
                 if _needs_eval(replies):
                     replies = _send(client, _with_eval(batch.commands))
                 return _checked(replies)
             except rexc.RedisError as exc:
-                if attempt < attempts and _is_transient(exc):
+                if attempt < attempts and _is_transient(exc) and self._reached:
                     continue
-                raise _map_error(exc, self.url) from exc
+                raise _map_error(exc, self.url, self._reached) from exc
         raise AssertionError("unreachable")
 
     async def _async_client(self) -> Any | None:
@@ -372,13 +407,14 @@ class RedisBackend(Backend):
         for attempt in range(1, attempts + 1):
             try:
                 replies = await _asend(client, batch.commands)
+                self._reached = True
                 if _needs_eval(replies):
                     replies = await _asend(client, _with_eval(batch.commands))
                 return _checked(replies)
             except rexc.RedisError as exc:
-                if attempt < attempts and _is_transient(exc):
+                if attempt < attempts and _is_transient(exc) and self._reached:
                     continue
-                raise _map_error(exc, self.url) from exc
+                raise _map_error(exc, self.url, self._reached) from exc
         raise AssertionError("unreachable")
 
     # -- the protocol: one line each, logic lives in the _op_* generators ---------

@@ -84,6 +84,7 @@ from .._errors import (
     ConflictError,
     StoreClosedError,
 )
+from . import unknown_options
 from ._protocol import CheckpointRow, Head, ThreadedAsync
 
 __all__ = ["S3Backend"]
@@ -225,6 +226,16 @@ def _status(exc: BaseException) -> int:
     return 0
 
 
+# Errors that retrying cannot fix, and what to fix instead.
+_FIXES = {
+    "NoSuchBucket": "The bucket does not exist: check the bucket name in the store URL "
+    "(s3://BUCKET/prefix) and its endpoint_url/region, or create the bucket",
+    "InvalidAccessKeyId": "Check the AWS credentials (AWS_ACCESS_KEY_ID / profile) this process uses",
+    "SignatureDoesNotMatch": "Check the AWS secret key this process uses",
+    "AccessDenied": "The credentials may not use this bucket and prefix: check the IAM policy",
+}
+
+
 def _map_error(exc: Exception, what: str) -> BackendError:
     """The persistkit error for a botocore failure while doing ``what``."""
     from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
@@ -235,7 +246,8 @@ def _map_error(exc: Exception, what: str) -> BackendError:
         code = _error_code(exc)
         if _status(exc) >= 500 or code in _TRANSIENT_CODES:
             return BackendUnavailableError(f"S3 is unavailable ({code}) while {what}: {exc}")
-        return BackendError(f"S3 failed ({code}) while {what}: {exc}")
+        fix = _FIXES.get(code, "")
+        return BackendError(f"S3 failed ({code}) while {what}: {exc}" + (f". {fix}" if fix else ""))
     return BackendError(f"S3 failed while {what}: {exc}")
 
 
@@ -273,9 +285,8 @@ class S3Backend(ThreadedAsync):
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         unknown = sorted(set(query) - set(_OPTIONS) | set(options) - set(_OPTIONS))
         if unknown or "client" in query:
-            raise ConfigurationError(
-                f"unknown S3 option(s) {unknown or ['client']} in {url!r}; accepted: "
-                "endpoint_url, region (URL query or keyword) and client (keyword only)"
+            raise unknown_options(
+                "S3", url, unknown or ["client"], ("endpoint_url", "region"), "client= (keyword only)"
             )
         prefix = parts.path.strip("/")
         if len(_utf8(prefix)) > 200:

@@ -64,6 +64,7 @@ from .._errors import (
     SchemaVersionError,
     StoreClosedError,
 )
+from . import unknown_options
 from ._protocol import CheckpointRow, Head, ThreadedAsync, new_head
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
@@ -340,9 +341,7 @@ class SQLiteBackend(ThreadedAsync):
         given.update(options)
         unknown = sorted(set(given) - set(_OPTIONS))
         if unknown:
-            raise ConfigurationError(
-                f"unknown SQLite option(s) {unknown} in {url!r}; accepted: {', '.join(_OPTIONS)}"
-            )
+            raise unknown_options("SQLite", url, unknown, _OPTIONS)
         sync = str(given.get("synchronous", "NORMAL")).upper()
         if sync not in _SYNCHRONOUS:
             raise ConfigurationError(

@@ -264,7 +264,12 @@ def op_write(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: 
     for key, value in blobs.items():
         args += (key.encode("ascii"), bytes(value))
     # ZADD after the script, on every write: a thread with a head is always listed.
-    replies = yield Batch((_script(_WRITE, keys, args), ("ZADD", k.threads, 0, _enc(t))), False)
+    # With a ttl the index expires ttl after the newest write of ANY thread, so never
+    # before a thread it lists (each expires ttl after its own newest write).
+    index: tuple[Cmd, ...] = (("ZADD", k.threads, 0, _enc(t)),)
+    if k.ttl != b"0":
+        index += (("PEXPIRE", k.threads, k.ttl),)
+    replies = yield Batch((_script(_WRITE, keys, args), *index), False)
     ok, version, *found = replies[0]
     if ok == 1:
         return Head(row.checkpoint_id, int(version))
@@ -361,6 +366,17 @@ def op_threads(k: Keys, prefix: str, after: str | None, limit: int | None) -> Op
         # Skip index entries whose thread has no head (see the module docstring).
         alive = yield Batch(tuple(("EXISTS", k.thread(t) + b"x") for t in ids), True)
         out += [t for t, n in zip(ids, alive, strict=True) if n]
+        dead = [m for m, n in zip(members, alive, strict=True) if not n]
+        if dead and k.ttl != b"0":
+            # Threads that expired (ttl): drop their stale ids, then put back any that a
+            # write re-created meanwhile (its ZADD may have come before our ZREM; the
+            # registry key exists from its script on). The index and the registries
+            # live in different hash slots, so this cannot be one script on a cluster.
+            yield Batch((("ZREM", k.threads, *dead),), True)
+            back = yield Batch(tuple(("EXISTS", k.thread(_dec(m)) + b"x") for m in dead), True)
+            revived = [m for m, n in zip(dead, back, strict=True) if n]
+            if revived:
+                yield Batch((("ZADD", k.threads, *(x for m in revived for x in (0, m))),), True)
         if want is None or len(members) < want or (limit is not None and len(out) >= limit):
             return out
         lo = b"(" + members[-1]

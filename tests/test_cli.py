@@ -1,0 +1,168 @@
+"""The command line, run as users run it: ``python -m persistkit ...`` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOT_FOUND = 3
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "PERSISTKIT_URL"}
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "adapters")])
+    return subprocess.run([sys.executable, "-m", "persistkit", *args], cwd=cwd, capture_output=True,
+                          text=True, env={**base, **(env or {})}, input=stdin, timeout=120)
+
+
+AGENT = textwrap.dedent('''
+    import datetime, sys
+    import pydantic
+    import persistkit as pk
+
+    class Msg(pydantic.BaseModel):      # defined in __main__: the CLI cannot import it
+        role: str
+        text: str
+
+    class Chat(pk.State):
+        messages: list[Msg] = []
+        when: datetime.datetime | None = None
+        tags: set[str] = set()
+
+    @pk.checkpointed
+    def reply(x: str) -> Msg:
+        return Msg(role="ai", text=x.upper())
+
+    store = pk.connect(sys.argv[1])
+    with pk.resume("thread-42", state=Chat, store=store) as run:
+        for i in range(int(sys.argv[2])):
+            run.state.messages.append(reply(f"hi {i}"))
+        run.state.when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+        run.state.tags = {"b", "a"}
+    with pk.resume("graph-thread", namespace="lg:c:", store=store) as run:
+        run.state["x"] = (1, 2)
+''')
+
+
+@pytest.fixture
+def agent_store(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path}/agent.db"
+    (tmp_path / "agent.py").write_text(AGENT)
+    done = subprocess.run([sys.executable, str(tmp_path / "agent.py"), url, "30"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return url
+
+
+def test_state_with_pydantic_models_of_the_users_program_prints_plain_json(agent_store: str, tmp_path: Path) -> None:
+    import json
+
+    out = cli("state", "--url", agent_store, "thread-42", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    state = json.loads(out.stdout)
+    assert state["messages"][0] == {"role": "ai", "text": "HI 0"} and len(state["messages"]) == 30
+    assert state["when"] == "2026-01-02T03:04:05" and sorted(state["tags"]) == ["a", "b"]
+    legacy = cli("state", agent_store, "thread-42", cwd=tmp_path)  # the URL as first argument still works
+    assert legacy.returncode == 0 and json.loads(legacy.stdout) == state
+
+
+def test_namespaced_threads_are_listed_and_readable(agent_store: str, tmp_path: Path) -> None:
+    import json
+
+    listing = cli("threads", "--url", agent_store, cwd=tmp_path)
+    assert listing.returncode == 0
+    assert re.search(r"^graph-thread\s+namespaces: 'lg:c:'$", listing.stdout, re.M)
+    assert re.search(r"^thread-42$", listing.stdout, re.M)
+    as_json = json.loads(cli("threads", "--url", agent_store, "--json", cwd=tmp_path).stdout)
+    assert {"thread": "graph-thread", "namespaces": ["lg:c:"]} in as_json
+    plain = cli("state", "--url", agent_store, "graph-thread", cwd=tmp_path)
+    assert plain.returncode == NOT_FOUND and "--namespace 'lg:c:'" in plain.stderr
+    scoped = cli("state", "--url", agent_store, "--namespace", "lg:c:", "graph-thread", cwd=tmp_path)
+    assert scoped.returncode == 0 and json.loads(scoped.stdout) == {"x": [1, 2]}
+    hist = cli("history", "--url", agent_store, "--namespace", "lg:c:", "graph-thread", cwd=tmp_path)
+    assert hist.returncode == 0 and "end" in hist.stdout
+
+
+@pytest.mark.parametrize("verb", ["threads", "history", "state", "delete", "verify", "rotate-keys"])
+def test_no_verb_but_migrate_creates_a_store(verb: str, tmp_path: Path) -> None:
+    args = {"threads": [], "verify": [], "rotate-keys": []}.get(verb, ["thread-42"])
+    env = {"PERSISTKIT_ENCRYPTION_KEYS": "k1:" + "A" * 43 + "=", "PERSISTKIT_INTEGRITY_KEYS": "k1:" + "ab" * 32}
+    out = cli(verb, *args, cwd=tmp_path, env=env)  # no URL: the default ./.persistkit/ store
+    assert out.returncode == NOT_FOUND, (out.stdout, out.stderr)
+    assert "no store at sqlite:///.persistkit/persistkit.db" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / ".persistkit").exists()
+    given = cli(verb, *args, "--url", f"sqlite:///{tmp_path}/typo.db", cwd=tmp_path, env=env)
+    assert given.returncode == NOT_FOUND and not (tmp_path / "typo.db").exists()
+
+
+def test_postgres_read_creates_no_schema(postgres_url: str, tmp_path: Path) -> None:
+    import uuid
+
+    import psycopg
+
+    schema = f"pktest_cli_{uuid.uuid4().hex[:8]}"
+    out = cli("history", "--url", f"{postgres_url}?schema={schema}", "thread-42", cwd=tmp_path)
+    assert out.returncode == NOT_FOUND and "has no persistkit tables" in out.stderr
+    with psycopg.connect(postgres_url) as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    assert found is None
+
+
+@pytest.mark.parametrize("verb", ["history", "state", "delete"])
+def test_an_unknown_thread_is_the_same_error_in_every_verb(agent_store: str, tmp_path: Path, verb: str) -> None:
+    out = cli(verb, "--url", agent_store, "no-such-thread", cwd=tmp_path)
+    assert out.returncode == NOT_FOUND and out.stdout == ""
+    assert out.stderr.startswith("persistkit: NotFoundError: thread 'no-such-thread' not found in the store at ")
+
+
+def test_a_closed_pipe_ends_quietly(agent_store: str, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = f"{sys.executable} -m persistkit history --url {agent_store} thread-42 | head -n 2"
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=tmp_path, capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert len(out.stdout.splitlines()) == 2
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr
+
+
+def test_migrate_check_speaks_words_not_reprs(postgres_url: str, tmp_path: Path) -> None:
+    import uuid
+
+    url = f"{postgres_url}?schema=pktest_cli_{uuid.uuid4().hex[:8]}"
+    behind = cli("migrate", "--check", "--url", url, cwd=tmp_path)
+    assert behind.returncode == 1 and "MigrationStatus(" not in behind.stdout
+    assert "not created yet" in behind.stdout and "persistkit migrate --url" in behind.stdout
+    try:
+        assert cli("migrate", "--url", url, cwd=tmp_path).returncode == 0
+        current = cli("migrate", url, "--check", cwd=tmp_path)  # the legacy positional URL
+        assert current.returncode == 0 and "up to date" in current.stdout and "MigrationStatus(" not in current.stdout
+    finally:
+        import psycopg
+
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {url.rsplit('=', 1)[1]} CASCADE")
+
+
+def test_usage_says_what_is_accepted(agent_store: str, tmp_path: Path) -> None:
+    helped = cli("history", "--help", cwd=tmp_path)
+    assert "--url URL" in helped.stdout and "THREAD [THREAD ...]" in helped.stdout
+    assert "[URL] THREAD" not in helped.stdout and "$PERSISTKIT_URL" in helped.stdout
+    two = cli("history", "--url", agent_store, "thread-42", "graph-thread", "--namespace", "", cwd=tmp_path)
+    assert two.returncode == NOT_FOUND  # graph-thread lives under lg:c: ...
+    both = cli("history", "--url", agent_store, "thread-42", cwd=tmp_path,
+               env={"PERSISTKIT_URL": agent_store})
+    assert both.returncode == 0
+    one_env = cli("history", "thread-42", cwd=tmp_path, env={"PERSISTKIT_URL": agent_store})
+    assert one_env.returncode == 0 and "reply" in one_env.stdout
+    cid = re.search(r"^([0-9a-f]{24})\s", one_env.stdout.splitlines()[2]).group(1)  # type: ignore[union-attr]
+    mistaken = cli("state", "thread-42", cid, cwd=tmp_path, env={"PERSISTKIT_URL": agent_store})
+    assert mistaken.returncode == 2 and f"use --checkpoint {cid}" in mistaken.stderr
+    right = cli("state", "thread-42", "--checkpoint", cid, cwd=tmp_path, env={"PERSISTKIT_URL": agent_store})
+    assert right.returncode == 0 and '"messages"' in right.stdout

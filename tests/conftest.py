@@ -77,7 +77,7 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
+def redis_url() -> Iterator[str]:
     try:
         import redis
     except ImportError as exc:
@@ -85,10 +85,47 @@ def redis_url() -> str:
     try:
         client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
         client.ping()
-        client.close()
     except Exception as exc:
         unavailable("redis", f"cannot connect to {REDIS_URL}: {exc}")
-    return REDIS_URL
+    yield REDIS_URL
+    # This session's keys only (make_url's prefixes): other runs may be using theirs.
+    keys = list(client.scan_iter(match=f"pktest:{SESSION_TAG}:*", count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+    client.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a test left threads where a user of the plain URL looks: the
+    default schema of the PostgreSQL database, the default prefix of the Redis db.
+    Only this session's thread ids count (``uid()`` embeds SESSION_TAG)."""
+    leaks = []
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_URL, connect_timeout=2, autocommit=True) as conn:
+            if conn.execute("SELECT to_regclass('persistkit.heads')").fetchone() != (None,):
+                n = conn.execute(
+                    "SELECT count(DISTINCT thread_id) FROM persistkit.heads WHERE thread_id LIKE %s",
+                    (f"%{SESSION_TAG}%",),
+                ).fetchone()
+                if n and n[0]:
+                    leaks.append(f"{n[0]} thread(s) in schema 'persistkit' of {POSTGRES_URL}")
+    except Exception:  # no server or no driver: nothing could leak there
+        pass
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        ids = [m for m in client.zrange("persistkit:threads", 0, -1) if SESSION_TAG.encode() in m]
+        client.close()
+        if ids:
+            leaks.append(f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}")
+    except Exception:  # as above
+        pass
+    if leaks:
+        print(f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url.")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,8 @@ AGENT = textwrap.dedent('''
             run.state.messages.append(reply(f"hi {i}"))
         run.state.when = datetime.datetime(2026, 1, 2, 3, 4, 5)
         run.state.tags = {"b", "a"}
+    with pk.resume("thread-43", store=store):
+        reply("other")
     with pk.resume("graph-thread", namespace="lg:c:", store=store) as run:
         run.state["x"] = (1, 2)
 ''')
@@ -89,6 +91,9 @@ def test_namespaced_threads_are_listed_and_readable(agent_store: str, tmp_path: 
     assert scoped.returncode == 0 and json.loads(scoped.stdout) == {"x": [1, 2]}
     hist = cli("history", "--url", agent_store, "--namespace", "lg:c:", "graph-thread", cwd=tmp_path)
     assert hist.returncode == 0 and "end" in hist.stdout
+    rows = json.loads(cli("history", "--url", agent_store, "--json", "thread-42", cwd=tmp_path).stdout)
+    assert rows[0]["kind"] == "end" and rows[0]["run status"] == "completed"
+    assert [r["pos"] for r in rows if r["kind"] == "step"] == [str(i) for i in reversed(range(30))]
 
 
 @pytest.mark.parametrize("verb", ["threads", "history", "state", "delete", "verify", "rotate-keys"])
@@ -156,9 +161,9 @@ def test_usage_says_what_is_accepted(agent_store: str, tmp_path: Path) -> None:
     assert "[URL] THREAD" not in helped.stdout and "$PERSISTKIT_URL" in helped.stdout
     two = cli("history", "--url", agent_store, "thread-42", "graph-thread", "--namespace", "", cwd=tmp_path)
     assert two.returncode == NOT_FOUND  # graph-thread lives under lg:c: ...
-    both = cli("history", "--url", agent_store, "thread-42", cwd=tmp_path,
-               env={"PERSISTKIT_URL": agent_store})
-    assert both.returncode == 0
+    both = cli("history", "thread-42", "thread-43", cwd=tmp_path, env={"PERSISTKIT_URL": agent_store})
+    assert both.returncode == 0 and both.stdout.splitlines()[0].split()[:2] == ["thread", "checkpoint"]
+    assert {line.split()[0] for line in both.stdout.splitlines()[1:]} == {"thread-42", "thread-43"}
     one_env = cli("history", "thread-42", cwd=tmp_path, env={"PERSISTKIT_URL": agent_store})
     assert one_env.returncode == 0 and "reply" in one_env.stdout
     cid = re.search(r"^([0-9a-f]{24})\s", one_env.stdout.splitlines()[2]).group(1)  # type: ignore[union-attr]

@@ -20,8 +20,9 @@ _URL_NOTE = (
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     t = sub.add_parser("threads", parents=[common], help="list thread ids and their namespaces",
-                       description="List the store's thread ids, ascending, with their namespaces "
-                       "('' is the default namespace). " + _URL_NOTE)
+                       description="List the store's thread ids, ascending, one a line; a thread stored "
+                       "under other namespaces than the default one ('') lists them after its id "
+                       "(LangGraph threads: 'lg:…'; read them with --namespace). " + _URL_NOTE)
     t.add_argument("legacy_url", nargs="?", help=argparse.SUPPRESS)
     t.add_argument("--prefix", default="", help="only ids starting with this")
     t.add_argument("--limit", type=int, help="at most this many")

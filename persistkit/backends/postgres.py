@@ -208,7 +208,8 @@ class PostgresBackend(Backend):
         if parts.scheme.lower() not in cls.schemes:
             raise ConfigurationError(f"not a PostgreSQL URL: {mask_url(url)!r}")
         query = parse_qsl(parts.query, keep_blank_values=True)
-        libpq = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()}
+        # libpq's parameters, and "ssl" (libpq reads ssl=true in a URI as sslmode=require).
+        libpq = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()} | {"ssl"}
         unknown = set(options) - set(OPTIONS) | {k for k, _ in query if k not in OPTIONS and k not in libpq}
         if unknown:
             raise unknown_options(

@@ -11,9 +11,9 @@ import pytest
 import persistkit as pk
 from persistkit._keys import KeyRing
 from persistkit.backends import Backend, open_backend
-from persistkit.backends._integrity import IntegrityBackend
 from persistkit.testing.backend_suite import BackendConformance
 from persistkit.testing.store_suite import StoreConformance
+from persistkit.wrappers._integrity import IntegrityBackend
 
 KEY = bytes(range(32))
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_sqlite import STEPS, Chat, append_step, messages
 
 import persistkit as pk
-from persistkit.backends._witness import FileWitness
+from persistkit.wrappers._witness import FileWitness
 
 ROUNDS = 7
 KEY = os.urandom(32)

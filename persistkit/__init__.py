@@ -36,9 +36,9 @@ from ._store import Store, connect, default_store
 
 if _TYPE_CHECKING:
     from ._model import State
-    from ._verify import IntegrityProblem, IntegrityReport
-    from .backends._encrypted import RotationReport
-    from .backends._witness import FileWitness, Witness, WitnessEntry
+    from .wrappers._encryption import RotationReport
+    from .wrappers._verify import IntegrityProblem, IntegrityReport
+    from .wrappers._witness import FileWitness, Witness, WitnessEntry
 
 __version__ = "0.1.0"
 
@@ -96,12 +96,12 @@ __all__ = [
 # first use, so that `import persistkit` stays cheap (pk.State: pydantic, likewise).
 _LAZY = {
     "State": "._model",
-    "IntegrityProblem": "._verify",
-    "IntegrityReport": "._verify",
-    "RotationReport": ".backends._encrypted",
-    "FileWitness": ".backends._witness",
-    "Witness": ".backends._witness",
-    "WitnessEntry": ".backends._witness",
+    "IntegrityProblem": ".wrappers._verify",
+    "IntegrityReport": ".wrappers._verify",
+    "RotationReport": ".wrappers._encryption",
+    "FileWitness": ".wrappers._witness",
+    "Witness": ".wrappers._witness",
+    "WitnessEntry": ".wrappers._witness",
 }
 
 

@@ -241,13 +241,13 @@ class Codec:
                 return zlib.decompress(blob[1:])
             except zlib.error as exc:
                 raise SerializationError(f"compressed record is corrupt ({exc})", path=path) from exc
-        if blob[0] == 0xE1:  # persistkit.backends._encrypted.MAGIC (not imported: no crypto here)
+        if blob[0] == 0xE1:  # persistkit.wrappers._encryption.MAGIC (not imported: no crypto here)
             raise SerializationError(
                 "the record is encrypted (envelope 0xe1) but the store was opened without its "
                 "keys: open it with pk.connect(url, encryption=...)",
                 path=path,
             )
-        if blob[0] == 0xA1:  # persistkit.backends._integrity: a sealed (tagged) record
+        if blob[0] == 0xA1:  # persistkit.wrappers._integrity: a sealed (tagged) record
             raise SerializationError(
                 "the record is sealed with an integrity tag: open the store with "
                 "pk.connect(url, integrity=...) and the integrity key",

@@ -20,12 +20,19 @@
 Errors raised by the user's own step functions pass through untouched; they
 are never wrapped in these classes.
 
-Every message passes through the secret scrubber (``pk.secrets``) when the
-error is created: registered values and detected secrets become handles, so
-no secret value reaches a log line or a traceback through persistkit.
+Every message passes through the secret scrubber (``pk.secrets.scrub``) when
+the error is created: registered values and detected secrets become handles,
+so no secret value reaches a log line or a traceback through persistkit.
+
+This module is the ground floor: it imports nothing of persistkit's, so every
+other module can raise these errors. The scrubber lives above it (``_secrets``
+raises these errors) and installs itself with :func:`install_scrubber` when it
+is imported, which ``import persistkit`` does first, before anything can raise.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 __all__ = [
     "BackendError",
@@ -52,10 +59,14 @@ class PersistkitError(Exception):
         super().__init__(*(_scrub(a) if isinstance(a, str) else a for a in args))
 
 
-def _scrub(text: str) -> str:
-    from ._secrets import scrub  # lazy: _secrets imports this module
+_scrub: Callable[[str], str] = str
+"""What every message passes through: ``pk.secrets.scrub`` once ``_secrets`` is imported."""
 
-    return scrub(text)
+
+def install_scrubber(scrub: Callable[[str], str]) -> None:
+    """Make every error message created from now on pass through ``scrub``."""
+    global _scrub
+    _scrub = scrub
 
 
 class ConfigurationError(PersistkitError, ValueError):

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ._detect import BUILTIN, TOKEN_LOOSE, Detector
-from ._errors import ConfigurationError, SecretResolutionError
+from ._errors import ConfigurationError, SecretResolutionError, install_scrubber
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
@@ -682,3 +682,7 @@ def default_redactor() -> Redactor:
     if _default is None:
         _default = Redactor()
     return _default
+
+
+# Every PersistkitError message is scrubbed from here on; the error tree imports nothing of ours.
+install_scrubber(scrub)

@@ -31,26 +31,25 @@ x     pickled object (only with allow_pickle)    base64 of pickle protocol 5
 A tz is null, ``["o", seconds, microseconds(, name)]`` for ``datetime.timezone``
 or ``["z", key]`` for ``zoneinfo.ZoneInfo``. Decoding never imports a module
 unless it is allowlisted, and revives a class only if it is registered.
+
+This module walks trees and revives classes; the wire forms of the stdlib
+value types (i f b ba dt tm da td u dec pa) are in ``_stdtypes``.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import decimal
 import functools
 import importlib
 import inspect
 import json
-import pathlib
 import sys
 import typing
-import uuid
 from collections.abc import Callable, Sequence
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import datetime, time
 from enum import Enum
 from typing import Any
-from zoneinfo import ZoneInfo
 
 if typing.TYPE_CHECKING:
     pass
@@ -68,6 +67,7 @@ from ._registry import (
     register_type_hints,
 )
 from ._secrets import Redactor, Secret, default_redactor
+from ._stdtypes import DECODERS, ENCODERS, NO_TZ, TAG, payload, payload_bytes, tz_spec
 
 __all__ = [
     "Serializer",
@@ -77,20 +77,9 @@ __all__ = [
     "register_type_hints",
 ]
 
-TAG = "__pk__"
 MAX_DEPTH = 500  # JSON nesting levels; also keeps us well inside Python's recursion limit
 _BIG = 1 << 2000  # ints beyond this could exceed sys.get_int_max_str_digits() (min 640 digits)
 _INF = float("inf")
-_DEC_CTX = decimal.Context(traps=[decimal.InvalidOperation])  # malformed strings raise, not NaN
-_PATHS: dict[str, type[pathlib.PurePath]] = {
-    c.__name__: c
-    for c in (
-        pathlib.PurePosixPath,
-        pathlib.PureWindowsPath,
-        pathlib.PosixPath,
-        pathlib.WindowsPath,
-    )
-}
 
 
 @functools.cache
@@ -187,35 +176,6 @@ def _dc_fields(cls: type) -> tuple[tuple[str, bool], ...]:
     return tuple((f.name, f.init) for f in dataclasses.fields(cls))
 
 
-_NO_TZ = object()
-
-
-def _tz_spec(tz: Any) -> Any:
-    if tz is None:
-        return None
-    if type(tz) is timezone:
-        off = tz.utcoffset(None)
-        spec: list[Any] = ["o", off.days * 86400 + off.seconds, off.microseconds]
-        args = tz.__getinitargs__()  # type: ignore[attr-defined]  # (offset,) or (offset, name)
-        if len(args) > 1:
-            spec.append(args[1])
-        return spec
-    if type(tz) is ZoneInfo and tz.key is not None:
-        return ["z", tz.key]
-    return _NO_TZ
-
-
-def _tz_from(spec: Any) -> Any:
-    match spec:
-        case None:
-            return None
-        case ["z", str(key)]:
-            return ZoneInfo(key)
-        case ["o", int(seconds), int(micro), *name] if all(type(n) is str for n in name):
-            return timezone(timedelta(seconds=seconds, microseconds=micro), *name)
-    raise ValueError(f"bad timezone {spec!r:.60}")
-
-
 def _items(fn: Callable[[Any, int], Any], seq: Any, depth: int) -> list[Any]:
     """``fn`` (encode or decode) over a sequence; a failure gets its index on the path."""
     items: list[Any] = []
@@ -238,16 +198,6 @@ def _fields(fn: Callable[[Any, int], Any], pairs: Any, depth: int) -> dict[str, 
         fail.parts.append(f".{k}")
         raise
     return out
-
-
-def _payload(node: dict[str, Any], want: type | tuple[type, ...], with_class: bool = False) -> Any:
-    """The tagged node's "v", checked for shape and type."""
-    if len(node) != (3 if with_class else 2) or "v" not in node:
-        raise ValueError("unexpected keys " + repr(sorted(node)))
-    v = node["v"]
-    if not isinstance(v, want) or type(v) is bool:
-        raise ValueError(f"payload is {type(v).__name__}")
-    return v
 
 
 _EncFn = Callable[["Serializer", Any, int], Any]
@@ -415,8 +365,8 @@ class Serializer:
         tag = "dt" if type(value) is datetime else "tm"
         if value.tzinfo is None and not value.fold:
             return {TAG: tag, "v": value.isoformat()}
-        spec = _tz_spec(value.tzinfo)
-        if spec is _NO_TZ:
+        spec = tz_spec(value.tzinfo)
+        if spec is NO_TZ:
             return self._fallback(
                 value,
                 f"its tzinfo {_type_name(type(value.tzinfo))} is not "
@@ -590,7 +540,7 @@ class Serializer:
         return obj
 
     def _dec_exception(self, node: dict[str, Any], depth: int) -> BaseException:
-        v = _payload(node, dict, with_class=True)
+        v = payload(node, dict, with_class=True)
         name, args, text = node["c"], v.get("args"), v.get("str")
         notes = v.get("notes", [])
         if type(name) is not str or type(args) is not list or type(text) is not str:
@@ -615,7 +565,7 @@ class Serializer:
 
     def _dec_model(self, node: dict[str, Any], depth: int) -> Any:
         cls: Any = self._resolve(node, lambda c: issubclass(c, _base_model()), "pydantic model")
-        data = _fields(self._dec, _payload(node, dict, True).items(), depth + 2)
+        data = _fields(self._dec, payload(node, dict, True).items(), depth + 2)
         from pydantic import RootModel
 
         if issubclass(cls, RootModel):
@@ -624,7 +574,7 @@ class Serializer:
 
     def _dec_dataclass(self, node: dict[str, Any], depth: int) -> Any:
         cls = self._resolve(node, lambda c: dataclasses.is_dataclass(c), "dataclass")
-        data = _fields(self._dec, _payload(node, dict, True).items(), depth + 2)
+        data = _fields(self._dec, payload(node, dict, True).items(), depth + 2)
         fields = dict(_dc_fields(cls))
         unknown = set(data) - set(fields)
         if unknown:
@@ -687,48 +637,9 @@ def _classify(t: type) -> _EncFn:
     return fn
 
 
-def _b64(node: dict[str, Any]) -> bytes:
-    return base64.b64decode(_payload(node, str), validate=True)
-
-
-def _dec_float(self: Serializer, node: dict[str, Any], depth: int) -> float:
-    v = _payload(node, str)
-    if v not in ("nan", "inf", "-inf"):
-        raise ValueError(f"{v!r:.20} is not nan, inf or -inf")
-    return float(v)
-
-
-def _dec_int(self: Serializer, node: dict[str, Any], depth: int) -> int:
-    return int(_payload(node, str), 16)
-
-
-def _dec_datetime(self: Serializer, node: dict[str, Any], depth: int) -> Any:
-    cls = datetime if node[TAG] == "dt" else time
-    match _payload(node, (str, list)):
-        case str(iso):
-            return cls.fromisoformat(iso)
-        case [str(iso), tz, 0 | 1 as fold]:
-            return cls.fromisoformat(iso).replace(tzinfo=_tz_from(tz), fold=int(fold))
-    raise ValueError("expected an iso string or [iso, tz, fold]")
-
-
-def _dec_timedelta(self: Serializer, node: dict[str, Any], depth: int) -> timedelta:
-    match _payload(node, list):
-        case [int(days), int(seconds), int(micro)]:
-            return timedelta(days=days, seconds=seconds, microseconds=micro)
-    raise ValueError("expected [days, seconds, microseconds]")
-
-
-def _dec_path(self: Serializer, node: dict[str, Any], depth: int) -> pathlib.PurePath:
-    match _payload(node, list):
-        case [str(kind), str(path)] if kind in _PATHS:
-            return _PATHS[kind](path)
-    raise ValueError("expected [path class, path]")
-
-
 def _dec_pairs(self: Serializer, node: dict[str, Any], depth: int) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
-    for i, pair in enumerate(_payload(node, list)):
+    for i, pair in enumerate(payload(node, list)):
         if type(pair) is not list or len(pair) != 2:
             raise ValueError(f"item {i} is not a [key, value] pair")
         try:
@@ -741,7 +652,7 @@ def _dec_pairs(self: Serializer, node: dict[str, Any], depth: int) -> dict[Any, 
 
 
 def _dec_set(self: Serializer, node: dict[str, Any], depth: int) -> Any:
-    items = _items(self._dec, _payload(node, list), depth + 2)
+    items = _items(self._dec, payload(node, list), depth + 2)
     return set(items) if node[TAG] == "s" else frozenset(items)
 
 
@@ -754,7 +665,7 @@ def _dec_enum(self: Serializer, node: dict[str, Any], depth: int) -> Any:
 
 def _dec_namedtuple(self: Serializer, node: dict[str, Any], depth: int) -> Any:
     cls: Any = self._resolve(node, _is_namedtuple, "namedtuple")
-    return cls(*_items(self._dec, _payload(node, list, True), depth + 2))
+    return cls(*_items(self._dec, payload(node, list, True), depth + 2))
 
 
 def _dec_pickle(self: Serializer, node: dict[str, Any], depth: int) -> Any:
@@ -765,7 +676,7 @@ def _dec_pickle(self: Serializer, node: dict[str, Any], depth: int) -> Any:
         )
     import pickle
 
-    return pickle.loads(_b64(node))
+    return pickle.loads(payload_bytes(node))
 
 
 def _enc_secret(self: Serializer, value: Any, depth: int) -> Any:
@@ -773,37 +684,21 @@ def _enc_secret(self: Serializer, value: Any, depth: int) -> Any:
 
 
 _ENCODERS: dict[type, _EncFn] = {
+    **ENCODERS,
     Secret: _enc_secret,
     tuple: Serializer._enc_tuple,
     set: Serializer._enc_set,
     frozenset: Serializer._enc_set,
-    bytes: lambda s, v, d: {TAG: "b", "v": base64.b64encode(v).decode("ascii")},
-    bytearray: lambda s, v, d: {TAG: "ba", "v": base64.b64encode(v).decode("ascii")},
     datetime: Serializer._enc_datetime,
     time: Serializer._enc_datetime,
-    date: lambda s, v, d: {TAG: "da", "v": v.isoformat()},
-    timedelta: lambda s, v, d: {TAG: "td", "v": [v.days, v.seconds, v.microseconds]},
-    uuid.UUID: lambda s, v, d: {TAG: "u", "v": str(v)},
-    decimal.Decimal: lambda s, v, d: {TAG: "dec", "v": str(v)},
-    **{c: (lambda s, v, d: {TAG: "pa", "v": [type(v).__name__, str(v)]}) for c in _PATHS.values()},
 }
 
 _DECODERS: dict[str, _DecFn] = {
-    "t": lambda s, n, d: tuple(_items(s._dec, _payload(n, list), d + 2)),
+    **DECODERS,
+    "t": lambda s, n, d: tuple(_items(s._dec, payload(n, list), d + 2)),
     "s": _dec_set,
     "fs": _dec_set,
     "d": _dec_pairs,
-    "i": _dec_int,
-    "f": _dec_float,
-    "b": lambda s, n, d: _b64(n),
-    "ba": lambda s, n, d: bytearray(_b64(n)),
-    "dt": _dec_datetime,
-    "tm": _dec_datetime,
-    "da": lambda s, n, d: date.fromisoformat(_payload(n, str)),
-    "td": _dec_timedelta,
-    "u": lambda s, n, d: uuid.UUID(_payload(n, str)),
-    "dec": lambda s, n, d: decimal.Decimal(_payload(n, str), _DEC_CTX),
-    "pa": _dec_path,
     "e": _dec_enum,
     "m": Serializer._dec_model,
     "dc": Serializer._dec_dataclass,

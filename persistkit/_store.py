@@ -27,10 +27,11 @@ from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend
+from .wrappers import stack
 
 if TYPE_CHECKING:
-    from ._verify import IntegrityReport
-    from .backends._encrypted import RotationReport
+    from .wrappers._encryption import RotationReport
+    from .wrappers._verify import IntegrityReport
 
 __all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
 
@@ -400,7 +401,7 @@ class Store:
         self, thread_id: str | None, batch_size: int, after: str | None, encrypt_plaintext: bool
     ) -> tuple[Backend, Plan[RotationReport]]:
         """The backend under the encryption layer and the plan that rotates (rotate_keys, arotate_keys)."""
-        from .backends._encrypted import find_encrypted
+        from .wrappers._encryption import find_encrypted
 
         enc = find_encrypted(self.backend)
         if enc is None:
@@ -417,8 +418,8 @@ class Store:
     def verify(self, thread_id: str | None = None) -> IntegrityReport:
         """Check every record of one thread (or of the whole store) offline and report
         every broken one. Needs a store opened with ``integrity=``."""
-        from ._verify import verify_backend
-        from .backends._integrity import IntegrityBackend
+        from .wrappers._integrity import IntegrityBackend
+        from .wrappers._verify import verify_backend
 
         self._check_open()
         if not isinstance(self.backend, IntegrityBackend):
@@ -434,8 +435,8 @@ class Store:
         """Copy one thread (or every thread) of another store into this integrity store,
         sealing every record (history, ids and blobs kept). The way to move an existing
         store under ``integrity=``. Returns the number of checkpoints copied."""
-        from ._verify import copy_into
-        from .backends._integrity import IntegrityBackend
+        from .wrappers._integrity import IntegrityBackend
+        from .wrappers._verify import copy_into
 
         self._check_open()
         if not isinstance(self.backend, IntegrityBackend):
@@ -598,30 +599,15 @@ def connect(
     backend = url if isinstance(url, Backend) else open_backend(url, **options)
     if isinstance(url, Backend) and options:
         raise ConfigurationError(f"backend options {sorted(options)} only apply when connecting by URL")
-    if blobs is not None:
-        from .backends._offload import OffloadBackend
-
-        if not isinstance(blob_threshold, int) or blob_threshold < 1:
-            raise ConfigurationError(f"blob_threshold must be a positive int, got {blob_threshold!r}")
-        blob_backend = blobs if isinstance(blobs, Backend) else open_backend(blobs)
-        backend = OffloadBackend(backend, blob_backend, threshold=blob_threshold)
-    # -- encryption at rest: wraps the offload wrapper, so offloaded objects are sealed
-    # too; an integrity wrapper (plaintext tags) goes outside this one.
-    if encryption is not None and encryption is not False:
-        from ._keys import KeyRing
-        from .backends._encrypted import EncryptedBackend
-
-        keyring = KeyRing.coerce(encryption, purpose="encryption")
-        backend = EncryptedBackend(backend, keyring, accept_plaintext=accept_plaintext)
-    elif accept_plaintext:
-        raise ConfigurationError("accept_plaintext=True only applies together with encryption=...")
-    # -- integrity: the OUTERMOST wrapper (keep this block last) ------------------
-    if integrity is not None and integrity is not False:
-        from .backends._integrity import wrap_integrity
-
-        backend = wrap_integrity(backend, integrity, witness)
-    elif witness is not None:
-        raise ConfigurationError("witness= needs integrity= (the witness records integrity tags)")
+    backend = stack(
+        backend,
+        blobs=blobs,
+        blob_threshold=blob_threshold,
+        encryption=encryption,
+        accept_plaintext=accept_plaintext,
+        integrity=integrity,
+        witness=witness,
+    )
     if not isinstance(compress_threshold, int) or compress_threshold < 1:
         raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
     serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))

@@ -16,9 +16,9 @@ import persistkit as pk
 from persistkit import ConfigurationError, IntegrityError, KeyRing
 from persistkit.__main__ import main as cli
 from persistkit.backends import Backend, CheckpointRow, open_backend
-from persistkit.backends._encrypted import EncryptedBackend, key_id_of
 from persistkit.testing.backend_suite import BackendConformance
 from persistkit.testing.store_suite import StoreConformance
+from persistkit.wrappers._encryption import EncryptedBackend, key_id_of
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))

@@ -26,8 +26,8 @@ import persistkit as pk
 from persistkit._ids import next_checkpoint_id
 from persistkit._keys import KeyRing
 from persistkit.backends import CheckpointRow
-from persistkit.backends._integrity import IntegrityBackend
-from persistkit.backends._witness import FileWitness, WitnessEntry
+from persistkit.wrappers._integrity import IntegrityBackend
+from persistkit.wrappers._witness import FileWitness, WitnessEntry
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -669,8 +669,8 @@ def test_file_witness_compacts_reloads_and_refuses_an_edited_file(tmp_path: Path
 def test_a_record_moved_to_another_namespace_or_id_fails_its_tag() -> None:
     import dataclasses
 
-    from persistkit.backends._integrity import open_row
     from persistkit.backends.memory import MemoryBackend
+    from persistkit.wrappers._integrity import open_row
 
     ring = KeyRing({"k1": KEY}, purpose="integrity")
     inner = MemoryBackend()

@@ -11,7 +11,7 @@ import pytest
 
 from persistkit import ConfigurationError, ConflictError, IntegrityError
 from persistkit.backends import Backend, CheckpointRow, Head, open_backend
-from persistkit.backends._offload import OffloadBackend
+from persistkit.wrappers._offload import OffloadBackend
 
 THRESHOLD = 1024
 BIG = bytes(range(256)) * 40  # 10 KiB > THRESHOLD

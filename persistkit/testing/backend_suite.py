@@ -26,6 +26,41 @@ Contract of the fixture:
 
 No plugin is needed: async twins are driven with :func:`asyncio.run`.
 Tests synchronize threads with barriers and joins, never with sleeps.
+
+Capabilities: required, declared, detected
+------------------------------------------
+Required of every store (abstract in :class:`~persistkit.backends.Backend`, so
+a store without them cannot even be instantiated): ``write`` with the head's
+compare-and-swap, ``put_blobs``, ``head``, ``get``, ``list``, ``get_blobs``,
+``scan_blobs``, ``threads``, ``delete_thread``, ``close`` and their ``a*``
+twins. Every test below without a skip checks one of them.
+
+Optional today, each detected or declared, never guessed:
+
+* ``namespaces`` — detected: the store overrides ``Backend.namespaces`` (its
+  default raises ``ConfigurationError``); ``verify`` and key rotation need it.
+  Not implemented: its test is skipped and says so.
+* ``rewrite`` — declared by ``supports_rewrite`` (True by default) and
+  detected by the override; a store that declares it must implement it
+  (``test_declared_capabilities_are_implemented``). Declared False (the
+  integrity wrapper): its tests are skipped.
+* ``atomic_blobs`` — declared; True makes the suite also check that a lost
+  compare-and-swap leaves no blob behind.
+
+The primitives the coming layers need (docs/architecture.md, "The store
+protocol, planned") join the same way, each as a named capability with its
+own test class in this package, run only when the store has it:
+``fencing`` (a head write that carries a lease token and is refused when it
+is stale), ``leases`` (a lease record with owner, expiry and a token that
+grows with every holder), ``kv`` (a versioned key-value space with
+compare-and-swap and listing by prefix), ``watch`` (a change feed, pushed or
+polled) and ``prune`` (per-checkpoint deletion). A store declares them in one
+class attribute, ``capabilities: ClassVar[frozenset[str]]``, and the suite
+detects them by the overridden primitive methods; a capability declared but
+not implemented, or implemented but not declared, fails. A layer asked for a
+capability the store lacks raises ``ConfigurationError`` naming the store,
+the capability and the stores that have it. Until a primitive exists, this
+suite has no test for it.
 """
 
 from __future__ import annotations
@@ -110,6 +145,11 @@ def _write_chain(
     return rows
 
 
+def _implements(backend: Backend, method: str) -> bool:
+    """Whether ``backend``'s class overrides ``Backend.<method>`` (an optional capability)."""
+    return getattr(type(backend), method) is not getattr(Backend, method)
+
+
 class BackendConformance:
     """Tests for the :class:`persistkit.backends.Backend` contract. Needs ``persistkit_url``."""
 
@@ -146,6 +186,19 @@ class BackendConformance:
         assert isinstance(type(backend).native_async, bool)
         assert type(backend).schemes and all(isinstance(s, str) for s in type(backend).schemes)
         assert isinstance(backend.url, str)
+
+    def test_declared_capabilities_are_implemented(self, backend: Backend) -> None:
+        cls = type(backend)
+        for flag in ("native_async", "atomic_blobs", "supports_rewrite"):
+            assert isinstance(getattr(cls, flag), bool), f"{cls.__name__}.{flag} must be a bool"
+        if cls.supports_rewrite:
+            assert _implements(backend, "rewrite"), (
+                f"{cls.__name__} declares supports_rewrite = True but does not implement rewrite(); "
+                "implement it or declare supports_rewrite = False"
+            )
+        if cls.native_async:
+            missing = [m for m in ("awrite", "ahead", "aget", "alist") if not _implements(backend, m)]
+            assert not missing, f"{cls.__name__} declares native_async but inherits {missing}"
 
     # -- write / read round trip -----------------------------------------------
 
@@ -246,6 +299,19 @@ class BackendConformance:
         assert backend.get(t, "ns", _cid(3)) is None
         assert [r.checkpoint_id for r in backend.list(t, "ns")] == [_cid(2), _cid(1)]
         assert backend.get_blobs(t, ["new-blob"]) == {}
+
+    @pytest.mark.parametrize("reused", [1, 2])
+    def test_reused_checkpoint_id_is_refused_and_writes_nothing(self, backend: Backend, reused: int) -> None:
+        t = _uid()
+        rows = _write_chain(backend, t, 2)
+        again = _row(t, reused, parent=_cid(2), payload=b"overwrite attempt")
+        with pytest.raises(BackendError) as info:
+            backend.write(again, {"new-blob": b"x"}, 2)
+        assert not isinstance(info.value, ConflictError), "the head was at the expected version"
+        assert backend.head(t, "") == Head(_cid(2), 2)
+        assert backend.list(t, "") == list(reversed(rows))
+        if type(backend).atomic_blobs:
+            assert backend.get_blobs(t, ["new-blob"]) == {}
 
     def test_two_writers_same_version_exactly_one_wins(
         self, backend: Backend, open_another: Callable[[], Backend]
@@ -566,6 +632,8 @@ class BackendConformance:
     # -- namespaces and rewrite (maintenance) ------------------------------------
 
     def test_namespaces_sorted_per_thread(self, backend: Backend) -> None:
+        if not _implements(backend, "namespaces"):
+            pytest.skip(f"{type(backend).__name__} does not implement the optional namespaces()")
         t = _uid()
         assert backend.namespaces(t) == []
         for ns in ("zeta", "", "ünï/ns", "a" * 200):

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import BackendNotFoundError, ConfigurationError, IntegrityError
 from .._keys import KeyRing
-from ._protocol import Backend, CheckpointRow, Head
+from ..backends._protocol import Backend, CheckpointRow, Head
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._errors import ConfigurationError, IntegrityError
-from ._protocol import Backend, CheckpointRow, Head
+from ..backends._protocol import Backend, CheckpointRow, Head
 
 __all__ = ["DEFAULT_THRESHOLD", "OffloadBackend"]
 

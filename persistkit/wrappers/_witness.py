@@ -6,7 +6,7 @@ cannot tell a store rolled back to an older complete copy (a backup restored,
 a volume snapshot reverted) from the real thing: the old copy is genuine. A
 witness remembers, for every ``(thread, namespace)``, the newest
 ``(seq, checkpoint_id, tag)`` this process (or every writer sharing the
-witness) committed; :class:`~persistkit.backends._integrity.IntegrityBackend`
+witness) committed; :class:`~persistkit.wrappers._integrity.IntegrityBackend`
 refuses a head older than that.
 
 Three implementations, chosen by ``pk.connect(..., witness=...)``:
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BackendError, ConfigurationError, ConflictError, IntegrityError
-from ._protocol import Backend, CheckpointRow
+from ..backends._protocol import Backend, CheckpointRow
 
 __all__ = ["CallbackWitness", "FileWitness", "StoreWitness", "Witness", "WitnessEntry", "coerce_witness"]
 
@@ -358,7 +358,7 @@ def coerce_witness(value: Any) -> Witness | None:
         if text.startswith("file:"):
             return FileWitness(text[5:].removeprefix("//"))
         if "://" in text:
-            from . import open_backend
+            from ..backends import open_backend
 
             return StoreWitness(open_backend(text))
         raise ConfigurationError(

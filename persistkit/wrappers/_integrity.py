@@ -59,7 +59,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .._errors import ConfigurationError, ConflictError, IntegrityError
 from .._keys import KeyRing
-from ._protocol import Backend, CheckpointRow, Head
+from ..backends._protocol import Backend, CheckpointRow, Head
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._errors import IntegrityError
-from .backends import Backend, CheckpointRow
-from .backends._integrity import (
+from .._errors import IntegrityError
+from ..backends import Backend, CheckpointRow
+from ._integrity import (
     _FIX,
     IntegrityBackend,
     Sealed,
@@ -86,7 +86,7 @@ class _Source:
     reported (and its neighbours still checked) instead of failing a whole page."""
 
     def __init__(self, ib: IntegrityBackend) -> None:
-        from .backends._encrypted import EncryptedBackend
+        from ._encryption import EncryptedBackend
 
         inner = ib.inner
         self.enc = inner if isinstance(inner, EncryptedBackend) else None

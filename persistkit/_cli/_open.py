@@ -19,7 +19,7 @@ from typing import Any
 from .._codec import Codec
 from .._errors import ConfigurationError, NotFoundError
 from .._io import call
-from .._serde import TAG
+from .._stdtypes import TAG
 from .._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 from ..backends import backend_class, mask_url
 

@@ -16,6 +16,7 @@ from ._codec import Codec
 from ._errors import (
     BackendUnavailableError,
     ConfigurationError,
+    ConflictError,
     NotFoundError,
     PersistkitError,
     StoreClosedError,
@@ -225,7 +226,26 @@ class Store:
         body = dict(body)
         where = (thread_id, namespace, parent.id if parent else None, None)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
-        yield call("write", row, diff.blobs, expected)
+        try:
+            yield call("write", row, diff.blobs, expected)
+        except ConflictError as exc:
+            if body["k"] == "fork":
+                what = (
+                    f"cannot fork into thread {thread_id!r}: another writer created it first, so "
+                    "nothing was written. Fork again with another new_thread_id (or none, for a fresh one)"
+                )
+            else:
+                what = (
+                    f"thread {thread_id!r}: update_state wrote nothing: another writer moved the head "
+                    f"from version {exc.expected} to {exc.found}"
+                    + (f" (checkpoint {exc.found_checkpoint})" if exc.found_checkpoint else "")
+                    + " after the state was read. Call update_state again: it applies the changes "
+                    "to the new head"
+                )
+            raise ConflictError(
+                what, thread_id=thread_id, namespace=namespace, expected=exc.expected,
+                found=exc.found, found_checkpoint=exc.found_checkpoint,
+            ) from exc
         return Record(row, body).public(self.codec)
 
     def _fork(

@@ -596,8 +596,9 @@ def connect(
     ``redis://...``, ``s3://bucket/prefix``) or a backend instance.
 
     With no URL: ``$PERSISTKIT_URL``, else a SQLite file under ``./.persistkit/``.
-    ``blobs`` names a second store (typically S3) for channel values larger than
-    ``blob_threshold`` bytes. ``allow_pickle`` lets values of unknown types be
+    ``blobs`` names a second store (typically S3) for anything stored larger than
+    ``blob_threshold`` bytes: channel values, step results, and checkpoint rows
+    (where items appended to a list travel); the first store keeps a pointer. ``allow_pickle`` lets values of unknown types be
     pickled (off: a clear ``SerializationError`` instead). ``allow_modules`` lists
     modules whose classes may be revived from storage. ``redact`` (default: on,
     following ``pk.secrets.configure``) replaces secrets in every stored string

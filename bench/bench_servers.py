@@ -440,6 +440,15 @@ def big_tool(output: str) -> None:
     run.state.output = output
 
 
+class ToolLog(pk.State, name="bench.ToolLog"):
+    outputs: list[str] = []
+
+
+@pk.checkpointed(name="tool_call")
+def tool_call(output: str) -> str:
+    return output
+
+
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -692,31 +701,40 @@ def s3_section(
         print(f"  persistkit requests per step: {mix}; whole run incl. open/close: {total} "
               f"requests, {n_obj} objects")
 
-        # 5 MB tool output on PostgreSQL with blobs offloaded to S3
-        schema = f"pkbench_{TAG}_offload"
-        schemas.append(schema)
-        off = pk.connect(f"{PG_URL}?schema={schema}", blobs=f"s3://{BUCKET}/blobs?endpoint_url={endpoint}")
-        before = schema_bytes(admin, schema)
+        # 5 MB tool output on PostgreSQL with blobs offloaded to S3: kept as a state value,
+        # and appended to a list (where tool outputs usually go: inside the step's row)
         big = base64.b64encode(os.urandom(BIG_TOOL_OUTPUT * 3 // 4)).decode()  # incompressible text
-        with pk.resume("t", store=off, state=ToolState):
-            big_tool(big)
-        with pk.resume("t", store=off, state=ToolState) as run:
-            assert run.state.output == big
-        off.close()
-        inline = admin.execute(
-            f'SELECT (SELECT coalesce(sum(octet_length(data)), 0) FROM "{schema}".blobs), '
-            f'(SELECT coalesce(sum(octet_length(payload)), 0) FROM "{schema}".checkpoints)'
-        ).fetchone()
-        assert inline is not None
-        pg_total = schema_bytes(admin, schema) - before
-        _, s3_b = s3_bytes(client, "blobs/")
-        print(f"\nOffload: a {len(big) / 2**20:.1f} MB tool output in state, "
-              f"pk.connect(postgresql://…, blobs=s3://…)")
-        print(f"  PostgreSQL: blob column {inline[0]:,} B + checkpoint rows {inline[1]:,} B "
-              f"(tables incl. indexes/pages: {pg_total:,} B); S3: {s3_b:,} B (compressed)")
-        targets.append((f"5 MB value costs PostgreSQL a pointer (blob column {inline[0]:,} B ≤ 1 KB)",
-                        inline[0] <= 1024 and s3_b >= len(big) // 2))
-
+        print(f"\nOffload: a {len(big) / 2**20:.1f} MB tool output, pk.connect(postgresql://…, blobs=s3://…)")
+        for kind in ("value", "list"):
+            schema = f"pkbench_{TAG}_offload_{kind}"
+            schemas.append(schema)
+            off = pk.connect(f"{PG_URL}?schema={schema}", blobs=f"s3://{BUCKET}/{kind}?endpoint_url={endpoint}")
+            before = schema_bytes(admin, schema)
+            if kind == "value":
+                with pk.resume("t", store=off, state=ToolState):
+                    big_tool(big)
+                with pk.resume("t", store=off, state=ToolState) as run:
+                    assert run.state.output == big
+            else:
+                with pk.resume("t", store=off, state=ToolLog) as run:
+                    run.state.outputs.append(tool_call(big))
+                    tool_call("next")  # the appended output travels in this step's row
+                with pk.resume("t", store=off, state=ToolLog) as run:
+                    assert run.state.outputs == [big]
+            off.close()
+            inline = admin.execute(
+                f'SELECT (SELECT coalesce(sum(octet_length(data)), 0) FROM "{schema}".blobs), '
+                f'(SELECT coalesce(sum(octet_length(payload)), 0) FROM "{schema}".checkpoints)'
+            ).fetchone()
+            assert inline is not None
+            pg_total = schema_bytes(admin, schema) - before
+            _, s3_b = s3_bytes(client, f"{kind}/")
+            where = "in a state value" if kind == "value" else "appended to a list"
+            print(f"  {where}: PostgreSQL blob column {inline[0]:,} B + checkpoint rows {inline[1]:,} B "
+                  f"(tables incl. indexes/pages: {pg_total:,} B); S3: {s3_b:,} B (compressed)")
+            targets.append((f"5 MB output {where} costs PostgreSQL a pointer "
+                            f"(blobs + rows {inline[0] + inline[1]:,} B ≤ 4 KB)",
+                            inline[0] + inline[1] <= 4096 and s3_b >= len(big) // 2))
 
 if __name__ == "__main__":
     sys.exit(main())

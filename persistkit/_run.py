@@ -165,7 +165,7 @@ class Run:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
                     # Another run built on this one's checkpoints (or its end record was
-                    # skipped, see _end_conflict): replay what it recorded, run nothing.
+                    # skipped, see _conflict): replay what it recorded, run nothing.
                     self.replay_only = True
                     self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
         elif (
@@ -561,8 +561,11 @@ class Run:
             known = True
         except PersistkitError:  # cannot tell what committed: say so, and give the advice that always holds
             last, by, known = None, "", False
-        prev = self._tracker.prev
-        changed = sorted({n for n, ref in diff.refs.items() if n not in prev or prev[n].ref != ref} | (prev.keys() - diff.refs.keys()))
+        prev = self._tracker.prev  # the channels as this run last committed (or opened) them
+        changed = sorted(
+            {n for n, ref in diff.refs.items() if n not in prev or prev[n].ref != ref}
+            | (prev.keys() - diff.refs.keys())
+        )
         failed = body["k"] == "end" and body["rs"] == FAILED
         if body["k"] == "end" and last is not None and not changed and not failed:
             return None

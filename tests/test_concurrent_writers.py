@@ -215,6 +215,24 @@ def test_update_state_and_fork_conflicts_say_what_to_do(store: pk.Store) -> None
     assert store.get_state(t, state=Log).items == ["x", "y", "z"]
     assert src.checkpoint_id != store.get_checkpoint(t).checkpoint_id
 
+    # A fork racing another writer that creates the same new thread first.
+    new = uid("fork")
+
+    def created_meanwhile(thread_id: str, namespace: str) -> Any:
+        if thread_id == new:
+            store.backend.head = real  # type: ignore[method-assign]
+            store.fork(t, new_thread_id=new)
+            return None  # what the fork read before the other writer created it
+        return real(thread_id, namespace)
+
+    store.backend.head = created_meanwhile  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ConflictError, match=r"another writer created it first.*Fork again"):
+            store.fork(t, src.checkpoint_id, new_thread_id=new)
+    finally:
+        store.backend.head = real  # type: ignore[method-assign]
+    assert store.fork(t, src.checkpoint_id).thread_id != new  # the advice works
+
 
 def test_ambiguous_write_that_landed_below_another_writer(store: pk.Store) -> None:
     """The connection dies after W's step committed, and X writes on top before W reads

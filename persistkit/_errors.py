@@ -90,9 +90,12 @@ class BackendUnavailableError(BackendError):
 
 
 class ConflictError(BackendError):
-    """Another writer moved the thread head first; nothing was written.
+    """Another writer moved the thread head first, so this write was not made.
 
-    ``expected`` is the head version this writer based its write on, ``found``
+    Only the write that raised is refused: checkpoints committed before it
+    stay. Raised inside a run, the message says what of the run is committed
+    and what to do (``pk.resume(thread, run_id=...)`` with the same run id
+    never runs a committed step again). ``expected`` is the head version this writer based its write on, ``found``
     the version in the store (0 means the thread has no head).
     """
 
@@ -116,8 +119,9 @@ class ConflictError(BackendError):
             message = (
                 f"thread {where}: expected head version {expected}, found version {found}"
                 + (f" at checkpoint {found_checkpoint}" if found_checkpoint else "")
-                + ". Another writer moved the thread first and nothing was written; "
-                "resume the thread again to continue from its new head."
+                + ". Another writer moved the thread's head first, so this write was not made "
+                "(checkpoints committed before it stay). Read the head again "
+                "(store.get_checkpoint(thread_id)) before writing on top of it."
             )
         super().__init__(message)
 

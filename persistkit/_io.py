@@ -9,8 +9,10 @@ the tenacity pattern: decision logic without I/O, two short loops.
 Both loops retry :class:`~persistkit.BackendUnavailableError` with bounded
 backoff. A ``write`` whose outcome is unknown (the connection died around
 the commit) is resolved by reading the head before it is retried: if the
-head is already our checkpoint the write happened; if another writer moved
-it, that is a conflict.
+head is already our checkpoint the write happened; if it is still at the
+version we wrote against, the write did not happen and is retried; if another
+writer moved it, our row is looked up: found, the write happened (and the
+other writer built on it), else that is a conflict and nothing was written.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ def _backoff(attempt: int) -> float:
     return float(min(1.0, 0.05 * (2**attempt)) * (0.5 + random.random() / 2))
 
 
-def _resolve_write(req: Call, head: Head | None) -> Head | None:
-    """After an ambiguous write: the head if it landed, None to retry it, or raise a conflict."""
+def _resolve_write(req: Call, head: Head | None, stored: bool | None = None) -> Head | None:
+    """After an ambiguous write: the head our write made if it landed, None to retry
+    it, or raise a conflict. ``stored``: whether our row exists, once the head has
+    moved to someone else's checkpoint (None: not looked up yet, see :func:`_moved_on`)."""
     row: CheckpointRow = req.args[0]
     expected: int = req.args[2]
     if head is not None and head.checkpoint_id == row.checkpoint_id:
@@ -62,6 +66,9 @@ def _resolve_write(req: Call, head: Head | None) -> Head | None:
     found = head.version if head else 0
     if found == expected:
         return None
+    if stored:
+        # It landed, and another writer moved the head on top of it since.
+        return Head(row.checkpoint_id, expected + 1)
     raise ConflictError(
         thread_id=row.thread_id,
         namespace=row.namespace,
@@ -69,6 +76,13 @@ def _resolve_write(req: Call, head: Head | None) -> Head | None:
         found=found,
         found_checkpoint=head.checkpoint_id if head else None,
     )
+
+
+def _moved_on(req: Call, head: Head | None) -> bool:
+    """Whether the head is neither our checkpoint nor the version we wrote against:
+    then only reading our row tells whether the write landed (below the new head)."""
+    row: CheckpointRow = req.args[0]
+    return (head.version if head else 0) != req.args[2] and (head is None or head.checkpoint_id != row.checkpoint_id)
 
 
 def checked(method: str, exc: BaseException) -> BaseException:
@@ -88,8 +102,10 @@ def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | Non
     for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
             if last is not None and req.method == "write":
-                head = backend.head(req.args[0].thread_id, req.args[0].namespace)
-                landed = _resolve_write(req, head)
+                row = req.args[0]
+                head = backend.head(row.thread_id, row.namespace)
+                stored = _moved_on(req, head) and backend.get(row.thread_id, row.namespace, row.checkpoint_id) is not None
+                landed = _resolve_write(req, head, stored)
                 if landed is not None:
                     return landed
             return getattr(backend, req.method)(*req.args, **req.kwargs)
@@ -114,8 +130,10 @@ async def call_async(backend: Backend, req: Call, failed: BackendUnavailableErro
     for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
             if last is not None and req.method == "write":
-                head = await backend.ahead(req.args[0].thread_id, req.args[0].namespace)
-                landed = _resolve_write(req, head)
+                row = req.args[0]
+                head = await backend.ahead(row.thread_id, row.namespace)
+                stored = _moved_on(req, head) and await backend.aget(row.thread_id, row.namespace, row.checkpoint_id) is not None
+                landed = _resolve_write(req, head, stored)
                 if landed is not None:
                     return landed
             return await getattr(backend, "a" + req.method)(*req.args, **req.kwargs)

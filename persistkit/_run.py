@@ -27,7 +27,7 @@ from ._codec import (  # without orjson every digest takes the typed path
     content_hash,
     raw_digest,
 )
-from ._errors import ConflictError, NonDeterminismError, SerializationError
+from ._errors import ConflictError, NonDeterminismError, PersistkitError, SerializationError
 from ._ids import new_run_id
 from ._io import Plan, call
 from ._records import Record
@@ -111,6 +111,8 @@ class Run:
         self.state: Any = None
         self._events: list[tuple[str, str, bool, str]] = []  # StepEvent fields: made on request
         self.replay_only = False
+        self._moved_on: tuple[str, Head | None, str | None] | None = None  # see open()
+        self._lost: ConflictError | None = None  # what a commit of this run raised on a moved head
         self._index: dict[str, Record] = {}
         self._max_child: dict[str, int] = {}
         self._escaped: set[str] = set()
@@ -162,17 +164,10 @@ class Run:
                 if rows[-1].run_status == COMPLETED:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
-                    raise ConflictError(
-                        f"thread {t!r}: run {run_id} ended {rows[-1].run_status} and the thread has "
-                        f"moved on since (its head is checkpoint {head.checkpoint_id if head else None}"
-                        f" of run {head_rec.row.run_id if head_rec else None}). Start a new run, or "
-                        f"continue it on a copy: store.fork({t!r}, {rows[-1].id!r})",
-                        thread_id=t,
-                        namespace=ns,
-                        expected=0,
-                        found=head.version if head else 0,
-                        found_checkpoint=head.checkpoint_id if head else None,
-                    )
+                    # Another run built on this one's checkpoints (or its end record was
+                    # skipped, see _conflict): replay what it recorded, run nothing.
+                    self.replay_only = True
+                    self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")
@@ -235,6 +230,8 @@ class Run:
         """The record to replay at ``position``, or None to run the step for real."""
         rec = self._index.get(position)
         if rec is None:
+            if self._moved_on is not None:
+                raise self._unfinished(position, name, "was never recorded")
             if self.replay_only:
                 raise NonDeterminismError(
                     f"thread {self.thread_id!r} run {self.run_id}: the run completed without a step "
@@ -255,6 +252,8 @@ class Run:
             parent, _, seq = position.rpartition("/")
             went_on = self._max_child.get(parent, -1) > int(seq)
             if rec.id in self._escaped or not went_on:
+                if self._moved_on is not None:
+                    raise self._unfinished(position, name, "failed, and its failure ended the attempt")
                 return None
         return rec
 
@@ -424,12 +423,18 @@ class Run:
     def end_sync(self, error: BaseException | None) -> None:
         """Commit the run's end: completed, or failed with ``error``."""
         with self._lock:
+            if self._lost is not None and _caused_by(error, self._lost):
+                self.status = FAILED  # the block ends on its own conflict: that error said it all
+                return
             body = self._end_body(error)
             self._write_sync(body, {}, None, None)
             self.status = body["rs"]
 
     async def end_async(self, error: BaseException | None) -> None:
         async with self.async_lock():
+            if self._lost is not None and _caused_by(error, self._lost):
+                self.status = FAILED
+                return
             body = self._end_body(error)
             await self._write_async(body, {}, None, None)
             self.status = body["rs"]
@@ -440,9 +445,15 @@ class Run:
         row, blobs, diff = self._prepare(body, extra, args)
         try:
             head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
-        except BaseException:
+        except BaseException as exc:
             self._tracker.failed(diff)
-            raise
+            if not isinstance(exc, ConflictError):
+                raise
+            lost = self.store.run_sync(self._conflict(body, diff, exc))
+            if lost is None:
+                return  # an end record that changes nothing: skipped (see _conflict)
+            self._lost = lost
+            raise lost from exc
         self._landed(row, body, diff, head, error)
 
     async def _write_async(
@@ -451,9 +462,15 @@ class Run:
         row, blobs, diff = self._prepare(body, extra, args)
         try:
             head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
-        except BaseException:
+        except BaseException as exc:
             self._tracker.failed(diff)
-            raise
+            if not isinstance(exc, ConflictError):
+                raise
+            lost = await self.store.run_async(self._conflict(body, diff, exc))
+            if lost is None:
+                return
+            self._lost = lost
+            raise lost from exc
         self._landed(row, body, diff, head, error)
 
     def _step_body(
@@ -526,6 +543,94 @@ class Run:
         self._remember(pos, rec)
         self._events.append((pos, body["n"], False, body["s"]))
 
+    # -- another writer moved the head ------------------------------------------------------
+    # Without leases (a later layer) two runs may write one thread; the head CAS
+    # refuses the second writer's commit. What the error says must be true and
+    # its advice safe to follow: the same run_id never runs a committed step again.
+
+    def _conflict(self, body: dict[str, Any], diff: Diff, exc: ConflictError) -> Plan[ConflictError | None]:
+        """The error for a commit of ``body`` refused by the head CAS, or None when
+        it is the end record of a run whose committed steps already hold its
+        outcome: the run completes without it (resuming its run_id replays it)."""
+        t, ns, r = self.thread_id, self.namespace, self.run_id
+        try:
+            mine = yield call("list", t, ns, run_id=r, limit=1)
+            last: str | None = mine[0].checkpoint_id if mine else None
+            top = (yield call("get", t, ns, exc.found_checkpoint)) if exc.found_checkpoint else None
+            by = f", written by run {top.run_id}" if top is not None and top.run_id else ""
+            known = True
+        except PersistkitError:  # cannot tell what committed: say so, and give the advice that always holds
+            last, by, known = None, "", False
+        prev = self._tracker.prev  # the channels as this run last committed (or opened) them
+        changed = sorted(
+            {n for n, ref in diff.refs.items() if n not in prev or prev[n].ref != ref}
+            | (prev.keys() - diff.refs.keys())
+        )
+        failed = body["k"] == "end" and body["rs"] == FAILED
+        if body["k"] == "end" and last is not None and not changed and not failed:
+            return None
+        moved = (
+            f"the thread's head moved from version {exc.expected} to {exc.found}"
+            + (f" (checkpoint {exc.found_checkpoint}{by})" if exc.found_checkpoint else "")
+            + " before it was written"
+        )
+        if body["k"] == "step":
+            what = f"step {body['n']!r} at position {body['p']} of run {r} ran, but its checkpoint was not written"
+        elif failed:
+            what = f"run {r} failed, and its failure record was not written"
+        else:
+            what = f"run {r} ended, but its end record was not written"
+        if changed and body["k"] == "end":
+            what += f" (nor the changes to state.{', state.'.join(changed)} made after its last step)"
+        again = f"pk.resume({t!r}, run_id={r!r})"
+        if not known:
+            tail = (
+                f"It could not be read back what of run {r} is committed. {again} replays whatever "
+                "it committed without running it again; do not run the block under a new run_id."
+            )
+        elif last is None:
+            tail = (
+                f"Nothing of run {r} is stored. Run the block again with {again}: it starts the run "
+                "from the new head"
+                + (" and runs this step again (its side effects happened once already: pass "
+                   "pk.current_step().key to external calls, the key stays the same)." if body["k"] == "step" else ".")
+            )
+        else:
+            tail = (
+                f"Run {r}'s checkpoints up to {last} are committed and stay. {again} replays them without "
+                "running them again (and writes nothing); do not run the block under a new run_id, "
+                "or its committed steps run twice."
+            )
+            if body["k"] == "step" or failed:
+                tail += (
+                    " The run cannot go on on this thread: the replay raises ConflictError at the first "
+                    f"step it did not record. To go on from its state, fork it: store.fork({t!r}, {last!r})."
+                )
+            else:
+                tail += (
+                    " To keep those changes, make them inside a step (they commit with it), or apply them "
+                    f"to the new head: store.update_state({t!r}, {{...}})."
+                )
+        return ConflictError(
+            f"thread {t!r}: {what}: {moved}. {tail}",
+            thread_id=t, namespace=ns, expected=exc.expected, found=exc.found, found_checkpoint=exc.found_checkpoint,
+        )
+
+    def _unfinished(self, position: str, name: str, why: str) -> ConflictError:
+        """A step the run did not record, replaying a run whose thread moved on (see open)."""
+        assert self._moved_on is not None
+        last, head, by = self._moved_on
+        t, r = self.thread_id, self.run_id
+        return ConflictError(
+            f"thread {t!r}: run {r} did not finish before the thread moved on (its head is checkpoint "
+            f"{head.checkpoint_id if head else None}" + (f" of run {by}" if by else "") + "): its "
+            f"recorded steps replayed without running, but step {name!r} at position {position} {why} "
+            "and cannot run on this thread now. Do not run the block under a new run_id (the recorded "
+            f"steps would run twice); to go on from the run's state, fork it: store.fork({t!r}, {last!r}).",
+            thread_id=t, namespace=self.namespace, expected=0,
+            found=head.version if head else 0, found_checkpoint=head.checkpoint_id if head else None,
+        )
+
     # -- locks serializing commits of concurrent steps -------------------------------------
 
     def async_lock(self) -> asyncio.Lock:
@@ -536,3 +641,13 @@ class Run:
         if lock is None:
             lock = self._alocks[id(loop)] = asyncio.Lock()
         return lock
+
+
+def _caused_by(error: BaseException | None, lost: ConflictError) -> bool:
+    """Whether ``error`` is ``lost`` or was raised while handling it."""
+    seen = 0
+    while error is not None and seen < 100:
+        if error is lost:
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False

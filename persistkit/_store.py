@@ -16,6 +16,7 @@ from ._codec import Codec
 from ._errors import (
     BackendUnavailableError,
     ConfigurationError,
+    ConflictError,
     NotFoundError,
     PersistkitError,
     StoreClosedError,
@@ -226,7 +227,26 @@ class Store:
         body = dict(body)
         where = (thread_id, namespace, parent.id if parent else None, None)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
-        yield call("write", row, diff.blobs, expected)
+        try:
+            yield call("write", row, diff.blobs, expected)
+        except ConflictError as exc:
+            if body["k"] == "fork":
+                what = (
+                    f"cannot fork into thread {thread_id!r}: another writer created it first, so "
+                    "nothing was written. Fork again with another new_thread_id (or none, for a fresh one)"
+                )
+            else:
+                what = (
+                    f"thread {thread_id!r}: update_state wrote nothing: another writer moved the head "
+                    f"from version {exc.expected} to {exc.found}"
+                    + (f" (checkpoint {exc.found_checkpoint})" if exc.found_checkpoint else "")
+                    + " after the state was read. Call update_state again: it applies the changes "
+                    "to the new head"
+                )
+            raise ConflictError(
+                what, thread_id=thread_id, namespace=namespace, expected=exc.expected,
+                found=exc.found, found_checkpoint=exc.found_checkpoint,
+            ) from exc
         return Record(row, body).public(self.codec)
 
     def _fork(
@@ -577,8 +597,9 @@ def connect(
     ``redis://...``, ``s3://bucket/prefix``) or a backend instance.
 
     With no URL: ``$PERSISTKIT_URL``, else a SQLite file under ``./.persistkit/``.
-    ``blobs`` names a second store (typically S3) for channel values larger than
-    ``blob_threshold`` bytes. ``allow_pickle`` lets values of unknown types be
+    ``blobs`` names a second store (typically S3) for anything stored larger than
+    ``blob_threshold`` bytes: channel values, step results, and checkpoint rows
+    (where items appended to a list travel); the first store keeps a pointer. ``allow_pickle`` lets values of unknown types be
     pickled (off: a clear ``SerializationError`` instead). ``allow_modules`` lists
     modules whose classes may be revived from storage. ``redact`` (default: on,
     following ``pk.secrets.configure``) replaces secrets in every stored string

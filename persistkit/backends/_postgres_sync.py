@@ -35,7 +35,7 @@ from ._postgres_sql import (
     log,
     map_error,
 )
-from ._protocol import CheckpointRow, Head
+from ._protocol import CheckpointRow, Head, new_head
 
 __all__ = ["Access", "Core"]
 
@@ -414,7 +414,7 @@ class Core:
         def op(cur: Cur) -> Head:
             moved = _fetch(cur, query, params)
             if moved:
-                return Head(row.checkpoint_id, int(moved[0][0]))
+                return new_head(row.checkpoint_id, int(moved[0][0]))  # per step: no frozen __init__
             # The CAS matched nothing, so the statement wrote nothing; only this
             # failure path pays a second round trip, to say what it found.
             found = _fetch(cur, q.head, params)

@@ -1,8 +1,15 @@
-"""Large blobs go to a second backend; the primary keeps a small pointer.
+"""Large blobs and rows go to a second backend; the primary keeps a small pointer.
 
 ``pk.connect("postgresql://...", blobs="s3://bucket/prefix", blob_threshold=...)``
 wraps the primary store in :class:`OffloadBackend`. A 5 MB tool output then
-costs the database a ~100-byte pointer instead of 5 MB.
+costs the database a ~100-byte pointer instead of 5 MB, wherever it is: a
+channel value or a big step result (blobs), or items appended to a list
+channel, which travel inside the step's checkpoint row (payload key ``sg``).
+A row whose payload is larger than the threshold is stored whole in the blob
+backend under ``r:<sha256 of the payload>``, and the primary's row keeps its
+ids, parent and run (so listing, run filters and the head CAS are unchanged)
+with a pointer as its payload. Reads of rows (``get``, ``list``) fetch and
+check offloaded payloads, a page of rows in one ``get_blobs``.
 
 Write order: large blobs go to the blob backend first (``put_blobs``; keys
 are immutable, so this is idempotent and safe to repeat), then the primary's
@@ -13,7 +20,7 @@ blob backend; nothing becomes visible, because reads start at the primary.
 Pointer format: ``b"\\x00PKREF1:" + <size> + b":" + <sha256 hex> + b":" + <key>``.
 The codec's envelopes start with ``0x01`` or ``0x02``, and a blob that happens
 to start with the marker is offloaded whatever its size, so an inline value in
-the primary starting with the marker is always a pointer. Reads check size
+the primary starting with the marker is always a pointer (rows alike). Reads check size
 and hash: a missing or altered offloaded object is an ``IntegrityError`` that
 names the thread and key. Data loss is never silent.
 """
@@ -63,6 +70,10 @@ def _parse(thread_id: str, key: str, value: bytes) -> _Ref:
         ) from exc
 
 
+def _row_key(payload: bytes) -> str:
+    return "r:" + hashlib.sha256(payload).hexdigest()
+
+
 class OffloadBackend(Backend):
     """``primary`` for everything; blobs above ``threshold`` bytes live in ``blobs``.
 
@@ -108,6 +119,64 @@ class OffloadBackend(Backend):
                 inline[key] = value
         return inline, large
 
+    def _split_row(self, row: CheckpointRow) -> tuple[CheckpointRow, dict[str, bytes]]:
+        """(the row the primary stores, its payload for the blob backend if offloaded)."""
+        payload = row.payload
+        if len(payload) <= self.threshold and not payload.startswith(_MARKER):
+            return row, {}
+        key = _row_key(payload)
+        pointer = CheckpointRow(
+            row.thread_id, row.namespace, row.checkpoint_id, row.parent_id, row.run_id, _pointer(key, payload)
+        )
+        return pointer, {key: payload}
+
+    def _split_rows(
+        self, rows: Sequence[CheckpointRow]
+    ) -> tuple[builtins.list[CheckpointRow], dict[str, bytes]]:
+        out: builtins.list[CheckpointRow] = []
+        large: dict[str, bytes] = {}
+        for row in rows:
+            stored, payload = self._split_row(row)
+            out.append(stored)
+            large.update(payload)
+        return out, large
+
+    @staticmethod
+    def _row_refs(thread_id: str, rows: Sequence[CheckpointRow]) -> dict[str, _Ref]:
+        """Offload pointers among ``rows``' payloads, by checkpoint id."""
+        return {
+            r.checkpoint_id: _parse(thread_id, f"row {r.checkpoint_id}", r.payload)
+            for r in rows
+            if r.payload.startswith(_MARKER)
+        }
+
+    @staticmethod
+    def _resolve_rows(
+        thread_id: str,
+        rows: Sequence[CheckpointRow],
+        refs: Mapping[str, _Ref],
+        fetched: Mapping[str, bytes],
+    ) -> builtins.list[CheckpointRow]:
+        out: builtins.list[CheckpointRow] = []
+        for row in rows:
+            ref = refs.get(row.checkpoint_id)
+            if ref is None:
+                out.append(row)
+                continue
+            value = fetched.get(ref.key)
+            if value is None or len(value) != ref.size or hashlib.sha256(value).hexdigest() != ref.sha256:
+                state = "is missing" if value is None else f"does not match its pointer ({len(value)} bytes, expected {ref.size})"
+                raise IntegrityError(
+                    f"thread {thread_id!r}: checkpoint {row.checkpoint_id} (namespace {row.namespace!r}) "
+                    f"was offloaded to the blob store under key {ref.key!r}, and that object {state}. "
+                    "The checkpoint cannot be read; restore the blob store from a backup or fork the "
+                    "thread from an earlier checkpoint."
+                )
+            out.append(
+                CheckpointRow(row.thread_id, row.namespace, row.checkpoint_id, row.parent_id, row.run_id, value)
+            )
+        return out
+
     @staticmethod
     def _refs(thread_id: str, found: Mapping[str, bytes]) -> dict[str, _Ref]:
         return {k: _parse(thread_id, k, v) for k, v in found.items() if v.startswith(_MARKER)}
@@ -141,8 +210,9 @@ class OffloadBackend(Backend):
 
     def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
         inline, large = self._split(blobs)
-        if large:
-            self.blobs.put_blobs(row.thread_id, large)
+        row, payload = self._split_row(row)
+        if large or payload:
+            self.blobs.put_blobs(row.thread_id, {**large, **payload})
         return self.primary.write(row, inline, expected_version)
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
@@ -155,8 +225,9 @@ class OffloadBackend(Backend):
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
     ) -> Head:
         inline, large = self._split(blobs)
-        if large:
-            await self.blobs.aput_blobs(row.thread_id, large)
+        row, payload = self._split_row(row)
+        if large or payload:
+            await self.blobs.aput_blobs(row.thread_id, {**large, **payload})
         return await self.primary.awrite(row, inline, expected_version)
 
     async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
@@ -192,18 +263,20 @@ class OffloadBackend(Backend):
         # delete_thread: a reader holding the old pointer may still be fetching it.
         existing = self.primary.get_blobs(thread_id, list(blobs)) if blobs else {}
         inline, large = self._split_rewrite(existing, blobs)
-        if large:
-            self.blobs.put_blobs(thread_id, large)
-        self.primary.rewrite(thread_id, rows, inline)
+        stored, payloads = self._split_rows(rows)
+        if large or payloads:
+            self.blobs.put_blobs(thread_id, {**large, **payloads})
+        self.primary.rewrite(thread_id, stored, inline)
 
     async def arewrite(
         self, thread_id: str, rows: Sequence[CheckpointRow], blobs: Mapping[str, bytes]
     ) -> None:
         existing = await self.primary.aget_blobs(thread_id, list(blobs)) if blobs else {}
         inline, large = self._split_rewrite(existing, blobs)
-        if large:
-            await self.blobs.aput_blobs(thread_id, large)
-        await self.primary.arewrite(thread_id, rows, inline)
+        stored, payloads = self._split_rows(rows)
+        if large or payloads:
+            await self.blobs.aput_blobs(thread_id, {**large, **payloads})
+        await self.primary.arewrite(thread_id, stored, inline)
 
     def namespaces(self, thread_id: str) -> builtins.list[str]:
         return self.primary.namespaces(thread_id)
@@ -228,6 +301,22 @@ class OffloadBackend(Backend):
         fetched = await self.blobs.aget_blobs(thread_id, keys)
         return self._resolve(thread_id, found, refs, fetched)
 
+    def _fetch_rows(self, thread_id: str, rows: builtins.list[CheckpointRow]) -> builtins.list[CheckpointRow]:
+        refs = self._row_refs(thread_id, rows)
+        if not refs:
+            return rows
+        fetched = self.blobs.get_blobs(thread_id, sorted({r.key for r in refs.values()}))
+        return self._resolve_rows(thread_id, rows, refs, fetched)
+
+    async def _afetch_rows(
+        self, thread_id: str, rows: builtins.list[CheckpointRow]
+    ) -> builtins.list[CheckpointRow]:
+        refs = self._row_refs(thread_id, rows)
+        if not refs:
+            return rows
+        fetched = await self.blobs.aget_blobs(thread_id, sorted({r.key for r in refs.values()}))
+        return self._resolve_rows(thread_id, rows, refs, fetched)
+
     def get_blobs(self, thread_id: str, keys: Sequence[str]) -> dict[str, bytes]:
         return self._fetch(thread_id, self.primary.get_blobs(thread_id, keys))
 
@@ -241,13 +330,11 @@ class OffloadBackend(Backend):
         found = await self.primary.ascan_blobs(thread_id, start, stop)
         return await self._afetch(thread_id, found)
 
-    # -- everything else is the primary's ----------------------------------------------
-
-    def head(self, thread_id: str, namespace: str) -> Head | None:
-        return self.primary.head(thread_id, namespace)
+    # -- rows: the primary's, with offloaded payloads fetched --------------------------
 
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
-        return self.primary.get(thread_id, namespace, checkpoint_id)
+        row = self.primary.get(thread_id, namespace, checkpoint_id)
+        return None if row is None else self._fetch_rows(thread_id, [row])[0]
 
     def list(
         self,
@@ -258,20 +345,14 @@ class OffloadBackend(Backend):
         before: str | None = None,
         limit: int | None = None,
     ) -> builtins.list[CheckpointRow]:
-        return self.primary.list(thread_id, namespace, run_id=run_id, before=before, limit=limit)
-
-    def threads(
-        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
-    ) -> builtins.list[str]:
-        return self.primary.threads(prefix=prefix, after=after, limit=limit)
-
-    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
-        return await self.primary.ahead(thread_id, namespace)
+        rows = self.primary.list(thread_id, namespace, run_id=run_id, before=before, limit=limit)
+        return self._fetch_rows(thread_id, rows)
 
     async def aget(
         self, thread_id: str, namespace: str, checkpoint_id: str
     ) -> CheckpointRow | None:
-        return await self.primary.aget(thread_id, namespace, checkpoint_id)
+        row = await self.primary.aget(thread_id, namespace, checkpoint_id)
+        return None if row is None else (await self._afetch_rows(thread_id, [row]))[0]
 
     async def alist(
         self,
@@ -282,9 +363,23 @@ class OffloadBackend(Backend):
         before: str | None = None,
         limit: int | None = None,
     ) -> builtins.list[CheckpointRow]:
-        return await self.primary.alist(
+        rows = await self.primary.alist(
             thread_id, namespace, run_id=run_id, before=before, limit=limit
         )
+        return await self._afetch_rows(thread_id, rows)
+
+    # -- everything else is the primary's ----------------------------------------------
+
+    def head(self, thread_id: str, namespace: str) -> Head | None:
+        return self.primary.head(thread_id, namespace)
+
+    def threads(
+        self, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[str]:
+        return self.primary.threads(prefix=prefix, after=after, limit=limit)
+
+    async def ahead(self, thread_id: str, namespace: str) -> Head | None:
+        return await self.primary.ahead(thread_id, namespace)
 
     async def athreads(
         self, *, prefix: str = "", after: str | None = None, limit: int | None = None

@@ -82,6 +82,18 @@ def test_url_options_are_stripped_and_password_masked(postgres_url: str, schema:
     assert "s3cret" not in masked and "$CRED{url_password}" in masked  # as errors show it
 
 
+def test_libpq_query_values_reach_libpq_decoded(postgres_url: str, schema: str) -> None:
+    """A percent-encoded space in a libpq option stays a space (urlencode's '+' is a literal '+' to libpq)."""
+    b = PostgresBackend.from_url(_url(postgres_url, schema, options="-c%20statement_timeout%3D12345"))
+    try:
+        b.head(f"opt-{_tag()}", "")
+        with b._sync.access.cursor() as cur:
+            cur.execute("SHOW statement_timeout")
+            assert cur.fetchone()[0] == "12345ms"
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -20,7 +20,7 @@ import builtins
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -219,9 +219,9 @@ class PostgresBackend(Backend):
             )
         merged: dict[str, Any] = {k: v for k, v in query if k in OPTIONS}
         merged.update(options)
-        conninfo = urlunsplit(
-            parts._replace(query=urlencode([(k, v) for k, v in query if k not in OPTIONS]))
-        )
+        # Percent-encoded, never '+' for a space: libpq's URI parser decodes only %XX.
+        libpq_query = urlencode([(k, v) for k, v in query if k not in OPTIONS], quote_via=quote)
+        conninfo = urlunsplit(parts._replace(query=libpq_query))
         return cls(conninfo=conninfo, url=url, **_coerce(merged, url))
 
     @classmethod

@@ -594,3 +594,14 @@ def test_many_writers_across_processes_lose_nothing(postgres_url: str, schema: s
     assert all(runs.count(f"w{i}") == 25 for i in range(4))
     assert len(b.scan_blobs(t, "", "~")) == 100
     b.close()
+
+
+def test_transient_errors_speak_of_an_unknown_outcome_only_for_writes() -> None:
+    from persistkit.backends._postgres_sql import map_error
+
+    exc = psycopg.OperationalError("server closed the connection unexpectedly")
+    read = map_error(exc, "reading the head", "t", "postgresql://h/db")
+    write = map_error(exc, "write", "t", "postgresql://h/db", write=True)
+    assert isinstance(read, BackendUnavailableError) and isinstance(write, BackendUnavailableError)
+    assert "may or may not have committed" not in str(read) and "safe to retry" in str(read)
+    assert "may or may not have committed" in str(write)

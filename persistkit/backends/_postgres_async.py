@@ -331,7 +331,7 @@ class AsyncCore:
                     used = cur.connection
                     return await op(cur)
             except psycopg.Error as exc:
-                error = map_error(exc, action, thread_id, self._shared.url)
+                error = map_error(exc, action, thread_id, self._shared.url, write=not read)
                 if is_connection_failure(exc, used):
                     await self.access.recover()
                     if read and attempt < READ_ATTEMPTS:

@@ -286,8 +286,13 @@ def is_connection_failure(exc: BaseException, conn: psycopg.BaseConnection[Any] 
     )
 
 
-def map_error(exc: psycopg.Error, action: str, thread_id: str | None, url: str) -> BackendError:
-    """The persistkit error for a driver error; the caller raises it ``from exc``."""
+def map_error(
+    exc: psycopg.Error, action: str, thread_id: str | None, url: str, *, write: bool = False
+) -> BackendError:
+    """The persistkit error for a driver error; the caller raises it ``from exc``.
+
+    ``write``: the operation was a write that is not idempotent, so a connection lost
+    around it leaves its outcome unknown (only then does the message say so)."""
     where = f" of thread {thread_id!r}" if thread_id is not None else ""
     state = exc.sqlstate or ""
     detail = f"{type(exc).__name__}: {str(exc).strip() or 'no message'}"
@@ -295,9 +300,13 @@ def map_error(exc: psycopg.Error, action: str, thread_id: str | None, url: str) 
         isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
         and not state.startswith(_PERMANENT_CLASSES)
     ):
+        advice = (
+            "It is safe to retry; the write may or may not have committed, so read the head first."
+            if write
+            else "The operation is idempotent: it is safe to retry."
+        )
         return BackendUnavailableError(
-            f"PostgreSQL store {url}: {action}{where} failed with a transient error ({detail}). "
-            "It is safe to retry; a write may or may not have committed, so read the head first."
+            f"PostgreSQL store {url}: {action}{where} failed with a transient error ({detail}). {advice}"
         )
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         return BackendError(

@@ -331,7 +331,7 @@ class Core:
                     used = cur.connection
                     return op(cur)
             except psycopg.Error as exc:
-                error = map_error(exc, action, thread_id, self._shared.url)
+                error = map_error(exc, action, thread_id, self._shared.url, write=not read)
                 if is_connection_failure(exc, used):
                     self.access.recover()
                     if read and attempt < READ_ATTEMPTS:

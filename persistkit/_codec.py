@@ -253,6 +253,12 @@ class Codec:
                 "pk.connect(url, integrity=...) and the integrity key",
                 path=path,
             )
+        if blob.startswith(b"\x00PKREF1:"):  # persistkit.wrappers._offload._MARKER
+            raise SerializationError(
+                "the record was offloaded to a blob store (the store holds only a pointer to it): "
+                "open the store with pk.connect(url, blobs=<the blob store's URL>), as it was written",
+                path=path,
+            )
         raise SerializationError(
             f"unknown record envelope 0x{blob[0]:02x}: written by a newer persistkit, "
             "or not written by persistkit",

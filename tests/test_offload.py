@@ -313,3 +313,14 @@ def test_offloaded_row_missing_is_an_integrity_error(
         store.list(t, "")
     with pytest.raises(IntegrityError, match=r"checkpoint 000001.*missing"):
         store.get(t, "", "000001")
+
+
+def test_an_offloaded_row_read_without_blobs_names_the_option(tmp_path: Path) -> None:
+    """A store holding offloaded rows, opened without ``blobs=``: a clear error, not 'unknown envelope 0x00'."""
+    url = f"sqlite:///{tmp_path}/main.db"
+    with pk.connect(url, blobs=f"sqlite:///{tmp_path}/blobs.db", blob_threshold=1024) as store:
+        with pk.resume("t", store=store) as run:
+            run.state["items"] = [fetch(_big("big", 5000))]
+            fetch("small")
+    with pk.connect(url) as plain, pytest.raises(pk.SerializationError, match=r"blobs="):
+        plain.get_state("t")

@@ -318,9 +318,9 @@ def test_offloaded_row_missing_is_an_integrity_error(
 def test_an_offloaded_row_read_without_blobs_names_the_option(tmp_path: Path) -> None:
     """A store holding offloaded rows, opened without ``blobs=``: a clear error, not 'unknown envelope 0x00'."""
     url = f"sqlite:///{tmp_path}/main.db"
-    with pk.connect(url, blobs=f"sqlite:///{tmp_path}/blobs.db", blob_threshold=1024) as store:
-        with pk.resume("t", store=store) as run:
-            run.state["items"] = [fetch(_big("big", 5000))]
-            fetch("small")
+    store = pk.connect(url, blobs=f"sqlite:///{tmp_path}/blobs.db", blob_threshold=1024)
+    with store, pk.resume("t", store=store) as run:
+        run.state["items"] = [fetch(_big("big", 5000))]
+        fetch("small")
     with pk.connect(url) as plain, pytest.raises(pk.SerializationError, match=r"blobs="):
         plain.get_state("t")

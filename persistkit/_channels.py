@@ -21,6 +21,10 @@ more than ``INLINE_SEGMENT_ITEMS`` items) is a content-addressed blob keyed
 ``s:<channel>:<generation>:<start>:<hash>``, so listing history never drags
 a whole history along; the chain is walked from its tip through the ``p``
 links, reading rows newest-first in pages and blobs in one range read.
+
+An appended item that is a copy of the parent checkpoint's result (the step
+returned it, the caller appended it) is stored as a reference to that result
+(``_dedupe``): ``ri`` in the segment lists which items are references.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def bench_resume(tmp: Path, msgs: list[dict[str, str]]) -> float:
     return first_live[0] - t0
 
 
-def bench_loop_forms(tmp: Path, texts: list[str], rounds: int) -> tuple[float, float, int]:
+def bench_loop_forms(tmp: Path, texts: list[str], rounds: int, name: str) -> tuple[float, float, int]:
     """Median seconds a step for the script's loop and the module function's loop, and
     the bytes on disk of one run. Rounds alternate the order (ABBA) and give each run
     its own file, so a WAL checkpoint (every ~1000 pages) never lands on one side only."""
@@ -217,7 +217,7 @@ def bench_loop_forms(tmp: Path, texts: list[str], rounds: int) -> tuple[float, f
     size = 0
     for r in range(rounds):
         for form in ("script", "module") if r % 2 == 0 else ("module", "script"):
-            path = tmp / f"loop-{form}-{r}.db"
+            path = tmp / f"{name}-{form}-{r}.db"
             store = pk.connect(f"sqlite:///{path}")
             t0 = time.perf_counter()
             forms[form](store, "t")
@@ -297,7 +297,7 @@ def main() -> int:
         print(f"{'':<26}{'loop in script':>16}{'in module fn':>14}{'module÷script':>15}{'bytes on disk':>15}{'÷ content':>11}")
         for label, texts in (("base64 (incompressible)", base64_texts(_loops.STEPS)),
                              ("English, mixed case", english_texts(_loops.STEPS))):
-            in_script, in_module, size = bench_loop_forms(tmp, texts, 2 * ROUNDS)
+            in_script, in_module, size = bench_loop_forms(tmp, texts, 2 * ROUNDS, label.split()[0])
             content = sum(len(t) for t in texts)
             print(f"{label:<26}{in_script * 1e6:>14.0f}µs{in_module * 1e6:>12.0f}µs{in_module / in_script:>14.2f}x"
                   f"{size:>15,}{size / content:>10.2f}x")

@@ -10,6 +10,11 @@ so start-up and imports cancel out. User-space instructions only: the kernel's
 share (the WAL writes: ~2.3 pages per commit for the floor, ~3.4 for
 persistkit) is not in these figures, which is why the wall-clock ratio of
 bench_sqlite.py runs higher than this one.
+
+Then the second workload of bench_sqlite.py (the step returns the message and
+the caller appends it), base64 and mixed-case English, with the loop written
+in a script and in a function of an imported module (``_loops.py``): the
+instructions a step costs must not depend on how the loop is written.
 """
 
 from __future__ import annotations
@@ -30,14 +35,25 @@ def child(mode: str, rounds: int) -> None:
     sys.path.insert(0, str(HERE))
     # bench_sqlite's own two sides, so both pay the same per-round extras (a file
     # and its WAL checkpoint for the byte count) and measure the same work.
-    from bench_sqlite import bench_persistkit, bench_raw, messages
+    import _loops
+    from bench_sqlite import base64_texts, bench_persistkit, bench_raw, english_texts, messages
+
+    import persistkit as pk
 
     msgs = messages(STEPS)
     d = Path(tempfile.mkdtemp())
+    form, _, text = mode.partition(":")
+    if text:
+        _loops.TEXTS[:] = base64_texts(STEPS) if text == "base64" else english_texts(STEPS)
+        loop = _loops.Script() if form == "script" else _loops.in_function
     try:
         for r in range(rounds):
             if mode == "floor":
                 bench_raw(d / f"raw{r}", msgs)
+            elif text:
+                store = pk.connect(f"sqlite:///{d}/{form}{r}.db")
+                loop(store, "t")
+                store.close()
             else:
                 bench_persistkit(d, msgs, f"pk{r}")[2].close()
     finally:
@@ -68,6 +84,12 @@ def main() -> int:
     print(f"{STEPS} steps x 1 KB appended, user-space instructions per step (valgrind, PYTHONHASHSEED=0)\n")
     print(f"{'(a) raw sqlite3 INSERT+COMMIT':<34}{floor:>12,.0f}{1.0:>9.2f}x")
     print(f"{'(b) persistkit, SQLite':<34}{ours:>12,.0f}{ours / floor:>9.2f}x")
+    print("\nthe step returns the message and the caller appends it: instructions per step")
+    print(f"{'':<26}{'loop in script':>16}{'in module fn':>14}{'module÷script':>15}")
+    for text, label in (("base64", "base64 (incompressible)"), ("english", "English, mixed case")):
+        forms = {f: (instructions(f"{f}:{text}", 4) - instructions(f"{f}:{text}", 1)) / (3 * STEPS)
+                 for f in ("script", "module")}
+        print(f"{label:<26}{forms['script']:>16,.0f}{forms['module']:>14,.0f}{forms['module'] / forms['script']:>14.3f}x")
     return 0
 
 

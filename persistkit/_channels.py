@@ -21,6 +21,10 @@ more than ``INLINE_SEGMENT_ITEMS`` items) is a content-addressed blob keyed
 ``s:<channel>:<generation>:<start>:<hash>``, so listing history never drags
 a whole history along; the chain is walked from its tip through the ``p``
 links, reading rows newest-first in pages and blobs in one range read.
+
+An appended item that is a copy of the parent checkpoint's result (the step
+returned it, the caller appended it) is stored as a reference to that result
+(``_dedupe``): ``ri`` in the segment lists which items are references.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ._codec import Codec, _orjson, content_hash
+from ._dedupe import Result, refer, resolve, wanted
 from ._errors import IntegrityError, SerializationError
 from ._ids import next_checkpoint_id
 from ._io import Plan, call
@@ -169,10 +174,13 @@ class Tracker:
         where: tuple[str, str, str | None, str | None],
         schema: Any,
         args: bytes | None = None,
+        result: Result | None = None,
     ) -> tuple[CheckpointRow, Diff]:
         """The row committing ``body`` (completed in place: segments, schema stamp,
         time, channel refs, and the digest of ``args``, a step's arguments as JSON
-        bytes, if given) with these channel values, and their diff.
+        bytes, if given) with these channel values, and their diff. Appended items
+        that are copies of ``result``, the parent's inline result, are stored as
+        references to it (``_dedupe``).
 
         ``where`` is (thread_id, namespace, parent checkpoint id, run id); the new
         id sorts after the parent's. The one place a checkpoint row is built: steps
@@ -182,6 +190,8 @@ class Tracker:
         cid = next_checkpoint_id(parent)
         diff = self.diff(channels, cid)
         if diff.segments:
+            if result is not None and result.checkpoint_id == parent:
+                refer(diff.segments, result)
             body["sg"] = diff.segments
         body["sc"] = schema
         body["t"] = time.time()
@@ -354,6 +364,14 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self.add(Record.decode(self.codec, row) for row in page)
+            if not _is_blob_key(key):  # items stored as the result of another row: read that row
+                for ref in wanted(self.rows.get(key), name, self.rows):
+                    try:
+                        before = _after(ref)
+                    except ValueError:
+                        continue  # not a checkpoint id: _raw reports the segment as malformed
+                    page = yield call("list", self.thread_id, self.namespace, before=before, limit=1)
+                    self.add(Record.decode(self.codec, row) for row in page)
             if key in walked:
                 raise IntegrityError(
                     f"thread {self.thread_id!r}: list channel {name!r} has a segment chain that "
@@ -410,6 +428,8 @@ class Loader:
         else:
             body = self.rows.get(key)
             tree = None if body is None else (body.get("sg") or {}).get(name)
+            if type(tree) is dict and "ri" in tree:
+                tree = resolve(tree, self.rows, self.thread_id, name, key)
         if tree is None:
             raise IntegrityError(
                 f"thread {self.thread_id!r}: list channel {name!r} is missing its segment {key}; "

@@ -84,7 +84,7 @@ BUILTIN: tuple[Detector, ...] = (
 # The first pass (``_secrets._may_match_builtin``) finds candidates without the
 # regex engine: keyword anchors — ``secret``, ``bearer``, ``authorization`` (any
 # case), ``PRIVATE KEY``, ``eyJ`` (JWTs) and ``://`` with ``@`` — and, for the
-# token detectors below, their fixed prefixes (``sk-``, ``gh`` or ``_pat_`` with ``_``, ``k_``,
+# token detectors below, their fixed prefixes (``sk-``, ``gh[pousr]_``, ``github_pat_``, ``k_live_``, ``k_test_``,
 # ``xox``, ``xapp-``, ``A`` + an AWS prefix, ``AIza``), confirmed by TOKEN_LOOSE.
 # A new detector must add its anchor or prefix there.
 #: The detectors whose matches are runs of token characters, found by their prefixes.

@@ -27,6 +27,7 @@ from ._codec import (  # without orjson every digest takes the typed path
     content_hash,
     raw_digest,
 )
+from ._dedupe import Result, result
 from ._errors import ConflictError, NonDeterminismError, PersistkitError, SerializationError
 from ._ids import new_run_id
 from ._io import Plan, call
@@ -123,6 +124,8 @@ class Run:
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}
         self._schema = spec.schema  # stamped on every checkpoint (orjson writes a tuple as an array)
+        self._result: Result | None = None  # the head's inline result, which a list item may refer to
+        self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -478,6 +481,7 @@ class Run:
     ) -> tuple[dict[str, Any], dict[str, bytes]]:
         body: dict[str, Any] = {"k": "step", "p": position, "n": name, "rs": RUNNING}
         extra: dict[str, bytes] = {}
+        self._result_raw = None
         if digest and type(digest) is str:
             body["a"] = digest
         if error is not None:
@@ -497,7 +501,8 @@ class Run:
                 "dataclasses, or register the type with pk.register()"
             ) from exc
         # Sized unredacted: an inline result is redacted once, with the whole row.
-        if len(_dump(tree)) > RESULT_INLINE_LIMIT:
+        raw = _dump(tree)
+        if len(raw) > RESULT_INLINE_LIMIT:
             text = self.codec.dump_tree(tree)
             key = "v:" + content_hash(text)
             extra[key] = self.codec.seal(text)
@@ -505,6 +510,7 @@ class Run:
             self._loader.blobs[key] = extra[key]
         else:
             body["r"] = tree
+            self._result_raw = raw
         return body, extra
 
     def _end_body(self, error: BaseException | None) -> dict[str, Any]:
@@ -524,7 +530,9 @@ class Run:
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
         where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
-        row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema, args)
+        row, diff = self._tracker.checkpoint(
+            self.spec.channels(self.state), body, where, self._schema, args, self._result
+        )
         return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
 
     def _landed(
@@ -535,7 +543,9 @@ class Run:
         self._tracker.committed(diff)
         self._loader.rows[row.checkpoint_id] = body  # later replays in this run may read its segments
         if body["k"] != "step":
+            self._result = None
             return
+        self._result = result(row.checkpoint_id, body.get("r"), self._result_raw)
         rec = Record(row, body)
         if error is not None:
             self._failures[id(error)] = (error, row.checkpoint_id)

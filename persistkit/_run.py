@@ -27,7 +27,7 @@ from ._codec import (  # without orjson every digest takes the typed path
     content_hash,
     raw_digest,
 )
-from ._errors import ConflictError, NonDeterminismError, SerializationError
+from ._errors import ConflictError, NonDeterminismError, PersistkitError, SerializationError
 from ._ids import new_run_id
 from ._io import Plan, call
 from ._records import Record
@@ -115,6 +115,9 @@ class Run:
         self._max_child: dict[str, int] = {}
         self._escaped: set[str] = set()
         self._failures: dict[int, tuple[BaseException, str]] = {}
+        self._checked: dict[tuple[str, int], int] = {}  # (list channel, generation) -> items validated
+        #: Set when a recorded state could not be loaded (migration, schema): the run writes nothing more.
+        self.load_error: PersistkitError | None = None
         self._head: Head | None = None
         self._loader = Loader(self.codec, thread_id, namespace)
         self._tracker = Tracker(self.codec)
@@ -203,7 +206,10 @@ class Run:
         else:
             self.state = yield from store.load_state(base_rec, self.spec, self._loader)
         if head_rec is not None:
-            self._tracker.reset(head_rec.refs, self._loader)
+            # Lists of a head written under another schema version are written anew by the
+            # first checkpoint of this code: a chain never mixes items of two versions.
+            migrated = self.spec.cls is not None and head_rec.schema != self.spec.schema
+            self._tracker.reset(head_rec.refs, self._loader, new_lists=migrated)
         for rec in rows:
             if rec.kind == "step":
                 self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
@@ -251,7 +257,7 @@ class Run:
                 "code, start a new run (a new run_id), or fork the thread from a checkpoint before "
                 f"the change: store.fork({self.thread_id!r}, <checkpoint_id>)"
             )
-        if rec.body.get("s") == "failed":
+        if rec.body.get("s") == "failed" and not rec.body.get("u"):  # "u": it ran, replay it always
             parent, _, seq = position.rpartition("/")
             went_on = self._max_child.get(parent, -1) > int(seq)
             if rec.id in self._escaped or not went_on:
@@ -337,7 +343,11 @@ class Run:
 
     def replay(self, rec: Record) -> Any:
         """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""
-        self._restore(rec)
+        try:
+            self._restore(rec)
+        except PersistkitError as error:  # e.g. a failed migration: this run must write nothing
+            self.load_error = error
+            raise
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         if rec.body.get("s") == "failed":
             self._events.append((pos, name, True, "failed"))
@@ -351,35 +361,61 @@ class Run:
         return self.codec.decode(rec.body.get("r"), where)
 
     def _restore(self, rec: Record) -> None:
+        """Set ``run.state`` (in place) to the state committed with ``rec``, migrated to the
+        code's schema version and checked against its fields like every load."""
         spec, state, loader = self.spec, self.state, self._loader
-        if spec.cls is not None and rec.schema != spec.schema:
-            fresh = spec.build(
-                {n: loader.value(n, r) for n, r in rec.refs.items()},
-                rec.schema,
-                f"thread {self.thread_id!r} checkpoint {rec.id}",
-            )
-            values = spec.channels(fresh)
-        else:
-            values = None
+        where = f"thread {self.thread_id!r} checkpoint {rec.id} (step {rec.body.get('n')!r} at {rec.body.get('p')})"
         current = spec.channels(state)
+        if spec.cls is not None and rec.schema != spec.schema:
+            fresh = spec.build({n: loader.value(n, r) for n, r in rec.refs.items()}, rec.schema, where)
+            for name, migrated in spec.channels(fresh).items():  # every field: a migration may add some
+                self._set(current, name, migrated)
+            return
+        typed = spec.cls is not None
+        if typed:
+            spec.check_names(rec.refs, rec.schema, where)
         for name, ref in rec.refs.items():
             live = current.get(name)
-            if values is None and "l" in ref and isinstance(live, TrackedList):
-                self._tracker.detach(name)
-                live._pk_reset(loader.list_items(name, ref))
-                continue
-            value = values[name] if values is not None else loader.value(name, ref)
-            if isinstance(live, TrackedList) and isinstance(value, list):
-                self._tracker.detach(name)
-                live._pk_reset(value)
-            elif isinstance(live, dict) and isinstance(value, dict) and type(live) is type(value):
-                live.clear()
-                live.update(value)
+            if "l" in ref:
+                items = loader.list_items(name, ref)
+                if typed:
+                    self._check_items(name, ref, items, rec.schema, where)
+                if isinstance(live, TrackedList):
+                    self._tracker.detach(name)
+                    live._pk_reset(items)
+                    continue
+                value: Any = TrackedList(items)
             else:
-                spec.set_channel(state, name, value)
+                value = loader.value(name, ref)
+                if typed:
+                    value = spec.check_value(name, value, rec.schema, where)
+            self._set(current, name, value)
         if spec.cls is None:
             for name in [n for n in current if n not in rec.refs]:
                 spec.del_channel(state, name)
+
+    def _set(self, current: dict[str, Any], name: str, value: Any) -> None:
+        """Set one channel of the live state, keeping the identity of its list or dict."""
+        live = current.get(name)
+        if isinstance(live, TrackedList) and isinstance(value, list):
+            self._tracker.detach(name)
+            live._pk_reset(value)
+        elif isinstance(live, dict) and isinstance(value, dict) and type(live) is type(value):
+            live.clear()
+            live.update(value)
+        else:
+            self.spec.set_channel(self.state, name, value)
+
+    def _check_items(
+        self, name: str, ref: dict[str, Any], items: list[Any], schema: tuple[str, int] | None, where: str
+    ) -> None:
+        """Validate the items of a replayed list not validated yet: a list's generation only
+        grows by appending, so each item is checked once per run, not once per step."""
+        key = (name, ref["g"])
+        done = self._checked.get(key, 0)
+        if len(items) > done:
+            self.spec.check_items(name, items, done, schema, where)
+            self._checked[key] = len(items)
 
     def mark_escaped(self, exc: BaseException) -> None:
         """Failures recorded in this run that ``exc`` carries ended an attempt: run them again next time."""
@@ -409,17 +445,68 @@ class Run:
         """Commit the checkpoint of a step that ran (its result, or the error it raised).
 
         ``digest``: what :meth:`arguments` returned when the step was called, or None.
+        A result or state that cannot be stored is recorded as an unstorable failure
+        (see :meth:`_unstorable`), which is then raised.
         """
         with self._lock:
-            body, extra = self._step_body(position, name, digest, result, error)
-            self._write_sync(body, extra, digest if type(digest) is bytes else None, error)
+            args = digest if type(digest) is bytes else None
+            try:
+                body, extra = self._step_body(position, name, digest, result, error)
+                self._write_sync(body, extra, args, error)
+                return
+            except SerializationError as exc:
+                if error is not None:
+                    raise
+                cause, failure = exc, self._unstorable(position, name, exc)
+            body, extra = self._step_body(position, name, digest, None, failure)
+            body["u"] = 1
+            self._write_sync(body, extra, args, failure)
+        raise failure from cause
 
     async def step_async(
         self, position: str, name: str, digest: bytes | str | None, *, result: Any = None, error: BaseException | None = None
     ) -> None:
         async with self.async_lock():
-            body, extra = self._step_body(position, name, digest, result, error)
-            await self._write_async(body, extra, digest if type(digest) is bytes else None, error)
+            args = digest if type(digest) is bytes else None
+            try:
+                body, extra = self._step_body(position, name, digest, result, error)
+                await self._write_async(body, extra, args, error)
+                return
+            except SerializationError as exc:
+                if error is not None:
+                    raise
+                cause, failure = exc, self._unstorable(position, name, exc)
+            body, extra = self._step_body(position, name, digest, None, failure)
+            body["u"] = 1
+            await self._write_async(body, extra, args, failure)
+        raise failure from cause
+
+    def _unstorable(self, position: str, name: str, exc: SerializationError) -> SerializationError:
+        """The failure recorded for a step that ran but whose result or state cannot be stored.
+
+        Its side effects happened, so it must not run again: the record (flag ``u``)
+        replays as this error on every resume of the run, and its checkpoint keeps
+        the last stored value of each channel that cannot be stored."""
+        return SerializationError(
+            f"step {name!r} at position {position} of thread {self.thread_id!r} (run {self.run_id}) ran, "
+            f"but what it left cannot be stored: {exc}. The step is recorded as failed with this error, "
+            "so resuming this run replays the error and does not run the step (and its side effects) "
+            "again. Fix the value (JSON-like data, pydantic models, dataclasses, namedtuples and enums "
+            "can be stored), then continue in a new run, which starts from the last stored state: "
+            f"pk.resume({self.thread_id!r}, run_id=<a new id>)"
+        )
+
+    def precheck(self, position: str, name: str) -> None:
+        """Before a live step's body runs: fail if the state as it is now cannot be stored
+        (only what changed since the last checkpoint is checked)."""
+        try:
+            self._tracker.precheck(self.spec.channels(self.state))
+        except SerializationError as exc:
+            raise SerializationError(
+                f"step {name!r} at position {position} of thread {self.thread_id!r} was not run: "
+                f"run.state cannot be stored ({exc}). Keep functions, locks, clients and other live "
+                "objects out of run.state; store the data they stand for"
+            ) from exc
 
     def end_sync(self, error: BaseException | None) -> None:
         """Commit the run's end: completed, or failed with ``error``."""
@@ -471,14 +558,7 @@ class Run:
         if result is None:
             body["r"] = None
             return body, extra
-        try:
-            tree = self.codec.encode(result, f"result of step {name!r}")
-        except SerializationError as exc:
-            raise SerializationError(
-                f"step {name!r} at position {position} of thread {self.thread_id!r} ran, but "
-                f"its result cannot be stored: {exc}. Return JSON-like data, pydantic models or "
-                "dataclasses, or register the type with pk.register()"
-            ) from exc
+        tree = self.codec.encode(result, f"result of step {name!r}")  # a SerializationError: see step_sync
         # Sized unredacted: an inline result is redacted once, with the whole row.
         if len(_dump(tree)) > RESULT_INLINE_LIMIT:
             text = self.codec.dump_tree(tree)
@@ -507,7 +587,8 @@ class Run:
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
         where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
-        row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema, args)
+        lenient = body.get("s") == "failed" or body["rs"] == FAILED  # a failure is always recorded
+        row, diff = self._tracker.checkpoint(self.spec.channels(self.state), body, where, self._schema, args, lenient)
         return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
 
     def _landed(

@@ -310,7 +310,7 @@ class StateSpec:
 
     def migrate(
         self, data: dict[str, Any], stored: tuple[str, int] | None, where: str
-    ) -> tuple[dict[str, Any], list[MigrationFn]]:
+    ) -> tuple[dict[str, Any], list[str]]:
         """``data`` upgraded from the ``stored`` schema to the code's, and the migrations that ran.
 
         Migrations get a deep copy: stored values are shared with the loader's cache
@@ -330,7 +330,7 @@ class StateSpec:
                 f"{where}: stored state is {name!r} version {version}, newer than the code's "
                 f"version {self.version}. Deploy the newer code, or fork from an older checkpoint"
             )
-        ran: list[MigrationFn] = []
+        ran: list[str] = []  # the migrations that ran, described for error messages
         if version < self.version:
             data = copy.deepcopy(data)
         for v in range(version, self.version):
@@ -341,26 +341,28 @@ class StateSpec:
                     f"{self.version}, and no migration from version {v} to {v + 1} is registered: "
                     f"add @pk.migration({self.cls.__qualname__}, from_version={v})"
                 )
+            described = (
+                f"migration {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))} "
+                f"(@pk.migration({self.cls.__qualname__}, from_version={v}))"
+            )
             try:
                 out = fn(data)
             except Exception as exc:
                 raise SchemaVersionError(
-                    f"{where}: migration {_fn_name(fn)} (@pk.migration({self.cls.__qualname__}, "
-                    f"from_version={v})) failed on the stored state: {type(exc).__name__}: {exc}. "
+                    f"{where}: {described} failed on the stored state: {type(exc).__name__}: {exc}. "
                     "Nothing was written; fix the migration and resume again"
                 ) from exc
             if not isinstance(out, dict):
                 raise SchemaVersionError(
-                    f"{where}: migration {_fn_name(fn)} (@pk.migration({self.cls.__qualname__}, "
-                    f"from_version={v})) returned {type(out).__name__}, not the dict of fields. "
+                    f"{where}: {described} returned {type(out).__name__}, not the dict of fields. "
                     "Nothing was written; return the dict and resume again"
                 )
-            ran.append(fn)
+            ran.append(described)
             data = out
         return data, ran
 
     def check_names(
-        self, names: Iterable[str], stored: tuple[str, int] | None, where: str, ran: Sequence[MigrationFn] = ()
+        self, names: Iterable[str], stored: tuple[str, int] | None, where: str, ran: Sequence[str] = ()
     ) -> None:
         """Refuse stored fields the class does not declare: loading would drop their data."""
         assert self.cls is not None
@@ -370,7 +372,7 @@ class StateSpec:
         cls = self.cls.__qualname__
         if ran:
             raise SchemaVersionError(
-                f"{where}: after migration {_fn_name(ran[-1])} the state has field(s) {sorted(unknown)} "
+                f"{where}: after {ran[-1]} the state has field(s) {sorted(unknown)} "
                 f"that {cls} version {self.version} does not declare (its fields: {sorted(self.fields)}); "
                 "loading it would drop their data. Nothing was written; make the migration rename "
                 f"them (data['new_name'] = data.pop({unknown[0]!r})) or delete them (del data[{unknown[0]!r}])"
@@ -426,7 +428,7 @@ class StateSpec:
         return adapter
 
     def _invalid(
-        self, exc: Any, stored: tuple[str, int] | None, where: str, ran: Sequence[MigrationFn], name: str = ""
+        self, exc: Any, stored: tuple[str, int] | None, where: str, ran: Sequence[str], name: str = ""
     ) -> SchemaVersionError:
         assert self.cls is not None
         errors = exc.errors(include_url=False)
@@ -438,7 +440,7 @@ class StateSpec:
         cls = f"{self.cls.__qualname__} version {self.version}"
         if ran:
             return SchemaVersionError(
-                f"{where}: after migration {_fn_name(ran[-1])} the state does not validate as {cls} "
+                f"{where}: after {ran[-1]} the state does not validate as {cls} "
                 f"(field(s) {fields}: {detail}). Nothing was written; fix the migration and resume again"
             )
         return SchemaVersionError(
@@ -491,9 +493,5 @@ class StateSpec:
 
 def _deep(value: Any) -> Any:
     return copy.deepcopy(value)
-
-
-def _fn_name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 

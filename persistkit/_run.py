@@ -115,7 +115,6 @@ class Run:
         self._max_child: dict[str, int] = {}
         self._escaped: set[str] = set()
         self._failures: dict[int, tuple[BaseException, str]] = {}
-        self._checked: dict[tuple[str, int], int] = {}  # (list channel, generation) -> items validated
         #: Set when a recorded state could not be loaded (migration, schema): the run writes nothing more.
         self.load_error: PersistkitError | None = None
         self._head: Head | None = None
@@ -205,6 +204,7 @@ class Run:
             self.state = self.spec.empty()
         else:
             self.state = yield from store.load_state(base_rec, self.spec, self._loader)
+        self._check_rows(base_rec, rows)
         if head_rec is not None:
             # Lists of a head written under another schema version are written anew by the
             # first checkpoint of this code: a chain never mixes items of two versions.
@@ -362,37 +362,36 @@ class Run:
 
     def _restore(self, rec: Record) -> None:
         """Set ``run.state`` (in place) to the state committed with ``rec``, migrated to the
-        code's schema version and checked against its fields like every load."""
+        code's schema version and checked like every load (field names and list items of
+        the run's records were checked when it opened: :meth:`_check_rows`)."""
         spec, state, loader = self.spec, self.state, self._loader
-        where = f"thread {self.thread_id!r} checkpoint {rec.id} (step {rec.body.get('n')!r} at {rec.body.get('p')})"
+        schema = rec.schema
         current = spec.channels(state)
-        if spec.cls is not None and rec.schema != spec.schema:
-            fresh = spec.build({n: loader.value(n, r) for n, r in rec.refs.items()}, rec.schema, where)
+        if spec.cls is not None and schema != spec.schema:
+            fresh = spec.build({n: loader.value(n, r) for n, r in rec.refs.items()}, schema, self._where(rec))
             for name, migrated in spec.channels(fresh).items():  # every field: a migration may add some
                 self._set(current, name, migrated)
             return
         typed = spec.cls is not None
-        if typed:
-            spec.check_names(rec.refs, rec.schema, where)
         for name, ref in rec.refs.items():
             live = current.get(name)
             if "l" in ref:
-                items = loader.list_items(name, ref)
-                if typed:
-                    self._check_items(name, ref, items, rec.schema, where)
                 if isinstance(live, TrackedList):
                     self._tracker.detach(name)
-                    live._pk_reset(items)
+                    live._pk_reset(loader.list_items(name, ref))
                     continue
-                value: Any = TrackedList(items)
+                value: Any = TrackedList(loader.list_items(name, ref))
             else:
                 value = loader.value(name, ref)
                 if typed:
-                    value = spec.check_value(name, value, rec.schema, where)
+                    value = spec.check_value(name, value, schema, lambda: self._where(rec))
             self._set(current, name, value)
         if spec.cls is None:
             for name in [n for n in current if n not in rec.refs]:
                 spec.del_channel(state, name)
+
+    def _where(self, rec: Record) -> str:
+        return f"thread {self.thread_id!r} checkpoint {rec.id} (step {rec.body.get('n')!r} at {rec.body.get('p')})"
 
     def _set(self, current: dict[str, Any], name: str, value: Any) -> None:
         """Set one channel of the live state, keeping the identity of its list or dict."""
@@ -406,16 +405,35 @@ class Run:
         else:
             self.spec.set_channel(self.state, name, value)
 
-    def _check_items(
-        self, name: str, ref: dict[str, Any], items: list[Any], schema: tuple[str, int] | None, where: str
-    ) -> None:
-        """Validate the items of a replayed list not validated yet: a list's generation only
-        grows by appending, so each item is checked once per run, not once per step."""
-        key = (name, ref["g"])
-        done = self._checked.get(key, 0)
-        if len(items) > done:
-            self.spec.check_items(name, items, done, schema, where)
-            self._checked[key] = len(items)
+    def _check_rows(self, base: Record | None, rows: list[Record]) -> None:
+        """Refuse, before anything runs, records of this run at the code's schema version
+        that hold a field the class does not declare or list items that do not validate.
+
+        Each list chain (channel, generation) only grows by appending, so its items are
+        validated once, in one call, from where the base state (validated whole) ends."""
+        spec = self.spec
+        if spec.cls is None:
+            return
+        done: dict[tuple[str, int], int] = {}
+        if base is not None and base.schema == spec.schema:
+            done = {(n, r["g"]): r["n"] for n, r in base.refs.items() if "l" in r}
+        longest: dict[tuple[str, int], tuple[Record, dict[str, Any]]] = {}
+        fields, code_schema = spec.field_set, spec.schema
+        for rec in rows:
+            refs = rec.refs
+            if rec.schema != code_schema:
+                continue  # migrated and validated whole when replayed
+            if not fields.issuperset(refs):
+                spec.check_names(refs, code_schema, self._where(rec))
+            for name, ref in refs.items():
+                if "l" in ref:
+                    best = longest.get((name, ref["g"]))
+                    if best is None or ref["n"] > best[1]["n"]:
+                        longest[(name, ref["g"])] = (rec, ref)
+        for (name, gen), (rec, ref) in longest.items():
+            if ref["n"] > done.get((name, gen), 0):
+                items = self._loader.list_items(name, ref)
+                spec.check_items(name, items, done.get((name, gen), 0), rec.schema, self._where(rec))
 
     def mark_escaped(self, exc: BaseException) -> None:
         """Failures recorded in this run that ``exc`` carries ended an attempt: run them again next time."""

@@ -385,14 +385,16 @@ class StateSpec:
             f"{self._bump_hint(f'data[<new name>] = data.pop({unknown[0]!r}); ')}"
         )
 
-    def check_value(self, name: str, value: Any, stored: tuple[str, int] | None, where: str) -> Any:
+    def check_value(
+        self, name: str, value: Any, stored: tuple[str, int] | None, where: str | Callable[[], str]
+    ) -> Any:
         """``value`` of the stored field ``name`` validated as the class declares it (replay)."""
         from pydantic import ValidationError
 
         try:
             return self._adapter(name, False).validate_python(value)
         except ValidationError as exc:
-            raise self._invalid(exc, stored, where, [], name) from exc
+            raise self._invalid(exc, stored, where if isinstance(where, str) else where(), [], name) from exc
 
     def check_items(
         self, name: str, items: list[Any], start: int, stored: tuple[str, int] | None, where: str

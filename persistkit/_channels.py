@@ -111,8 +111,9 @@ def _raw(item: Any) -> bytes | None:
 
 
 def _plain(value: Any) -> bool:
-    """Whether orjson writes ``value`` (then the typed encoding can too; subclasses of
-    str, int, dict and list are left to the typed encoding, which refuses some)."""
+    """Whether orjson writes ``value``: a cheap "this is data" (the commit still encodes it
+    and may refuse what orjson takes, e.g. an unsupported tzinfo). Subclasses of str,
+    int, dict and list are left to the typed encoding, which refuses some of them."""
     if _orjson is None:
         return False
     try:

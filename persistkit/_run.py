@@ -6,7 +6,9 @@ and the run's state is set to the state committed with it — without running.
 The first unrecorded position runs for real. A recorded failure is re-raised
 when the run went on past it (the caller handled it); a failure that ended
 an attempt (it escaped the block or a retried parent, or nothing was
-recorded after it) runs again: that is what a retry is for.
+recorded after it) runs again: that is what a retry is for — except a step
+that ran but whose result or state could not be stored (flag ``u``): it
+always replays its error, since its side effects happened.
 
 Code between steps runs again on every attempt, so it must be deterministic
 (like workflow code in Temporal): everything that talks to the world or the

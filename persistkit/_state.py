@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
@@ -162,6 +163,9 @@ _MIGRATIONS_LOCK = threading.Lock()
 
 MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 
+#: pydantic TypeAdapters per state class and (field, items?), made on first use (replay checks).
+_ADAPTERS: weakref.WeakKeyDictionary[type[Any], dict[tuple[str, bool], Any]] = weakref.WeakKeyDictionary()
+
 
 def migration(state: type[State], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
     """Register ``fn(data) -> data`` upgrading ``state``'s stored fields from ``from_version``
@@ -210,8 +214,6 @@ class StateSpec:
         self.fields: tuple[str, ...] = ()  # a model's field names (read on every checkpoint)
         self.field_set: frozenset[str] = frozenset()
         self.is_state = False
-        self._adapters: dict[tuple[str, bool], Any] = {}  # pydantic TypeAdapters, made on first use
-        self._itemwise: dict[str, bool] = {}
         if state is None or state is dict:
             self.cls: type[BaseModel] | None = None
             self.name: str | None = None
@@ -391,8 +393,11 @@ class StateSpec:
         """``value`` of the stored field ``name`` validated as the class declares it (replay)."""
         from pydantic import ValidationError
 
+        adapter = self._adapter(name, False)
+        if adapter is None:
+            return value
         try:
-            return self._adapter(name, False).validate_python(value)
+            return adapter.validate_python(value)
         except ValidationError as exc:
             raise self._invalid(exc, stored, where if isinstance(where, str) else where(), [], name) from exc
 
@@ -404,30 +409,46 @@ class StateSpec:
         replaced: the items are shared with the loader's cache."""
         from pydantic import ValidationError
 
-        adapter, itemwise = self._adapter(name, True), self._itemwise.get(name, False)
+        adapter = self._adapter(name, True)
+        if adapter is None:
+            return
         try:
-            adapter.validate_python(items[start:] if itemwise else items)
+            adapter.validate_python(items[start:] if self._itemwise(name) else items)
         except ValidationError as exc:
             raise self._invalid(exc, stored, where, [], name) from exc
 
     def _adapter(self, name: str, items: bool) -> Any:
+        """A pydantic TypeAdapter for field ``name`` (or its items), or None where pydantic
+        cannot make one for the bare annotation: that field is then checked only when a
+        whole state is built (``model_validate``), as every base state is."""
+        assert self.cls is not None
+        adapters = _ADAPTERS.setdefault(self.cls, {})  # per class: a StateSpec is made per resume()
         key = (name, items)
-        adapter = self._adapters.get(key)
-        if adapter is None:
-            from typing import Annotated, get_args, get_origin
+        if key in adapters:
+            return adapters[key]
+        from typing import Annotated, get_args, get_origin
 
-            from pydantic import TypeAdapter
+        from pydantic import TypeAdapter
 
-            assert self.cls is not None
-            field = self.cls.model_fields[name]
-            ann: Any = field.annotation
-            if items and get_origin(ann) is list and get_args(ann):
-                ann = list[get_args(ann)[0]]  # type: ignore[misc]  # without the list's own constraints
-                self._itemwise[name] = True
-            else:
-                ann = Annotated[ann, field]
-            adapter = self._adapters[key] = TypeAdapter(ann)
+        field = self.cls.model_fields[name]
+        ann: Any = field.annotation
+        if items and get_origin(ann) is list and get_args(ann):
+            ann = list[get_args(ann)[0]]  # type: ignore[misc]  # without the list's own constraints
+        else:
+            ann = Annotated[ann, field]
+        try:
+            adapter = TypeAdapter(ann)
+        except Exception:  # e.g. a forward reference only the model's namespace resolves
+            adapter = None
+        adapters[key] = adapter
         return adapter
+
+    def _itemwise(self, name: str) -> bool:
+        from typing import get_args, get_origin
+
+        assert self.cls is not None
+        ann = self.cls.model_fields[name].annotation
+        return get_origin(ann) is list and bool(get_args(ann))
 
     def _invalid(
         self, exc: Any, stored: tuple[str, int] | None, where: str, ran: Sequence[str], name: str = ""

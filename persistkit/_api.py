@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
 from . import _serde
-from ._errors import ConfigurationError, PersistkitError
+from ._errors import ConfigurationError, PersistkitError, SchemaVersionError, SerializationError
 from ._retry import Retry
 from ._run import Run, StepInfo
 from ._state import StateSpec
@@ -128,14 +128,19 @@ class resume:
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
-        if run.replay_only or (exc is not None and not isinstance(exc, Exception)):
-            return  # a replayed run writes nothing; an interrupt leaves the run unfinished
+        if _writes_nothing(run, exc):
+            return
         try:
             run.end_sync(exc)
         except PersistkitError as end_exc:
-            if exc is None:
+            if exc is not None:
+                exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+                return
+            if not isinstance(end_exc, SerializationError):
                 raise
-            exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+            failure = _unstorable_end(run, end_exc)
+            run.end_sync(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
+            raise failure from end_exc
 
     async def __aenter__(self) -> Run:
         run = self._new_run()
@@ -147,14 +152,33 @@ class resume:
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
-        if run.replay_only or (exc is not None and not isinstance(exc, Exception)):
+        if _writes_nothing(run, exc):
             return
         try:
             await run.end_async(exc)
         except PersistkitError as end_exc:
-            if exc is None:
+            if exc is not None:
+                exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+                return
+            if not isinstance(end_exc, SerializationError):
                 raise
-            exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+            failure = _unstorable_end(run, end_exc)
+            await run.end_async(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
+            raise failure from end_exc
+
+
+def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
+    """A replayed run writes nothing; an interrupt leaves the run unfinished; a run that
+    could not load a recorded state (a failed migration) must not move the head."""
+    return run.replay_only or run.load_error is not None or (exc is not None and not isinstance(exc, Exception))
+
+
+def _unstorable_end(run: Run, exc: SerializationError) -> SerializationError:
+    return SerializationError(
+        f"thread {run.thread_id!r} run {run.run_id}: the state at the end of the run cannot be stored "
+        f"({exc}); the run is recorded as failed, with each such field at its last stored value. "
+        "Keep functions, locks, clients and other live objects out of run.state"
+    )
 
 
 # -- checkpointed --------------------------------------------------------------------------
@@ -283,6 +307,8 @@ def _begin(
     if not step.hints_done:
         step.register_hints()
     run = frame.run
+    if run.load_error is not None:
+        raise SchemaVersionError(f"this run cannot go on: {run.load_error}")
     position = frame.child()
     # run.lookup() decides; a position the run has not recorded runs live without asking
     rec = run.lookup(position, step.name) if position in run._index or run.replay_only else None
@@ -290,6 +316,7 @@ def _begin(
         if step.check_args:
             run.check_args(rec, position, step.name, args, kwargs)
         return position, rec, None
+    run.precheck(position, step.name)
     return position, None, run.arguments(args, kwargs) if step.check_args else None
 
 

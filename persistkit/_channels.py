@@ -115,6 +115,19 @@ def _raw(item: Any) -> bytes | None:
         return None
 
 
+def _plain(value: Any) -> bool:
+    """Whether orjson writes ``value``: a cheap "this is data" (the commit still encodes it
+    and may refuse what orjson takes, e.g. an unsupported tzinfo). Subclasses of str,
+    int, dict and list are left to the typed encoding, which refuses some of them."""
+    if _orjson is None:
+        return False
+    try:
+        _orjson.dumps(value, option=_orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except (TypeError, _orjson.JSONEncodeError):
+        return False
+    return True
+
+
 _Prev = _ValuePrev | _ListPrev
 
 
@@ -137,11 +150,14 @@ class Tracker:
         self.prev: dict[str, _Prev] = {}
         self.known: set[str] = set()
 
-    def reset(self, refs: dict[str, dict[str, Any]], loader: Loader) -> None:
-        """Start from a stored checkpoint's refs (the thread head)."""
+    def reset(self, refs: dict[str, dict[str, Any]], loader: Loader, new_lists: bool = False) -> None:
+        """Start from a stored checkpoint's refs (the thread head); with ``new_lists``
+        (the head has another schema version) the next checkpoint starts every list anew."""
         self.prev = {}
         for name, ref in refs.items():
-            if "l" in ref:
+            if "l" in ref and new_lists:
+                self.prev[name] = _ListPrev(ref, ref["n"], ref["l"], ref["g"], None)  # neither obj nor items
+            elif "l" in ref:
                 items = loader.list_items(name, ref)
                 self.prev[name] = _ListPrev(
                     ref, ref["n"], ref["l"], ref["g"], loader.last_tree(name, ref), items=items
@@ -157,15 +173,43 @@ class Tracker:
         if isinstance(p, _ListPrev) and p.obj is not None:
             p.items, p.obj = list(p.obj[: p.n]), None
 
-    def diff(self, channels: dict[str, Any], checkpoint_id: str) -> Diff:
-        """Refs, blobs and inline segments for the checkpoint ``checkpoint_id`` about to be written."""
+    def diff(self, channels: dict[str, Any], checkpoint_id: str, lenient: bool = False) -> Diff:
+        """Refs, blobs and inline segments for the checkpoint ``checkpoint_id`` about to be written.
+
+        ``lenient`` (a failure's checkpoint, which must be recorded): a channel that
+        cannot be serialized keeps the ref of its last stored value."""
         d = Diff({}, {}, {}, {}, [])
         for name, value in channels.items():
-            if isinstance(value, list):
-                self._diff_list(name, value, d, checkpoint_id)
-            else:
-                self._diff_value(name, value, d)
+            try:
+                if isinstance(value, list):
+                    self._diff_list(name, value, d, checkpoint_id)
+                else:
+                    self._diff_value(name, value, d)
+            except SerializationError:
+                if not lenient:
+                    raise
+                p = self.prev.get(name)
+                if p is not None:
+                    d.refs[name], d.prev[name] = p.ref, p
+                if isinstance(value, TrackedList):
+                    value._pk_dirty = True  # still not stored: the next checkpoint tries again
         return d
+
+    def precheck(self, channels: dict[str, Any]) -> None:
+        """Raise the ``SerializationError`` the next checkpoint would, for what changed since
+        the last one as far as it is cheap to tell (new list items; other values through
+        orjson, then the typed encoding only where orjson refuses): run before a step's body."""
+        for name, value in channels.items():
+            p = self.prev.get(name)
+            if isinstance(value, list):
+                start = p.n if isinstance(p, _ListPrev) and len(value) >= p.n else 0
+                if isinstance(value, TrackedList) and value._pk_dirty:
+                    start = 0
+                if start < len(value) and not _plain(value[start:]):
+                    for i in range(start, len(value)):
+                        self.codec.serializer.encode(value[i], path=f"state.{name}[{i}]")
+            elif not _plain(value):
+                self.codec.encode(value, f"state.{name}")
 
     def checkpoint(
         self,
@@ -175,6 +219,7 @@ class Tracker:
         schema: Any,
         args: bytes | None = None,
         result: Result | None = None,
+        lenient: bool = False,
     ) -> tuple[CheckpointRow, Diff]:
         """The row committing ``body`` (completed in place: segments, schema stamp,
         time, channel refs, and the digest of ``args``, a step's arguments as JSON
@@ -188,7 +233,7 @@ class Tracker:
         """
         thread_id, namespace, parent, run_id = where
         cid = next_checkpoint_id(parent)
-        diff = self.diff(channels, cid)
+        diff = self.diff(channels, cid, lenient)
         if diff.segments:
             if result is not None and result.checkpoint_id == parent:
                 refer(diff.segments, result)

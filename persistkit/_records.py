@@ -18,6 +18,8 @@ it is written on every step:
 ``r``  recorded result (encoded tree), or ``rb``: blob key of a large one
 ``e``  recorded error (encoded exception tree)
 ``a``  digest of the step's arguments
+``u``  1 on a failed step that ran but whose result or state could not be
+       stored: it replays its error on every resume, never runs again
 ``x``  end records: checkpoint ids of failures that ended the attempt
 ``f``  fork records: ``[source thread, source checkpoint]``
 ====  =====================================================================

@@ -6,7 +6,9 @@ and the run's state is set to the state committed with it — without running.
 The first unrecorded position runs for real. A recorded failure is re-raised
 when the run went on past it (the caller handled it); a failure that ended
 an attempt (it escaped the block or a retried parent, or nothing was
-recorded after it) runs again: that is what a retry is for.
+recorded after it) runs again: that is what a retry is for — except a step
+that ran but whose result or state could not be stored (flag ``u``): it
+always replays its error, since its side effects happened.
 
 Code between steps runs again on every attempt, so it must be deterministic
 (like workflow code in Temporal): everything that talks to the world or the
@@ -118,6 +120,8 @@ class Run:
         self._max_child: dict[str, int] = {}
         self._escaped: set[str] = set()
         self._failures: dict[int, tuple[BaseException, str]] = {}
+        #: Set when a recorded state could not be loaded (migration, schema): the run writes nothing more.
+        self.load_error: PersistkitError | None = None
         self._head: Head | None = None
         self._loader = Loader(self.codec, thread_id, namespace)
         self._tracker = Tracker(self.codec)
@@ -200,8 +204,12 @@ class Run:
             self.state = self.spec.empty()
         else:
             self.state = yield from store.load_state(base_rec, self.spec, self._loader)
+        self._check_rows(base_rec, rows)
         if head_rec is not None:
-            self._tracker.reset(head_rec.refs, self._loader)
+            # Lists of a head written under another schema version are written anew by the
+            # first checkpoint of this code: a chain never mixes items of two versions.
+            migrated = self.spec.cls is not None and head_rec.schema != self.spec.schema
+            self._tracker.reset(head_rec.refs, self._loader, new_lists=migrated)
         for rec in rows:
             if rec.kind == "step":
                 self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
@@ -251,7 +259,7 @@ class Run:
                 "code, start a new run (a new run_id), or fork the thread from a checkpoint before "
                 f"the change: store.fork({self.thread_id!r}, <checkpoint_id>)"
             )
-        if rec.body.get("s") == "failed":
+        if rec.body.get("s") == "failed" and not rec.body.get("u"):  # "u": it ran, replay it always
             parent, _, seq = position.rpartition("/")
             went_on = self._max_child.get(parent, -1) > int(seq)
             if rec.id in self._escaped or not went_on:
@@ -339,7 +347,11 @@ class Run:
 
     def replay(self, rec: Record) -> Any:
         """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""
-        self._restore(rec)
+        try:
+            self._restore(rec)
+        except PersistkitError as error:  # e.g. a failed migration: this run must write nothing
+            self.load_error = error
+            raise
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         if rec.body.get("s") == "failed":
             self._events.append((pos, name, True, "failed"))
@@ -353,35 +365,79 @@ class Run:
         return self.codec.decode(rec.body.get("r"), where)
 
     def _restore(self, rec: Record) -> None:
+        """Set ``run.state`` (in place) to the state committed with ``rec``, migrated to the
+        code's schema version and checked like every load (field names and list items of
+        the run's records were checked when it opened: :meth:`_check_rows`)."""
         spec, state, loader = self.spec, self.state, self._loader
-        if spec.cls is not None and rec.schema != spec.schema:
-            fresh = spec.build(
-                {n: loader.value(n, r) for n, r in rec.refs.items()},
-                rec.schema,
-                f"thread {self.thread_id!r} checkpoint {rec.id}",
-            )
-            values = spec.channels(fresh)
-        else:
-            values = None
+        schema = rec.schema
         current = spec.channels(state)
+        if spec.cls is not None and schema != spec.schema:
+            fresh = spec.build({n: loader.value(n, r) for n, r in rec.refs.items()}, schema, self._where(rec))
+            for name, migrated in spec.channels(fresh).items():  # every field: a migration may add some
+                self._set(current, name, migrated)
+            return
+        typed = spec.cls is not None
         for name, ref in rec.refs.items():
             live = current.get(name)
-            if values is None and "l" in ref and isinstance(live, TrackedList):
-                self._tracker.detach(name)
-                live._pk_reset(loader.list_items(name, ref))
-                continue
-            value = values[name] if values is not None else loader.value(name, ref)
-            if isinstance(live, TrackedList) and isinstance(value, list):
-                self._tracker.detach(name)
-                live._pk_reset(value)
-            elif isinstance(live, dict) and isinstance(value, dict) and type(live) is type(value):
-                live.clear()
-                live.update(value)
+            if "l" in ref:
+                if isinstance(live, TrackedList):
+                    self._tracker.detach(name)
+                    live._pk_reset(loader.list_items(name, ref))
+                    continue
+                value: Any = TrackedList(loader.list_items(name, ref))
             else:
-                spec.set_channel(state, name, value)
+                value = loader.value(name, ref)
+                if typed:
+                    value = spec.check_value(name, value, schema, lambda: self._where(rec))
+            self._set(current, name, value)
         if spec.cls is None:
             for name in [n for n in current if n not in rec.refs]:
                 spec.del_channel(state, name)
+
+    def _where(self, rec: Record) -> str:
+        return f"thread {self.thread_id!r} checkpoint {rec.id} (step {rec.body.get('n')!r} at {rec.body.get('p')})"
+
+    def _set(self, current: dict[str, Any], name: str, value: Any) -> None:
+        """Set one channel of the live state, keeping the identity of its list or dict."""
+        live = current.get(name)
+        if isinstance(live, TrackedList) and isinstance(value, list):
+            self._tracker.detach(name)
+            live._pk_reset(value)
+        elif isinstance(live, dict) and isinstance(value, dict) and type(live) is type(value):
+            live.clear()
+            live.update(value)
+        else:
+            self.spec.set_channel(self.state, name, value)
+
+    def _check_rows(self, base: Record | None, rows: list[Record]) -> None:
+        """Refuse, before anything runs, records of this run at the code's schema version
+        that hold a field the class does not declare or list items that do not validate.
+
+        Each list chain (channel, generation) only grows by appending, so its items are
+        validated once, in one call, from where the base state (validated whole) ends."""
+        spec = self.spec
+        if spec.cls is None:
+            return
+        done: dict[tuple[str, int], int] = {}
+        if base is not None and base.schema == spec.schema:
+            done = {(n, r["g"]): r["n"] for n, r in base.refs.items() if "l" in r}
+        longest: dict[tuple[str, int], tuple[Record, dict[str, Any]]] = {}
+        fields, code_schema = spec.field_set, spec.schema
+        for rec in rows:
+            refs = rec.refs
+            if rec.schema != code_schema:
+                continue  # migrated and validated whole when replayed
+            if not fields.issuperset(refs):
+                spec.check_names(refs, code_schema, self._where(rec))
+            for name, ref in refs.items():
+                if "l" in ref:
+                    best = longest.get((name, ref["g"]))
+                    if best is None or ref["n"] > best[1]["n"]:
+                        longest[(name, ref["g"])] = (rec, ref)
+        for (name, gen), (rec, ref) in longest.items():
+            if ref["n"] > done.get((name, gen), 0):
+                items = self._loader.list_items(name, ref)
+                spec.check_items(name, items, done.get((name, gen), 0), rec.schema, self._where(rec))
 
     def mark_escaped(self, exc: BaseException) -> None:
         """Failures recorded in this run that ``exc`` carries ended an attempt: run them again next time."""
@@ -411,17 +467,68 @@ class Run:
         """Commit the checkpoint of a step that ran (its result, or the error it raised).
 
         ``digest``: what :meth:`arguments` returned when the step was called, or None.
+        A result or state that cannot be stored is recorded as an unstorable failure
+        (see :meth:`_unstorable`), which is then raised.
         """
         with self._lock:
-            body, extra = self._step_body(position, name, digest, result, error)
-            self._write_sync(body, extra, digest if type(digest) is bytes else None, error)
+            args = digest if type(digest) is bytes else None
+            try:
+                body, extra = self._step_body(position, name, digest, result, error)
+                self._write_sync(body, extra, args, error)
+                return
+            except SerializationError as exc:
+                if error is not None:
+                    raise
+                cause, failure = exc, self._unstorable(position, name, exc)
+            body, extra = self._step_body(position, name, digest, None, failure)
+            body["u"] = 1
+            self._write_sync(body, extra, args, failure)
+        raise failure from cause
 
     async def step_async(
         self, position: str, name: str, digest: bytes | str | None, *, result: Any = None, error: BaseException | None = None
     ) -> None:
         async with self.async_lock():
-            body, extra = self._step_body(position, name, digest, result, error)
-            await self._write_async(body, extra, digest if type(digest) is bytes else None, error)
+            args = digest if type(digest) is bytes else None
+            try:
+                body, extra = self._step_body(position, name, digest, result, error)
+                await self._write_async(body, extra, args, error)
+                return
+            except SerializationError as exc:
+                if error is not None:
+                    raise
+                cause, failure = exc, self._unstorable(position, name, exc)
+            body, extra = self._step_body(position, name, digest, None, failure)
+            body["u"] = 1
+            await self._write_async(body, extra, args, failure)
+        raise failure from cause
+
+    def _unstorable(self, position: str, name: str, exc: SerializationError) -> SerializationError:
+        """The failure recorded for a step that ran but whose result or state cannot be stored.
+
+        Its side effects happened, so it must not run again: the record (flag ``u``)
+        replays as this error on every resume of the run, and its checkpoint keeps
+        the last stored value of each channel that cannot be stored."""
+        return SerializationError(
+            f"step {name!r} at position {position} of thread {self.thread_id!r} (run {self.run_id}) ran, "
+            f"but what it left cannot be stored: {exc}. The step is recorded as failed with this error, "
+            "so resuming this run replays the error and does not run the step (and its side effects) "
+            "again. Fix the value (JSON-like data, pydantic models, dataclasses, namedtuples and enums "
+            "can be stored), then continue in a new run, which starts from the last stored state: "
+            f"pk.resume({self.thread_id!r}, run_id=<a new id>)"
+        )
+
+    def precheck(self, position: str, name: str) -> None:
+        """Before a live step's body runs: fail if the state as it is now cannot be stored
+        (only what changed since the last checkpoint is checked)."""
+        try:
+            self._tracker.precheck(self.spec.channels(self.state))
+        except SerializationError as exc:
+            raise SerializationError(
+                f"step {name!r} at position {position} of thread {self.thread_id!r} was not run: "
+                f"run.state cannot be stored ({exc}). Keep functions, locks, clients and other live "
+                "objects out of run.state; store the data they stand for"
+            ) from exc
 
     def end_sync(self, error: BaseException | None) -> None:
         """Commit the run's end: completed, or failed with ``error``."""
@@ -492,14 +599,7 @@ class Run:
         if result is None:
             body["r"] = None
             return body, extra
-        try:
-            tree = self.codec.encode(result, f"result of step {name!r}")
-        except SerializationError as exc:
-            raise SerializationError(
-                f"step {name!r} at position {position} of thread {self.thread_id!r} ran, but "
-                f"its result cannot be stored: {exc}. Return JSON-like data, pydantic models or "
-                "dataclasses, or register the type with pk.register()"
-            ) from exc
+        tree = self.codec.encode(result, f"result of step {name!r}")  # a SerializationError: see step_sync
         # Sized unredacted: an inline result is redacted once, with the whole row.
         raw = _dump(tree)
         if len(raw) > RESULT_INLINE_LIMIT:
@@ -530,8 +630,9 @@ class Run:
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
         where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
+        lenient = body.get("s") == "failed" or body["rs"] == FAILED  # a failure is always recorded
         row, diff = self._tracker.checkpoint(
-            self.spec.channels(self.state), body, where, self._schema, args, self._result
+            self.spec.channels(self.state), body, where, self._schema, args, self._result, lenient
         )
         return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
 

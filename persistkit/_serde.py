@@ -126,6 +126,10 @@ def _key_seg(key: Any) -> str:
     return f"[{text if len(text) <= 60 else text[:57] + '...'}]"
 
 
+#: Modules whose classes can never be made storable (functions, locks, sockets, files, generators...).
+_LIVE_MODULES = frozenset(sys.stdlib_module_names) | {"builtins"}
+
+
 def _type_name(cls: type) -> str:
     return (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
@@ -430,7 +434,7 @@ class Serializer:
         return self._fallback(
             value,
             f"{_type_name(type(value))} is a subclass of {base} and would come back as a plain "
-            f"{base}; convert it with {base}(...) first, or enable allow_pickle",
+            f"{base}; convert it with {base}(...) first",
         )
 
     def _enc_list_like(self, value: Any, depth: int) -> Any:
@@ -438,17 +442,22 @@ class Serializer:
         return self._enc(dict(value) if isinstance(value, dict) else list(value), depth)
 
     def _enc_unknown(self, value: Any, depth: int) -> Any:
+        # No suggestion to register the class or to pickle (the README promises no pickle):
+        # neither makes a function, a lock or an arbitrary class storable.
         cls = type(value)
-        dotted = f"{cls.__module__}.{cls.__qualname__}"
+        stored = "JSON-like data, pydantic models, dataclasses, namedtuples and enums"
         if _REGISTRY.get(class_name(cls)) is cls:
+            why = f"{_type_name(cls)} is registered, but persistkit stores only {stored}; make it one of those"
+        elif cls.__module__.partition(".")[0] in _LIVE_MODULES:
             why = (
-                f"{_type_name(cls)} is registered, but persistkit stores only pydantic models, "
-                "dataclasses, namedtuples and enums; make it one of those or enable allow_pickle"
+                f"cannot serialize an object of type {_type_name(cls)}: persistkit stores {stored}, and a "
+                f"{_type_name(cls)} (a function, lock, client or other object of Python's own) is none of "
+                "those. Keep it out of run.state and step results, and store the data it stands for"
             )
         else:
             why = (
-                f"cannot serialize an object of type {_type_name(cls)}: make it a pydantic model or a dataclass "
-                f"(and register it with persistkit.register({dotted})), or enable allow_pickle"
+                f"cannot serialize an object of type {_type_name(cls)}: persistkit stores {stored}; "
+                "make the class one of those, or convert the object to one before storing it"
             )
         return self._fallback(value, why)
 

@@ -13,8 +13,10 @@ can tell "1 KB appended" from "list rewritten" without comparing 5 MB.
 
 from __future__ import annotations
 
+import copy
 import threading
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
 from . import _serde
@@ -161,6 +163,9 @@ _MIGRATIONS_LOCK = threading.Lock()
 
 MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 
+#: pydantic TypeAdapters per state class and (field, items?), made on first use (replay checks).
+_ADAPTERS: weakref.WeakKeyDictionary[type[Any], dict[tuple[str, bool], Any]] = weakref.WeakKeyDictionary()
+
 
 def migration(state: type[State], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
     """Register ``fn(data) -> data`` upgrading ``state``'s stored fields from ``from_version``
@@ -208,6 +213,7 @@ class StateSpec:
             state = dict
         self.fields: tuple[str, ...] = ()  # a model's field names (read on every checkpoint)
         self.field_set: frozenset[str] = frozenset()
+        self.is_state = False
         if state is None or state is dict:
             self.cls: type[BaseModel] | None = None
             self.name: str | None = None
@@ -222,7 +228,8 @@ class StateSpec:
         from ._model import State
 
         self.cls = state
-        if issubclass(state, State):
+        self.is_state = issubclass(state, State)
+        if self.is_state:
             self.name = state.__pk_schema__
             self.version = state.__pk_version__
         else:
@@ -285,26 +292,34 @@ class StateSpec:
             state.pop(name, None)
 
     def build(self, channels: dict[str, Any], stored: tuple[str, int] | None, where: str) -> Any:
-        """A state object from stored channel values, migrated to the code's version."""
+        """A state object from stored channel values, migrated to the code's version.
+
+        Every load path goes through here (or :meth:`check_names` and :meth:`check_value`
+        for a replayed step): a stored field the class does not declare, or a value that
+        does not validate, is a :class:`SchemaVersionError`, never a silent drop.
+        """
         if self.cls is None:
             return self.track(dict(channels))
         from pydantic import ValidationError
 
-        data = self.migrate(channels, stored, where)
+        data, ran = self.migrate(channels, stored, where)
+        self.check_names(data, stored, where, ran)
         try:
             obj = self.cls.model_validate(data)
         except ValidationError as exc:
-            raise SchemaVersionError(
-                f"{where}: stored state does not validate as {self.cls.__qualname__} "
-                f"version {self.version}: {exc.errors(include_url=False)[:3]}. If the class changed, "
-                f"bump its version and add a @pk.migration"
-            ) from exc
+            raise self._invalid(exc, stored, where, ran) from exc
         return self.track(obj)
 
-    def migrate(self, data: dict[str, Any], stored: tuple[str, int] | None, where: str) -> dict[str, Any]:
+    def migrate(
+        self, data: dict[str, Any], stored: tuple[str, int] | None, where: str
+    ) -> tuple[dict[str, Any], list[str]]:
+        """``data`` upgraded from the ``stored`` schema to the code's, and the migrations that ran.
+
+        Migrations get a deep copy: stored values are shared with the loader's cache
+        (a resumed run migrates every replayed step's state from the same items)."""
         assert self.cls is not None
         if stored is None:
-            return data
+            return data, []
         name, version = stored
         if name != self.name:
             raise SchemaVersionError(
@@ -317,6 +332,9 @@ class StateSpec:
                 f"{where}: stored state is {name!r} version {version}, newer than the code's "
                 f"version {self.version}. Deploy the newer code, or fork from an older checkpoint"
             )
+        ran: list[str] = []  # the migrations that ran, described for error messages
+        if version < self.version:
+            data = copy.deepcopy(data)
         for v in range(version, self.version):
             fn = _MIGRATIONS.get((self.cls, v))
             if fn is None:
@@ -325,13 +343,143 @@ class StateSpec:
                     f"{self.version}, and no migration from version {v} to {v + 1} is registered: "
                     f"add @pk.migration({self.cls.__qualname__}, from_version={v})"
                 )
-            out = fn(dict(data))
+            described = (
+                f"migration {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))} "
+                f"(@pk.migration({self.cls.__qualname__}, from_version={v}))"
+            )
+            try:
+                out = fn(data)
+            except Exception as exc:
+                raise SchemaVersionError(
+                    f"{where}: {described} failed on the stored state: {type(exc).__name__}: {exc}. "
+                    "Nothing was written; fix the migration and resume again"
+                ) from exc
             if not isinstance(out, dict):
                 raise SchemaVersionError(
-                    f"migration of {name!r} from version {v} returned {type(out).__name__}, not a dict"
+                    f"{where}: {described} returned {type(out).__name__}, not the dict of fields. "
+                    "Nothing was written; return the dict and resume again"
                 )
+            ran.append(described)
             data = out
-        return data
+        return data, ran
+
+    def check_names(
+        self, names: Iterable[str], stored: tuple[str, int] | None, where: str, ran: Sequence[str] = ()
+    ) -> None:
+        """Refuse stored fields the class does not declare: loading would drop their data."""
+        assert self.cls is not None
+        unknown = [n for n in names if n not in self.field_set]
+        if not unknown:
+            return
+        cls = self.cls.__qualname__
+        if ran:
+            raise SchemaVersionError(
+                f"{where}: after {ran[-1]} the state has field(s) {sorted(unknown)} "
+                f"that {cls} version {self.version} does not declare (its fields: {sorted(self.fields)}); "
+                "loading it would drop their data. Nothing was written; make the migration rename "
+                f"them (data['new_name'] = data.pop({unknown[0]!r})) or delete them (del data[{unknown[0]!r}])"
+            )
+        origin = f"{stored[0]!r} version {stored[1]}" if stored else "a dict (no schema)"
+        raise SchemaVersionError(
+            f"{where}: the stored state (schema {origin}) has field(s) {sorted(unknown)} that {cls} "
+            f"no longer declares (its fields: {sorted(self.fields)}); loading it would drop their "
+            f"data. Nothing was written. If the field was renamed or removed, "
+            f"{self._bump_hint(f'data[<new name>] = data.pop({unknown[0]!r}); ')}"
+        )
+
+    def check_value(
+        self, name: str, value: Any, stored: tuple[str, int] | None, where: str | Callable[[], str]
+    ) -> Any:
+        """``value`` of the stored field ``name`` validated as the class declares it (replay)."""
+        from pydantic import ValidationError
+
+        adapter = self._adapter(name, False)
+        if adapter is None:
+            return value
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as exc:
+            raise self._invalid(exc, stored, where if isinstance(where, str) else where(), [], name) from exc
+
+    def check_items(
+        self, name: str, items: list[Any], start: int, stored: tuple[str, int] | None, where: str
+    ) -> None:
+        """Stored items ``items[start:]`` of the list field ``name`` validate as its item type
+        (a ``list[X]`` field; else the whole list as the field's type). Checked, not
+        replaced: the items are shared with the loader's cache."""
+        from pydantic import ValidationError
+
+        adapter = self._adapter(name, True)
+        if adapter is None:
+            return
+        try:
+            adapter.validate_python(items[start:] if self._itemwise(name) else items)
+        except ValidationError as exc:
+            raise self._invalid(exc, stored, where, [], name) from exc
+
+    def _adapter(self, name: str, items: bool) -> Any:
+        """A pydantic TypeAdapter for field ``name`` (or its items), or None where pydantic
+        cannot make one for the bare annotation: that field is then checked only when a
+        whole state is built (``model_validate``), as every base state is."""
+        assert self.cls is not None
+        adapters = _ADAPTERS.setdefault(self.cls, {})  # per class: a StateSpec is made per resume()
+        key = (name, items)
+        if key in adapters:
+            return adapters[key]
+        from typing import Annotated, get_args, get_origin
+
+        from pydantic import TypeAdapter
+
+        field = self.cls.model_fields[name]
+        ann: Any = field.annotation
+        if items and get_origin(ann) is list and get_args(ann):
+            ann = list[get_args(ann)[0]]  # type: ignore[misc]  # without the list's own constraints
+        else:
+            ann = Annotated[ann, field]
+        try:
+            adapter = TypeAdapter(ann)
+        except Exception:  # e.g. a forward reference only the model's namespace resolves
+            adapter = None
+        adapters[key] = adapter
+        return adapter
+
+    def _itemwise(self, name: str) -> bool:
+        from typing import get_args, get_origin
+
+        assert self.cls is not None
+        ann = self.cls.model_fields[name].annotation
+        return get_origin(ann) is list and bool(get_args(ann))
+
+    def _invalid(
+        self, exc: Any, stored: tuple[str, int] | None, where: str, ran: Sequence[str], name: str = ""
+    ) -> SchemaVersionError:
+        assert self.cls is not None
+        errors = exc.errors(include_url=False)
+        fields = [name] if name else sorted({str(e["loc"][0]) for e in errors if e.get("loc")})
+        detail = "; ".join(
+            f"{'.'.join(str(x) for x in ((name,) if name else ()) + tuple(e.get('loc') or ()))}: {e.get('msg')}"
+            for e in errors[:3]
+        )
+        cls = f"{self.cls.__qualname__} version {self.version}"
+        if ran:
+            return SchemaVersionError(
+                f"{where}: after {ran[-1]} the state does not validate as {cls} "
+                f"(field(s) {fields}: {detail}). Nothing was written; fix the migration and resume again"
+            )
+        return SchemaVersionError(
+            f"{where}: the stored value of field(s) {fields} does not validate as {cls} ({detail}); "
+            f"the field's type changed without a version bump. Nothing was written; {self._bump_hint()}"
+        )
+
+    def _bump_hint(self, example: str = "...; ") -> str:
+        assert self.cls is not None
+        cls, v = self.cls.__name__, self.version
+        named = "" if self.name == self.cls.__qualname__ else f", name={self.name!r}"
+        base = "pk.State" if self.is_state else "pk.State (not a plain pydantic model)"
+        return (
+            f"bump the version — class {cls}({base}, version={v + 1}{named}) — and convert the stored "
+            f"fields in a migration: @pk.migration({cls}, from_version={v}) def upgrade(data): {example}return data"
+        )
 
     def track(self, state: Any) -> Any:
         """Swap top-level lists for :class:`TrackedList` (in place)."""
@@ -367,8 +515,6 @@ class StateSpec:
 
 
 def _deep(value: Any) -> Any:
-    import copy
-
     return copy.deepcopy(value)
 
 

@@ -298,7 +298,8 @@ class Store:
             rec = yield from self.read_record(thread_id, namespace, head.checkpoint_id)
             loader = Loader(self.codec, thread_id, namespace)
             state = yield from self.load_state(rec, spec, loader)
-            tracker.reset(rec.refs, loader)
+            # a head of another schema version: lists are written anew (a chain holds one version)
+            tracker.reset(rec.refs, loader, new_lists=spec.cls is not None and rec.schema != spec.schema)
         spec.update(state, dict(changes))
         body = {"k": "update", "rs": rec.run_status if rec else None,
                 "m": self.codec.encode(dict(metadata or {}), "metadata")}

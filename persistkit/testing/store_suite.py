@@ -40,6 +40,10 @@ class Chat(pk.State, name="persistkit.testing.Chat", version=1):
     topic: str = ""
 
 
+class _Crash(BaseException):
+    """A process death in miniature: not an Exception, so the step in flight is not recorded."""
+
+
 class Counter:
     """Side effects counted outside persistkit."""
 
@@ -537,16 +541,142 @@ class StoreConformance:
         with pytest.raises(pk.ConfigurationError):
             store.history(tid, limit=0)
 
-    def test_unstorable_result_is_a_serialization_error(self, store: pk.Store) -> None:
+    def test_unstorable_result_is_recorded_and_not_run_again(self, store: pk.Store) -> None:
         class Opaque:
             pass
 
+        seen = Counter()
+
         @pk.checkpointed
         def bad() -> Any:
+            seen.hit("bad")
             return Opaque()
 
-        with pytest.raises(pk.SerializationError, match="bad"), pk.resume(_tid(), store=store):
-            bad()
+        tid = _tid()
+        for _ in range(2):  # the step ran: its side effect must not happen again
+            with pytest.raises(pk.SerializationError, match="bad"), pk.resume(tid, store=store):
+                bad()
+            assert seen.calls == {"bad": 1}
+            assert store.history(tid)[0].run_status == "failed"  # recorded, not left running
+
+    def test_unstorable_state_is_found_before_the_step_runs(self, store: pk.Store) -> None:
+        seen = Counter()
+
+        @pk.checkpointed
+        def send() -> None:
+            seen.hit("send")
+
+        tid = _tid()
+        with pytest.raises(pk.SerializationError, match="was not run"), pk.resume(tid, store=store) as run:
+            run.state["client"] = threading.Lock()
+            send()
+        assert seen.calls == {} and store.history(tid)[0].run_status == "failed"
+
+    # -- schema changes across a crash -------------------------------------------------
+
+    def test_crashed_run_resumed_by_code_with_a_migration(self, store: pk.Store) -> None:
+        name = f"persistkit.testing.Turns-{uuid.uuid4().hex[:6]}"
+
+        class V1(pk.State, name=name, version=1):
+            turns: int = 0
+            log: Annotated[list[str], pk.append] = []
+
+        class V2(pk.State, name=name, version=2):
+            turn_count: int = 0
+            origin: str = ""
+            log: Annotated[list[dict[str, str]], pk.append] = []
+
+        @pk.migration(V2, from_version=1)
+        def upgrade(data: dict[str, Any]) -> dict[str, Any]:  # rename, add, change a type
+            data["turn_count"] = data.pop("turns")
+            data["origin"] = "version 1"
+            data["log"] = [{"text": t} for t in data["log"]]
+            return data
+
+        def agent(tid: str, cls: type[pk.State], crash_at: int, seen: Counter) -> None:
+            @pk.checkpointed(name="turn")
+            def turn(i: int) -> int:
+                seen.hit(f"turn{i}")
+                if i == crash_at:
+                    raise _Crash
+                st: Any = pk.current_run().state  # type: ignore[union-attr]
+                if cls is V1:
+                    st.turns += 1
+                    st.log.append(f"t{i}")
+                else:
+                    st.turn_count += 1
+                    st.log.append({"text": f"t{i}"})
+                return i
+
+            with pk.resume(tid, store=store, state=cls):
+                for i in range(4):
+                    turn(i)
+
+        for k in range(4):
+            origin = "version 1" if k else ""  # a crash in step 0: version 1 stored nothing
+            expected = {"turn_count": 4, "origin": origin, "log": [{"text": f"t{i}"} for i in range(4)]}
+            tid, seen = _tid("mig"), Counter()
+            with pytest.raises(_Crash):
+                agent(tid, V1, k, seen)
+            agent(tid, V2, -1, seen)
+            assert seen.calls == {f"turn{i}": 2 if i == k else 1 for i in range(4)}, k
+            assert store.get_state(tid, state=V2).model_dump() == expected, k
+            history = store.history(tid)
+            assert [cp.run_status for cp in history][:1] == ["completed"], k
+            for cp in history:  # checkpoints of both versions load
+                assert store.get_state(tid, cp.checkpoint_id, state=V2).origin == origin
+
+    def test_failed_migration_writes_nothing(self, store: pk.Store) -> None:
+        name = f"persistkit.testing.Bad-{uuid.uuid4().hex[:6]}"
+
+        class V1(pk.State, name=name, version=1):
+            turns: int = 0
+
+        class V2(pk.State, name=name, version=2):
+            turn_count: int = 0
+
+        @pk.migration(V2, from_version=1)
+        def broken_upgrade(data: dict[str, Any]) -> dict[str, Any]:
+            data["turn_count"] = data.pop("turnz")
+            return data
+
+        @pk.checkpointed(name="turn")
+        def turn() -> None:
+            pk.current_run().state.turns += 1  # type: ignore[union-attr]
+
+        tid = _tid()
+        with pytest.raises(_Crash), pk.resume(tid, store=store, state=V1):
+            turn()
+            raise _Crash
+        head = store.history(tid)[0].checkpoint_id
+        for _ in range(2):
+            with pytest.raises(pk.SchemaVersionError, match=r"broken_upgrade.*from_version=1"), pk.resume(
+                tid, store=store, state=V2
+            ):
+                turn()
+            assert store.history(tid)[0].checkpoint_id == head
+        assert store.get_state(tid) == {"turns": 1}
+
+    def test_stored_field_the_class_lacks_is_an_error(self, store: pk.Store) -> None:
+        name = f"persistkit.testing.Renamed-{uuid.uuid4().hex[:6]}"
+
+        class Before(pk.State, name=name):
+            messages: list[str] = []
+
+        class After(pk.State, name=name):  # renamed without a version bump
+            history: list[str] = []
+
+        tid = _tid()
+        with pk.resume(tid, store=store, state=Before) as run:
+            run.state.messages.append("important")
+        for load in (
+            lambda: store.get_state(tid, state=After),
+            lambda: store.fork(tid, state=After),
+            lambda: pk.resume(tid, store=store, state=After).__enter__(),
+        ):
+            with pytest.raises(pk.SchemaVersionError, match=r"\['messages'\].*version=2.*@pk\.migration"):
+                load()
+        assert store.get_state(tid) == {"messages": ["important"]} and len(store.history(tid)) == 1
 
     def test_closed_store(self, persistkit_url: str) -> None:
         s = pk.connect(persistkit_url)

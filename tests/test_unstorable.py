@@ -1,0 +1,168 @@
+"""Values that cannot be stored (issue 13, item 3).
+
+What can be checked before a step's body runs is checked there (the state as
+it is at the step's entry): the body does not run. What can only fail after
+the body ran (it returned, or put into the state, something that cannot be
+stored) is recorded as a failure of the step that replays as the same error
+on every resume, so the body's side effects never happen twice. Either way
+the run is recorded as failed, not left ``running``, and no message suggests
+registering a builtin class or enabling pickle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Annotated, Any
+
+import pytest
+from conftest import uid
+
+import persistkit as pk
+
+
+class Box(pk.State, name="tests.unstorable.Box"):
+    log: Annotated[list[Any], pk.append] = []
+    x: Any = None
+    n: int = 0
+
+
+def _message_is_fair(err: BaseException) -> str:
+    text = str(err)
+    assert "allow_pickle" not in text and "register(builtins" not in text and "register(_thread" not in text
+    return text
+
+
+def _runs(store: pk.Store, tid: str) -> list[tuple[str, str | None, str | None]]:
+    return [(cp.kind, cp.status, cp.run_status) for cp in store.history(tid)]
+
+
+@pytest.mark.parametrize("what", ["result", "state-value", "state-item"])
+def test_unstorable_outcome_of_a_step_that_ran_is_recorded_and_not_run_again(store: pk.Store, what: str) -> None:
+    tid = uid("unstorable")
+    effects: list[str] = []
+
+    @pk.checkpointed(name="ok")
+    def ok(i: int) -> int:
+        effects.append(f"ok{i}")
+        return i
+
+    @pk.checkpointed(name="charge")
+    def charge() -> Any:
+        effects.append("charged")
+        run = pk.current_run()
+        assert run is not None
+        run.state.n = 7
+        if what == "result":
+            return lambda: "receipt"
+        if what == "state-value":
+            run.state.x = threading.Lock()
+        else:
+            run.state.log.append(threading.Lock())
+        return "receipt"
+
+    for attempt in range(3):
+        with pytest.raises(pk.SerializationError) as err, pk.resume(tid, store=store, state=Box):
+            ok(0)
+            charge()
+            ok(1)
+        text = _message_is_fair(err.value)
+        assert "'charge'" in text and repr(tid) in text and "does not run the step" in text, text
+        assert "run_id=" in text  # how to go on: a new run
+        assert effects == ["ok0", "charged"], f"attempt {attempt}: {effects}"
+        history = _runs(store, tid)
+        assert history[0] == ("end", None, "failed"), history  # not left running
+        assert ("step", "failed", "running") in history
+    # A new run starts from the last stored state and goes on.
+    with pk.resume(tid, store=store, state=Box, run_id=uid("next")) as run:
+        assert run.state.n == 7 and run.state.x is None and run.state.log == []
+        ok(2)
+    assert effects == ["ok0", "charged", "ok2"]
+    assert store.get_state(tid, state=Box).n == 7
+
+
+def test_unstorable_state_at_step_entry_is_found_before_the_body_runs(store: pk.Store) -> None:
+    tid = uid("entry")
+    effects: list[int] = []
+
+    @pk.checkpointed(name="send")
+    def send(i: int) -> int:
+        effects.append(i)
+        return i
+
+    with pytest.raises(pk.SerializationError) as err, pk.resume(tid, store=store, state=Box) as run:
+        send(0)
+        run.state.log.append("fine")
+        run.state.log.append(lambda: "not data")
+        send(1)
+    text = _message_is_fair(err.value)
+    assert "'send'" in text and "was not run" in text and "state.log[1]" in text, text
+    assert effects == [0]
+    assert _runs(store, tid)[0] == ("end", None, "failed")
+    # Fixed code continues the run: step 0 replays, step 1 runs once.
+    with pk.resume(tid, store=store, state=Box) as run:
+        send(0)
+        run.state.log.append("fine")
+        send(1)
+    assert effects == [0, 1]
+    assert store.get_state(tid, state=Box).log == ["fine"]
+
+    tid = uid("entry-value")
+    with pytest.raises(pk.SerializationError, match=r"was not run.*state\.x"), pk.resume(tid, store=store, state=Box) as run:
+        run.state.x = {"lock": threading.Lock()}
+        send(2)
+    assert effects == [0, 1] and _runs(store, tid)[0] == ("end", None, "failed")
+
+
+def test_unstorable_state_at_the_end_of_a_run_records_the_failure(store: pk.Store) -> None:
+    tid = uid("end")
+
+    @pk.checkpointed(name="work")
+    def work() -> int:
+        run = pk.current_run()
+        assert run is not None
+        run.state.n += 1
+        return 1
+
+    with pytest.raises(pk.SerializationError) as err, pk.resume(tid, store=store, state=Box) as run:
+        work()
+        run.state.x = lambda: 3
+    text = _message_is_fair(err.value)
+    assert "end of the run" in text and "recorded as failed" in text and "state.x" in text, text
+    assert _runs(store, tid)[0] == ("end", None, "failed")
+    assert store.get_state(tid, state=Box).model_dump() == {"log": [], "x": None, "n": 1}
+    with pk.resume(tid, store=store, state=Box) as run:  # the failed run goes on: work replays
+        work()
+    assert store.get_state(tid, state=Box).n == 1 and _runs(store, tid)[0] == ("end", None, "completed")
+
+
+def test_unstorable_result_of_an_async_step_is_recorded(store: pk.Store) -> None:
+    tid = uid("async")
+    effects: list[int] = []
+
+    @pk.checkpointed(name="acall")
+    async def acall() -> Any:
+        effects.append(1)
+        return threading.Lock()
+
+    async def main() -> None:
+        async with pk.resume(tid, store=store, state=Box):
+            await acall()
+
+    for _ in range(2):
+        with pytest.raises(pk.SerializationError, match="does not run the step") as err:
+            asyncio.run(main())
+        _message_is_fair(err.value)
+        assert effects == [1] and _runs(store, tid)[0] == ("end", None, "failed")
+
+
+def test_messages_for_objects_that_cannot_be_stored() -> None:
+    class Mine:
+        pass
+
+    codec = pk.connect("memory://").codec
+    for value in (lambda: 1, threading.Lock(), iter([]), Mine()):
+        with pytest.raises(pk.SerializationError) as err:
+            codec.encode(value, "state.x")
+        text = _message_is_fair(err.value)
+        assert "pydantic models, dataclasses" in text, text

@@ -22,11 +22,21 @@ __all__ = ["BUILTIN", "Detector"]
 @dataclass(frozen=True)
 class Detector:
     """A named pattern. ``pattern`` is a regular expression over text; a group named
-    ``s`` marks the secret part of a match (the rest of the match is kept)."""
+    ``s`` marks the secret part of a match (the rest of the match is kept).
+
+    ``anchors`` (optional): literals one of which every match contains; the
+    pattern then runs only where one occurs (a few µs per KB of text without
+    one, however random the text), as ``locate`` says: ``"prefix"`` — a match
+    starts at the anchor; ``"search"`` — the pattern is searched over the text.
+    ``ignore_case``: the anchors are matched in any case.
+    """
 
     kind: str
     pattern: str
     flags: int = 0
+    anchors: tuple[str, ...] = ()
+    locate: str = "search"
+    ignore_case: bool = False
     _compiled: list[re.Pattern[str]] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -38,6 +48,7 @@ class Detector:
 
 _B = r"(?<![A-Za-z0-9_])"  # a token starts at a non-word character (\b treats '-' as a boundary too)
 _TOKEN_END = r"(?![A-Za-z0-9_-])"
+AWS_ID_PREFIXES = ("AKIA", "ASIA", "ABIA", "ACCA", "AGPA", "AIDA", "AROA", "ANPA")
 
 #: The built-in detectors, most specific first (an Anthropic key also looks like an OpenAI one).
 BUILTIN: tuple[Detector, ...] = (
@@ -47,37 +58,74 @@ BUILTIN: tuple[Detector, ...] = (
         "private_key",
         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY( BLOCK)?-----"
         r"(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY( BLOCK)?-----|[\s\S]*)",
+        anchors=("PRIVATE KEY",),
     ),
-    Detector("anthropic", _B + r"sk-ant-[A-Za-z0-9_-]{20,}"),
-    Detector("openai", _B + r"sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_-]{20,}"),
-    Detector("aws_access_key", _B + r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    Detector("anthropic", _B + r"sk-ant-[A-Za-z0-9_-]{20,}", anchors=("sk-ant-",), locate="prefix"),
+    Detector("openai", _B + r"sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_-]{20,}", anchors=("sk-",), locate="prefix"),
+    Detector(
+        "aws_access_key",
+        _B + r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|ANPA)[A-Z0-9]{16}(?![A-Za-z0-9])",
+        anchors=AWS_ID_PREFIXES,
+        locate="prefix",
+    ),
     # A 40-character base64 value is far too common to flag alone (hashes, ids); it
     # is an AWS secret key when a keyword naming one comes right before it.
     Detector(
         "aws_secret_key",
         r"(?i:aws_?secret_?(?:access_?)?key|secret_?access_?key|aws_?secret)[\"']?\s*[:=]\s*[\"']?"
         r"(?P<s>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+        anchors=("secret",),
+        locate="keyword",  # the match starts at the anchor or up to 4 characters before ("aws_")
+        ignore_case=True,
     ),
-    Detector("github", _B + r"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})" + _TOKEN_END),
-    Detector("slack", _B + r"(?:xox[bpars]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,})"),
-    Detector("google_api_key", _B + r"AIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
-    Detector("stripe", _B + r"(?:sk_live|sk_test|rk_live|rk_test|pk_live)_[0-9A-Za-z]{16,}"),
+    Detector(
+        "github",
+        _B + r"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})" + _TOKEN_END,
+        anchors=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        locate="prefix",
+    ),
+    Detector(
+        "slack",
+        _B + r"(?:xox[bpars]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,})",
+        anchors=("xoxb-", "xoxp-", "xoxa-", "xoxr-", "xoxs-", "xapp-"),
+        locate="prefix",
+    ),
+    Detector("google_api_key", _B + r"AIza[0-9A-Za-z_-]{35}" + _TOKEN_END, anchors=("AIza",), locate="prefix"),
+    Detector(
+        "stripe",
+        _B + r"(?:sk_live|sk_test|rk_live|rk_test|pk_live)_[0-9A-Za-z]{16,}",
+        anchors=("sk_live_", "sk_test_", "rk_live_", "rk_test_", "pk_live_"),
+        locate="prefix",
+    ),
     Detector(
         "jwt",
         _B + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*" + r"(?![A-Za-z0-9_.-])",
+        anchors=("eyJ",),
+        locate="prefix",
     ),
     # "Bearer <token>" anywhere (an Authorization header copied into a log line or a
     # prompt); the token must look like one: 16+ characters of the token68 set.
-    Detector("bearer", r"(?i:\bbearer)\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)"),
+    Detector(
+        "bearer",
+        r"(?i:\bbearer)\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)",
+        anchors=("bearer",),
+        locate="prefix",
+        ignore_case=True,
+    ),
     Detector(
         "authorization",
         r"(?i:\bauthorization)[\"']?\s*[:=]\s*[\"']?(?i:basic|token|digest)\s+(?P<s>[A-Za-z0-9._~+/-]{8,}=*)",
+        anchors=("authorization",),
+        locate="prefix",
+        ignore_case=True,
     ),
     # scheme://user:password@host -> scheme://user:$CRED{...}@host
     Detector(
         "url_password",
         r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{1,30}://[^\s/?#@:\"'<>]*:"
         r"(?!\$CRED\{)(?P<s>[^\s/?#@\"'<>]+)@",
+        anchors=("://",),
+        locate="scheme",  # the match starts where the run of scheme characters before "://" starts
     ),
 )
 
@@ -85,15 +133,68 @@ BUILTIN: tuple[Detector, ...] = (
 # regex engine: keyword anchors — ``secret``, ``bearer``, ``authorization`` (any
 # case), ``PRIVATE KEY``, ``eyJ`` (JWTs) and ``://`` with ``@`` — and, for the
 # token detectors below, their fixed prefixes (``sk-``, ``gh`` or ``_pat_`` with ``_``, ``k_``,
-# ``xox``, ``xapp-``, ``A`` + an AWS prefix, ``AIza``), confirmed by TOKEN_LOOSE.
+# ``xox``, ``xapp-``, ``A`` + an AWS prefix, ``AIza``), confirmed by TOKEN_LOOSE matched
+# at each occurrence of the detector's anchors.
 # A new detector must add its anchor or prefix there.
 #: The detectors whose matches are runs of token characters, found by their prefixes.
 TOKEN_KINDS = frozenset({"anthropic", "openai", "aws_access_key", "github", "slack", "google_api_key", "stripe"})
 #: The token detectors without their context assertions (a superset of what they
 #: match), for JSON bytes: token characters are never escaped in JSON, but the
 #: character before a token may be the ``n`` of an escaped newline.
-TOKEN_LOOSE = "|".join(
-    "(?:" + d.pattern.replace(_B, "").replace(_TOKEN_END, "").replace("(?![A-Za-z0-9])", "") + ")"
+TOKEN_LOOSE = tuple(
+    d.pattern.replace(_B, "").replace(_TOKEN_END, "").replace("(?![A-Za-z0-9])", "")
     for d in BUILTIN
     if d.kind in TOKEN_KINDS
 )
+
+_SCHEME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
+
+
+def matches(det: Detector, text: str, lowered: str | None = None) -> list[re.Match[str]]:
+    """The non-overlapping matches of ``det`` in ``text``, in order (what ``regex.sub`` replaces).
+
+    Linear in ``len(text)`` with a small constant for the built-in detectors: the
+    pattern runs only where one of its anchors occurs (``str.find``), from the
+    position its ``locate`` rule gives — never at every position of a long run
+    of random characters. ``lowered``: ``text.lower()``, if the caller has it.
+    """
+    rx = det.regex
+    if not det.anchors:
+        return list(rx.finditer(text))
+    hay = text
+    if det.ignore_case:
+        hay = lowered if lowered is not None else text.lower()
+        if len(hay) != len(text):  # a character whose lower case is longer: indexes differ
+            return list(rx.finditer(text))
+    starts: list[int] = []
+    for anchor in det.anchors:
+        i = hay.find(anchor)
+        while i >= 0:
+            starts.append(i)
+            i = hay.find(anchor, i + 1)
+    if not starts:
+        return []
+    if det.locate == "search":
+        return list(rx.finditer(text))
+    starts.sort()
+    out: list[re.Match[str]] = []
+    end = 0
+    for i in starts:
+        if det.locate == "scheme":  # back to the start of the run of scheme characters
+            j = i
+            while j > 0 and i - j <= 31 and text[j - 1] in _SCHEME_CHARS:
+                j -= 1
+            tries: tuple[int, ...] = (j,)
+        elif det.locate == "keyword":
+            tries = tuple(range(max(i - 4, 0), i + 1))
+        else:
+            tries = (i,)
+        for j in tries:
+            if j < end:
+                continue
+            m = rx.match(text, j)
+            if m is not None:
+                out.append(m)
+                end = max(m.end(), j + 1)
+                break
+    return out

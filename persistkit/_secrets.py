@@ -309,11 +309,22 @@ class Secret(Generic[T]):
 
 
 def _unresolved(name: str) -> SecretResolutionError:
+    kind, _, tag = name.rpartition("-")
+    if kind and len(tag) == 16:  # a detected secret: any registered value with this tag resolves it
+        how = (
+            f"Register the value in this process under any name before resuming "
+            f"(pk.secrets.from_env({kind!r}, 'ENV_VAR') or pk.secrets.register({kind!r}, value)): "
+            "a registered value whose keyed tag is this handle's resolves it. Or configure the "
+            "vault it was stored in (pk.secrets.configure(vault=pk.secrets.FileVault(...)))"
+        )
+    else:
+        how = (
+            f"Register it (pk.secrets.register({name!r}, ...) or pk.secrets.from_env({name!r}, 'ENV_VAR')) "
+            "or configure the vault it was stored in (pk.secrets.configure(vault=...))"
+        )
     return SecretResolutionError(
         f"handle $CRED{{{name}}} cannot be resolved: no registered value or resolver, no "
-        "environment binding and no vault entry knows it. Register it "
-        f"(pk.secrets.register({name!r}, ...) or pk.secrets.from_env({name!r}, 'VAR')) or "
-        "configure the vault it was stored in (pk.secrets.configure(vault=...))",
+        f"environment binding and no vault entry knows it. {how}",
         handle=name,
     )
 

@@ -213,9 +213,8 @@ def test_registering_under_any_name_afterwards_resolves_and_replays(local_store:
         k = fetch()
         use(k, 1)
     _secrets._memory.clear()
-    with pytest.raises(pk.SecretResolutionError) as info:
-        with pk.resume(thread, store=local_store, run_id=run.run_id):
-            fetch()
+    with pytest.raises(pk.SecretResolutionError) as info, pk.resume(thread, store=local_store, run_id=run.run_id):
+        fetch()
     assert info.value.handle.startswith("openai-") and KEY not in str(info.value)
     pk.secrets.register(name, KEY)
     try:

@@ -30,7 +30,8 @@ import hmac
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ._detect import AWS_ID_PREFIXES, BUILTIN, TOKEN_KINDS, TOKEN_LOOSE, Detector, matches
@@ -566,9 +567,10 @@ class Redactor:
                 return hit[1]
         out = data
         loud = self._people_hit(tree, people, dump) if people else ()
-        if loud or self._maybe(data):
+        kinds = self._scan(data)
+        if loud or kinds is not None:
             pair = self.detect and _has_access_key_id(data)
-            out = dump(self._walk(tree, _DIGEST if stable else _TAG, 0, pair, False, loud))
+            out = dump(self._walk(tree, _DIGEST if stable else _TAG, 0, pair, False, loud, kinds or set()))
         if ckey is not None:
             if self._scanned_bytes + 2 * len(data) > _CACHE_BYTES:
                 self._scanned.clear()
@@ -593,40 +595,49 @@ class Redactor:
         return self.enabled and self._maybe(data)
 
     def _maybe(self, data: bytes) -> bool:
+        return self._scan(data) is not None
+
+    def _scan(self, data: bytes) -> set[str] | None:
+        """None when no secret can be in JSON ``data``; else the detectors worth running
+        (the built-in ones the first pass found candidates for, and every extra one)."""
         # A one-byte search is a memchr: gate the longer ones on a rare byte. find(), not
         # `in`: bytes.__contains__ first tries its argument as an int and builds (then
         # drops) a TypeError each time, which costs more than the search.
         find = data.find
-        if find(b"$") >= 0 and find(b"$CRED{") >= 0:
-            return True
-        for form, _, _ in _search:
-            if find(form) >= 0:
-                return True
-        if _config.detect if self._detect is None else self._detect:  # self.detect, without the call
-            if _may_match_builtin(data):
-                return True
-            extra = _config.detectors[len(BUILTIN) :]
-            if extra:
-                return _extra_match(data, extra)
-        return False
+        found = find(b"$") >= 0 and find(b"$CRED{") >= 0
+        if not found:
+            for form, _, _ in _search:
+                if find(form) >= 0:
+                    found = True
+                    break
+        if not (_config.detect if self._detect is None else self._detect):  # self.detect, without the call
+            return set() if found else None
+        kinds = _candidates(data)
+        extra = _config.detectors[len(BUILTIN) :]
+        if extra and (found or kinds or _extra_match(data, extra)):
+            kinds |= {d.kind for d in extra}
+        return kinds if (found or kinds) else None
 
-    def _walk(self, node: Any, mode: str, depth: int, pair: bool, people: bool, loud: tuple[str, ...] = ()) -> Any:
-        """``node`` redacted; ``loud``: keys of this dict whose values are text for people."""
+    def _walk(
+        self, node: Any, mode: str, depth: int, pair: bool, people: bool, loud: tuple[str, ...] = (), kinds: AbstractSet[str] | None = None
+    ) -> Any:
+        """``node`` redacted; ``loud``: keys of this dict whose values are text for people;
+        ``kinds``: the detectors to run (None: all)."""
         t = type(node)
         if t is str:
-            return self.redact_text(node, mode=mode, pair=pair, people=people)
+            return self.redact_text(node, mode=mode, pair=pair, people=people, kinds=kinds)
         if t is list:
-            return [self._walk(v, mode, depth + 1, pair, people) for v in node]
+            return [self._walk(v, mode, depth + 1, pair, people, (), kinds) for v in node]
         if t is dict:
             if mode == _DIGEST and node.get("__pk__") == "sec":
                 return {**node, "v": ""}  # a Secret's handle name: per-process for an unnamed one
             out: dict[str, Any] = {}
             for k, v in node.items():
-                nk = self.redact_text(k, mode=mode, pair=pair, people=people)
+                nk = self.redact_text(k, mode=mode, pair=pair, people=people, kinds=kinds)
                 if type(v) is str and self.detect and _AWS_KEY_NAME.search(k) and _AWS_SECRET.fullmatch(v):
                     out[nk] = self._handle("aws_secret_key", v, mode)
                 else:
-                    out[nk] = self._walk(v, mode, depth + 1, pair, people or k in loud)
+                    out[nk] = self._walk(v, mode, depth + 1, pair, people or k in loud, (), kinds)
             return out
         return node
 
@@ -648,13 +659,15 @@ class Redactor:
         mode: str | None = None,
         pair: bool = False,
         people: bool = False,
+        kinds: AbstractSet[str] | None = None,
     ) -> str:
         """``text`` with handles escaped, registered values and detected secrets replaced.
 
         ``stable``: handles name only their kind (``$CRED{openai}``: error messages).
         ``pair``: the record holds an AWS access key id, so a bare 40-character
         AWS-secret-looking value is one. ``people``: text for people, where the
-        high-entropy rule applies too.
+        high-entropy rule applies too. ``kinds``: run only these detectors (the ones
+        the first pass over the record found candidates for); None: all.
         """
         if mode is None:
             mode = _KIND if stable else _TAG
@@ -667,15 +680,12 @@ class Redactor:
                 text = text.replace(value, "$CRED{}" if mode == _DIGEST else f"$CRED{{{name}}}")
         if not self.detect:
             return text
-        lowered: str | None = None
         for det in _config.detectors:
-            if det.ignore_case and lowered is None:
-                lowered = text.lower()
-            found = matches(det, text, lowered)
-            if not found:
+            if kinds is not None and det.kind not in kinds:
                 continue
-            text = self._replace(text, found, det.kind, mode)
-            lowered = None
+            found = matches(det, text)
+            if found:
+                text = self._replace(text, found, det.kind, mode)
         if pair:
             found = [m for m in _AWS_SECRET_BARE.finditer(text) if _mixed(m[0])]
             if found:
@@ -807,18 +817,65 @@ def _escape(m: re.Match[str]) -> str:
     return m[0] if m[0] in _loaded else "$CRED{$}" + m[0][6:]
 
 
-_LOOSE: list[tuple[tuple[bytes, ...], re.Pattern[bytes]]] = []  # (prefixes, TOKEN_LOOSE pattern), on first use
-_AWS_PREFIX = re.compile(rb"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|NPA|Iza)")
+_LOOSE: dict[str, re.Pattern[bytes]] = {}  # kind -> its TOKEN_LOOSE pattern, compiled on first use
+
+
+# The jwt and url_password detectors without their context assertions, over JSON
+# bytes: a superset (an escaped newline is two allowed bytes where the text had a
+# space; a non-ASCII space is allowed bytes too; quotes stay quotes).
+_JWT_LOOSE = re.compile(rb"eyJ[A-Za-z0-9_-]{8,}\.eyJ")
+_URL_LOOSE = re.compile(rb"://[^\s/?#@:\"'<>]*:[^\s/?#@\"'<>]+@")
+_LITERAL: dict[bytes, re.Pattern[bytes]] = {}
+
+
+def _occurrences(data: bytes, anchor: bytes) -> Iterator[int]:
+    # A compiled literal, not bytes.find: find degrades to ~10 ms per MB on some texts
+    # (short needles of common characters in random text); the regex search does not.
+    rx = _LITERAL.get(anchor)
+    if rx is None:
+        rx = _LITERAL[anchor] = re.compile(re.escape(anchor))
+    return (m.start() for m in rx.finditer(data))
+
+
+_SMALL = 1 << 16  # below this, bytes.find answers "absent" faster than starting a regex search
+
+
+def _confirmed(data: bytes, anchor: bytes, loose: re.Pattern[bytes]) -> bool:
+    if len(data) < _SMALL and data.find(anchor) < 0:
+        return False
+    return any(loose.match(data, i) is not None for i in _occurrences(data, anchor))
+
+
+# Token detectors grouped by what their prefixes share (one search per group):
+# (literals for a quick absence test, prefix pattern, offset of the match start from its match, kinds)
+_TOKEN_GROUPS: tuple[tuple[tuple[bytes, ...], re.Pattern[bytes], int, tuple[str, ...]], ...] = (
+    ((b"sk-",), re.compile(rb"sk-"), 0, ("anthropic", "openai")),
+    (
+        (*(p.encode() for p in AWS_ID_PREFIXES), b"AIza"),
+        re.compile(rb"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|NPA|Iza)"),
+        0,
+        ("aws_access_key", "google_api_key"),
+    ),
+    ((b"gh", b"github_pat_"), re.compile(rb"g(?:h|ithub_pat_)"), 0, ("github",)),
+    ((b"xox", b"xapp-"), re.compile(rb"x(?:ox|app-)"), 0, ("slack",)),
+    ((b"_live_", b"_test_"), re.compile(rb"k_(?:live|test)_"), -1, ("stripe",)),
+)
 
 
 def _may_match_builtin(data: bytes) -> bool:
-    """False only when no built-in detector can match in ``data`` (a superset test).
+    """False only when no built-in detector can match in ``data`` (a superset test)."""
+    return bool(_candidates(data))
+
+
+def _candidates(data: bytes) -> set[str]:
+    """The built-in detectors that may match in JSON ``data`` (a superset: the others cannot).
 
     A regex alternation of every detector costs ~20 µs per KB of JSON (the
-    engine tries each branch at each position), paid on every stored record.
-    Instead: keyword anchors by substring search in the lower-cased bytes, and
-    each token detector's fixed prefix (``sk-``, ``ghp_``, ``xoxb-``, ``AKIA``...);
-    only a prefix found runs the token patterns, stripped of their context
+    engine tries each branch at each position), and ~200 µs per KB of random
+    text. Instead: keyword anchors by substring search in the lower-cased bytes,
+    JWTs and URL passwords by their anchor confirmed by a loose pattern, and the
+    token detectors by their fixed prefixes (``sk-``, ``gh``, ``xox``, ``AKIA``...),
+    each prefix found confirmed by the detector's pattern stripped of its context
     assertions (JSON bytes are not the decoded text: a token after an escaped
     newline follows the letter ``n`` here). Token characters are never escaped
     in JSON, so a token in a string is a token in the bytes.
@@ -826,40 +883,42 @@ def _may_match_builtin(data: bytes) -> bool:
     # One-byte searches (memchr) are ~20x cheaper than longer ones: rare bytes gate
     # the anchors that have one. find(), not `in`: see Redactor._maybe.
     find = data.find
-    if find(b"J") >= 0 and find(b"eyJ") >= 0:
-        return True
-    if find(b"@") >= 0 and find(b"://") >= 0:
-        return True
+    kinds: set[str] = set()
+    if find(b"J") >= 0 and _confirmed(data, b"eyJ", _JWT_LOOSE):
+        kinds.add("jwt")
+    if find(b"@") >= 0 and _confirmed(data, b"://", _URL_LOOSE):
+        kinds.add("url_password")
     if find(b"Y") >= 0 and find(b"PRIVATE KEY") >= 0:
-        return True
+        kinds.add("private_key")
     lowered = data.lower()
     lfind = lowered.find
-    if lfind(b"secret") >= 0 or lfind(b"bearer") >= 0:
-        return True
+    if lfind(b"secret") >= 0:
+        kinds.add("aws_secret_key")
+    if lfind(b"bearer") >= 0:
+        kinds.add("bearer")
     if lfind(b"z") >= 0 and lfind(b"authorization") >= 0:
-        return True
-    if not (
-        # openai, anthropic, slack
-        (find(b"-") >= 0 and (find(b"sk-") >= 0 or find(b"xox") >= 0 or find(b"xapp-") >= 0))
-        or (find(b"_") >= 0 and (find(b"gh") >= 0 or find(b"_pat_") >= 0 or find(b"k_") >= 0))  # github, stripe
-        or (find(b"A") >= 0 and _AWS_PREFIX.search(data) is not None)  # aws, google
-    ):
-        return False
+        kinds.add("authorization")
+    dash, under, big_a = find(b"-") >= 0, find(b"_") >= 0, find(b"A") >= 0
+    if not (dash or under or big_a):  # no token prefix can be here (most records)
+        return kinds
+    # openai and anthropic, aws and google, github, slack, stripe
+    gates = (dash, big_a, under, dash, under)
     if not _LOOSE:
-        _LOOSE.extend(
-            (tuple(a.encode() for a in d.anchors), re.compile(loose.encode()))
-            for d, loose in zip((d for d in BUILTIN if d.kind in TOKEN_KINDS), TOKEN_LOOSE, strict=True)
-        )
-    # Each loose pattern runs only where one of its prefixes occurs (not at every
-    # position: random text would cost ~50 µs per KB).
-    for anchors, rx in _LOOSE:
-        for anchor in anchors:
-            i = find(anchor)
-            while i >= 0:
-                if rx.match(data, i) is not None:
-                    return True
-                i = find(anchor, i + 1)
-    return False
+        by_kind = dict(zip((d.kind for d in BUILTIN if d.kind in TOKEN_KINDS), TOKEN_LOOSE, strict=True))
+        _LOOSE.update({k: re.compile(v.encode()) for k, v in by_kind.items()})
+    small = len(data) < _SMALL
+    for gate, (literals, prefix, offset, group) in zip(gates, _TOKEN_GROUPS, strict=True):
+        if not gate or (small and all(find(lit) < 0 for lit in literals)):
+            continue
+        todo = [k for k in group if k not in kinds]
+        for i in (m.start() for m in prefix.finditer(data)) if todo else ():
+            for k in todo:
+                if _LOOSE[k].match(data, max(i + offset, 0)) is not None:
+                    kinds.add(k)
+            todo = [k for k in todo if k not in kinds]
+            if not todo:
+                break
+    return kinds
 
 
 def _extra_match(data: bytes, detectors: tuple[Detector, ...]) -> bool:

@@ -9,17 +9,27 @@ each string rewritten:
    an attacker wrote can never turn into a handle that resolves on load);
 2. every registered value (``pk.secrets.register``) becomes ``$CRED{<name>}``;
 3. every match of a detector (``_detect``) becomes ``$CRED{<kind>-<tag>}``, the
-   tag a keyed hash of the value (the vault's key, else a per-process random
-   key): it never reveals the value, and with a vault it is the same in every
-   process. The value goes to the vault, if one is configured.
+   tag a keyed hash of the value (the vault's key, else the store's handle key
+   from ``_handlekey`` where a store reader cannot use it to test guesses, else
+   a per-process key: see ``Redactor._key_for``): it never reveals the value
+   and is the same in every process that uses the store or the vault. The value
+   goes to the vault, if one is configured;
+4. in recorded errors and run metadata only, random-looking tokens
+   (``_entropy``) become ``$CRED{high_entropy-<tag>}``; in a record holding an
+   AWS access key id, a bare 40-character AWS-secret-looking value becomes
+   ``$CRED{aws_secret_key-<tag>}``.
+
+JSON of 4 KB or more is remembered with its redacted form, so an unchanged
+value is not scanned again.
 
 ``pk.Secret`` and pydantic ``SecretStr`` / ``SecretBytes`` values are encoded
 by the serializer as a handle only (tag ``sec``).
 
 Read side: strings in decoded values have their handles substituted back when
 a resolver knows them (registered values and resolvers, this process's memory
-of what it redacted, the configured resolver callable, the vault), else keep
-the handle text. ``Secret`` / ``SecretStr`` come back lazy: they resolve at
+of what it redacted, the configured resolver callable, the vault, a registered
+value whose tag is the handle's), else keep the handle text — except a string
+that is one handle and nothing else, which raises ``SecretResolutionError``. ``Secret`` / ``SecretStr`` come back lazy: they resolve at
 ``.reveal()`` / ``.get_secret_value()``.
 """
 
@@ -30,13 +40,17 @@ import hmac
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from ._detect import AWS_ID_PREFIXES, BUILTIN, TOKEN_KINDS, TOKEN_LOOSE, Detector, matches
+from ._detect import BUILTIN, TOKEN_KINDS, Detector, matches
 from ._entropy import random_spans
 from ._errors import ConfigurationError, SecretResolutionError
+from ._scan import _may_match_builtin  # noqa: F401 - the first pass, checked by the tests from here
+from ._scan import candidates as _candidates
+from ._scan import extra_match as _extra_match
+from ._scan import has_access_key_id as _has_access_key_id
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
@@ -784,25 +798,10 @@ _TAG, _KIND, _DIGEST = "tag", "kind", "digest"  # handle forms: named by a keyed
 # An AWS secret access key without a keyword before it: 40 base64 characters, both
 # letter cases, in a record that also holds an access key id (see redact_json).
 _AWS_SECRET_BARE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
-_AKID_AT = re.compile(rb"[A-Z]{4}[A-Z0-9]{16}(?![A-Za-z0-9])")
-
-
 def _mixed(value: str) -> bool:
     return any("a" <= c <= "z" for c in value) and any("A" <= c <= "Z" for c in value)
 
 
-def _has_access_key_id(data: bytes) -> bool:
-    """Whether JSON ``data`` holds an AWS access key id (found from its prefixes: linear)."""
-    for prefix in _AKID_PREFIXES:
-        i = data.find(prefix)
-        while i >= 0:
-            if _AKID_AT.match(data, i) is not None:
-                return True
-            i = data.find(prefix, i + 1)
-    return False
-
-
-_AKID_PREFIXES = tuple(p.encode() for p in AWS_ID_PREFIXES)
 
 
 def _digest_handle(m: re.Match[str]) -> str:
@@ -815,148 +814,6 @@ def _escape(m: re.Match[str]) -> str:
     # A handle this process read back unresolved is written again as the same handle;
     # any other "$CRED{" in text is escaped, so it can never resolve to a secret on load.
     return m[0] if m[0] in _loaded else "$CRED{$}" + m[0][6:]
-
-
-_LOOSE: dict[str, re.Pattern[bytes]] = {}  # kind -> its TOKEN_LOOSE pattern, compiled on first use
-
-
-# The jwt and url_password detectors without their context assertions, over JSON
-# bytes: a superset (an escaped newline is two allowed bytes where the text had a
-# space; a non-ASCII space is allowed bytes too; quotes stay quotes).
-_JWT_LOOSE = re.compile(rb"eyJ[A-Za-z0-9_-]{8,}\.eyJ")
-_URL_LOOSE = re.compile(rb"://[^\s/?#@:\"'<>]*:[^\s/?#@\"'<>]+@")
-_LITERAL: dict[bytes, re.Pattern[bytes]] = {}
-
-
-def _occurrences(data: bytes, anchor: bytes) -> Iterator[int]:
-    # A compiled literal, not bytes.find: find degrades to ~10 ms per MB on some texts
-    # (short needles of common characters in random text); the regex search does not.
-    rx = _LITERAL.get(anchor)
-    if rx is None:
-        rx = _LITERAL[anchor] = re.compile(re.escape(anchor))
-    return (m.start() for m in rx.finditer(data))
-
-
-_SMALL = 1 << 16  # below this, bytes.find answers "absent" faster than starting a regex search
-
-
-def _confirmed(data: bytes, anchor: bytes, loose: re.Pattern[bytes]) -> bool:
-    if len(data) < _SMALL and data.find(anchor) < 0:
-        return False
-    return any(loose.match(data, i) is not None for i in _occurrences(data, anchor))
-
-
-# Token detectors grouped by what their prefixes share (one search per group):
-# (literals for a quick absence test, prefix pattern, offset of the match start from its match, kinds)
-_TOKEN_GROUPS: tuple[tuple[tuple[bytes, ...], re.Pattern[bytes], int, tuple[str, ...]], ...] = (
-    ((b"sk-",), re.compile(rb"sk-"), 0, ("anthropic", "openai")),
-    (
-        (*(p.encode() for p in AWS_ID_PREFIXES), b"AIza"),
-        re.compile(rb"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|NPA|Iza)"),
-        0,
-        ("aws_access_key", "google_api_key"),
-    ),
-    ((b"gh", b"github_pat_"), re.compile(rb"g(?:h|ithub_pat_)"), 0, ("github",)),
-    ((b"xox", b"xapp-"), re.compile(rb"x(?:ox|app-)"), 0, ("slack",)),
-    ((b"_live_", b"_test_"), re.compile(rb"k_(?:live|test)_"), -1, ("stripe",)),
-)
-
-
-def _may_match_builtin(data: bytes) -> bool:
-    """False only when no built-in detector can match in ``data`` (a superset test)."""
-    return bool(_candidates(data))
-
-
-def _candidates(data: bytes) -> set[str]:
-    """The built-in detectors that may match in JSON ``data`` (a superset: the others cannot).
-
-    A regex alternation of every detector costs ~20 µs per KB of JSON (the
-    engine tries each branch at each position), and ~200 µs per KB of random
-    text. Instead: keyword anchors by substring search in the lower-cased bytes,
-    JWTs and URL passwords by their anchor confirmed by a loose pattern, and the
-    token detectors by their fixed prefixes (``sk-``, ``gh``, ``xox``, ``AKIA``...),
-    each prefix found confirmed by the detector's pattern stripped of its context
-    assertions (JSON bytes are not the decoded text: a token after an escaped
-    newline follows the letter ``n`` here). Token characters are never escaped
-    in JSON, so a token in a string is a token in the bytes.
-    """
-    # One-byte searches (memchr) are ~20x cheaper than longer ones: rare bytes gate
-    # the anchors that have one. find(), not `in`: see Redactor._maybe.
-    find = data.find
-    kinds: set[str] = set()
-    if find(b"J") >= 0 and _confirmed(data, b"eyJ", _JWT_LOOSE):
-        kinds.add("jwt")
-    if find(b"@") >= 0 and _confirmed(data, b"://", _URL_LOOSE):
-        kinds.add("url_password")
-    if find(b"Y") >= 0 and find(b"PRIVATE KEY") >= 0:
-        kinds.add("private_key")
-    lowered = data.lower()
-    lfind = lowered.find
-    if lfind(b"secret") >= 0:
-        kinds.add("aws_secret_key")
-    if lfind(b"bearer") >= 0:
-        kinds.add("bearer")
-    if lfind(b"z") >= 0 and lfind(b"authorization") >= 0:
-        kinds.add("authorization")
-    dash, under, big_a = find(b"-") >= 0, find(b"_") >= 0, find(b"A") >= 0
-    if not (dash or under or big_a):  # no token prefix can be here (most records)
-        return kinds
-    # openai and anthropic, aws and google, github, slack, stripe
-    gates = (dash, big_a, under, dash, under)
-    if not _LOOSE:
-        by_kind = dict(zip((d.kind for d in BUILTIN if d.kind in TOKEN_KINDS), TOKEN_LOOSE, strict=True))
-        _LOOSE.update({k: re.compile(v.encode()) for k, v in by_kind.items()})
-    small = len(data) < _SMALL
-    for gate, (literals, prefix, offset, group) in zip(gates, _TOKEN_GROUPS, strict=True):
-        if not gate or (small and all(find(lit) < 0 for lit in literals)):
-            continue
-        todo = [k for k in group if k not in kinds]
-        for i in (m.start() for m in prefix.finditer(data)) if todo else ():
-            for k in todo:
-                if _LOOSE[k].match(data, max(i + offset, 0)) is not None:
-                    kinds.add(k)
-            todo = [k for k in todo if k not in kinds]
-            if not todo:
-                break
-    return kinds
-
-
-def _extra_match(data: bytes, detectors: tuple[Detector, ...]) -> bool:
-    """Whether a configured (non built-in) detector matches a string of JSON ``data``.
-
-    The patterns run on each key and string value, as redaction runs them: a
-    pattern run over the JSON text would miss what it matches only in a whole
-    string (``^...$``) or across an escape (``\\s`` and a newline), and that
-    secret would be stored. ``data`` may be several documents, one per line
-    (a step's arguments and its record, scanned together).
-    """
-    try:
-        import orjson
-
-        loads: Callable[[bytes], Any] = orjson.loads
-    except ImportError:  # pragma: no cover - orjson is a dependency where wheels exist
-        import json
-
-        loads = json.loads
-    stack: list[Any] = []
-    for part in data.split(b"\n"):  # compact JSON has no raw newline: it separates documents
-        try:
-            stack.append(loads(part))
-        except ValueError:
-            return True  # cannot tell: look closer
-    while stack:
-        node = stack.pop()
-        if type(node) is str:
-            if any(d.regex.search(node) for d in detectors):
-                return True
-        elif type(node) is list:
-            stack.extend(node)
-        elif type(node) is dict:
-            for key, value in node.items():
-                if any(d.regex.search(key) for d in detectors):
-                    return True
-                stack.append(value)
-    return False
 
 
 _default: Redactor | None = None

@@ -40,7 +40,7 @@ import hmac
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -597,12 +597,7 @@ class Redactor:
         """The keys of ``tree`` among ``keys`` whose text has a random-looking token."""
         if type(tree) is not dict or not self.detect:
             return ()
-        hits = []
-        for key in keys:
-            sub = tree.get(key)
-            if sub is not None and random_spans(dump(sub).decode("utf-8", "replace")):
-                hits.append(key)
-        return tuple(hits)
+        return tuple(k for k in keys if k in tree and any(random_spans(t) for t in _texts(tree[k])))
 
     def may_hold_secret(self, data: bytes) -> bool:
         """False only when redaction would leave these JSON bytes as they are."""
@@ -646,9 +641,12 @@ class Redactor:
             if mode == _DIGEST and node.get("__pk__") == "sec":
                 return {**node, "v": ""}  # a Secret's handle name: per-process for an unnamed one
             out: dict[str, Any] = {}
+            scalar = "__pk__" in node  # a typed value: its "v" string encodes bytes, a number, a date...
             for k, v in node.items():
                 nk = self.redact_text(k, mode=mode, pair=pair, people=people, kinds=kinds)
-                if type(v) is str and self.detect and _AWS_KEY_NAME.search(k) and _AWS_SECRET.fullmatch(v):
+                if scalar and k == "v" and type(v) is str:  # not text: only the pattern detectors, as ever
+                    out[nk] = self.redact_text(v, mode=mode, kinds=kinds)
+                elif type(v) is str and self.detect and _AWS_KEY_NAME.search(k) and _AWS_SECRET.fullmatch(v):
                     out[nk] = self._handle("aws_secret_key", v, mode)
                 else:
                     out[nk] = self._walk(v, mode, depth + 1, pair, people or k in loud, (), kinds)
@@ -798,6 +796,24 @@ _TAG, _KIND, _DIGEST = "tag", "kind", "digest"  # handle forms: named by a keyed
 # An AWS secret access key without a keyword before it: 40 base64 characters, both
 # letter cases, in a record that also holds an access key id (see redact_json).
 _AWS_SECRET_BARE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+def _texts(node: Any) -> Iterator[str]:
+    """The strings of an encoded tree that are text (keys and values; not the encoded
+    scalar of a typed value such as bytes' base64)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if type(n) is str:
+            yield n
+        elif type(n) is list:
+            stack.extend(n)
+        elif type(n) is dict:
+            scalar = "__pk__" in n
+            for k, v in n.items():
+                yield k
+                if not (scalar and k == "v" and type(v) is str):
+                    stack.append(v)
+
+
 def _mixed(value: str) -> bool:
     return any("a" <= c <= "z" for c in value) and any("A" <= c <= "Z" for c in value)
 

@@ -287,3 +287,16 @@ def test_a_newly_registered_secret_is_redacted_from_a_value_scanned_before(local
         step(1)
     local_store.codec.reveal = False
     assert local_store.get_state(thread)["doc"].endswith("$CRED{plumbus}")
+
+
+def test_typed_values_are_not_text_for_the_new_rules(local_store: pk.Store) -> None:
+    """Bytes (stored as base64), in metadata and next to an access key id, come back exact:
+    the entropy rule and the AWS pairing apply to text, not to encoded scalars."""
+    thread = uid("typed")
+    blob = bytes(random.Random(9).randbytes(30))  # base64: 40 characters, both cases
+    with pk.resume(thread, store=local_store, metadata={"raw": blob, "note": "plain"}) as run:
+        run.state["pair"] = {"id": f"key id {AWS_ID}", "payload": blob}
+    _secrets._memory.clear()
+    state = local_store.get_state(thread)
+    assert state["pair"]["payload"] == blob
+    assert [cp.metadata.get("raw") for cp in local_store.history(thread)][0] == blob

@@ -584,7 +584,7 @@ class Redactor:
         kinds = self._scan(data)
         if loud or kinds is not None:
             pair = self.detect and _has_access_key_id(data)
-            out = dump(self._walk(tree, _DIGEST if stable else _TAG, 0, pair, False, loud, kinds or set()))
+            out = dump(self._walk(tree, _DIGEST if stable else _TAG, 0, pair, False, loud, kinds or _NO_KINDS))
         if ckey is not None:
             if self._scanned_bytes + 2 * len(data) > _CACHE_BYTES:
                 self._scanned.clear()
@@ -604,28 +604,32 @@ class Redactor:
         return self.enabled and self._maybe(data)
 
     def _maybe(self, data: bytes) -> bool:
-        return self._scan(data) is not None
-
-    def _scan(self, data: bytes) -> set[str] | None:
-        """None when no secret can be in JSON ``data``; else the detectors worth running
-        (the built-in ones the first pass found candidates for, and every extra one)."""
+        """False only when redaction would leave JSON ``data`` as it is (the per-step test)."""
         # A one-byte search is a memchr: gate the longer ones on a rare byte. find(), not
         # `in`: bytes.__contains__ first tries its argument as an int and builds (then
         # drops) a TypeError each time, which costs more than the search.
         find = data.find
-        found = find(b"$") >= 0 and find(b"$CRED{") >= 0
-        if not found:
-            for form, _, _ in _search:
-                if find(form) >= 0:
-                    found = True
-                    break
-        if not (_config.detect if self._detect is None else self._detect):  # self.detect, without the call
-            return set() if found else None
-        kinds = _candidates(data)
-        extra = _config.detectors[len(BUILTIN) :]
-        if extra and (found or kinds or _extra_match(data, extra)):
-            kinds |= {d.kind for d in extra}
-        return kinds if (found or kinds) else None
+        if find(b"$") >= 0 and find(b"$CRED{") >= 0:
+            return True
+        for form, _, _ in _search:
+            if find(form) >= 0:
+                return True
+        if _config.detect if self._detect is None else self._detect:  # self.detect, without the call
+            if _candidates(data):
+                return True
+            extra = _config.detectors[len(BUILTIN) :]
+            if extra:
+                return _extra_match(data, extra)
+        return False
+
+    def _scan(self, data: bytes) -> AbstractSet[str] | None:
+        """None when no secret can be in JSON ``data``; else the detectors worth running
+        (the built-in ones the first pass found candidates for, and every extra one)."""
+        if not self._maybe(data):
+            return None
+        if not self.detect:
+            return _NO_KINDS
+        return _candidates(data) | {d.kind for d in _config.detectors[len(BUILTIN) :]}
 
     def _walk(
         self, node: Any, mode: str, depth: int, pair: bool, people: bool, loud: tuple[str, ...] = (), kinds: AbstractSet[str] | None = None
@@ -792,6 +796,7 @@ def _bytes_type() -> type:
 
 
 _HANDLE_OR_OPEN = re.compile(r"\$CRED\{(?:[^{}\s]{1,200}\})?")
+_NO_KINDS: frozenset[str] = frozenset()
 _TAG, _KIND, _DIGEST = "tag", "kind", "digest"  # handle forms: named by a keyed tag, by kind, or "$CRED{}"
 # An AWS secret access key without a keyword before it: 40 base64 characters, both
 # letter cases, in a record that also holds an access key id (see redact_json).

@@ -625,11 +625,16 @@ class Redactor:
     def _scan(self, data: bytes) -> AbstractSet[str] | None:
         """None when no secret can be in JSON ``data``; else the detectors worth running
         (the built-in ones the first pass found candidates for, and every extra one)."""
-        if not self._maybe(data):
-            return None
+        find = data.find
+        found = find(b"$") >= 0 and find(b"$CRED{") >= 0
+        found = found or any(find(form) >= 0 for form, _, _ in _search)
         if not self.detect:
-            return _NO_KINDS
-        return _candidates(data) | {d.kind for d in _config.detectors[len(BUILTIN) :]}
+            return _NO_KINDS if found else None
+        kinds = _candidates(data)  # once: the walk runs what it names
+        extra = _config.detectors[len(BUILTIN) :]
+        if extra and (found or kinds or _extra_match(data, extra)):
+            kinds = kinds | {d.kind for d in extra}
+        return kinds if (found or kinds) else None
 
     def _walk(
         self, node: Any, mode: str, depth: int, pair: bool, people: bool, loud: tuple[str, ...] = (), kinds: AbstractSet[str] | None = None

@@ -295,16 +295,18 @@ class Codec:
 
         The per-step path: one secret scan over the arguments and the record
         together answers both "may the arguments hold a secret" and "may the
-        record" when neither can (the test finds a superset of matches, and a
+        record" when neither can (and, for a record with an error or metadata,
+        the high-entropy rule over their text) (the test finds a superset of matches, and a
         match inside either part is a match in the two joined). The digest
         (``x:`` and hex digits) is then spliced into the record's JSON as its
         last key instead of serializing the record again.
         """
         data = _dump(body)
         red = self.redactor
-        people = self._people(body)
         if red.enabled and (
-            (people and red._people_hit(body, people, _dump)) or red._maybe(b"\n".join((args, data)))
+            red._maybe(b"\n".join((args, data)))
+            # a recorded error or metadata: text for people, where the entropy rule applies too
+            or (("e" in body or "m" in body) and red._people_hit(body, self._people(body), _dump))
         ):
             body["a"] = self.args_digest(args)
             return self.pack_tree(body)

@@ -9,8 +9,10 @@ escapes decoded and its ``=`` padding stripped, it
 
 * is not hexadecimal (digests, UUIDs, checkpoint and run ids stay readable),
 * mixes letters and digits (and, below 32 characters, both letter cases),
-* has no lower-case run of 5+ letters in at least 12 % of it... (see
-  ``_WORDY``): identifiers and paths are made of words, random text is not,
+* is not made of words: less than 30 % of it (or fewer than 8 letters) in
+  lower-case runs of 6+ letters, and less than 60 % in words of 3+ letters
+  with an optional capital (identifiers and paths are made of words, random
+  text is not),
 * and has a Shannon entropy near that of random text of its length
   (``_MIN_ENTROPY_RATIO`` of ``log2(len)``, capped at 6 bits).
 

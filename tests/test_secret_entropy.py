@@ -299,4 +299,4 @@ def test_typed_values_are_not_text_for_the_new_rules(local_store: pk.Store) -> N
     _secrets._memory.clear()
     state = local_store.get_state(thread)
     assert state["pair"]["payload"] == blob
-    assert [cp.metadata.get("raw") for cp in local_store.history(thread)][0] == blob
+    assert all(cp.metadata.get("raw") == blob for cp in local_store.history(thread))

@@ -27,7 +27,7 @@ import zlib
 from typing import Any
 
 from ._errors import SerializationError
-from ._secrets import Redactor, default_redactor
+from ._secrets import PEOPLE_KEYS, Redactor
 from ._serde import Serializer
 
 try:  # 5-20x faster than the json module on the per-step path; optional
@@ -156,7 +156,7 @@ class Codec:
         self.serializer = serializer or Serializer()
         self.compress_threshold = compress_threshold
         self.compress_level = compress_level
-        self.redactor = redactor or default_redactor()
+        self.redactor = redactor or Redactor()  # its own: a store attaches its handle key to it
         self.serializer.secrets = self.redactor
         self.serializer.reveal = self.redactor.reveal_text if self.redactor.enabled else None
         #: Whether decoded values get their handles resolved (the CLI turns it off).
@@ -190,11 +190,18 @@ class Codec:
     def dump_tree(self, tree: Any, *, stable: bool = False) -> bytes:
         """Compact JSON bytes of an already-encoded tree, secrets replaced by handles.
 
-        ``stable``: handles of detected secrets name only their kind, the same in
-        every process (for digests that are compared across processes).
+        ``stable``: every secret becomes ``$CRED{}``, the same in every process
+        whatever named it (for digests that are compared across processes).
         """
         data = _dump(tree)
         return self.redactor.redact_json(data, tree, _dump, stable)
+
+    @staticmethod
+    def _people(tree: Any) -> tuple[str, ...]:
+        """The keys of a record body whose text is for people (recorded errors, metadata)."""
+        if type(tree) is dict and ("e" in tree or "m" in tree):
+            return tuple(k for k in PEOPLE_KEYS if k in tree)
+        return ()
 
     @staticmethod
     def load_tree(data: bytes, path: str = "value") -> Any:
@@ -268,7 +275,9 @@ class Codec:
     # -- whole values -----------------------------------------------------------
 
     def pack_tree(self, tree: Any) -> bytes:
-        return self.seal(self.dump_tree(tree))
+        """A record body sealed: redacted, with the high-entropy rule on its errors and metadata."""
+        data = _dump(tree)
+        return self.seal(self.redactor.redact_json(data, tree, _dump, False, self._people(tree)))
 
     # -- step arguments -----------------------------------------------------------
 
@@ -278,6 +287,9 @@ class Codec:
         ``x:`` hashes the bytes themselves; arguments that may hold a secret
         hash their redacted form with kind-only handles instead (``r:``), the
         same in every process, so that no stored digest is a hash of a secret.
+        Every secret hashes as ``$CRED{}`` there, registered or detected, live or
+        a handle read back unresolved: the digest of a replayed value is the
+        digest of the live value it stands for.
         """
         if not self.redactor.may_hold_secret(raw):
             return raw_digest(raw)
@@ -289,14 +301,19 @@ class Codec:
 
         The per-step path: one secret scan over the arguments and the record
         together answers both "may the arguments hold a secret" and "may the
-        record" when neither can (the test finds a superset of matches, and a
+        record" when neither can (and, for a record with an error or metadata,
+        the high-entropy rule over their text) (the test finds a superset of matches, and a
         match inside either part is a match in the two joined). The digest
         (``x:`` and hex digits) is then spliced into the record's JSON as its
         last key instead of serializing the record again.
         """
         data = _dump(body)
         red = self.redactor
-        if red.enabled and red._maybe(b"\n".join((args, data))):
+        if red.enabled and (
+            red._maybe(b"\n".join((args, data)))
+            # a recorded error or metadata: text for people, where the entropy rule applies too
+            or (("e" in body or "m" in body) and red._people_hit(body, self._people(body), _dump))
+        ):
             body["a"] = self.args_digest(args)
             return self.pack_tree(body)
         digest = raw_digest(args)

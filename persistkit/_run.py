@@ -30,7 +30,13 @@ from ._codec import (  # without orjson every digest takes the typed path
     raw_digest,
 )
 from ._dedupe import Result, result
-from ._errors import ConflictError, NonDeterminismError, PersistkitError, SerializationError
+from ._errors import (
+    ConflictError,
+    NonDeterminismError,
+    PersistkitError,
+    SecretResolutionError,
+    SerializationError,
+)
 from ._ids import new_run_id
 from ._io import Plan, call
 from ._records import Record
@@ -341,8 +347,8 @@ class Run:
             except SerializationError:
                 parts.append({"unencodable": type(value).__qualname__})
         parts.append(sorted(kwargs))
-        # Over the redacted form with kind-only handles: the digest is the same in every
-        # process (per-process handle tags would break replay) and never hashes a secret.
+        # Over the redacted form where every secret is "$CRED{}": the digest is the same in
+        # every process, for the live value and its replayed handle, and never hashes a secret.
         return hashlib.blake2b(self.codec.dump_tree(parts, stable=True), digest_size=8).hexdigest()
 
     def replay(self, rec: Record) -> Any:
@@ -360,9 +366,16 @@ class Run:
             raise exc
         self._events.append((pos, name, True, "completed"))
         where = f"result of step {name!r} at {pos}"
-        if "rb" in rec.body:
-            return self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], where), where)
-        return self.codec.decode(rec.body.get("r"), where)
+        try:
+            if "rb" in rec.body:
+                return self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], where), where)
+            return self.codec.decode(rec.body.get("r"), where)
+        except SecretResolutionError as exc:  # never hand a handle's text to the caller as the value
+            raise SecretResolutionError(
+                f"thread {self.thread_id!r} run {self.run_id}: the recorded {where} is a secret "
+                f"stored as a handle, and it cannot be given back: {exc}",
+                handle=exc.handle,
+            ) from exc
 
     def _restore(self, rec: Record) -> None:
         """Set ``run.state`` (in place) to the state committed with ``rec``, migrated to the

@@ -9,17 +9,27 @@ each string rewritten:
    an attacker wrote can never turn into a handle that resolves on load);
 2. every registered value (``pk.secrets.register``) becomes ``$CRED{<name>}``;
 3. every match of a detector (``_detect``) becomes ``$CRED{<kind>-<tag>}``, the
-   tag a keyed hash of the value (the vault's key, else a per-process random
-   key): it never reveals the value, and with a vault it is the same in every
-   process. The value goes to the vault, if one is configured.
+   tag a keyed hash of the value (the vault's key, else the store's handle key
+   from ``_handlekey`` where a store reader cannot use it to test guesses, else
+   a per-process key: see ``Redactor._key_for``): it never reveals the value
+   and is the same in every process that uses the store or the vault. The value
+   goes to the vault, if one is configured;
+4. in recorded errors and run metadata only, random-looking tokens
+   (``_entropy``) become ``$CRED{high_entropy-<tag>}``; in a record holding an
+   AWS access key id, a bare 40-character AWS-secret-looking value becomes
+   ``$CRED{aws_secret_key-<tag>}``.
+
+JSON of 4 KB or more is remembered with its redacted form, so an unchanged
+value is not scanned again.
 
 ``pk.Secret`` and pydantic ``SecretStr`` / ``SecretBytes`` values are encoded
 by the serializer as a handle only (tag ``sec``).
 
 Read side: strings in decoded values have their handles substituted back when
 a resolver knows them (registered values and resolvers, this process's memory
-of what it redacted, the configured resolver callable, the vault), else keep
-the handle text. ``Secret`` / ``SecretStr`` come back lazy: they resolve at
+of what it redacted, the configured resolver callable, the vault, a registered
+value whose tag is the handle's), else keep the handle text — except a string
+that is one handle and nothing else, which raises ``SecretResolutionError``. ``Secret`` / ``SecretStr`` come back lazy: they resolve at
 ``.reveal()`` / ``.get_secret_value()``.
 """
 
@@ -29,16 +39,41 @@ import hashlib
 import hmac
 import os
 import re
-import threading
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._detect import BUILTIN, TOKEN_LOOSE, Detector
+from ._detect import BUILTIN, TOKEN_KINDS, matches
+from ._entropy import random_spans
 from ._errors import ConfigurationError, SecretResolutionError, install_scrubber
+from ._scan import _may_match_builtin  # noqa: F401 - the first pass, checked by the tests from here
+from ._scan import candidates as _candidates
+from ._scan import extra_match as _extra_match
+from ._scan import has_access_key_id as _has_access_key_id
+from ._secret_registry import (
+    _MIN_REGISTERED,
+    Vault,
+    _check_name,
+    _config,
+    _generation,
+    _learn,
+    _loaded,
+    _lock,
+    _memory,
+    _resolvers,
+    _search,
+    _values,
+    configure,
+    from_env,
+    register,
+    unregister,
+)
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
     from pydantic_core import CoreSchema
+
+    from .backends import Backend
 
 __all__ = [
     "Redactor",
@@ -55,157 +90,19 @@ __all__ = [
 
 T = TypeVar("T", str, bytes)
 _HANDLE_RE = re.compile(r"\$CRED\{([^{}\s]{1,200})\}")
-_NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}\Z")
-_MIN_REGISTERED = 4  # shorter registered values would rewrite ordinary words
 _MEMORY_LIMIT = 10_000
-_PROCESS_KEY = os.urandom(32)  # names detected secrets' handles when no vault is configured
+_PROCESS_KEY = os.urandom(32)  # names handles when neither a vault nor the store can give a key
 _MASK = "**********"
-
-
-class Vault(Protocol):
-    """Where detected secrets are kept so another process can resolve their handles."""
-
-    def get(self, name: str) -> str | bytes | None: ...
-
-    def put(self, name: str, value: str | bytes) -> None: ...
-
-    def handle_key(self) -> bytes: ...
-
-
-# -- process-wide registry and configuration ---------------------------------------------
-
-_lock = threading.Lock()
-_values: dict[str, str | bytes] = {}  # name -> value (registered, or learned from a resolver)
-_resolvers: dict[str, Callable[[], str | bytes | None]] = {}
-_memory: dict[str, str | bytes] = {}  # handle name -> value this process redacted
-_loaded: set[str] = set()  # handle texts read back unresolved: written again as handles, not escaped
-_search: list[tuple[bytes, str | bytes, str]] = []  # (JSON-escaped bytes, value, name), longest first
-
-
-class _Config:
-    detect: bool = True
-    vault: Vault | None = None
-    detectors: tuple[Detector, ...] = BUILTIN
-    resolver: Callable[[str], str | bytes | None] | None = None
-
-
-_config = _Config()
-
-
-def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name == "$":
-        raise ConfigurationError(
-            f"secret names are 1-100 characters of letters, digits and _ . : -, got {type(name).__name__}"
-            + (f" {name!r}" if isinstance(name, str) and len(name) <= 100 else "")
-        )
-    return name
-
-
-def _learn(name: str, value: str | bytes) -> None:
-    """Remember a registered value so every occurrence of it is redacted."""
-    if isinstance(value, str) and len(value) < _MIN_REGISTERED:
-        raise ConfigurationError(
-            f"secret {name!r}: values shorter than {_MIN_REGISTERED} characters cannot be registered "
-            "(every occurrence of them in stored text would be rewritten)"
-        )
-    with _lock:
-        _values[name] = value
-        _search[:] = [e for e in _search if e[2] != name]
-        if isinstance(value, str):
-            forms = {_json_escaped(value, False), _json_escaped(value, True)}
-            _search.extend((f, value, name) for f in forms)
-            _search.sort(key=lambda e: -len(e[1]))
-
-
-def _json_escaped(value: str, ascii_only: bool) -> bytes:
-    import json
-
-    return json.dumps(value, ensure_ascii=ascii_only)[1:-1].encode("utf-8", "surrogatepass")
-
-
-def register(
-    name: str, value: str | bytes | None = None, *, resolver: Callable[[], str | bytes | None] | None = None
-) -> None:
-    """Register a secret by name: its value (every occurrence in stored text becomes
-    ``$CRED{name}``) or a ``resolver`` called at the point of use (its value is redacted
-    from then on)."""
-    _check_name(name)
-    if (value is None) == (resolver is None):
-        raise ConfigurationError(f"pk.secrets.register({name!r}, ...) takes a value or resolver=, exactly one")
-    if resolver is not None:
-        if not callable(resolver):
-            raise ConfigurationError(f"resolver for secret {name!r} must be callable")
-        with _lock:
-            _resolvers[name] = resolver
-        return
-    if not isinstance(value, str | bytes):
-        raise ConfigurationError(f"secret {name!r} must be a str or bytes, got {type(value).__name__}")
-    _learn(name, value)
-
-
-def from_env(name: str, variable: str) -> None:
-    """Register secret ``name`` as the environment variable ``variable`` (read at the point
-    of use; its current value is redacted from now on)."""
-    _check_name(name)
-    if not isinstance(variable, str) or not variable:
-        raise ConfigurationError("pk.secrets.from_env needs the name of an environment variable")
-
-    def read() -> str | None:
-        return os.environ.get(variable)
-
-    with _lock:
-        _resolvers[name] = read
-    current = read()
-    if current is not None and len(current) >= _MIN_REGISTERED:
-        _learn(name, current)
-
-
-def unregister(name: str) -> None:
-    """Forget a registered secret (mostly for tests)."""
-    with _lock:
-        _values.pop(name, None)
-        _resolvers.pop(name, None)
-        _search[:] = [e for e in _search if e[2] != name]
-
-
-def configure(
-    *,
-    vault: Vault | bool | None = False,
-    detect: bool | None = None,
-    detectors: Iterable[Detector | tuple[str, str]] | None = None,
-    resolver: Callable[[str], str | bytes | None] | bool | None = False,
-) -> None:
-    """Process-wide settings (stores opened without their own ``redact=``/``vault=`` follow them).
-
-    ``vault``: where detected secrets are kept (None: nowhere). ``detect``: run the
-    pattern detectors (registered values and Secret types are always handled).
-    ``detectors``: extra ``Detector`` objects or ``(kind, regex)`` pairs, added to
-    the built-in ones. ``resolver``: a callable ``name -> value or None`` asked for
-    handles nothing else knows.
-    """
-    if vault is not False:
-        if vault is not None and not all(hasattr(vault, a) for a in ("get", "put", "handle_key")):
-            raise ConfigurationError("vault must be a pk.secrets.FileVault (or have get/put/handle_key)")
-        _config.vault = vault  # type: ignore[assignment]
-    if detect is not None:
-        _config.detect = bool(detect)
-    if detectors is not None:
-        extra: list[Detector] = []
-        for d in detectors:
-            if isinstance(d, tuple):
-                d = Detector(_check_name(d[0]), d[1])
-            if not isinstance(d, Detector):
-                raise ConfigurationError("detectors takes pk.secrets.Detector objects or (kind, regex) pairs")
-            try:
-                d.regex  # noqa: B018 - compile now: a bad pattern is a configuration error
-            except re.error as exc:
-                raise ConfigurationError(f"detector {d.kind!r}: invalid regular expression ({exc})") from exc
-            extra.append(d)
-        _config.detectors = BUILTIN + tuple(extra)
-    if resolver is not False:
-        if resolver is not None and not callable(resolver):
-            raise ConfigurationError("resolver must be a callable name -> value or None")
-        _config.resolver = resolver
+#: Kinds whose values are machine-made random tokens: a key a store reader can read
+#: does not let them guess these from a handle's tag (see Redactor._key_for).
+_UNGUESSABLE = TOKEN_KINDS | {"private_key", "jwt", "aws_secret_key", "high_entropy"}
+#: Top-level keys of a record whose text is written for people (recorded errors,
+#: run metadata): the high-entropy rule applies there, not to state or results.
+PEOPLE_KEYS = ("e", "m")
+#: Stored JSON at least this long is remembered with its redacted form, so an
+#: unchanged value (a big state channel re-serialized at every step) is not scanned again.
+_CACHE_MIN = 4096
+_CACHE_BYTES = 64 << 20
 
 
 # -- the Secret type ------------------------------------------------------------------------
@@ -287,11 +184,22 @@ class Secret(Generic[T]):
 
 
 def _unresolved(name: str) -> SecretResolutionError:
+    kind, _, tag = name.rpartition("-")
+    if kind and len(tag) == 16:  # a detected secret: any registered value with this tag resolves it
+        how = (
+            f"Register the value in this process under any name before resuming "
+            f"(pk.secrets.from_env({kind!r}, 'ENV_VAR') or pk.secrets.register({kind!r}, value)): "
+            "a registered value whose keyed tag is this handle's resolves it. Or configure the "
+            "vault it was stored in (pk.secrets.configure(vault=pk.secrets.FileVault(...)))"
+        )
+    else:
+        how = (
+            f"Register it (pk.secrets.register({name!r}, ...) or pk.secrets.from_env({name!r}, 'ENV_VAR')) "
+            "or configure the vault it was stored in (pk.secrets.configure(vault=...))"
+        )
     return SecretResolutionError(
         f"handle $CRED{{{name}}} cannot be resolved: no registered value or resolver, no "
-        "environment binding and no vault entry knows it. Register it "
-        f"(pk.secrets.register({name!r}, ...) or pk.secrets.from_env({name!r}, 'VAR')) or "
-        "configure the vault it was stored in (pk.secrets.configure(vault=...))",
+        f"environment binding and no vault entry knows it. {how}",
         handle=name,
     )
 
@@ -369,14 +277,27 @@ class Redactor:
     """Turns secrets into handles in stored trees, and handles back into values on load.
 
     ``detect``/``vault`` of None follow ``pk.secrets.configure``; ``enabled=False``
-    stores free text as is (Secret types are still stored as handles).
+    stores free text as is (Secret types are still stored as handles). A store
+    attaches its backend (:meth:`attach`): the store's handle key then names
+    detected secrets' handles, the same in every process (``_handlekey``).
     """
 
-    def __init__(self, *, enabled: bool = True, detect: bool | None = None, vault: Vault | None = None) -> None:
+    def __init__(
+        self, *, enabled: bool = True, detect: bool | None = None, vault: Vault | None = None
+    ) -> None:
         self.enabled = enabled
         self._detect = detect
         self._vault = vault
         self._vaulted: set[str] = set()
+        self._backend: Backend | None = None
+        # scan cache: (len, head, tail, mode, generation) -> (JSON bytes, redacted bytes)
+        self._scanned: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+        self._scanned_bytes = 0
+
+    def attach(self, backend: Backend) -> None:
+        """Name handles with the handle key of the store behind ``backend`` (the first one attached)."""
+        if self._backend is None:
+            self._backend = backend
 
     @property
     def detect(self) -> bool:
@@ -388,11 +309,32 @@ class Redactor:
 
     # -- names ---------------------------------------------------------------------------
 
-    def _tag(self, value: str | bytes) -> str:
+    def _store_key(self) -> tuple[bytes, bool] | None:
+        if self._backend is None:
+            return None
+        from ._handlekey import store_key
+
+        return store_key(self._backend)
+
+    def _key_for(self, kind: str) -> bytes:
+        """The key that names a handle of ``kind``: the vault's; else the store's, when a
+        reader of the store cannot use it to test guesses (the store is encrypted, or
+        values of this kind are machine-made random tokens); else this process's."""
         vault = self.vault
-        key = vault.handle_key() if vault is not None else _PROCESS_KEY
+        if vault is not None:
+            return vault.handle_key()
+        found = self._store_key()
+        if found is not None and (found[1] or kind in _UNGUESSABLE):
+            return found[0]
+        return _PROCESS_KEY
+
+    @staticmethod
+    def _hmac(key: bytes, value: str | bytes) -> str:
         raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
         return hmac.new(key, raw, hashlib.blake2b).hexdigest()[:16]
+
+    def _tag(self, value: str | bytes, kind: str = "secret") -> str:
+        return self._hmac(self._key_for(kind), value)
 
     def _keep(self, name: str, value: str | bytes) -> None:
         """Remember a redacted value in this process, and in the vault when there is one."""
@@ -432,7 +374,35 @@ class Redactor:
             if value is not None:
                 return value
         vault = self.vault
-        return None if vault is None else vault.get(name)
+        value = None if vault is None else vault.get(name)
+        return value if value is not None else self._match_tag(name)
+
+    def _match_tag(self, name: str) -> str | bytes | None:
+        """The registered value (``register``, ``from_env``, a resolver's) whose tag is
+        the tag of handle ``name`` (``<kind>-<tag>``), under any key that may have named it."""
+        kind, _, tag = name.rpartition("-")
+        if not kind or len(tag) != 16:
+            return None
+        keys = [_PROCESS_KEY]
+        found = self._store_key()
+        if found is not None:
+            keys.insert(0, found[0])
+        vault = self.vault
+        if vault is not None:
+            keys.insert(0, vault.handle_key())
+        candidates: list[str | bytes] = list(_values.values())
+        for rname, resolver in list(_resolvers.items()):
+            if rname not in _values:
+                value = self._call(rname, resolver)
+                if isinstance(value, str | bytes):
+                    candidates.append(value)
+        for value in candidates:
+            for key in keys:
+                if hmac.compare_digest(self._hmac(key, value), tag):
+                    with _lock:
+                        _memory[name] = value
+                    return value
+        return None
 
     @staticmethod
     def _call(name: str, fn: Callable[[], str | bytes | None]) -> str | bytes | None:
@@ -447,18 +417,54 @@ class Redactor:
 
     # -- write side ------------------------------------------------------------------------
 
-    def redact_json(self, data: bytes, tree: Any, dump: Callable[[Any], bytes], stable: bool = False) -> bytes:
-        """``data`` (the JSON of ``tree``) with secrets replaced; ``data`` itself when none can be there."""
-        if not self.enabled or not self._maybe(data):
+    def redact_json(
+        self,
+        data: bytes,
+        tree: Any,
+        dump: Callable[[Any], bytes],
+        stable: bool = False,
+        people: tuple[str, ...] = (),
+    ) -> bytes:
+        """``data`` (the JSON of ``tree``) with secrets replaced; ``data`` itself when none can be there.
+
+        ``stable``: handles are ``$CRED{}`` (a digest's form: the same in every process,
+        for any secret). ``people``: top-level keys of ``tree`` whose text is for people
+        (recorded errors, metadata), where the high-entropy rule applies too.
+        """
+        if not self.enabled:
             return data
-        out = self._walk(tree, stable, 0)
-        return dump(out)
+        ckey: tuple[Any, ...] | None = None
+        if len(data) >= _CACHE_MIN:
+            ckey = (len(data), data[:64], data[-64:], stable, people, _generation[0])
+            hit = self._scanned.get(ckey)
+            if hit is not None and hit[0] == data:
+                return hit[1]
+        out = data
+        loud = self._people_hit(tree, people, dump) if people else ()
+        kinds = self._scan(data)
+        if loud or kinds is not None:
+            pair = self.detect and _has_access_key_id(data)
+            out = dump(self._walk(tree, _DIGEST if stable else _TAG, 0, pair, False, loud, kinds or _NO_KINDS))
+        if ckey is not None:
+            if self._scanned_bytes + 2 * len(data) > _CACHE_BYTES:
+                self._scanned.clear()
+                self._scanned_bytes = 0
+            self._scanned[ckey] = (data, out)
+            self._scanned_bytes += len(data) + (len(out) if out is not data else 0)
+        return out
+
+    def _people_hit(self, tree: Any, keys: tuple[str, ...], dump: Callable[[Any], bytes]) -> tuple[str, ...]:
+        """The keys of ``tree`` among ``keys`` whose text has a random-looking token."""
+        if type(tree) is not dict or not self.detect:
+            return ()
+        return tuple(k for k in keys if k in tree and any(random_spans(t) for t in _texts(tree[k])))
 
     def may_hold_secret(self, data: bytes) -> bool:
         """False only when redaction would leave these JSON bytes as they are."""
         return self.enabled and self._maybe(data)
 
     def _maybe(self, data: bytes) -> bool:
+        """False only when redaction would leave JSON ``data`` as it is (the per-step test)."""
         # A one-byte search is a memchr: gate the longer ones on a rare byte. find(), not
         # `in`: bytes.__contains__ first tries its argument as an int and builds (then
         # drops) a TypeError each time, which costs more than the search.
@@ -469,67 +475,138 @@ class Redactor:
             if find(form) >= 0:
                 return True
         if _config.detect if self._detect is None else self._detect:  # self.detect, without the call
-            if _may_match_builtin(data):
+            if _candidates(data):
                 return True
             extra = _config.detectors[len(BUILTIN) :]
             if extra:
                 return _extra_match(data, extra)
         return False
 
-    def _walk(self, node: Any, stable: bool, depth: int) -> Any:
+    def _scan(self, data: bytes) -> AbstractSet[str] | None:
+        """None when no secret can be in JSON ``data``; else the detectors worth running
+        (the built-in ones the first pass found candidates for, and every extra one)."""
+        find = data.find
+        found = find(b"$") >= 0 and find(b"$CRED{") >= 0
+        found = found or any(find(form) >= 0 for form, _, _ in _search)
+        if not self.detect:
+            return _NO_KINDS if found else None
+        kinds = _candidates(data)  # once: the walk runs what it names
+        extra = _config.detectors[len(BUILTIN) :]
+        if extra and (found or kinds or _extra_match(data, extra)):
+            kinds = kinds | {d.kind for d in extra}
+        return kinds if (found or kinds) else None
+
+    def _walk(
+        self, node: Any, mode: str, depth: int, pair: bool, people: bool, loud: tuple[str, ...] = (), kinds: AbstractSet[str] | None = None
+    ) -> Any:
+        """``node`` redacted; ``loud``: keys of this dict whose values are text for people;
+        ``kinds``: the detectors to run (None: all)."""
         t = type(node)
         if t is str:
-            return self.redact_text(node, stable=stable)
+            return self.redact_text(node, mode=mode, pair=pair, people=people, kinds=kinds)
         if t is list:
-            return [self._walk(v, stable, depth + 1) for v in node]
+            return [self._walk(v, mode, depth + 1, pair, people, (), kinds) for v in node]
         if t is dict:
+            if mode == _DIGEST and node.get("__pk__") == "sec":
+                return {**node, "v": ""}  # a Secret's handle name: per-process for an unnamed one
             out: dict[str, Any] = {}
+            scalar = "__pk__" in node  # a typed value: its "v" string encodes bytes, a number, a date...
             for k, v in node.items():
-                nk = self.redact_text(k, stable=stable)
-                if type(v) is str and self.detect and _AWS_KEY_NAME.search(k) and _AWS_SECRET.fullmatch(v):
-                    out[nk] = self._handle("aws_secret_key", v, stable)
+                nk = self.redact_text(k, mode=mode, pair=pair, people=people, kinds=kinds)
+                if scalar and k == "v" and type(v) is str:  # not text: only the pattern detectors, as ever
+                    out[nk] = self.redact_text(v, mode=mode, kinds=kinds)
+                elif type(v) is str and self.detect and _AWS_KEY_NAME.search(k) and _AWS_SECRET.fullmatch(v):
+                    out[nk] = self._handle("aws_secret_key", v, mode)
                 else:
-                    out[nk] = self._walk(v, stable, depth + 1)
+                    out[nk] = self._walk(v, mode, depth + 1, pair, people or k in loud, (), kinds)
             return out
         return node
 
-    def _handle(self, kind: str, value: str, stable: bool) -> str:
-        if stable:
+    def _handle(self, kind: str, value: str, mode: str) -> str:
+        if mode == _KIND:
             return f"$CRED{{{kind}}}"
-        name = f"{kind}-{self._tag(value)}"
+        if mode == _DIGEST:
+            return "$CRED{}"
+        name = f"{kind}-{self._tag(value, kind)}"
         self._keep(name, value)
         return f"$CRED{{{name}}}"
 
-    def redact_text(self, text: str, *, stable: bool = False, escape: bool = True) -> str:
-        """``text`` with handles escaped, registered values and detected secrets replaced."""
+    def redact_text(
+        self,
+        text: str,
+        *,
+        stable: bool = False,
+        escape: bool = True,
+        mode: str | None = None,
+        pair: bool = False,
+        people: bool = False,
+        kinds: AbstractSet[str] | None = None,
+    ) -> str:
+        """``text`` with handles escaped, registered values and detected secrets replaced.
+
+        ``stable``: handles name only their kind (``$CRED{openai}``: error messages).
+        ``pair``: the record holds an AWS access key id, so a bare 40-character
+        AWS-secret-looking value is one. ``people``: text for people, where the
+        high-entropy rule applies too. ``kinds``: run only these detectors (the ones
+        the first pass over the record found candidates for); None: all.
+        """
+        if mode is None:
+            mode = _KIND if stable else _TAG
         if escape and "$CRED{" in text:
             text = _HANDLE_OR_OPEN.sub(_escape, text)
+            if mode == _DIGEST:  # a handle read back unresolved stands for its value: any secret
+                text = _HANDLE_RE.sub(_digest_handle, text)
         for _, value, name in _search:
             if isinstance(value, str) and value in text:
-                text = text.replace(value, f"$CRED{{{name}}}")
+                text = text.replace(value, "$CRED{}" if mode == _DIGEST else f"$CRED{{{name}}}")
         if not self.detect:
             return text
         for det in _config.detectors:
-            rx = det.regex
-            if rx.search(text) is None:
+            if kinds is not None and det.kind not in kinds:
                 continue
-            kind = det.kind
-
-            def sub(m: re.Match[str], kind: str = kind) -> str:
-                if "s" in m.re.groupindex and m.group("s") is not None:
-                    start, end = m.span("s")
-                    whole = m.group(0)
-                    off = m.start(0)
-                    return whole[: start - off] + self._handle(kind, m.group("s"), stable) + whole[end - off :]
-                return self._handle(kind, m.group(0), stable)
-
-            text = rx.sub(sub, text)
+            found = matches(det, text)
+            if found:
+                text = self._replace(text, found, det.kind, mode)
+        if pair:
+            found = [m for m in _AWS_SECRET_BARE.finditer(text) if _mixed(m[0])]
+            if found:
+                text = self._replace(text, found, "aws_secret_key", mode)
+        if people:
+            spans = random_spans(text)
+            if spans:
+                parts: list[str] = []
+                last = 0
+                for start, end in spans:
+                    parts += (text[last:start], self._handle("high_entropy", text[start:end], mode))
+                    last = end
+                parts.append(text[last:])
+                text = "".join(parts)
         return text
+
+    def _replace(self, text: str, found: list[re.Match[str]], kind: str, mode: str) -> str:
+        parts: list[str] = []
+        last = 0
+        for m in found:
+            if "s" in m.re.groupindex and m.group("s") is not None:
+                start, end = m.span("s")
+            else:
+                start, end = m.span()
+            parts += (text[last:start], self._handle(kind, text[start:end], mode))
+            last = end
+        parts.append(text[last:])
+        return "".join(parts)
 
     # -- read side ---------------------------------------------------------------------------
 
     def reveal_text(self, text: str) -> str:
-        """A stored text with its handles resolved where a resolver knows them."""
+        """A stored text with its handles resolved where a resolver knows them.
+
+        A text that is one handle and nothing else stood for a value that was all
+        secret (an API key a step returned): handing its handle text to code that
+        expects the value would be a silently wrong value, so it resolves or raises
+        ``SecretResolutionError`` naming what to configure. A handle inside a longer
+        text (a message quoting a key) stays as it is when nothing knows it.
+        """
 
         def sub(m: re.Match[str]) -> str:
             name = m[1]
@@ -537,6 +614,8 @@ class Redactor:
                 return "$CRED{"
             value = self.lookup(name)
             if value is None:
+                if m.end() - m.start() == len(text):
+                    raise _unresolved(name)
                 _loaded.add(m[0])
                 return m[0]
             return value if isinstance(value, str) else value.decode("utf-8", "replace")
@@ -582,6 +661,37 @@ def _bytes_type() -> type:
 
 
 _HANDLE_OR_OPEN = re.compile(r"\$CRED\{(?:[^{}\s]{1,200}\})?")
+_NO_KINDS: frozenset[str] = frozenset()
+_TAG, _KIND, _DIGEST = "tag", "kind", "digest"  # handle forms: named by a keyed tag, by kind, or "$CRED{}"
+# An AWS secret access key without a keyword before it: 40 base64 characters, both
+# letter cases, in a record that also holds an access key id (see redact_json).
+_AWS_SECRET_BARE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+def _texts(node: Any) -> Iterator[str]:
+    """The strings of an encoded tree that are text (keys and values; not the encoded
+    scalar of a typed value such as bytes' base64)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if type(n) is str:
+            yield n
+        elif type(n) is list:
+            stack.extend(n)
+        elif type(n) is dict:
+            scalar = "__pk__" in n
+            for k, v in n.items():
+                yield k
+                if not (scalar and k == "v" and type(v) is str):
+                    stack.append(v)
+
+
+def _mixed(value: str) -> bool:
+    return any("a" <= c <= "z" for c in value) and any("A" <= c <= "Z" for c in value)
+
+
+
+
+def _digest_handle(m: re.Match[str]) -> str:
+    return m[0] if m[1] == "$" else "$CRED{}"
 _AWS_KEY_NAME = re.compile(r"(?i)aws_?secret|secret_?access_?key")
 _AWS_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
 
@@ -590,92 +700,6 @@ def _escape(m: re.Match[str]) -> str:
     # A handle this process read back unresolved is written again as the same handle;
     # any other "$CRED{" in text is escaped, so it can never resolve to a secret on load.
     return m[0] if m[0] in _loaded else "$CRED{$}" + m[0][6:]
-
-
-_TOKEN_RX: list[re.Pattern[bytes]] = []  # TOKEN_LOOSE, compiled on first use
-_AWS_PREFIX = re.compile(rb"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|NPA|Iza)")
-# Whole prefixes (ghp_ ... github_pat_, sk_live_ ...), not "_" and "gh" anywhere: an
-# underscore in a step or class name and "gh" in a message ran the token patterns over
-# every such record, ~90% more instructions a step (issue 13, bench/bench_cpu.py).
-_GITHUB_PREFIX = re.compile(rb"g(?:h[pousr]|ithub_pat)_")
-_STRIPE_PREFIX = re.compile(rb"k_(?:live|test)_")
-
-
-def _may_match_builtin(data: bytes) -> bool:
-    """False only when no built-in detector can match in ``data`` (a superset test).
-
-    A regex alternation of every detector costs ~20 µs per KB of JSON (the
-    engine tries each branch at each position), paid on every stored record.
-    Instead: keyword anchors by substring search in the lower-cased bytes, and
-    each token detector's fixed prefix (``sk-``, ``ghp_``, ``xoxb-``, ``AKIA``...);
-    only a prefix found runs the token patterns, stripped of their context
-    assertions (JSON bytes are not the decoded text: a token after an escaped
-    newline follows the letter ``n`` here). Token characters are never escaped
-    in JSON, so a token in a string is a token in the bytes.
-    """
-    # One-byte searches (memchr) are ~20x cheaper than longer ones: rare bytes gate
-    # the anchors that have one. find(), not `in`: see Redactor._maybe.
-    find = data.find
-    if find(b"J") >= 0 and find(b"eyJ") >= 0:
-        return True
-    if find(b"@") >= 0 and find(b"://") >= 0:
-        return True
-    if find(b"Y") >= 0 and find(b"PRIVATE KEY") >= 0:
-        return True
-    lowered = data.lower()
-    lfind = lowered.find
-    if lfind(b"secret") >= 0 or lfind(b"bearer") >= 0:
-        return True
-    if lfind(b"z") >= 0 and lfind(b"authorization") >= 0:
-        return True
-    if not (
-        # openai, anthropic, slack
-        (find(b"-") >= 0 and (find(b"sk-") >= 0 or find(b"xox") >= 0 or find(b"xapp-") >= 0))
-        or (find(b"_") >= 0 and (_GITHUB_PREFIX.search(data) or _STRIPE_PREFIX.search(data)))  # github, stripe
-        or (find(b"A") >= 0 and _AWS_PREFIX.search(data) is not None)  # aws, google
-    ):
-        return False
-    if not _TOKEN_RX:
-        _TOKEN_RX.append(re.compile(TOKEN_LOOSE.encode()))
-    return _TOKEN_RX[0].search(data) is not None
-
-
-def _extra_match(data: bytes, detectors: tuple[Detector, ...]) -> bool:
-    """Whether a configured (non built-in) detector matches a string of JSON ``data``.
-
-    The patterns run on each key and string value, as redaction runs them: a
-    pattern run over the JSON text would miss what it matches only in a whole
-    string (``^...$``) or across an escape (``\\s`` and a newline), and that
-    secret would be stored. ``data`` may be several documents, one per line
-    (a step's arguments and its record, scanned together).
-    """
-    try:
-        import orjson
-
-        loads: Callable[[bytes], Any] = orjson.loads
-    except ImportError:  # pragma: no cover - orjson is a dependency where wheels exist
-        import json
-
-        loads = json.loads
-    stack: list[Any] = []
-    for part in data.split(b"\n"):  # compact JSON has no raw newline: it separates documents
-        try:
-            stack.append(loads(part))
-        except ValueError:
-            return True  # cannot tell: look closer
-    while stack:
-        node = stack.pop()
-        if type(node) is str:
-            if any(d.regex.search(node) for d in detectors):
-                return True
-        elif type(node) is list:
-            stack.extend(node)
-        elif type(node) is dict:
-            for key, value in node.items():
-                if any(d.regex.search(key) for d in detectors):
-                    return True
-                stack.append(value)
-    return False
 
 
 _default: Redactor | None = None

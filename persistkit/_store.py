@@ -76,6 +76,7 @@ class Store:
             raise ConfigurationError(f"Store needs a persistkit Backend, got {type(backend).__name__}")
         self.backend = backend
         self.codec = codec or Codec()
+        self.codec.redactor.attach(backend)  # the store's handle key names detected secrets' handles
         self._closed = False
 
     @property

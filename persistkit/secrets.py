@@ -12,8 +12,11 @@ registered values and resolvers, environment variables, a callable
 (``configure(resolver=...)``) and an encrypted vault file (:class:`FileVault`,
 ``pip install "persistkit[crypto]"``) that keeps detected secrets apart from
 the store. Default: detection on, no vault — a detected secret is never
-stored anywhere, so after a resume in a new process it comes back as its
-unresolved handle text (``resolve()`` on it raises ``SecretResolutionError``).
+stored anywhere. Its handle is named with the store's handle key, the same in
+every process, so registering the value in a new process under any name
+(``from_env``) resolves it there. A stored value that was all secret and that
+nothing can resolve raises ``SecretResolutionError`` when loaded; a handle
+inside a longer text stays as handle text.
 """
 
 from ._detect import BUILTIN as DETECTORS

@@ -21,16 +21,16 @@ import pytest
 from conftest import uid
 
 import persistkit as pk
-from persistkit import _secrets
+from persistkit import _scan, _secrets
 
 
 class _Counting:
     def __init__(self, rx: Any) -> None:
         self.rx, self.calls = rx, 0
 
-    def search(self, data: bytes) -> Any:
+    def match(self, data: bytes, pos: int = 0) -> Any:
         self.calls += 1
-        return self.rx.search(data)
+        return self.rx.match(data, pos)
 
 
 def texts(kind: str) -> list[str]:
@@ -67,12 +67,13 @@ def test_names_do_not_make_the_secret_scan_run_the_token_patterns(
     local_store: pk.Store, monkeypatch: pytest.MonkeyPatch, kind: str, step_name: str, schema: str
 ) -> None:
     _secrets._may_match_builtin(b"sk-" + b"a" * 30)  # compiles the token patterns
-    counting = _Counting(_secrets._TOKEN_RX[0])
-    monkeypatch.setattr(_secrets, "_TOKEN_RX", [counting])
+    counting = {kind: _Counting(rx) for kind, rx in _scan._LOOSE.items()}
+    for token_kind, counter in counting.items():
+        monkeypatch.setitem(_scan._LOOSE, token_kind, counter)
     msgs = texts(kind)
     assert sum("gh" in m for m in msgs) >= 5  # the messages do hold "gh"
     tid = run_agent(local_store, step_name, schema, msgs)
-    assert counting.calls == 0
+    assert sum(c.calls for c in counting.values()) == 0
     assert local_store.get_state(tid)["messages"] == msgs
 
 

@@ -136,6 +136,9 @@ class EncryptedBackend(Backend):
     being migrated); new records are always sealed.
     """
 
+    #: Read by ``_handlekey``: blobs written through this wrapper are encrypted at rest.
+    encrypts_at_rest = True
+
     def __init__(self, inner: Backend, keyring: KeyRing, *, accept_plaintext: bool = False) -> None:
         if not isinstance(inner, Backend):
             raise ConfigurationError(

@@ -54,7 +54,7 @@ from typing import Any
 if typing.TYPE_CHECKING:
     pass
 
-from ._errors import ConfigurationError, SerializationError, StepFailedError
+from ._errors import ConfigurationError, SecretResolutionError, SerializationError, StepFailedError
 from ._registry import (
     _MODULE_RE,
     _MODULES,
@@ -506,7 +506,7 @@ class Serializer:
             raise _Fail(f"unknown tag {tag!r:.40}; the data is corrupt or from a newer persistkit")
         try:
             return handler(self, node, depth)
-        except _Fail:
+        except (_Fail, SecretResolutionError):  # a handle no resolver knows is not malformed data
             raise
         except Exception as exc:
             # The single boundary where stdlib parsers and revived classes' own

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,25 @@ def test_registering_under_any_name_afterwards_resolves_and_replays(local_store:
         assert again.replayed and not again.executed and handed == [KEY]
     finally:
         pk.secrets.unregister(name)
+
+
+@dataclass
+class _Creds:
+    api_key: str
+    region: str
+
+
+def test_an_unknown_handle_inside_a_dataclass_is_a_secret_resolution_error(local_store: pk.Store) -> None:
+    """Not a SerializationError about a 'malformed dc value': the data is fine, a resolver is missing."""
+    thread = uid("dc")
+
+    @pk.checkpointed
+    def creds() -> _Creds:
+        return _Creds(KEY, "eu")
+
+    with pk.resume(thread, store=local_store) as run:
+        creds()
+    _secrets._memory.clear()  # as in a new process
+    with pytest.raises(pk.SecretResolutionError) as info, pk.resume(thread, store=local_store, run_id=run.run_id):
+        creds()
+    assert KEY not in str(info.value) and "from_env" in str(info.value)

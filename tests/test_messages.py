@@ -43,7 +43,10 @@ def _texts() -> list[tuple[str, str]]:
 
 
 TEXTS = _texts()
-CALLS = sorted({(m.group(1), where) for where, text in TEXTS for m in CALL.finditer(text)})
+# run.state.<field>...: the user's own state in an example, not an API.
+CALLS = sorted({
+    (m.group(1), where) for where, text in TEXTS for m in CALL.finditer(text) if not m.group(1).startswith("run.state.")
+})
 VERBS = sorted({(m.group(1), where) for where, text in TEXTS for m in VERB.finditer(text)})
 
 

@@ -8,8 +8,10 @@ Storage layout, per LangGraph thread (= one persistkit thread):
 
 * namespace ``lg:c:<checkpoint_ns>`` — one persistkit checkpoint per LangGraph
   checkpoint, written with ``store.update_state``. Its dict state holds the
-  channel values (each encoded by the saver's ``serde`` into bytes; a list value
-  as a list of per-item encodings, so persistkit appends only the new items).
+  channel values (each encoded by the saver's ``serde``; msgpack is stored as
+  the tree it encodes, so persistkit redacts the secrets in it (``_values``);
+  a list value as a list of per-item encodings, so persistkit appends only the
+  new items).
   Unchanged channels are stored by content hash and not rewritten. The metadata
   holds the LangGraph id, the parent id and the rest of the checkpoint.
 * namespace ``lg:w:<checkpoint_id>:<checkpoint_ns>`` — the pending writes of
@@ -42,6 +44,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 import persistkit as pk
+
+from ._values import from_tree, to_tree
 
 __all__ = ["PersistkitSaver"]
 
@@ -106,11 +110,17 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 
     def _dump_one(self, value: Any) -> dict[str, Any]:
         kind, data = self.serde.dumps_typed(value)
+        if kind == "msgpack":  # stored as its tree, so that persistkit redacts its strings
+            tree = to_tree(data)
+            if tree is not None:
+                return {"t": kind, "m": tree}
         return {"t": kind, "v": data}
 
     def _load(self, stored: Any) -> Any:
         if isinstance(stored, list):
             return [self._load(item) for item in stored]
+        if "m" in stored:
+            return self.serde.loads_typed((stored["t"], from_tree(stored["m"])))
         return self.serde.loads_typed((stored["t"], stored["v"]))
 
     # -- plans (one copy of each operation) -------------------------------------------------

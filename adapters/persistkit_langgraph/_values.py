@@ -1,0 +1,82 @@
+"""LangGraph's serialized values, stored as trees that persistkit redacts like any value.
+
+LangGraph's serializer (``JsonPlusSerializer``) turns every channel value,
+pending write and checkpoint into msgpack bytes. persistkit does not scan
+bytes, so a key in a tool message would reach storage inside them (base64 of
+msgpack). The saver therefore stores msgpack as the tree it encodes: maps,
+arrays, strings, numbers, bytes, and LangGraph's extension records (a pydantic
+model, a ``Send``, a set: a code and a nested msgpack payload, decoded the same
+way) as :class:`MsgpackExt`. persistkit's codec then redacts every string in
+it (registered values, detectors, ``$CRED{`` escaping) and resolves handles on
+load, as for a value of a ``@pk.checkpointed`` step; loading packs the tree
+back into the bytes LangGraph's serializer reads.
+
+A tree is used only when packing it again gives back exactly the bytes the
+serializer produced; any other encoding (``EncryptedSerializer``'s ciphertext,
+pickle, raw ``bytes`` values) is stored as the serializer's bytes, unscanned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ormsgpack
+
+import persistkit as pk
+
+__all__ = ["MsgpackExt", "from_tree", "to_tree"]
+
+_UNPACK = ormsgpack.OPT_NON_STR_KEYS
+_PACK = ormsgpack.OPT_NON_STR_KEYS | ormsgpack.OPT_PASSTHROUGH_DATACLASS
+#: Extension codes whose payload LangGraph packs with msgpack (constructors, methods,
+#: pydantic v1/v2, numpy arrays, delta snapshots): decoded into trees as well.
+_NESTED_CODES = frozenset(range(8))
+
+
+@pk.register
+@dataclass(frozen=True)
+class MsgpackExt:
+    """A msgpack extension record: ``value`` is the decoded payload, or its raw bytes
+    when ``nested`` is false (a code this saver does not know)."""
+
+    code: int
+    value: Any
+    nested: bool
+
+
+def _ext_hook(code: int, data: bytes) -> MsgpackExt:
+    if code in _NESTED_CODES:
+        try:
+            return MsgpackExt(code, ormsgpack.unpackb(data, ext_hook=_ext_hook, option=_UNPACK), True)
+        except (ormsgpack.MsgpackDecodeError, ValueError, TypeError):
+            pass
+    return MsgpackExt(code, bytes(data), False)
+
+
+def _ext_default(obj: Any) -> ormsgpack.Ext:
+    if isinstance(obj, MsgpackExt):
+        data = _pack(obj.value) if obj.nested else obj.value
+        return ormsgpack.Ext(obj.code, data)
+    raise TypeError(f"{type(obj).__name__} is not part of a msgpack tree")
+
+
+def _pack(tree: Any) -> bytes:
+    return ormsgpack.packb(tree, default=_ext_default, option=_PACK)
+
+
+def to_tree(data: bytes) -> Any | None:
+    """The tree encoded by msgpack ``data``, or None when it does not pack back to ``data``
+    exactly (then the bytes are stored as they are)."""
+    try:
+        tree = ormsgpack.unpackb(data, ext_hook=_ext_hook, option=_UNPACK)
+        if _pack(tree) == data:
+            return tree
+    except (ormsgpack.MsgpackDecodeError, ormsgpack.MsgpackEncodeError, ValueError, TypeError):
+        pass
+    return None
+
+
+def from_tree(tree: Any) -> bytes:
+    """The msgpack bytes of a stored tree (its strings as loaded: handles resolved where known)."""
+    return _pack(tree)

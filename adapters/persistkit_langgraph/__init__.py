@@ -19,6 +19,9 @@ Storage layout, per LangGraph thread (= one persistkit thread):
 * namespace ``lg:n`` — the checkpoint namespaces the thread has (for
   ``copy_thread`` and ``list`` without a namespace).
 
+:func:`durable_invoke` runs a turn of a graph so that calling it again after a
+crash continues the run instead of starting it over.
+
 Built only on the public ``persistkit`` API; sync and async share one copy of
 each operation (a generator of store calls, driven by a blocking or an awaiting
 loop).
@@ -42,12 +45,14 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.pregel import Pregel
+from langgraph.types import Command, StateSnapshot
 
 import persistkit as pk
 
 from ._values import from_tree, to_tree
 
-__all__ = ["PersistkitSaver"]
+__all__ = ["PersistkitSaver", "adurable_invoke", "durable_invoke"]
 
 T = TypeVar("T")
 #: One store call: (method name, args, kwargs); the name "emit" hands a value to the caller.
@@ -378,3 +383,50 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         # Same scheme as LangGraph's own savers: monotonic counter + random tie-breaker.
         n = 0 if current is None else current if isinstance(current, int) else int(str(current).split(".")[0])
         return f"{n + 1:032}.{random.random():016}"
+
+
+# -- running a turn durably ----------------------------------------------------------------------
+
+
+def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any:
+    """What to invoke the graph with: None continues the thread's unfinished run."""
+    if isinstance(input, Command):
+        return input  # an answer to interrupt(): LangGraph's own resume
+    if state.next and not state.interrupts:
+        return None  # a run stopped between super-steps (a crash): continue it
+    if input is None and not state.config.get("configurable", {}).get("checkpoint_id"):
+        thread_id, ns = _ids(config)
+        raise pk.NotFoundError(
+            f"thread {thread_id!r}{f' namespace {ns!r}' if ns else ''} has no committed checkpoint "
+            "to continue: the run that should have written one was never started, or died before "
+            "its first checkpoint was committed (durability \"exit\" writes only when a run ends, "
+            "\"async\" in the background). Call durable_invoke(graph, input, config) with the "
+            "run's input to start it again"
+        )
+    return input
+
+
+def durable_invoke(graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any) -> Any:
+    """``graph.invoke`` for one turn, safe to call again with the same arguments after a crash.
+
+    If the thread's latest checkpoint has tasks still to run (the process died
+    mid-run), the run continues from it and ``input`` is not applied again (pass
+    the input the run started with). Otherwise ``input`` starts a run: the first,
+    the next turn, or the same turn again when a crash left nothing committed.
+    ``input=None`` on a thread with no checkpoint is a ``pk.NotFoundError``
+    (LangGraph's own ``invoke(None)`` raises ``EmptyInputError``). A
+    ``Command(resume=...)`` is passed as is. ``durability`` defaults to
+    ``"sync"`` (each super-step committed before the next starts); other keyword
+    arguments go to ``graph.invoke``.
+    """
+    kwargs.setdefault("durability", "sync")
+    return graph.invoke(_turn_input(graph.get_state(config), input, config), config, **kwargs)
+
+
+async def adurable_invoke(
+    graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any
+) -> Any:
+    """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
+    kwargs.setdefault("durability", "sync")
+    state = await graph.aget_state(config)
+    return await graph.ainvoke(_turn_input(state, input, config), config, **kwargs)

@@ -26,7 +26,7 @@ from langgraph.types import Command, interrupt
 import persistkit as pk
 from persistkit.backends import CheckpointRow, Head
 from persistkit.backends.memory import MemoryBackend
-from persistkit_langgraph import PersistkitSaver
+from persistkit_langgraph import PersistkitSaver, adurable_invoke, durable_invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
@@ -259,6 +259,54 @@ def test_sigkill_mid_superstep_resumes_without_rerunning_finished_nodes(
     assert json.loads(second.stdout) == ["plan", "fast", "slow", "finish"]
     # plan's checkpoint and fast's pending writes replayed; slow was in flight and ran again.
     assert Counter(log.read_text().split()) == Counter(plan=1, fast=1, slow=2, finish=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "durability", "kill"),
+    [("sqlite", mode, kill) for mode in ("exit", "async", "sync") for kill in "acd"] + [("postgres", "async", "c")],
+)
+def test_durable_invoke_after_a_crash_in_each_durability_mode(
+    kind: str, durability: str, kill: str,
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+) -> None:
+    """Instant nodes a b c d, the process killed in one: the same call again finishes the run once.
+
+    Never LangGraph's EmptyInputError (nothing committed: the input starts the run again),
+    never the turn appended twice (a b c a b c d); "sync" re-runs only the node in flight.
+    """
+    url = make_url(kind, request, tmp_path_factory)
+    log, thread = tmp_path / "calls.log", uid("lg")
+    script = ROOT / "tests" / "adapters" / "langgraph_durability_graph.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(script), "persistkit", url, thread, str(log), durability, kill]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -9, first.stderr
+    ran_before = log.read_text().split()
+    assert ran_before == list("abcd"[: "abcd".index(kill) + 1])
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout) == {"items": ["a", "b", "c", "d"]}
+    rerun = log.read_text().split()[len(ran_before) :]
+    assert rerun == list("abcd"[4 - len(rerun) :])  # a suffix of the graph, each node once
+    assert kill in rerun
+    if durability == "sync":
+        assert rerun == list("abcd"["abcd".index(kill) :])  # only the node in flight, then the rest
+
+
+def test_durable_invoke_continues_starts_and_refuses_an_empty_thread(saver: PersistkitSaver) -> None:
+    calls: Counter[str] = Counter()
+    graph = chain(calls, "draft", "send", ask="send").compile(checkpointer=saver)
+    config = cfg(uid("lg"))
+    with pytest.raises(pk.NotFoundError, match="no committed checkpoint"):
+        durable_invoke(graph, None, config)
+    out = durable_invoke(graph, {"items": []}, config)
+    assert "__interrupt__" in out  # an interrupt is not a crash: the input is not re-applied ...
+    out = durable_invoke(graph, Command(resume="yes"), config)  # ... and Command passes through
+    assert out["items"] == ["draft", "send:yes"]
+    out = asyncio.run(adurable_invoke(graph, {"items": ["next"]}, config))  # a finished run: a new turn
+    assert out["items"][:3] == ["draft", "send:yes", "next"]
+    assert calls == Counter(draft=2, send=3)
 
 
 @pytest.mark.slow

@@ -9,19 +9,43 @@ S3 objects) and looks for each key as it is, base64 and hex.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypedDict
+import os
+
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+import asyncio
+import json
+from typing import Annotated, Any, ClassVar, TypedDict
 
 import pytest
 
 pytest.importorskip("langgraph")
+pytest.importorskip("agents")
+pytest.importorskip("crewai")
 
+from agents import Agent, Model, ModelResponse, Usage, function_tool
 from conftest import make_url, uid
+from crewai import Agent as CrewAgent
+from crewai import Crew, Process, Task
+from crewai.flow.flow import Flow, listen, start
+from crewai.flow.persistence import persist
+from crewai.llms.base_llm import BaseLLM
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 from planted import connect, fresh_keys, leaks, raw_bytes, text
+from pydantic import BaseModel
 
+from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff
 from persistkit_langgraph import PersistkitSaver
+from persistkit_openai_agents import PersistkitSession, durable_run
 
 STORES = ["sqlite", "postgres", "redis", "s3"]
 
@@ -77,4 +101,115 @@ def test_langgraph_saver_stores_no_secret(url: str) -> None:
         config = {**config, "configurable": {"thread_id": uid("lg")}}
     data = raw_bytes(url)
     assert b"$CRED{openai-" in data  # the store holds handles where the keys were
+    assert leaks(data, keys) == []
+
+
+# -- OpenAI Agents SDK ------------------------------------------------------------------------------
+
+
+class LeakyModel(Model):
+    """Turn 1 calls ``lookup`` with a key in its arguments; turn 2 answers with every key."""
+
+    def __init__(self, keys: dict[str, str]) -> None:
+        self.keys, self.said = keys, text(keys)
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
+        answered = any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in input)
+        output: list[Any]
+        if not answered:
+            arguments = json.dumps({"token": self.keys["openai"], "query": self.said})
+            output = [ResponseFunctionToolCall(type="function_call", id="fc_1", call_id="call_1", name="lookup", arguments=arguments)]
+        else:
+            content = [ResponseOutputText(type="output_text", text=f"answer: {self.said}", annotations=[])]
+            output = [ResponseOutputMessage(type="message", id="msg_1", role="assistant", status="completed", content=content)]
+        return ModelResponse(output=output, usage=Usage(requests=1), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def test_openai_agents_run_and_session_store_no_secret(url: str) -> None:
+    keys = fresh_keys()
+    said = text(keys)
+
+    @function_tool
+    def lookup(token: str, query: str) -> str:
+        """Look something up."""
+        return f"tool output: {said}"
+
+    agent = Agent(name="leaky", instructions="help", model=LeakyModel(keys), tools=[lookup])
+    thread = uid("oa")
+
+    async def scenario() -> None:
+        async with connect(url) as store:
+            session = PersistkitSession(thread + "-session", store)
+            for run_id in ("r1", "r1"):  # the second call replays the recorded run
+                result = await durable_run(
+                    agent, f"my keys: {said}", thread_id=thread, store=store, run_id=run_id, session=session
+                )
+                assert result.final_output == f"answer: {said}"
+            items = await session.get_items()
+            assert items[0]["content"] == f"my keys: {said}"  # read back in this process: resolved
+
+    asyncio.run(scenario())
+    data = raw_bytes(url)
+    assert b"$CRED{openai-" in data
+    assert leaks(data, keys) == []
+
+
+# -- CrewAI -------------------------------------------------------------------------------------------
+
+
+class EchoLLM(BaseLLM):
+    """Answers every task with the keys."""
+
+    said: str = ""
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        return f"Thought: done\nFinal Answer: found {self.said}"
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+
+class Notes(BaseModel):
+    id: str = ""
+    notes: list[str] = []
+    config: dict[str, str] = {}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_crewai_crew_and_flow_store_no_secret(url: str) -> None:
+    keys = fresh_keys()
+    said = text(keys)
+    thread, flow_id = uid("crew"), uid("flow")
+    with connect(url) as store:
+        agent = CrewAgent(role="r", goal="g", backstory="b", llm=EchoLLM(model="fake", said=said))
+        tasks = [
+            Task(name=f"t{i}", description=f"part {i}: use {{topic}}", expected_output="text", agent=agent)
+            for i in range(2)
+        ]
+        crew = Crew(agents=[agent], tasks=tasks, process=Process.sequential)
+        out = durable_kickoff(crew, {"topic": said}, thread_id=thread, store=store)
+        assert out.tasks_output[1].raw == f"found {said}"
+
+        persistence = PersistkitFlowPersistence(store)
+
+        @persist(persistence)
+        class Remember(Flow[Notes]):
+            _skip_auto_memory: ClassVar[bool] = True
+
+            @start()
+            def note(self) -> None:
+                self.state.notes.append(said)
+
+            @listen(note)
+            def configure(self) -> None:
+                self.state.config = dict(keys)
+
+        flow = Remember(suppress_flow_events=True)
+        flow.kickoff(inputs={"id": flow_id})
+        assert persistence.load_state(flow_id)["notes"] == [said]  # type: ignore[index]
+    data = raw_bytes(url)
+    assert b"$CRED{openai-" in data
     assert leaks(data, keys) == []

@@ -310,6 +310,37 @@ def test_durable_invoke_continues_starts_and_refuses_an_empty_thread(saver: Pers
 
 
 @pytest.mark.slow
+def test_documented_setup_gives_secrets_back_in_a_new_process(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """docs/adapters-langgraph.md: from_env in every process gives a restored key back; without
+    it a new process sees the handle (never the key)."""
+    import secrets as random_source
+
+    url = make_url("sqlite", request, tmp_path_factory)
+    key = "sk-proj-" + random_source.token_urlsafe(36)
+    script = ROOT / "tests" / "adapters" / "langgraph_secret_process.py"
+    env = {
+        **os.environ,
+        "PK_TEST_OPENAI_KEY": key,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]),
+    }
+    thread = uid("lg")
+
+    def run(mode: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, str(script), mode, url, thread], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    assert run("write") == {"written": True}
+    assert run("read") == {"arg": key, "content": f"logged in with {key} ."}
+    bare = run("read-bare")
+    assert key not in json.dumps(bare)
+    assert bare["content"] is None or "$CRED{openai" in bare["content"]
+
+
+@pytest.mark.slow
 def test_example_runs(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "adapters"), "PERSISTKIT_URL": f"sqlite:///{tmp_path}/ex.db"}
     done = subprocess.run(

@@ -11,8 +11,11 @@ it (registered values, detectors, ``$CRED{`` escaping) and resolves handles on
 load, as for a value of a ``@pk.checkpointed`` step; loading packs the tree
 back into the bytes LangGraph's serializer reads.
 
-A tree is used only when packing it again gives back exactly the bytes the
-serializer produced; any other encoding (``EncryptedSerializer``'s ciphertext,
+A pydantic ``SecretStr`` / ``SecretBytes`` (which LangGraph packs as its
+plain value) is stored as a ``pk.Secret``: a handle, whatever its text, given
+back through the configured resolvers on load (``SecretResolutionError`` if
+none knows it). A tree is used only when packing it again gives back exactly
+the bytes the serializer produced; any other encoding (``EncryptedSerializer``'s ciphertext,
 pickle, raw ``bytes`` values) is stored as the serializer's bytes, unscanned.
 """
 
@@ -32,6 +35,9 @@ _PACK = ormsgpack.OPT_NON_STR_KEYS | ormsgpack.OPT_PASSTHROUGH_DATACLASS
 #: Extension codes whose payload LangGraph packs with msgpack (constructors, methods,
 #: pydantic v1/v2, numpy arrays, delta snapshots): decoded into trees as well.
 _NESTED_CODES = frozenset(range(8))
+_CONSTRUCTOR_SINGLE_ARG = 0
+#: (module, class) of the values LangGraph packs as ``(module, class, value)`` that are secrets.
+_SECRET_TYPES = frozenset({("pydantic.types", "SecretStr"), ("pydantic.types", "SecretBytes")})
 
 
 @pk.register
@@ -54,11 +60,41 @@ def _ext_hook(code: int, data: bytes) -> MsgpackExt:
     return MsgpackExt(code, bytes(data), False)
 
 
-def _ext_default(obj: Any) -> ormsgpack.Ext:
+def _ext_default(obj: Any) -> Any:
     if isinstance(obj, MsgpackExt):
         data = _pack(obj.value) if obj.nested else obj.value
         return ormsgpack.Ext(obj.code, data)
+    if isinstance(obj, pk.Secret):
+        return pk.secrets.resolve(obj)  # SecretResolutionError when nothing knows its handle
     raise TypeError(f"{type(obj).__name__} is not part of a msgpack tree")
+
+
+def _is_secret(ext: MsgpackExt) -> bool:
+    v = ext.value
+    return (
+        ext.code == _CONSTRUCTOR_SINGLE_ARG
+        and ext.nested
+        and type(v) is list
+        and len(v) == 3
+        and (v[0], v[1]) in _SECRET_TYPES
+        and isinstance(v[2], str | bytes)
+    )
+
+
+def _mark_secrets(node: Any) -> Any:
+    """``node`` with the values of secret types wrapped in ``pk.Secret`` (stored as handles)."""
+    if type(node) is MsgpackExt:
+        if _is_secret(node):
+            module, name, value = node.value
+            return MsgpackExt(node.code, [module, name, pk.Secret(value)], True)
+        if node.nested:
+            return MsgpackExt(node.code, _mark_secrets(node.value), True)
+        return node
+    if type(node) is list:
+        return [_mark_secrets(v) for v in node]
+    if type(node) is dict:
+        return {k: _mark_secrets(v) for k, v in node.items()}
+    return node
 
 
 def _pack(tree: Any) -> bytes:
@@ -71,7 +107,7 @@ def to_tree(data: bytes) -> Any | None:
     try:
         tree = ormsgpack.unpackb(data, ext_hook=_ext_hook, option=_UNPACK)
         if _pack(tree) == data:
-            return tree
+            return _mark_secrets(tree)
     except (ormsgpack.MsgpackDecodeError, ormsgpack.MsgpackEncodeError, ValueError, TypeError):
         pass
     return None

@@ -41,7 +41,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 from planted import connect, fresh_keys, leaks, raw_bytes, text
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff
 from persistkit_langgraph import PersistkitSaver
@@ -62,11 +62,13 @@ class Chat(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
     notes: str
     settings: dict[str, Any]
+    login: SecretStr | None
 
 
 def test_langgraph_saver_stores_no_secret(url: str) -> None:
     keys = fresh_keys()
     said = text(keys)
+    password = "no-known-format-" + uid("pw")  # marked by type only: no detector knows it
 
     def model(state: Chat) -> dict[str, Any]:
         call = {"name": "lookup", "args": {"token": keys["openai"], "query": said}, "id": "call-1"}
@@ -76,7 +78,8 @@ def test_langgraph_saver_stores_no_secret(url: str) -> None:
         return {"messages": [ToolMessage(content=f"tool output: {said}", tool_call_id="call-1")]}
 
     def remember(state: Chat) -> dict[str, Any]:
-        return {"notes": said, "settings": {"nested": [{kind: k} for kind, k in keys.items()], said: 1}}
+        settings = {"nested": [{kind: k} for kind, k in keys.items()], said: 1}
+        return {"notes": said, "settings": settings, "login": SecretStr(password)}
 
     builder: StateGraph[Any] = StateGraph(Chat)
     for name, fn in (("model", model), ("tool", tool), ("remember", remember)):
@@ -86,7 +89,7 @@ def test_langgraph_saver_stores_no_secret(url: str) -> None:
     builder.add_edge("tool", "remember")
     builder.add_edge("remember", END)
     config: Any = {"configurable": {"thread_id": uid("lg")}, "metadata": {"note": said}}
-    first = {"messages": [HumanMessage(content=f"my keys: {said}")], "notes": "", "settings": {}}
+    first = {"messages": [HumanMessage(content=f"my keys: {said}")], "notes": "", "settings": {}, "login": None}
     for durability in ("sync", "async", "exit"):
         with PersistkitSaver(connect(url)) as saver:
             saver._owns_store = True
@@ -98,10 +101,11 @@ def test_langgraph_saver_stores_no_secret(url: str) -> None:
             assert values["notes"] == said and values["settings"]["nested"][0]["openai"] == keys["openai"]
             assert values["messages"][2].content == f"tool output: {said}"
             assert values["messages"][1].tool_calls[0]["args"]["token"] == keys["openai"]
+            assert values["login"].get_secret_value() == password
         config = {**config, "configurable": {"thread_id": uid("lg")}}
     data = raw_bytes(url)
     assert b"$CRED{openai-" in data  # the store holds handles where the keys were
-    assert leaks(data, keys) == []
+    assert leaks(data, {**keys, "SecretStr": password}) == []
 
 
 # -- OpenAI Agents SDK ------------------------------------------------------------------------------

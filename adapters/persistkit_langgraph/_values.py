@@ -101,16 +101,33 @@ def _pack(tree: Any) -> bytes:
     return ormsgpack.packb(tree, default=_ext_default, option=_PACK)
 
 
+#: Trees of recently stored values by their msgpack bytes: LangGraph hands every item of a
+#: list channel (the whole conversation) to each ``put``; only the new ones are converted.
+_TREES: dict[bytes, Any] = {}
+_TREES_LIMIT = 32 << 20  # bytes of msgpack keyed, then the cache starts over
+_trees_size = 0
+
+
 def to_tree(data: bytes) -> Any | None:
     """The tree encoded by msgpack ``data``, or None when it does not pack back to ``data``
-    exactly (then the bytes are stored as they are)."""
+    exactly (then the bytes are stored as they are). Trees are shared: never mutate one."""
+    global _trees_size
+    tree = _TREES.get(data)
+    if tree is not None:
+        return tree
     try:
         tree = ormsgpack.unpackb(data, ext_hook=_ext_hook, option=_UNPACK)
-        if _pack(tree) == data:
-            return _mark_secrets(tree)
+        if _pack(tree) != data:
+            return None
     except (ormsgpack.MsgpackDecodeError, ormsgpack.MsgpackEncodeError, ValueError, TypeError):
-        pass
-    return None
+        return None
+    tree = _mark_secrets(tree)
+    if _trees_size + len(data) > _TREES_LIMIT:
+        _TREES.clear()
+        _trees_size = 0
+    _TREES[data] = tree
+    _trees_size += len(data)
+    return tree
 
 
 def from_tree(tree: Any) -> bytes:

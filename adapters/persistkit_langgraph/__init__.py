@@ -392,8 +392,10 @@ def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any
     """What to invoke the graph with: None continues the thread's unfinished run."""
     if isinstance(input, Command):
         return input  # an answer to interrupt(): LangGraph's own resume
-    if state.next and not state.interrupts:
-        return None  # a run stopped between super-steps (a crash): continue it
+    # Tasks of the latest checkpoint: still to run, or done with their writes saved but no
+    # checkpoint after them yet (``state.next`` leaves those out). A finished run has none.
+    if state.tasks and not state.interrupts:
+        return None  # a run stopped mid-way (a crash, or a node that raised): continue it
     if input is None and not state.config.get("configurable", {}).get("checkpoint_id"):
         thread_id, ns = _ids(config)
         raise pk.NotFoundError(
@@ -409,8 +411,8 @@ def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any
 def durable_invoke(graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any) -> Any:
     """``graph.invoke`` for one turn, safe to call again with the same arguments after a crash.
 
-    If the thread's latest checkpoint has tasks still to run (the process died
-    mid-run), the run continues from it and ``input`` is not applied again (pass
+    If the thread's latest checkpoint has tasks (the process died mid-run, or a
+    node raised), the run continues from it and ``input`` is not applied again (pass
     the input the run started with). Otherwise ``input`` starts a run: the first,
     the next turn, or the same turn again when a crash left nothing committed.
     ``input=None`` on a thread with no checkpoint is a ``pk.NotFoundError``

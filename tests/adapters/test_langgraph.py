@@ -229,9 +229,10 @@ def test_unchanged_channels_are_not_rewritten() -> None:
     assert state_size > 230_000
     # LangGraph hands the document over three times before the first step: the input checkpoint
     # (__start__), the input task's pending write, the first checkpoint with a doc channel.
-    # After that no write carries it again.
+    # After that no write carries it again. (Their positions among the first writes vary: LangGraph
+    # saves pending writes from a background thread, so small writes may land in between.)
     big = [i for i, n in enumerate(backend.writes) if n > 50_000]
-    assert len(big) == 3 and big[-1] < 5, backend.writes[:6]
+    assert len(big) == 3 and big[-1] < 8, backend.writes[:8]
     later = backend.writes[big[-1] + 1 :]
     assert len(later) >= 60  # a checkpoint and a pending-writes record per step
     assert max(later) < 4_000, sorted(later)[-5:]  # ~1 KB message + bookkeeping, never the 200 KB doc

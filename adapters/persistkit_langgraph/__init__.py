@@ -128,6 +128,13 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
             return self.serde.loads_typed((stored["t"], from_tree(stored["m"])))
         return self.serde.loads_typed((stored["t"], stored["v"]))
 
+    def _load_lg(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """The ``{"checkpoint", "metadata"}`` of a checkpoint's ``langgraph`` metadata entry."""
+        if "c" in stored:
+            return {"checkpoint": self._load(stored["c"]), "metadata": self._load(stored["m"])}
+        loaded: dict[str, Any] = self._load(stored)  # both in one encoding: written by an earlier saver
+        return loaded
+
     # -- plans (one copy of each operation) -------------------------------------------------
 
     def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any]) -> Plan[CheckpointTuple]:
@@ -185,7 +192,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
         if not cps:
             return None
-        result = yield from self._tuple(cps[0], self._load(cps[0].metadata["langgraph"]))
+        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]))
         return result
 
     def _list(
@@ -209,7 +216,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                         lg_id = cp.metadata["langgraph_id"]
                         if (only_id and lg_id != only_id) or (before_id and lg_id >= before_id):
                             continue
-                        lg = self._load(cp.metadata["langgraph"])
+                        lg = self._load_lg(cp.metadata["langgraph"])
                         if filter and any(lg["metadata"].get(k) != v for k, v in filter.items()):
                             continue
                         tup = yield from self._tuple(cp, lg)
@@ -227,11 +234,15 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         values = rest.pop("channel_values")
         # Every channel of the checkpoint is written: unchanged ones cost a hash, not a write.
         state = {k: self._dump(values[k]) if k in values else None for k in checkpoint["channel_versions"]}
-        lg = {"checkpoint": rest, "metadata": get_checkpoint_metadata(config, metadata)}
+        # The checkpoint's bookkeeping (ids, channel versions) is kept as the serializer's bytes:
+        # run metadata is text for people, where persistkit's high-entropy rule may rewrite ids.
+        # LangGraph's metadata (the caller's included) is a tree, redacted like any value.
+        kind, data = self.serde.dumps_typed(rest)
+        lg = {"c": {"t": kind, "v": data}, "m": self._dump_one(get_checkpoint_metadata(config, metadata))}
         meta = {
             "langgraph_id": checkpoint["id"],
             "langgraph_parent": config["configurable"].get("checkpoint_id"),
-            "langgraph": self._dump_one(lg),
+            "langgraph": lg,
         }
         cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns)
         if cp.parent_id is None:  # first checkpoint of this namespace: register it

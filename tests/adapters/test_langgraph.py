@@ -234,7 +234,7 @@ def test_unchanged_channels_are_not_rewritten() -> None:
     big = [i for i, n in enumerate(backend.writes) if n > 50_000]
     assert len(big) == 3 and big[-1] < 8, backend.writes[:8]
     later = backend.writes[big[-1] + 1 :]
-    assert len(later) >= 60  # a checkpoint and a pending-writes record per step
+    assert len(later) >= 56  # a checkpoint and a pending-writes record per step (a few may come earlier)
     assert max(later) < 4_000, sorted(later)[-5:]  # ~1 KB message + bookkeeping, never the 200 KB doc
     assert sum(later) < state_size  # all 30 steps together write less than one copy of the state
 

@@ -6,7 +6,7 @@ usage: python langgraph_secret_process.py write|read|read-bare URL THREAD
 (``pk.secrets.from_env("openai", "PK_TEST_OPENAI_KEY")``); ``read-bare`` does
 not. ``write`` runs a graph whose tool call and tool output hold the key;
 the readers print the restored tool message and tool-call argument as JSON
-(the argument as the error's type when it cannot be given back).
+(or the error, when a value that was the key alone cannot be given back).
 """
 
 from __future__ import annotations
@@ -56,6 +56,6 @@ with PersistkitSaver.from_url(url) as saver:
             messages = graph.get_state(config).values["messages"]
             arg: Any = messages[1].tool_calls[0]["args"]["api_key"]
             content = messages[2].content
-        except pk.SecretResolutionError as exc:
-            arg, content = type(exc).__name__, None
+        except pk.PersistkitError as exc:  # a value that was the key alone cannot be given back
+            arg, content = f"{type(exc).__name__}: {exc}", None
         print(json.dumps({"arg": arg, "content": content}))

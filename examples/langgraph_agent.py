@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from persistkit_langgraph import PersistkitSaver
+from persistkit_langgraph import PersistkitSaver, durable_invoke
 
 
 def agent(workdir: str, thread_id: str, url: str) -> None:
@@ -65,13 +65,11 @@ def agent(workdir: str, thread_id: str, url: str) -> None:
     with PersistkitSaver.from_url(url) as saver:
         graph = builder.compile(checkpointer=saver)
         config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
-        if saver.get_tuple(config) is None:
-            inputs: Any = {"messages": [HumanMessage("What is the weather in Paris?")]}
-        else:
+        if graph.get_state(config).next:
             print("child: resuming from the last checkpoint", flush=True)
-            inputs = None  # continue where the last run stopped
-        # durability="sync": each step's checkpoint is committed before the next step starts.
-        out = graph.invoke(inputs, config, durability="sync")
+        # The same call after a crash continues the unfinished run (the input is not applied
+        # again); durability="sync" (its default) commits each step before the next starts.
+        out = durable_invoke(graph, {"messages": [HumanMessage("What is the weather in Paris?")]}, config)
         print("answer:", out["messages"][-1].content)
 
 

@@ -8,14 +8,19 @@ Storage layout, per LangGraph thread (= one persistkit thread):
 
 * namespace ``lg:c:<checkpoint_ns>`` — one persistkit checkpoint per LangGraph
   checkpoint, written with ``store.update_state``. Its dict state holds the
-  channel values (each encoded by the saver's ``serde`` into bytes; a list value
-  as a list of per-item encodings, so persistkit appends only the new items).
+  channel values (each encoded by the saver's ``serde``; msgpack is stored as
+  the tree it encodes, so persistkit redacts the secrets in it (``_values``);
+  a list value as a list of per-item encodings, so persistkit appends only the
+  new items).
   Unchanged channels are stored by content hash and not rewritten. The metadata
   holds the LangGraph id, the parent id and the rest of the checkpoint.
 * namespace ``lg:w:<checkpoint_id>:<checkpoint_ns>`` — the pending writes of
   one checkpoint, one dict entry per ``(task_id, idx)``.
 * namespace ``lg:n`` — the checkpoint namespaces the thread has (for
   ``copy_thread`` and ``list`` without a namespace).
+
+:func:`durable_invoke` runs a turn of a graph so that calling it again after a
+crash continues the run instead of starting it over.
 
 Built only on the public ``persistkit`` API; sync and async share one copy of
 each operation (a generator of store calls, driven by a blocking or an awaiting
@@ -40,10 +45,14 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.pregel import Pregel
+from langgraph.types import Command, StateSnapshot
 
 import persistkit as pk
 
-__all__ = ["PersistkitSaver"]
+from ._values import from_tree, to_tree
+
+__all__ = ["PersistkitSaver", "adurable_invoke", "durable_invoke"]
 
 T = TypeVar("T")
 #: One store call: (method name, args, kwargs); the name "emit" hands a value to the caller.
@@ -106,12 +115,25 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 
     def _dump_one(self, value: Any) -> dict[str, Any]:
         kind, data = self.serde.dumps_typed(value)
+        if kind == "msgpack":  # stored as its tree, so that persistkit redacts its strings
+            tree = to_tree(data)
+            if tree is not None:
+                return {"t": kind, "m": tree}
         return {"t": kind, "v": data}
 
     def _load(self, stored: Any) -> Any:
         if isinstance(stored, list):
             return [self._load(item) for item in stored]
+        if "m" in stored:
+            return self.serde.loads_typed((stored["t"], from_tree(stored["m"])))
         return self.serde.loads_typed((stored["t"], stored["v"]))
+
+    def _load_lg(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """The ``{"checkpoint", "metadata"}`` of a checkpoint's ``langgraph`` metadata entry."""
+        if "c" in stored:
+            return {"checkpoint": self._load(stored["c"]), "metadata": self._load(stored["m"])}
+        loaded: dict[str, Any] = self._load(stored)  # both in one encoding: written by an earlier saver
+        return loaded
 
     # -- plans (one copy of each operation) -------------------------------------------------
 
@@ -170,7 +192,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
         if not cps:
             return None
-        result = yield from self._tuple(cps[0], self._load(cps[0].metadata["langgraph"]))
+        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]))
         return result
 
     def _list(
@@ -194,7 +216,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                         lg_id = cp.metadata["langgraph_id"]
                         if (only_id and lg_id != only_id) or (before_id and lg_id >= before_id):
                             continue
-                        lg = self._load(cp.metadata["langgraph"])
+                        lg = self._load_lg(cp.metadata["langgraph"])
                         if filter and any(lg["metadata"].get(k) != v for k, v in filter.items()):
                             continue
                         tup = yield from self._tuple(cp, lg)
@@ -212,11 +234,15 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         values = rest.pop("channel_values")
         # Every channel of the checkpoint is written: unchanged ones cost a hash, not a write.
         state = {k: self._dump(values[k]) if k in values else None for k in checkpoint["channel_versions"]}
-        lg = {"checkpoint": rest, "metadata": get_checkpoint_metadata(config, metadata)}
+        # The checkpoint's bookkeeping (ids, channel versions) is kept as the serializer's bytes:
+        # run metadata is text for people, where persistkit's high-entropy rule may rewrite ids.
+        # LangGraph's metadata (the caller's included) is a tree, redacted like any value.
+        kind, data = self.serde.dumps_typed(rest)
+        lg = {"c": {"t": kind, "v": data}, "m": self._dump_one(get_checkpoint_metadata(config, metadata))}
         meta = {
             "langgraph_id": checkpoint["id"],
             "langgraph_parent": config["configurable"].get("checkpoint_id"),
-            "langgraph": self._dump_one(lg),
+            "langgraph": lg,
         }
         cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns)
         if cp.parent_id is None:  # first checkpoint of this namespace: register it
@@ -368,3 +394,52 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         # Same scheme as LangGraph's own savers: monotonic counter + random tie-breaker.
         n = 0 if current is None else current if isinstance(current, int) else int(str(current).split(".")[0])
         return f"{n + 1:032}.{random.random():016}"
+
+
+# -- running a turn durably ----------------------------------------------------------------------
+
+
+def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any:
+    """What to invoke the graph with: None continues the thread's unfinished run."""
+    if isinstance(input, Command):
+        return input  # an answer to interrupt(): LangGraph's own resume
+    # Tasks of the latest checkpoint: still to run, or done with their writes saved but no
+    # checkpoint after them yet (``state.next`` leaves those out). A finished run has none.
+    if state.tasks and not state.interrupts:
+        return None  # a run stopped mid-way (a crash, or a node that raised): continue it
+    if input is None and not state.config.get("configurable", {}).get("checkpoint_id"):
+        thread_id, ns = _ids(config)
+        raise pk.NotFoundError(
+            f"thread {thread_id!r}{f' namespace {ns!r}' if ns else ''} has no committed checkpoint "
+            "to continue: the run that should have written one was never started, or died before "
+            "its first checkpoint was committed (durability \"exit\" writes only when a run ends, "
+            "\"async\" in the background). Call durable_invoke(graph, input, config) with the "
+            "run's input to start it again"
+        )
+    return input
+
+
+def durable_invoke(graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any) -> Any:
+    """``graph.invoke`` for one turn, safe to call again with the same arguments after a crash.
+
+    If the thread's latest checkpoint has tasks (the process died mid-run, or a
+    node raised), the run continues from it and ``input`` is not applied again (pass
+    the input the run started with). Otherwise ``input`` starts a run: the first,
+    the next turn, or the same turn again when a crash left nothing committed.
+    ``input=None`` on a thread with no checkpoint is a ``pk.NotFoundError``
+    (LangGraph's own ``invoke(None)`` raises ``EmptyInputError``). A
+    ``Command(resume=...)`` is passed as is. ``durability`` defaults to
+    ``"sync"`` (each super-step committed before the next starts); other keyword
+    arguments go to ``graph.invoke``.
+    """
+    kwargs.setdefault("durability", "sync")
+    return graph.invoke(_turn_input(graph.get_state(config), input, config), config, **kwargs)
+
+
+async def adurable_invoke(
+    graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any
+) -> Any:
+    """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
+    kwargs.setdefault("durability", "sync")
+    state = await graph.aget_state(config)
+    return await graph.ainvoke(_turn_input(state, input, config), config, **kwargs)

@@ -15,9 +15,13 @@ Built only on the public ``persistkit`` API.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import functools
+import hashlib
+import json
 import random
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
@@ -177,22 +181,77 @@ class _Thunk:
         self.fn = fn
 
 
+#: Whether a replayed model turn must have been recorded for the same input (durable_run's check_input).
+_CHECK_INPUT: contextvars.ContextVar[bool] = contextvars.ContextVar("persistkit_openai_agents_check_input", default=True)
+_ANY_HANDLE = re.compile(r"\$CRED\{[^{}\s]{1,200}\}")
+
+
+def _comparable(node: Any) -> Any:
+    """``node`` as plain JSON with its secrets as bare ``$CRED{}`` (see :func:`_input_digest`)."""
+    if isinstance(node, str):
+        return _ANY_HANDLE.sub("$CRED{}", pk.secrets.scrub(node))
+    if isinstance(node, dict):
+        return {_comparable(str(k)): _comparable(v) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+        return [_comparable(v) for v in node]
+    if hasattr(node, "model_dump"):
+        return _comparable(node.model_dump(mode="json", exclude_unset=True))
+    if node is None or isinstance(node, bool | int | float):
+        return node
+    return type(node).__qualname__
+
+
+def _input_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A digest of the whole conversation a model turn is called with (``input``).
+
+    Every item counts, whatever the length (persistkit's own argument digest looks
+    only at the ends of a long list). It is taken over the text with secrets
+    replaced by a bare ``$CRED{}``: no stored digest hashes a secret, and a key
+    that a replayed tool output brings back as its handle in a new process
+    compares equal to the key itself.
+    """
+    conversation = kwargs["input"] if "input" in kwargs else args[1] if len(args) > 1 else None
+    text = json.dumps(_comparable(conversation), ensure_ascii=False, sort_keys=True)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 @pk.checkpointed(name="openai-agents.model", check_args=False)
-async def _model_turn(call: _Thunk) -> dict[str, Any]:
-    return _dump_response(await call.fn())
+async def _model_turn(call: _Thunk, input_digest: str) -> dict[str, Any]:
+    return {**_dump_response(await call.fn()), "input_digest": input_digest}
+
+
+def _changed_input(run: pk.Run) -> pk.NonDeterminismError:
+    return pk.NonDeterminismError(
+        f"thread {run.thread_id!r} run {run.run_id}: a model turn of this unfinished run was "
+        "recorded for a different input (the conversation passed to the model changed: the "
+        "input given to durable_run, or an item before this turn). Its recorded answer would "
+        "be replayed for the new input. Call durable_run with the input of the unfinished run "
+        "to continue it, or pass a new run_id (durable_run(..., run_id=...)) to start a new "
+        "run; durable_run(..., check_input=False) replays recorded turns whatever the input"
+    )
 
 
 class DurableModel(Model):
     """A ``Model`` whose ``get_response`` is a persistkit step inside a ``pk.resume`` block
-    (a recorded turn returns its recorded response without calling the model)."""
+    (a recorded turn returns its recorded response without calling the model).
+
+    A recorded turn replays only for the input it was recorded for (a digest of
+    the whole conversation): another input is a ``NonDeterminismError``, unless
+    ``durable_run(..., check_input=False)``.
+    """
 
     def __init__(self, model: Model) -> None:
         self.model = model
 
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        if pk.current_run() is None:
+        run = pk.current_run()
+        if run is None:
             return await self.model.get_response(*args, **kwargs)
-        data = await _model_turn(_Thunk(lambda: self.model.get_response(*args, **kwargs)))
+        digest = _input_digest(args, kwargs)
+        data = await _model_turn(_Thunk(lambda: self.model.get_response(*args, **kwargs)), digest)
+        recorded = data.get("input_digest")  # absent in turns recorded before the check existed
+        if recorded is not None and recorded != digest and _CHECK_INPUT.get():
+            raise _changed_input(run)
         return _load_response(data)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -313,6 +372,7 @@ async def durable_run(
     store: pk.Store | None = None,
     run_id: str | None = None,
     run_config: RunConfig | None = None,
+    check_input: bool = True,
     **kwargs: Any,
 ) -> RunResult:
     """``Runner.run`` as a durable persistkit run on ``thread_id``.
@@ -324,16 +384,25 @@ async def durable_run(
     the same items, a recorded write is not repeated). If the
     run stops for tool approval, its ``RunState`` is stored on the thread (see
     :func:`load_run_state`). Other keyword arguments go to ``Runner.run``.
+
+    A model turn recorded for another input than the one it is called with now
+    (the input changed, or an item before it: a tool that is not a step returned
+    something else) raises ``NonDeterminismError``; ``check_input=False`` replays
+    the recorded turns anyway.
     """
     agent = durable(agent)
     config = _durable_config(run_config)
     if kwargs.get("session") is not None:
         kwargs["session"] = _StepSession(kwargs["session"])
-    async with pk.resume(thread_id, store=store, run_id=run_id) as run:
-        result = await Runner.run(agent, input, run_config=config, **kwargs)
-        pending = result.to_state().to_json() if result.interruptions else None
-        if run.state.get(RUN_STATE_CHANNEL) != pending:
-            run.state[RUN_STATE_CHANNEL] = pending  # committed with the run's end record
+    token = _CHECK_INPUT.set(check_input)
+    try:
+        async with pk.resume(thread_id, store=store, run_id=run_id) as run:
+            result = await Runner.run(agent, input, run_config=config, **kwargs)
+            pending = result.to_state().to_json() if result.interruptions else None
+            if run.state.get(RUN_STATE_CHANNEL) != pending:
+                run.state[RUN_STATE_CHANNEL] = pending  # committed with the run's end record
+    finally:
+        _CHECK_INPUT.reset(token)
     return result
 
 

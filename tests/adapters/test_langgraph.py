@@ -26,7 +26,7 @@ from langgraph.types import Command, interrupt
 import persistkit as pk
 from persistkit.backends import CheckpointRow, Head
 from persistkit.backends.memory import MemoryBackend
-from persistkit_langgraph import PersistkitSaver
+from persistkit_langgraph import PersistkitSaver, adurable_invoke, durable_invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
@@ -229,11 +229,12 @@ def test_unchanged_channels_are_not_rewritten() -> None:
     assert state_size > 230_000
     # LangGraph hands the document over three times before the first step: the input checkpoint
     # (__start__), the input task's pending write, the first checkpoint with a doc channel.
-    # After that no write carries it again.
+    # After that no write carries it again. (Their positions among the first writes vary: LangGraph
+    # saves pending writes from a background thread, so small writes may land in between.)
     big = [i for i, n in enumerate(backend.writes) if n > 50_000]
-    assert len(big) == 3 and big[-1] < 5, backend.writes[:6]
+    assert len(big) == 3 and big[-1] < 8, backend.writes[:8]
     later = backend.writes[big[-1] + 1 :]
-    assert len(later) >= 60  # a checkpoint and a pending-writes record per step
+    assert len(later) >= 56  # a checkpoint and a pending-writes record per step (a few may come earlier)
     assert max(later) < 4_000, sorted(later)[-5:]  # ~1 KB message + bookkeeping, never the 200 KB doc
     assert sum(later) < state_size  # all 30 steps together write less than one copy of the state
 
@@ -259,6 +260,93 @@ def test_sigkill_mid_superstep_resumes_without_rerunning_finished_nodes(
     assert json.loads(second.stdout) == ["plan", "fast", "slow", "finish"]
     # plan's checkpoint and fast's pending writes replayed; slow was in flight and ran again.
     assert Counter(log.read_text().split()) == Counter(plan=1, fast=1, slow=2, finish=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "durability", "kill"),
+    [("sqlite", mode, kill) for mode in ("exit", "async", "sync") for kill in "acd"]
+    + [("sqlite", "sync", "put:b"), ("postgres", "sync", "put:c"), ("postgres", "async", "c")],
+)
+def test_durable_invoke_after_a_crash_in_each_durability_mode(
+    kind: str, durability: str, kill: str,
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+) -> None:
+    """Instant nodes a b c d, the process killed in one: the same call again finishes the run once.
+
+    Never LangGraph's EmptyInputError (nothing committed: the input starts the run again),
+    never the turn appended twice (a b c a b c d); "sync" re-runs only the node in flight.
+    """
+    url = make_url(kind, request, tmp_path_factory)
+    log, thread = tmp_path / "calls.log", uid("lg")
+    script = ROOT / "tests" / "adapters" / "langgraph_durability_graph.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(script), "persistkit", url, thread, str(log), durability, kill]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -9, first.stderr
+    ran_before = log.read_text().split()
+    node = kill.removeprefix("put:")  # "put:b": died after b's writes, before the checkpoint after b
+    assert ran_before == list("abcd"[: "abcd".index(node) + 1])
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout) == {"items": ["a", "b", "c", "d"]}
+    rerun = log.read_text().split()[len(ran_before) :]
+    assert rerun == list("abcd"[4 - len(rerun) :])  # a suffix of the graph, each node once
+    if kill.startswith("put:"):  # b's writes were committed: b is not run again
+        assert rerun == list("abcd"["abcd".index(node) + 1 :])
+    else:
+        assert kill in rerun
+    if durability == "sync" and node == kill:
+        assert rerun == list("abcd"["abcd".index(kill) :])  # only the node in flight, then the rest
+
+
+def test_durable_invoke_continues_starts_and_refuses_an_empty_thread(saver: PersistkitSaver) -> None:
+    calls: Counter[str] = Counter()
+    graph = chain(calls, "draft", "send", ask="send").compile(checkpointer=saver)
+    config = cfg(uid("lg"))
+    with pytest.raises(pk.NotFoundError, match="no committed checkpoint"):
+        durable_invoke(graph, None, config)
+    out = durable_invoke(graph, {"items": []}, config)
+    assert "__interrupt__" in out  # an interrupt is not a crash: the input is not re-applied ...
+    out = durable_invoke(graph, Command(resume="yes"), config)  # ... and Command passes through
+    assert out["items"] == ["draft", "send:yes"]
+    out = asyncio.run(adurable_invoke(graph, {"items": ["next"]}, config))  # a finished run: a new turn
+    assert out["items"][:3] == ["draft", "send:yes", "next"]
+    assert calls == Counter(draft=2, send=3)
+
+
+@pytest.mark.slow
+def test_documented_setup_gives_secrets_back_in_a_new_process(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """docs/adapters-langgraph.md: from_env in every process gives a restored key back; without
+    it a new process sees the handle (never the key)."""
+    import secrets as random_source
+
+    url = make_url("sqlite", request, tmp_path_factory)
+    key = "sk-proj-" + random_source.token_urlsafe(36)
+    script = ROOT / "tests" / "adapters" / "langgraph_secret_process.py"
+    env = {
+        **os.environ,
+        "PK_TEST_OPENAI_KEY": key,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]),
+    }
+    thread = uid("lg")
+
+    def run(mode: str) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, str(script), mode, url, thread], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    assert run("write") == {"written": True}
+    assert run("read") == {"arg": key, "content": f"logged in with {key} ."}
+    bare = run("read-bare")
+    assert key not in json.dumps(bare)
+    if bare["content"] is None:  # the key alone cannot be given back: the error says what to configure
+        assert "SecretResolutionError" in bare["arg"] and "pk.secrets.from_env" in bare["arg"]
+    else:
+        assert "$CRED{openai" in bare["content"]
 
 
 @pytest.mark.slow

@@ -312,3 +312,77 @@ def test_no_pending_approval_on_an_unknown_thread(tmp_path: Path) -> None:
             assert await load_run_state(agent, thread_id="nobody", store=store) is None
 
     asyncio.run(scenario())
+
+
+# -- a changed input on an unfinished run ------------------------------------------------------
+
+
+class FailingOnce(ScriptedModel):
+    """Raises in its ``fail_at``-th call (1-based) of the first run: leaves the run unfinished."""
+
+    def __init__(self, plan: list[Any], log: Path, fail_at: int) -> None:
+        super().__init__(plan, log)
+        self.fail_at, self.calls = fail_at, 0
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("model unavailable")
+        return await super().get_response(system_instructions, input, *args, **kwargs)
+
+
+def _history(n: int, changed: int | None = None) -> list[dict[str, Any]]:
+    """A conversation of ``n`` user messages; item ``changed`` reads differently."""
+    return [msg(f"note {i}" + (" (edited)" if i == changed else "")) for i in range(n)]
+
+
+INPUTS = {  # (input of the unfinished run, input of the resume)
+    "text": ("fetch all", "fetch EVERYTHING"),
+    "long-history-middle": (_history(40), _history(40, changed=20)),
+    "long-history-first": (_history(40), _history(40, changed=0)),
+}
+
+
+@pytest.mark.parametrize("fail_at", [2, 4])
+@pytest.mark.parametrize("case", sorted(INPUTS))
+def test_changed_input_on_an_unfinished_run_is_reported(case: str, fail_at: int, tmp_path: Path) -> None:
+    before, after = INPUTS[case]
+    plan = SEQUENTIAL
+    agent = make_agent(plan, tmp_path)
+    agent.model = FailingOnce(plan, tmp_path / "model.log", fail_at)
+
+    async def scenario() -> None:
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            with pytest.raises(RuntimeError, match="model unavailable"):
+                await durable_run(agent, before, thread_id="t", store=store)
+            calls = len(lines(tmp_path / "model.log"))
+            with pytest.raises(pk.NonDeterminismError, match="different input") as err:
+                await durable_run(agent, after, thread_id="t", store=store)
+            assert "run_id" in str(err.value) and "check_input=False" in str(err.value)
+            assert len(lines(tmp_path / "model.log")) == calls  # no model call for the new input
+            # The unfinished run still continues with its own input: its turns replay.
+            done = await durable_run(agent, before, thread_id="t", store=store)
+            assert done.final_output == "done after 5 tool calls"
+            assert len(lines(tmp_path / "model.log")) == 6
+            # A new run for the new input runs for real.
+            fresh = await durable_run(agent, after, thread_id="t", store=store, run_id="r-new")
+            assert fresh.final_output == "done after 5 tool calls"
+            assert len(lines(tmp_path / "model.log")) == 12
+
+    asyncio.run(scenario())
+    assert Counter(lines(tmp_path / "tools.log")) == {f"work {n}": 2 for n in range(1, 6)}
+
+
+def test_check_input_false_replays_recorded_turns_for_another_input(tmp_path: Path) -> None:
+    agent = make_agent(SEQUENTIAL, tmp_path)
+    agent.model = FailingOnce(SEQUENTIAL, tmp_path / "model.log", 3)
+
+    async def scenario() -> None:
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            with pytest.raises(RuntimeError):
+                await durable_run(agent, "fetch all", thread_id="t", store=store)
+            done = await durable_run(agent, "fetch EVERYTHING", thread_id="t", store=store, check_input=False)
+            assert done.final_output == "done after 5 tool calls"
+
+    asyncio.run(scenario())
+    assert len(lines(tmp_path / "model.log")) == 6  # turns 1-2 replayed, 3-6 ran

@@ -7,9 +7,6 @@ from persistkit.testing.backend_suite import BackendConformance
 # Known departures from the protocol, found by the suite. Strict: the test fails
 # as soon as the store is fixed, so this entry must go with the fix.
 KNOWN_GAPS = {
-    ("redis", "test_reused_checkpoint_id_is_refused_and_writes_nothing"): (
-        "the Redis write script overwrites a row whose checkpoint id exists (and moves the head to it)"
-    ),
     ("s3", "test_reused_checkpoint_id_is_refused_and_writes_nothing"): (
         "the S3 store writes a second row object under an existing checkpoint id"
     ),

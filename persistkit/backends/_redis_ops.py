@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hashlib import sha1
 from typing import Any, TypeVar
 
-from .._errors import ConflictError, IntegrityError
+from .._errors import BackendError, ConflictError, IntegrityError
 from ._protocol import CheckpointRow, Head
 
 _T = TypeVar("_T")
@@ -72,6 +72,9 @@ local cur = redis.call('HMGET', KEYS[1], 'v', 'c')
 local v = tonumber(cur[1]) or 0
 if v ~= tonumber(ARGV[1]) then
   return {0, v, cur[2]}
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
+  return {2, v}
 end
 put_blobs(KEYS[5], KEYS[6], 6)
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
@@ -273,6 +276,11 @@ def op_write(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: 
     ok, version, *found = replies[0]
     if ok == 1:
         return Head(row.checkpoint_id, int(version))
+    if ok == 2:
+        raise BackendError(
+            f"thread {t!r}: checkpoint {row.checkpoint_id} already exists; checkpoint ids are "
+            "never reused (nothing was written)"
+        )
     found_cid = found[0] if found else None
     raise ConflictError(
         thread_id=t,

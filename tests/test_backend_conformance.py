@@ -6,11 +6,8 @@ from persistkit.testing.backend_suite import BackendConformance
 
 # Known departures from the protocol, found by the suite. Strict: the test fails
 # as soon as the store is fixed, so this entry must go with the fix.
-KNOWN_GAPS = {
-    ("s3", "test_reused_checkpoint_id_is_refused_and_writes_nothing"): (
-        "the S3 store writes a second row object under an existing checkpoint id"
-    ),
-}
+# (Redis and S3 accepted a reused checkpoint id until #13's session fixed both.)
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
 def mark_known_gaps(request: pytest.FixtureRequest) -> None:

@@ -434,6 +434,14 @@ class S3Backend(ThreadedAsync):
             base = self._read_head(t, ns)
             if (base.version if base else 0) != expected_version:
                 raise self._conflict(row, expected_version, base)
+        if base is not None and row.checkpoint_id <= base.checkpoint_id:
+            # Row keys are unique per write, so a reused id is not refused by the put: refuse
+            # any id that does not sort after the head (a reused one never does), as SQLite.
+            raise BackendError(
+                f"S3 store: write on thread {t!r}: checkpoint id {row.checkpoint_id!r} does not "
+                f"sort after the thread's head {base.checkpoint_id!r} (an id is never reused, and "
+                "each new id sorts after its parent's, as persistkit's own ids do); nothing was written"
+            )
         self._write_blobs(t, blobs)
         token = secrets.token_hex(8)
         prev = base.token if base else "0"

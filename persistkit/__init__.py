@@ -16,6 +16,7 @@ from ._errors import (
     ConfigurationError,
     ConflictError,
     IntegrityError,
+    LeaseLostError,
     NonDeterminismError,
     NotFoundError,
     PersistkitError,
@@ -24,6 +25,7 @@ from ._errors import (
     SerializationError,
     StepFailedError,
     StoreClosedError,
+    ThreadBusyError,
 )
 from ._keys import KeyRing, generate_key
 from ._records import Checkpoint
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from ._verify import IntegrityProblem, IntegrityReport
     from .backends._encrypted import RotationReport
     from .backends._witness import FileWitness, Witness, WitnessEntry
+    from .coordination import LeaseInfo
 
 __version__ = "0.1.0"
 
@@ -54,6 +57,8 @@ __all__ = [
     "IntegrityProblem",
     "IntegrityReport",
     "KeyRing",
+    "LeaseInfo",
+    "LeaseLostError",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
@@ -71,6 +76,7 @@ __all__ = [
     "StepInfo",
     "Store",
     "StoreClosedError",
+    "ThreadBusyError",
     "TrackedList",
     "Witness",
     "WitnessEntry",
@@ -102,6 +108,7 @@ _LAZY = {
     "FileWitness": ".backends._witness",
     "Witness": ".backends._witness",
     "WitnessEntry": ".backends._witness",
+    "LeaseInfo": ".coordination",
 }
 
 

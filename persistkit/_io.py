@@ -87,7 +87,7 @@ def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | Non
         time.sleep(_backoff(0))
     for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
-            if last is not None and req.method == "write":
+            if last is not None and req.method in ("write", "write_fenced"):
                 head = backend.head(req.args[0].thread_id, req.args[0].namespace)
                 landed = _resolve_write(req, head)
                 if landed is not None:
@@ -113,7 +113,7 @@ async def call_async(backend: Backend, req: Call, failed: BackendUnavailableErro
         await asyncio.sleep(_backoff(0))
     for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
-            if last is not None and req.method == "write":
+            if last is not None and req.method in ("write", "write_fenced"):
                 head = await backend.ahead(req.args[0].thread_id, req.args[0].namespace)
                 landed = _resolve_write(req, head)
                 if landed is not None:

@@ -27,7 +27,7 @@ from ._codec import (  # without orjson every digest takes the typed path
     content_hash,
     raw_digest,
 )
-from ._errors import ConflictError, NonDeterminismError, SerializationError
+from ._errors import ConflictError, LeaseLostError, NonDeterminismError, SerializationError
 from ._ids import new_run_id
 from ._io import Plan, call
 from ._records import Record
@@ -36,6 +36,8 @@ from .backends import CheckpointRow, Head
 
 if TYPE_CHECKING:
     import asyncio
+
+    from .coordination import Lease
 
 __all__ = ["Run", "StepEvent", "StepInfo"]
 
@@ -121,6 +123,7 @@ class Run:
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}
         self._schema = spec.schema  # stamped on every checkpoint (orjson writes a tuple as an array)
+        self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -438,8 +441,12 @@ class Run:
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
         row, blobs, diff = self._prepare(body, extra, args)
+        lease, version = self.lease, self._head.version if self._head else 0
         try:
-            head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
+            if lease is None:
+                head = self.store.write_sync(row, blobs, version)
+            else:
+                head = self.store.write_fenced_sync(row, blobs, version, lease)
         except BaseException:
             self._tracker.failed(diff)
             raise
@@ -449,8 +456,12 @@ class Run:
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
         row, blobs, diff = self._prepare(body, extra, args)
+        lease, version = self.lease, self._head.version if self._head else 0
         try:
-            head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
+            if lease is None:
+                head = await self.store.write_async(row, blobs, version)
+            else:
+                head = await self.store.write_fenced_async(row, blobs, version, lease)
         except BaseException:
             self._tracker.failed(diff)
             raise
@@ -525,6 +536,10 @@ class Run:
         pos = body["p"]
         self._remember(pos, rec)
         self._events.append((pos, body["n"], False, body["s"]))
+
+    def lease_lost(self, exc: BaseException | None) -> bool:
+        """Whether this run lost its lease (it must write nothing more, not even its end)."""
+        return isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost is not None)
 
     # -- locks serializing commits of concurrent steps -------------------------------------
 

@@ -1,0 +1,98 @@
+"""What ``pk.resume`` calls: take the lease before the run opens, hold it (heartbeat)
+while the block runs, give it up when the block exits. The run itself only passes
+the lease's token to its writes (``Store.write_fenced_sync``/``write_fenced_async``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ThreadBusyError
+from ._drive import AsyncHeartbeat, Heartbeat, drive_async, drive_sync
+from ._lease import Lease, LeaseInfo, acquire, info, release
+
+if TYPE_CHECKING:
+    from .._run import Run
+    from .._store import Store
+
+__all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync"]
+
+
+class Holding:
+    """A block's lease and its heartbeat."""
+
+    __slots__ = ("beat", "lease")
+
+    def __init__(self, lease: Lease, beat: Any) -> None:
+        self.lease = lease
+        self.beat = beat
+
+
+def _wanted(store: Store, busy: str | None, explicit: bool) -> bool:
+    if busy is None:
+        return False
+    if not store.backend.supports_leases:
+        if explicit:  # the backend's own method says what is missing
+            store.backend.lease_get("", "")
+        return False  # a third-party store without leases: run as before
+    return True
+
+
+def _nested(outer: Run | None, store: Store, thread_id: str, namespace: str) -> None:
+    if outer is not None and outer.store is store and outer.thread_id == thread_id and outer.namespace == namespace:
+        raise ThreadBusyError(
+            f"thread {thread_id!r}: a resume() block of this thread is already open around this one "
+            f"(run {outer.run_id}), and the inner block would wait for the outer one forever. Call the "
+            "steps directly in the outer block, or use another thread id",
+            thread_id=thread_id,
+            holder="the enclosing block",
+        )
+
+
+def hold_sync(
+    store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
+    timeout: float | None, outer: Run | None,
+) -> Holding | None:
+    if not _wanted(store, busy, explicit):
+        return None
+    assert busy is not None
+    _nested(outer, store, thread_id, namespace)
+    store._check_open()
+    lease = drive_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
+    return Holding(lease, Heartbeat(store.backend, lease))
+
+
+def let_go_sync(store: Store, holding: Holding | None) -> None:
+    if holding is None:
+        return
+    holding.beat.stop()
+    if holding.lease.lost is None and not store._closed:
+        drive_sync(store.backend, release(holding.lease))
+
+
+async def hold_async(
+    store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
+    timeout: float | None, outer: Run | None,
+) -> Holding | None:
+    if not _wanted(store, busy, explicit):
+        return None
+    assert busy is not None
+    _nested(outer, store, thread_id, namespace)
+    store._check_open()
+    lease = await drive_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
+    return Holding(lease, AsyncHeartbeat(store.backend, lease))
+
+
+async def let_go_async(store: Store, holding: Holding | None) -> None:
+    if holding is None:
+        return
+    await holding.beat.stop()
+    if holding.lease.lost is None and not store._closed:
+        await drive_async(store.backend, release(holding.lease))
+
+
+def leases_sync(store: Store, prefix: str) -> list[LeaseInfo]:
+    return [info(t, ns, rec) for t, ns, rec in store.backend.lease_list(prefix=prefix)]
+
+
+async def leases_async(store: Store, prefix: str) -> list[LeaseInfo]:
+    return [info(t, ns, rec) for t, ns, rec in await store.backend.alease_list(prefix=prefix)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ThreadBusyError
 from ._drive import AsyncHeartbeat, Heartbeat, drive_async, drive_sync
 from ._lease import Lease, LeaseInfo, acquire, info, release
 
@@ -37,15 +36,15 @@ def _wanted(store: Store, busy: str | None, explicit: bool) -> bool:
     return True
 
 
-def _nested(outer: Run | None, store: Store, thread_id: str, namespace: str) -> None:
-    if outer is not None and outer.store is store and outer.thread_id == thread_id and outer.namespace == namespace:
-        raise ThreadBusyError(
-            f"thread {thread_id!r}: a resume() block of this thread is already open around this one "
-            f"(run {outer.run_id}), and the inner block would wait for the outer one forever. Call the "
-            "steps directly in the outer block, or use another thread id",
-            thread_id=thread_id,
-            holder="the enclosing block",
-        )
+def _enclosing(outer: Run | None, store: Store, thread_id: str, namespace: str) -> Holding | None:
+    """A block nested in a block of the same thread shares its lease (re-entrant, like an
+    RLock: waiting for itself would never end); the two runs then meet at the head's
+    compare-and-swap as before leases (the second to commit gets ``ConflictError``)."""
+    if outer is None or outer.lease is None or outer.store is not store:
+        return None
+    if outer.thread_id != thread_id or outer.namespace != namespace:
+        return None
+    return Holding(outer.lease, None)
 
 
 def hold_sync(
@@ -55,14 +54,16 @@ def hold_sync(
     if not _wanted(store, busy, explicit):
         return None
     assert busy is not None
-    _nested(outer, store, thread_id, namespace)
+    shared = _enclosing(outer, store, thread_id, namespace)
+    if shared is not None:
+        return shared
     store._check_open()
     lease = drive_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
     return Holding(lease, Heartbeat(store.backend, lease))
 
 
 def let_go_sync(store: Store, holding: Holding | None) -> None:
-    if holding is None:
+    if holding is None or holding.beat is None:  # no lease, or the enclosing block's
         return
     holding.beat.stop()
     if holding.lease.lost is None and not store._closed:
@@ -76,14 +77,16 @@ async def hold_async(
     if not _wanted(store, busy, explicit):
         return None
     assert busy is not None
-    _nested(outer, store, thread_id, namespace)
+    shared = _enclosing(outer, store, thread_id, namespace)
+    if shared is not None:
+        return shared
     store._check_open()
     lease = await drive_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
     return Holding(lease, AsyncHeartbeat(store.backend, lease))
 
 
 async def let_go_async(store: Store, holding: Holding | None) -> None:
-    if holding is None:
+    if holding is None or holding.beat is None:
         return
     await holding.beat.stop()
     if holding.lease.lost is None and not store._closed:

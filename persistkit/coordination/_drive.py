@@ -9,7 +9,9 @@ the step path: a step with a lease held costs nothing beyond its fenced write.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -73,33 +75,79 @@ def _beat_failed(lease: Lease, exc: BaseException) -> bool:
     return False
 
 
-class Heartbeat:
-    """Renews ``lease`` every ``ttl / 3`` on a daemon thread until ``stop()`` (or the lease is gone)."""
+class _Beater:
+    """One daemon thread per process renewing every lease held by a sync block, each when due.
 
-    def __init__(self, backend: Backend, lease: Lease) -> None:
-        self._backend = backend
-        self._lease = weakref.ref(lease)  # an abandoned block's lease is not kept alive forever
-        self._stopped = threading.Event()
-        self._interval = lease.ttl / 3
-        self._thread = threading.Thread(target=self._run, name=f"persistkit-lease-{lease.token}", daemon=True)
-        self._thread.start()
+    Starting and joining a thread per block cost ~1 ms, more than a short run's
+    steps; this thread starts once (again after a fork) and sleeps until the next
+    renewal is due.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, Backend, weakref.ref[Lease]]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._wake_at = 0.0  # when the thread wakes up next: only an earlier renewal wakes it
+
+    def add(self, backend: Backend, lease: Lease) -> int:
+        with self._cond:
+            key = next(self._ids)
+            at = time.monotonic() + lease.ttl / 3
+            self._due[key] = (at, backend, weakref.ref(lease))
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="persistkit-leases", daemon=True)
+                self._thread.start()
+            elif at < self._wake_at:
+                self._cond.notify()  # (waking it costs a GIL hand-over: only when it must)
+            return key
+
+    def remove(self, key: int) -> None:
+        with self._cond:
+            self._due.pop(key, None)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self._interval):
-            lease = self._lease()
-            if lease is None or lease.lost is not None:
-                return
-            try:
-                drive_sync(self._backend, renew(lease))
-            except PersistkitError as exc:
-                if _beat_failed(lease, exc):
-                    return
-            del lease
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [(k, b, r) for k, (at, b, r) in self._due.items() if at <= now]
+                if not due:
+                    self._wake_at = min((at for at, _, _ in self._due.values()), default=now + 60.0)
+                    self._cond.wait(self._wake_at - now)
+                    continue
+            for key, backend, ref in due:
+                lease = ref()
+                stop = lease is None or lease.lost is not None
+                if lease is not None and not stop:
+                    try:
+                        drive_sync(backend, renew(lease))
+                    except PersistkitError as exc:
+                        stop = _beat_failed(lease, exc)
+                with self._cond:
+                    if key in self._due:
+                        if stop:
+                            del self._due[key]
+                        elif lease is not None:
+                            self._due[key] = (time.monotonic() + lease.ttl / 3, backend, ref)
+                del lease
+
+
+_BEATER = _Beater()
+
+
+class Heartbeat:
+    """Renews ``lease`` every ``ttl / 3`` (on the process's lease thread) until ``stop()``.
+
+    Holds the lease weakly: an abandoned block's lease is not renewed forever.
+    """
+
+    def __init__(self, backend: Backend, lease: Lease) -> None:
+        self._key = _BEATER.add(backend, lease)
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        _BEATER.remove(self._key)
 
 
 class AsyncHeartbeat:

@@ -30,12 +30,12 @@ The record's ``data`` (JSON)::
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
 import socket
 import time
-import uuid
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -107,24 +107,31 @@ def _start_time(pid: int) -> tuple[str, str] | None:
     return fields[0], fields[19]
 
 
-def _machine() -> tuple[str, str]:
-    boot = _read("/proc/sys/kernel/random/boot_id")
-    try:
-        pidns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        pidns = ""
-    return boot, pidns
+_SERIAL = itertools.count(1)  # owners of one process never collide, whatever the random part
+_SELF: dict[int, tuple[str, str, str, list[Any] | None]] = {}  # pid -> (host, boot, pidns, probe)
+
+
+def _self() -> tuple[str, str, str, list[Any] | None]:
+    """This process's host, boot id, PID namespace and probe: read once per process."""
+    pid = os.getpid()
+    found = _SELF.get(pid)
+    if found is None:
+        boot = _read("/proc/sys/kernel/random/boot_id")
+        try:
+            pidns = os.readlink("/proc/self/ns/pid")
+        except OSError:
+            pidns = ""
+        started = _start_time(pid)
+        probe = [boot, pidns, pid, started[1]] if boot and pidns and started else None
+        found = _SELF[pid] = (socket.gethostname(), boot, pidns, probe)
+    return found
 
 
 def new_owner() -> tuple[str, list[Any] | None]:
     """A new holder's id (host, PID and a random tag: readable in ``store.leases()``) and
     its process probe ``[boot id, PID namespace, pid, start time]`` (None off Linux)."""
-    pid = os.getpid()
-    owner = f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}"
-    boot, pidns = _machine()
-    started = _start_time(pid)
-    probe = [boot, pidns, pid, started[1]] if boot and pidns and started else None
-    return owner, probe
+    host, _, _, probe = _self()
+    return f"{host}:{os.getpid()}:{random.getrandbits(32):08x}.{next(_SERIAL)}", probe
 
 
 def _gone(probe: Any) -> bool:
@@ -132,7 +139,7 @@ def _gone(probe: Any) -> bool:
     if not PROBE_LOCAL_PROCESSES or not isinstance(probe, list) or len(probe) != 4:
         return False
     boot, pidns, pid, started = probe
-    if not boot or (boot, pidns) != _machine() or not isinstance(pid, int):
+    if not boot or (boot, pidns) != _self()[1:3] or not isinstance(pid, int):
         return False
     now = _start_time(pid)
     return now is None or now[0] in ("Z", "X") or now[1] != started

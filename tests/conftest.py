@@ -117,8 +117,9 @@ def s3_endpoint() -> Iterator[str]:
     except ImportError as exc:
         unavailable("s3", f"boto3 / moto[server] not installed ({exc})")
     port = _free_port()
+    # moto's server with atomic conditional writes, as AWS has (see tests/moto_s3.py)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, os.path.join(os.path.dirname(__file__), "moto_s3.py"), "127.0.0.1", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

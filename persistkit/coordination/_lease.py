@@ -77,6 +77,8 @@ DEFAULT_BUSY_TIMEOUT = 300.0
 #: A process on this machine that is gone is replaced without waiting for its TTL. Set to
 #: False where hosts share a boot id and PID namespace but not processes (never seen so far).
 PROBE_LOCAL_PROCESSES = True
+#: A waiter's entry lives this many TTLs unless refreshed (a dead remote waiter drops out then).
+_WAITER_LIFE = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,11 +304,12 @@ def acquire(
             raise _busy(
                 thread_id, st, f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer"
             )
-        if busy == "queue" and (mine is None or mine[1] - now < ttl / 2):
+        if busy == "queue" and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):
+            # refreshed every ttl/2, an entry lives 2 ttl: a slow store leaves 1.5 ttl of slack
             if mine is None:
-                st.queue.append([owner, now + ttl, probe])
+                st.queue.append([owner, now + _WAITER_LIFE * ttl, probe])
             else:
-                mine[1] = now + ttl
+                mine[1] = now + _WAITER_LIFE * ttl
             if (yield call("lease_swap", thread_id, namespace, version, rec.token if rec else 0, st.dump())):
                 queued = True
             continue

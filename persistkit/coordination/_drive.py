@@ -17,7 +17,7 @@ import time
 import weakref
 from typing import Any, TypeVar
 
-from .._errors import LeaseLostError, PersistkitError
+from .._errors import LeaseLostError
 from .._io import call_async, call_sync
 from ..backends import Backend
 from ._lease import Lease, Plan, Sleep, renew
@@ -123,7 +123,7 @@ class _Beater:
                 if lease is not None and not stop:
                     try:
                         drive_sync(backend, renew(lease))
-                    except PersistkitError as exc:
+                    except Exception as exc:  # never let one store's failure end every lease's heartbeat
                         stop = _beat_failed(lease, exc)
                 with self._cond:
                     if key in self._due:
@@ -171,7 +171,7 @@ async def _abeat(backend: Backend, ref: weakref.ref[Lease], interval: float) -> 
             return
         try:
             await drive_async(backend, renew(lease))
-        except PersistkitError as exc:
+        except Exception as exc:
             if _beat_failed(lease, exc):
                 return
         del lease

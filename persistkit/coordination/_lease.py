@@ -34,7 +34,6 @@ import itertools
 import json
 import os
 import random
-import socket
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -125,6 +124,8 @@ def _self() -> tuple[str, str, str, list[Any] | None]:
             pidns = ""
         started = _start_time(pid)
         probe = [boot, pidns, pid, started[1]] if boot and pidns and started else None
+        import socket  # here: `import persistkit` stays free of it
+
         found = _SELF[pid] = (socket.gethostname(), boot, pidns, probe)
     return found
 

@@ -4,8 +4,10 @@ the lease's token to its writes (``Store.write_fenced_sync``/``write_fenced_asyn
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+from .._errors import PersistkitError
 from ._drive import AsyncHeartbeat, Heartbeat, drive_async, drive_sync
 from ._lease import Lease, LeaseInfo, acquire, info, release
 
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
     from .._store import Store
 
 __all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync"]
+
+log = logging.getLogger("persistkit.coordination")
 
 
 class Holding:
@@ -67,7 +71,10 @@ def let_go_sync(store: Store, holding: Holding | None) -> None:
         return
     holding.beat.stop()
     if holding.lease.lost is None and not store._closed:
-        drive_sync(store.backend, release(holding.lease))
+        try:
+            drive_sync(store.backend, release(holding.lease))
+        except PersistkitError as exc:  # never hide the block's own outcome: the lease expires by itself
+            _unreleased(holding.lease, exc)
 
 
 async def hold_async(
@@ -90,7 +97,17 @@ async def let_go_async(store: Store, holding: Holding | None) -> None:
         return
     await holding.beat.stop()
     if holding.lease.lost is None and not store._closed:
-        await drive_async(store.backend, release(holding.lease))
+        try:
+            await drive_async(store.backend, release(holding.lease))
+        except PersistkitError as exc:
+            _unreleased(holding.lease, exc)
+
+
+def _unreleased(lease: Lease, exc: PersistkitError) -> None:
+    log.warning(
+        "persistkit: could not release the lease of thread %r (%s); it expires in %s s by itself",
+        lease.thread_id, exc, lease.ttl,
+    )
 
 
 def leases_sync(store: Store, prefix: str) -> list[LeaseInfo]:

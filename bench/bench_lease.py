@@ -47,19 +47,20 @@ def append(i: int) -> int:
     return i
 
 
-def per_step(store: pk.Store, steps: int, busy: str | None) -> tuple[float, float]:
-    """(seconds per step inside the block, seconds to enter and leave the block)."""
+def per_step(store: pk.Store, steps: int, busy: str | None) -> tuple[float, float, float]:
+    """(wall seconds per step inside the block, this process's CPU seconds per step,
+    seconds to enter and leave the block)."""
     thread = f"bench-{uuid.uuid4().hex}"
     t0 = time.perf_counter()
     block = pk.resume(thread, store=store, busy=busy)
     block.__enter__()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     for i in range(steps):
         append(i)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     block.__exit__(None, None, None)
     t3 = time.perf_counter()
-    return (t2 - t1) / steps, (t1 - t0) + (t3 - t2)
+    return (t2 - t1) / steps, (c2 - c1) / steps, (t1 - t0) + (t3 - t2)
 
 
 def urls(names: list[str], tmp: Path) -> dict[str, str]:
@@ -88,22 +89,23 @@ def reachable(url: str) -> bool:
 
 def bench_steps(stores: dict[str, str], steps: int, rounds: int) -> None:
     print(f"\n1. per-step cost, {steps} steps a block, median of {rounds} interleaved rounds")
-    print(f"   {'store':<10} {'no lease':>12} {'lease held':>12} {'ratio':>7} {'take+release lease':>20}")
+    print("   (wall time of a step, and the client process's CPU time: steadier on a shared machine)")
+    print(f"   {'store':<10} {'no lease':>10} {'lease held':>10} {'ratio':>6} {'cpu none':>9} {'cpu lease':>9} {'ratio':>6} {'take+release':>13}")
     for name, url in stores.items():
         store = pk.connect(url)
         per_step(store, 20, None)  # warm up: schema, connections, statement caches
         per_step(store, 20, "queue")
-        plain, leased, enter_plain, enter_leased = [], [], [], []
-        for _ in range(rounds):
-            s, e = per_step(store, steps, None)
-            plain.append(s)
-            enter_plain.append(e)
-            s, e = per_step(store, steps, "queue")
-            leased.append(s)
-            enter_leased.append(e)
-        a, b = statistics.median(plain), statistics.median(leased)
-        extra = statistics.median(enter_leased) - statistics.median(enter_plain)
-        print(f"   {name:<10} {a * 1e6:>9.1f} us {b * 1e6:>9.1f} us {b / a:>6.2f}x {extra * 1e3:>15.2f} ms")
+        got: dict[str | None, list[tuple[float, float, float]]] = {None: [], "queue": []}
+        for r in range(rounds):
+            for busy in (None, "queue") if r % 2 else ("queue", None):
+                got[busy].append(per_step(store, steps, busy))
+        a, b = (statistics.median(x[0] for x in got[k]) for k in (None, "queue"))
+        ca, cb = (statistics.median(x[1] for x in got[k]) for k in (None, "queue"))
+        extra = statistics.median(x[2] for x in got["queue"]) - statistics.median(x[2] for x in got[None])
+        print(
+            f"   {name:<10} {a * 1e6:>7.0f} us {b * 1e6:>7.0f} us {b / a:>5.2f}x"
+            f" {ca * 1e6:>6.0f} us {cb * 1e6:>6.0f} us {cb / ca:>5.2f}x {extra * 1e3:>10.2f} ms"
+        )
         store.close()
 
 

@@ -82,9 +82,9 @@ from .._errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConflictError,
-    LeaseLostError,
     StoreClosedError,
 )
+from . import _s3_leases
 from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync
 
 __all__ = ["S3Backend"]
@@ -427,10 +427,10 @@ class S3Backend(ThreadedAsync):
             base = self._read_head(t, ns)
             if (base.version if base else 0) != expected_version:
                 if fence is not None:
-                    self._check_fence(row, fence, base)
+                    _s3_leases.check_fence(row, fence, base)
                 raise self._conflict(row, expected_version, base)
         if fence is not None:
-            self._check_fence(row, fence, base)
+            _s3_leases.check_fence(row, fence, base)
         self._write_blobs(t, blobs)
         token = secrets.token_hex(8)
         prev = base.token if base else "0"
@@ -450,7 +450,7 @@ class S3Backend(ThreadedAsync):
         condition = {"IfMatch": base.etag} if base else {"IfNoneMatch": "*"}
         head_key = self._head_key(t, ns)
         if fence is not None and base is None:
-            self._check_first_fence(row, fence)
+            _s3_leases.check_first_fence(self, row, fence)
         try:
             resp = self._client.put_object(
                 Bucket=self._bucket, Key=head_key, Body=body, **condition
@@ -461,7 +461,7 @@ class S3Backend(ThreadedAsync):
             found = self._read_head(t, ns)
             self._clean_up_loser(row_key)
             if fence is not None:
-                self._check_fence(row, fence, found)
+                _s3_leases.check_fence(row, fence, found)
             raise self._conflict(row, expected_version, found) from exc
         state = _HeadState(version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")), sealed)
         with self._lock:
@@ -714,102 +714,25 @@ class S3Backend(ThreadedAsync):
             if not _is_client_error(exc, _CONFLICT_CODES):
                 raise _map_error(exc, f"rewriting {key!r}") from exc
 
-    # -- leases (persistkit.coordination) ---------------------------------------------------
-    #
-    # ``l/<T>!<N>``: the lease of (thread, namespace), JSON with token, data and version,
-    # moved by PutObject with If-Match / If-None-Match like the head. S3 has no
-    # transaction over two objects, so the fence lives on the head: a NEW holder, right
-    # after its swap, seals the head (rewrites it with "f": its token, If-Match), which
-    # changes the head's ETag. A replaced holder's next conditional head write then
-    # fails, and the head it reads back names a newer token: LeaseLostError. Renewals
-    # do not touch the head, so a holder's steps cost what they cost without a lease.
-    # A thread's very first write has no head to seal: it reads the lease just before
-    # creating the head (a window of one request; see docs/coordination.md).
-
-    def _lease_key(self, thread_id: str, namespace: str) -> str:
-        return f"{self._root}l/{_thread_seg(thread_id)}!{_seg(namespace, 'n')}"
-
-    def _lease_read(self, thread_id: str, namespace: str) -> tuple[LeaseRecord, str] | None:
-        got = self._get_object(self._lease_key(thread_id, namespace), f"reading the lease of {thread_id!r}")
-        if got is None:
-            return None
-        d = json.loads(got[0])
-        return LeaseRecord(int(d["t"]), base64.b64decode(d["d"]), int(d["v"])), got[1]
+    # -- leases (persistkit.coordination): the logic is in _s3_leases -------------------------
 
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         self._check_open()
-        found = self._lease_read(thread_id, namespace)
+        found = _s3_leases.read(self, thread_id, namespace)
         return found[0] if found else None
 
     def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         self._check_open()
-        found = self._lease_read(thread_id, namespace)
-        if (found[0].version if found else 0) != expected:
-            return False
-        body = json.dumps(
-            {"t": token, "d": base64.b64encode(bytes(data)).decode(), "v": expected + 1, "thread": thread_id, "ns": namespace}
-        ).encode()
-        condition = {"IfMatch": found[1]} if found else {"IfNoneMatch": "*"}
-        try:
-            self._client.put_object(Bucket=self._bucket, Key=self._lease_key(thread_id, namespace), Body=body, **condition)
-        except Exception as exc:
-            if _is_client_error(exc, _CONFLICT_CODES):
-                return False
-            raise _map_error(exc, f"swapping the lease of {thread_id!r}") from exc
-        if token != (found[0].token if found else 0):
-            self._seal(thread_id, namespace, token)
-        return True
+        return _s3_leases.swap(self, thread_id, namespace, expected, token, data)
 
-    def _seal(self, thread_id: str, namespace: str, token: int) -> None:
-        """Rewrite the head with the new holder's token (its ETag changes: see above)."""
-        key = self._head_key(thread_id, namespace)
-        for _ in range(20):
-            got = self._get_object(key, f"reading head of {thread_id!r}")
-            if got is None:
-                return  # no head yet: the first fenced write checks the lease itself
-            h = json.loads(got[0])
-            if int(h.get("f", 0)) >= token:
-                return
-            h["f"] = token
-            try:
-                self._client.put_object(
-                    Bucket=self._bucket, Key=key, Body=json.dumps(h).encode("ascii"), IfMatch=got[1]
-                )
-                return
-            except Exception as exc:
-                if not _is_client_error(exc, _CONFLICT_CODES):
-                    raise _map_error(exc, f"sealing the head of {thread_id!r}") from exc
-        raise BackendUnavailableError(f"S3 kept moving the head of {thread_id!r} while its lease was sealed")
-
-    def _check_fence(self, row: CheckpointRow, fence: int, head: _HeadState | None) -> None:
-        if head is not None and head.fence > fence:
-            raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=head.fence)
-
-    def _check_first_fence(self, row: CheckpointRow, fence: int) -> None:
-        current = self.lease_get(row.thread_id, row.namespace)
-        if current is None or current.token != fence:
-            raise LeaseLostError(
-                thread_id=row.thread_id, namespace=row.namespace, token=fence, found=current.token if current else 0
-            )
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        self._check_open()
+        return _s3_leases.listing(self, prefix)
 
     def write_fenced(
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
     ) -> Head:
         return self.write(row, blobs, expected_version, fence)
-
-    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
-        self._check_open()
-        keys = list(self._list(f"{self._root}l/{_prefix_seg(prefix)}"))
-
-        def fetch(key: str) -> tuple[str, str, LeaseRecord] | None:
-            got = self._get_object(key, "listing leases")
-            if got is None:
-                return None
-            d = json.loads(got[0])
-            return str(d["thread"]), str(d["ns"]), LeaseRecord(int(d["t"]), base64.b64decode(d["d"]), int(d["v"]))
-
-        found = [e for e in self._map(fetch, keys) if e is not None and e[0].startswith(prefix)]
-        return sorted(found, key=lambda e: (e[0], e[1]))
 
     # -- deletion and lifecycle -------------------------------------------------------------
 

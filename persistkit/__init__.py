@@ -16,6 +16,7 @@ from ._errors import (
     ConfigurationError,
     ConflictError,
     IntegrityError,
+    LeaseLostError,
     NonDeterminismError,
     NotFoundError,
     PersistkitError,
@@ -24,6 +25,7 @@ from ._errors import (
     SerializationError,
     StepFailedError,
     StoreClosedError,
+    ThreadBusyError,
 )
 from ._keys import KeyRing, generate_key
 from ._records import Checkpoint
@@ -36,6 +38,7 @@ from ._store import Store, connect, default_store
 
 if _TYPE_CHECKING:
     from ._model import State
+    from .coordination import LeaseInfo
     from .wrappers._encryption import RotationReport
     from .wrappers._verify import IntegrityProblem, IntegrityReport
     from .wrappers._witness import FileWitness, Witness, WitnessEntry
@@ -54,6 +57,8 @@ __all__ = [
     "IntegrityProblem",
     "IntegrityReport",
     "KeyRing",
+    "LeaseInfo",
+    "LeaseLostError",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
@@ -71,6 +76,7 @@ __all__ = [
     "StepInfo",
     "Store",
     "StoreClosedError",
+    "ThreadBusyError",
     "TrackedList",
     "Witness",
     "WitnessEntry",
@@ -102,6 +108,7 @@ _LAZY = {
     "FileWitness": ".wrappers._witness",
     "Witness": ".wrappers._witness",
     "WitnessEntry": ".wrappers._witness",
+    "LeaseInfo": ".coordination",
 }
 
 

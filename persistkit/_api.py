@@ -23,6 +23,7 @@ from ._retry import Retry
 from ._run import Run, StepInfo
 from ._state import StateSpec
 from ._store import Store, check_namespace, check_thread_id, default_store
+from .coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
 
 __all__ = ["checkpointed", "current_run", "current_step", "resume"]
 
@@ -85,6 +86,15 @@ class resume:
     same ``run_id`` twice replays the recorded run instead of running it again.
     ``state`` is a ``pk.State`` subclass (or an instance: the initial state of a
     new thread), a dict, or None for dict state.
+
+    One live run per thread (docs/coordination.md): the block takes the thread's
+    lease first, renews it every ``lease_ttl / 3`` seconds and gives it up at exit;
+    every checkpoint it writes carries the lease's fencing token. When another live
+    run holds it, ``busy`` decides: ``"queue"`` (default) waits in arrival order,
+    ``"wait"`` waits for it to be free, ``"reject"`` raises ``pk.ThreadBusyError``;
+    waiting gives up after ``busy_timeout`` seconds. ``busy=None`` takes no lease.
+    A run whose holder died is continued once its lease expired (at once when the
+    holder ran on this machine).
     """
 
     def __init__(
@@ -96,8 +106,14 @@ class resume:
         run_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         namespace: str = "",
+        busy: str | None = DEFAULT_BUSY,
+        lease_ttl: float = DEFAULT_TTL,
+        busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
         self.thread_id = check_thread_id(thread_id)
+        check_options(busy, lease_ttl, busy_timeout)
+        # the default asks a store without lease primitives (a third-party one) for none
+        self._busy = (busy, busy is not DEFAULT_BUSY, float(lease_ttl), busy_timeout)
         if store is not None and not isinstance(store, Store):
             raise ConfigurationError(f"store must be a persistkit Store (pk.connect(...)), got {store!r}")
         if run_id is not None:
@@ -111,6 +127,7 @@ class resume:
         self.namespace = check_namespace(namespace)
         self._run: Run | None = None
         self._token: Token[_Frame | None] | None = None
+        self._holding: Any = None  # the lease and its heartbeat (persistkit.coordination)
 
     def _new_run(self) -> Run:
         if self._run is not None:
@@ -119,58 +136,90 @@ class resume:
         return self._run
 
     def __enter__(self) -> Run:
+        from .coordination._hooks import hold_sync, let_go_sync
+
         run = self._new_run()
-        run.store.run_sync(run.open(self.run_id))
+        self._holding = hold_sync(run.store, self.thread_id, self.namespace, *self._busy, current_run())
+        run.lease = self._holding.lease if self._holding else None
+        try:
+            run.store.run_sync(run.open(self.run_id))
+        except BaseException:
+            let_go_sync(run.store, self._holding)
+            raise
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        from .coordination._hooks import let_go_sync
+
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
-        if _writes_nothing(run, exc):
-            return
         try:
-            run.end_sync(exc)
-        except PersistkitError as end_exc:
-            if exc is not None:
-                exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+            if _writes_nothing(run, exc):
                 return
-            if not isinstance(end_exc, SerializationError):
-                raise
-            failure = _unstorable_end(run, end_exc)
-            run.end_sync(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
-            raise failure from end_exc
+            try:
+                run.end_sync(exc)
+            except PersistkitError as end_exc:
+                if exc is not None:
+                    exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+                    return
+                if not isinstance(end_exc, SerializationError):
+                    raise
+                failure = _unstorable_end(run, end_exc)
+                run.end_sync(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
+                raise failure from end_exc
+        finally:
+            let_go_sync(run.store, self._holding)
 
     async def __aenter__(self) -> Run:
+        from .coordination._hooks import hold_async, let_go_async
+
         run = self._new_run()
-        await run.store.run_async(run.open(self.run_id))
+        self._holding = await hold_async(run.store, self.thread_id, self.namespace, *self._busy, current_run())
+        run.lease = self._holding.lease if self._holding else None
+        try:
+            await run.store.run_async(run.open(self.run_id))
+        except BaseException:
+            await let_go_async(run.store, self._holding)
+            raise
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        from .coordination._hooks import let_go_async
+
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
-        if _writes_nothing(run, exc):
-            return
         try:
-            await run.end_async(exc)
-        except PersistkitError as end_exc:
-            if exc is not None:
-                exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+            if _writes_nothing(run, exc):
                 return
-            if not isinstance(end_exc, SerializationError):
-                raise
-            failure = _unstorable_end(run, end_exc)
-            await run.end_async(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
-            raise failure from end_exc
+            try:
+                await run.end_async(exc)
+            except PersistkitError as end_exc:
+                if exc is not None:
+                    exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
+                    return
+                if not isinstance(end_exc, SerializationError):
+                    raise
+                failure = _unstorable_end(run, end_exc)
+                await run.end_async(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
+                raise failure from end_exc
+        finally:
+            await let_go_async(run.store, self._holding)
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
     """A replayed run writes nothing; an interrupt leaves the run unfinished; a run that
-    could not load a recorded state (a failed migration) must not move the head."""
-    return run.replay_only or run.load_error is not None or (exc is not None and not isinstance(exc, Exception))
+    could not load a recorded state (a failed migration) must not move the head; a run
+    whose lease was lost must write nothing more."""
+    return (
+        run.replay_only
+        or run.load_error is not None
+        or (exc is not None and not isinstance(exc, Exception))
+        or run.lease_lost(exc)
+    )
 
 
 def _unstorable_end(run: Run, exc: SerializationError) -> SerializationError:

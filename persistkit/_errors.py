@@ -15,7 +15,9 @@
     ├── NonDeterminismError       on replay, the step at a position is not the recorded one
     ├── IntegrityError            a stored record failed authentication or its chain is broken
     ├── SecretResolutionError     a secret handle ($CRED{name}) that no resolver or vault knows
-    └── StepFailedError           a recorded failure whose exception class cannot be revived
+    ├── StepFailedError           a recorded failure whose exception class cannot be revived
+    ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry)
+    └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
 are never wrapped in these classes.
@@ -41,6 +43,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "IntegrityError",
+    "LeaseLostError",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
@@ -49,6 +52,7 @@ __all__ = [
     "SerializationError",
     "StepFailedError",
     "StoreClosedError",
+    "ThreadBusyError",
 ]
 
 
@@ -213,3 +217,58 @@ class StepFailedError(PersistkitError):
         self.type_name = type_name
         self.original_message = _scrub(original_message)
         super().__init__(message)
+
+
+class ThreadBusyError(PersistkitError):
+    """Another live run holds the thread's lease (``busy="reject"``, or a wait that timed out).
+
+    ``holder`` names the lease's owner (host, process and a tag), ``expires_at``
+    when its lease runs out unless renewed (seconds since the epoch), and
+    ``waiting`` how many runs queue before this one.
+    """
+
+    def __init__(
+        self, message: str, *, thread_id: str = "", holder: str = "", expires_at: float = 0.0, waiting: int = 0
+    ) -> None:
+        self.thread_id = thread_id
+        self.holder = holder
+        self.expires_at = expires_at
+        self.waiting = waiting
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_busy, (str(self), self.thread_id, self.holder, self.expires_at, self.waiting))
+
+
+def _rebuild_busy(message: str, thread_id: str, holder: str, expires_at: float, waiting: int) -> ThreadBusyError:
+    return ThreadBusyError(message, thread_id=thread_id, holder=holder, expires_at=expires_at, waiting=waiting)
+
+
+class LeaseLostError(PersistkitError):
+    """This run's lease expired and another holder took over: the store refused the write.
+
+    Nothing this run writes lands any more; stop. ``token`` is this run's
+    fencing token, ``found`` the thread's current one (0 if unknown).
+    """
+
+    def __init__(self, message: str | None = None, *, thread_id: str = "", namespace: str = "", token: int = 0, found: int = 0) -> None:
+        self.thread_id = thread_id
+        self.namespace = namespace
+        self.token = token
+        self.found = found
+        if message is None:
+            where = repr(thread_id) + (f" (namespace {namespace!r})" if namespace else "")
+            message = (
+                f"thread {where}: this run's lease (fencing token {token}) was taken over by another "
+                f"run (token {found}) after it expired, so the store refused the write and nothing was "
+                "written. Stop this run: the new holder continues the thread. Raise lease_ttl= in "
+                "pk.resume(...) if this process pauses longer than the lease lasts"
+            )
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_lost, (str(self), self.thread_id, self.namespace, self.token, self.found))
+
+
+def _rebuild_lost(message: str, thread_id: str, namespace: str, token: int, found: int) -> LeaseLostError:
+    return LeaseLostError(message, thread_id=thread_id, namespace=namespace, token=token, found=found)

@@ -101,7 +101,7 @@ def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | Non
         time.sleep(_backoff(0))
     for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
-            if last is not None and req.method == "write":
+            if last is not None and req.method in ("write", "write_fenced"):
                 row = req.args[0]
                 head = backend.head(row.thread_id, row.namespace)
                 stored = _moved_on(req, head) and backend.get(row.thread_id, row.namespace, row.checkpoint_id) is not None
@@ -129,7 +129,7 @@ async def call_async(backend: Backend, req: Call, failed: BackendUnavailableErro
         await asyncio.sleep(_backoff(0))
     for attempt in range(1 if failed is not None else 0, TRANSIENT_ATTEMPTS):
         try:
-            if last is not None and req.method == "write":
+            if last is not None and req.method in ("write", "write_fenced"):
                 row = req.args[0]
                 head = await backend.ahead(row.thread_id, row.namespace)
                 stored = _moved_on(req, head) and await backend.aget(row.thread_id, row.namespace, row.checkpoint_id) is not None

@@ -32,6 +32,7 @@ from ._codec import (  # without orjson every digest takes the typed path
 from ._dedupe import Result, result
 from ._errors import (
     ConflictError,
+    LeaseLostError,
     NonDeterminismError,
     PersistkitError,
     SecretResolutionError,
@@ -45,6 +46,8 @@ from .backends import CheckpointRow, Head
 
 if TYPE_CHECKING:
     import asyncio
+
+    from .coordination import Lease
 
 __all__ = ["Run", "StepEvent", "StepInfo"]
 
@@ -136,6 +139,7 @@ class Run:
         self._schema = spec.schema  # stamped on every checkpoint (orjson writes a tuple as an array)
         self._result: Result | None = None  # the head's inline result, which a list item may refer to
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
+        self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -566,8 +570,12 @@ class Run:
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
         row, blobs, diff = self._prepare(body, extra, args)
+        lease, version = self.lease, self._head.version if self._head else 0
         try:
-            head = self.store.write_sync(row, blobs, self._head.version if self._head else 0)
+            if lease is None:
+                head = self.store.write_sync(row, blobs, version)
+            else:
+                head = self.store.write_fenced_sync(row, blobs, version, lease)
         except BaseException as exc:
             self._tracker.failed(diff)
             if not isinstance(exc, ConflictError):
@@ -583,8 +591,12 @@ class Run:
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
         row, blobs, diff = self._prepare(body, extra, args)
+        lease, version = self.lease, self._head.version if self._head else 0
         try:
-            head = await self.store.write_async(row, blobs, self._head.version if self._head else 0)
+            if lease is None:
+                head = await self.store.write_async(row, blobs, version)
+            else:
+                head = await self.store.write_fenced_async(row, blobs, version, lease)
         except BaseException as exc:
             self._tracker.failed(diff)
             if not isinstance(exc, ConflictError):
@@ -754,6 +766,10 @@ class Run:
             thread_id=t, namespace=self.namespace, expected=0,
             found=head.version if head else 0, found_checkpoint=head.checkpoint_id if head else None,
         )
+
+    def lease_lost(self, exc: BaseException | None) -> bool:
+        """Whether this run lost its lease (it must write nothing more, not even its end)."""
+        return isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost is not None)
 
     # -- locks serializing commits of concurrent steps -------------------------------------
 

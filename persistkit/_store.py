@@ -31,6 +31,7 @@ from .backends import Backend, CheckpointRow, Head, open_backend
 from .wrappers import stack
 
 if TYPE_CHECKING:
+    from .coordination import Lease, LeaseInfo
     from .wrappers._encryption import RotationReport
     from .wrappers._verify import IntegrityReport
 
@@ -135,6 +136,53 @@ class Store:
             raise
         except Exception as exc:
             raise checked("write", exc) from exc
+
+    def write_fenced_sync(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, lease: Lease) -> Head:
+        """``write_sync`` carrying ``lease``'s fencing token (``Backend.write_fenced``); a lease
+        the heartbeat found taken over raises its ``LeaseLostError`` without writing."""
+        if lease.lost is not None:
+            raise lease.lost
+        if self._closed:
+            self._check_open()
+        try:
+            return self.backend.write_fenced(row, blobs, expected, lease.token)
+        except BackendUnavailableError as exc:
+            req = Call("write_fenced", (row, blobs, expected, lease.token))
+            return call_sync(self.backend, req, exc)  # type: ignore[no-any-return]
+        except PersistkitError:
+            raise
+        except Exception as exc:
+            raise checked("write_fenced", exc) from exc
+
+    async def write_fenced_async(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, lease: Lease
+    ) -> Head:
+        if lease.lost is not None:
+            raise lease.lost
+        if self._closed:
+            self._check_open()
+        try:
+            return await self.backend.awrite_fenced(row, blobs, expected, lease.token)
+        except BackendUnavailableError as exc:
+            req = Call("write_fenced", (row, blobs, expected, lease.token))
+            return await call_async(self.backend, req, exc)  # type: ignore[no-any-return]
+        except PersistkitError:
+            raise
+        except Exception as exc:
+            raise checked("write_fenced", exc) from exc
+
+    def leases(self, *, prefix: str = "") -> list[LeaseInfo]:
+        """Who holds which thread's lease: one ``pk.LeaseInfo`` per thread that ever had one."""
+        from .coordination._hooks import leases_sync
+
+        self._check_open()
+        return leases_sync(self, prefix)
+
+    async def aleases(self, *, prefix: str = "") -> list[LeaseInfo]:
+        from .coordination._hooks import leases_async
+
+        self._check_open()
+        return await leases_async(self, prefix)
 
     def close(self) -> None:
         """Close the backend. Idempotent."""

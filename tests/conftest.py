@@ -26,6 +26,7 @@ import persistkit as pk
 
 POSTGRES_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
+RABBITMQ_URL = os.environ.get("PERSISTKIT_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 REQUIRED = {s.strip() for s in os.environ.get("PERSISTKIT_REQUIRE", "").split(",") if s.strip()}
 BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3"]
 SESSION_TAG = uuid.uuid4().hex[:8]
@@ -129,6 +130,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """RabbitMQ for the job-queue tests (Celery); ``rabbitmq`` in PERSISTKIT_REQUIRE makes it required."""
+    try:
+        import celery  # noqa: F401
+        import kombu
+    except ImportError as exc:
+        unavailable("rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})")
+    try:
+        with kombu.Connection(RABBITMQ_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        unavailable("rabbitmq", f"cannot connect to {RABBITMQ_URL}: {exc}")
+    return RABBITMQ_URL
+
+
+@pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server in its own process, on a free loopback port."""
     try:
@@ -137,8 +154,9 @@ def s3_endpoint() -> Iterator[str]:
     except ImportError as exc:
         unavailable("s3", f"boto3 / moto[server] not installed ({exc})")
     port = _free_port()
+    # moto's server with atomic conditional writes, as AWS has (see tests/moto_s3.py)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, os.path.join(os.path.dirname(__file__), "moto_s3.py"), "127.0.0.1", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

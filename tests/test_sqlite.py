@@ -146,7 +146,7 @@ def test_migrations_are_idempotent(db: Path) -> None:
             ("schema_version", SCHEMA_VERSION)
         ]
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert tables == {"pk_meta", "pk_checkpoints", "pk_blobs", "pk_runs"}
+        assert tables == {"pk_meta", "pk_checkpoints", "pk_blobs", "pk_runs", "pk_leases"}
         assert raw.execute("SELECT count(*) FROM pk_checkpoints").fetchone()[0] == 3
     b = SQLiteBackend.from_url(f"sqlite:///{db}")
     try:

@@ -15,12 +15,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._errors import BackendNotFoundError, ConfigurationError
-from ._protocol import Backend, CheckpointRow, Head, ThreadedAsync
+from ._protocol import Backend, CheckpointRow, Head, LeaseRecord, ThreadedAsync
 
 __all__ = [
     "Backend",
     "CheckpointRow",
     "Head",
+    "LeaseRecord",
     "ThreadedAsync",
     "open_backend",
     "register_backend",

@@ -65,6 +65,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 PRIMARY KEY (thread_id, key))""",
         ),
     ),
+    # 2: leases (persistkit.coordination). Rows, not advisory locks: a session lock
+    # belongs to a connection, which a pool hands to other callers (and PgBouncer
+    # in transaction mode to other clients), and dies with it; a row with a
+    # version survives both and carries the fencing token the writes check.
+    (
+        2,
+        (
+            """CREATE TABLE IF NOT EXISTS {s}.leases (
+                thread_id text COLLATE "C" NOT NULL,
+                namespace text COLLATE "C" NOT NULL,
+                token bigint NOT NULL,
+                data bytea NOT NULL,
+                version bigint NOT NULL,
+                PRIMARY KEY (thread_id, namespace))""",
+        ),
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
 
@@ -101,6 +117,48 @@ _CAS_NEXT = """WITH cas AS (
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
     RETURNING version
 )"""
+
+# Fenced writes (leases): the lease row is read FOR SHARE in the same statement as
+# the head's compare-and-swap, so a takeover (an UPDATE of that row) cannot commit
+# between the check and the write, and a takeover that committed first leaves
+# the fence empty (READ COMMITTED re-checks a locked row): the CAS then moves nothing.
+_FENCE = """WITH fence AS (
+    SELECT 1 FROM {s}.leases
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND token = %(fence)s::bigint
+    FOR SHARE
+),"""
+_CAS_FIRST_FENCED = _FENCE + """
+cas AS (
+    INSERT INTO {s}.heads (thread_id, namespace, checkpoint_id, version)
+    SELECT %(t)s::text, %(ns)s::text, %(cid)s::text, 1 FROM fence
+    ON CONFLICT (thread_id, namespace) DO NOTHING
+    RETURNING version
+)"""
+_CAS_NEXT_FENCED = _FENCE + """
+cas AS (
+    UPDATE {s}.heads SET checkpoint_id = %(cid)s::text, version = version + 1
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
+      AND EXISTS (SELECT 1 FROM fence)
+    RETURNING version
+)"""
+_LEASE_SQL = {
+    "fenced_first": _CAS_FIRST_FENCED + _ROW + _BLOBS + _RESULT,
+    "fenced_next": _CAS_NEXT_FENCED + _ROW + _BLOBS + _RESULT,
+    "fenced_first_row": _CAS_FIRST_FENCED + _ROW + _RESULT,
+    "fenced_next_row": _CAS_NEXT_FENCED + _ROW + _RESULT,
+    "lease_get": """SELECT token, data, version FROM {s}.leases
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text""",
+    "lease_create": """INSERT INTO {s}.leases (thread_id, namespace, token, data, version)
+    VALUES (%(t)s::text, %(ns)s::text, %(token)s::bigint, %(data)s::bytea, 1)
+    ON CONFLICT (thread_id, namespace) DO NOTHING RETURNING version""",
+    "lease_swap": """UPDATE {s}.leases SET token = %(token)s::bigint, data = %(data)s::bytea,
+    version = version + 1
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
+    RETURNING version""",
+    "lease_list": """SELECT thread_id, namespace, token, data, version FROM {s}.leases
+    WHERE thread_id >= %(prefix)s::text AND starts_with(thread_id, %(prefix)s::text)
+    ORDER BY thread_id, namespace""",
+}
 
 _SQL = {
     "write_first": _CAS_FIRST + _ROW + _BLOBS + _RESULT,
@@ -207,6 +265,7 @@ class Queries:
         self.create_migrations = render(_SQL["create_migrations"])
         self.current_version = render(_SQL["current_version"])
         self.record_version = render(_SQL["record_version"])
+        self.lease = {name: render(text) for name, text in _LEASE_SQL.items()}
         self.migrations = tuple(
             (version, tuple(render(s) for s in statements)) for version, statements in MIGRATIONS
         )

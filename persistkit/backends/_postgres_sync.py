@@ -26,7 +26,7 @@ from psycopg import Connection, Cursor
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._errors import ConflictError
+from .._errors import ConflictError, LeaseLostError
 from ._postgres_sql import (
     LATEST_VERSION,
     MigrationStatus,
@@ -35,7 +35,7 @@ from ._postgres_sql import (
     log,
     map_error,
 )
-from ._protocol import CheckpointRow, Head, new_head
+from ._protocol import CheckpointRow, Head, LeaseRecord, new_head
 
 __all__ = ["Access", "Core"]
 
@@ -543,3 +543,68 @@ class Core:
             return sorted(r[0] for r in found)
 
         return self._run("listing namespaces", thread_id, op, read=True)
+
+    # -- leases (persistkit.coordination) ------------------------------------------
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        lq = self._q.lease
+        params = {
+            "t": row.thread_id,
+            "ns": row.namespace,
+            "cid": row.checkpoint_id,
+            "expected": expected_version,
+            "parent": row.parent_id,
+            "run": row.run_id,
+            "payload": row.payload,
+            "fence": fence,
+        }
+        if blobs:
+            params["keys"], params["datas"] = list(blobs), list(blobs.values())
+            query = lq["fenced_first"] if expected_version == 0 else lq["fenced_next"]
+        else:
+            query = lq["fenced_first_row"] if expected_version == 0 else lq["fenced_next_row"]
+
+        def op(cur: Cur) -> Head:
+            moved = _fetch(cur, query, params)
+            if moved:
+                return Head(row.checkpoint_id, int(moved[0][0]))
+            # Nothing moved: a stale token, or a moved head (only this path reads more).
+            lease = _fetch(cur, lq["lease_get"], params)
+            token = int(lease[0][0]) if lease else 0
+            if token != fence:
+                raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token)
+            found = _fetch(cur, self._q.head, params)
+            raise ConflictError(
+                thread_id=row.thread_id,
+                namespace=row.namespace,
+                expected=expected_version,
+                found=int(found[0][1]) if found else 0,
+                found_checkpoint=found[0][0] if found else None,
+            )
+
+        return self._run("write", row.thread_id, op, read=False)
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        def op(cur: Cur) -> LeaseRecord | None:
+            found = _fetch(cur, self._q.lease["lease_get"], {"t": thread_id, "ns": namespace})
+            return LeaseRecord(int(found[0][0]), bytes(found[0][1]), int(found[0][2])) if found else None
+
+        return self._run("reading the lease", thread_id, op, read=True)
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        query = self._q.lease["lease_create" if expected == 0 else "lease_swap"]
+        params = {"t": thread_id, "ns": namespace, "expected": expected, "token": token, "data": bytes(data)}
+
+        def op(cur: Cur) -> bool:
+            return bool(_fetch(cur, query, params))
+
+        return self._run("swapping the lease", thread_id, op, read=False)
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        def op(cur: Cur) -> builtins.list[tuple[str, str, LeaseRecord]]:
+            found = _fetch(cur, self._q.lease["lease_list"], {"prefix": prefix})
+            return [(t, ns, LeaseRecord(int(tok), bytes(d), int(v))) for t, ns, tok, d, v in found]
+
+        return self._run("listing leases", None, op, read=True)

@@ -53,7 +53,7 @@ from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from .._errors import ConfigurationError
 
-__all__ = ["Backend", "CheckpointRow", "Head", "ThreadedAsync"]
+__all__ = ["Backend", "CheckpointRow", "ForwardLeases", "Head", "LeaseRecord", "ThreadedAsync"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,20 @@ class Head:
     """The latest checkpoint of ``(thread_id, namespace)`` and the head's version."""
 
     checkpoint_id: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The lease of ``(thread_id, namespace)`` as the store keeps it (see ``Backend.lease_swap``).
+
+    ``token`` is the fencing token a fenced write is checked against; ``data``
+    is opaque to the store (owner, expiry and waiters: ``persistkit.coordination``);
+    ``version`` counts successful swaps (the compare-and-swap's version, 0 = none).
+    """
+
+    token: int
+    data: bytes
     version: int
 
 
@@ -243,6 +257,39 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release connections. Idempotent. Later calls raise ``StoreClosedError``."""
 
+    # -- leases (persistkit.coordination) ---------------------------------------
+    # Not abstract, so third-party stores written before leases keep working
+    # without them (resume() then runs without a lease unless busy= asks for one).
+
+    @property
+    def supports_leases(self) -> bool:
+        """Whether this store implements the lease primitives below (wrappers ask their inner store)."""
+        return type(self).lease_swap is not Backend.lease_swap
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        """The lease record of ``(thread_id, namespace)``, or None if it never had one."""
+        raise _missing(self, "lease_get", _LEASES)
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        """Compare-and-swap the lease record: if its version is ``expected`` (0: no record
+        yet), store ``token`` and ``data`` with version ``expected + 1`` and return True;
+        otherwise change nothing and return False. Atomic; records are never deleted
+        (tokens must keep increasing across holders, even after ``delete_thread``)."""
+        raise _missing(self, "lease_swap", _LEASES)
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        """Every ``(thread_id, namespace, record)`` whose thread id starts with ``prefix``."""
+        raise _missing(self, "lease_list", _LEASES)
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        """``write``, refused unless the lease token of ``(row.thread_id, row.namespace)`` is
+        ``fence``, checked in the SAME atomic operation that moves the head: a stale token
+        raises ``LeaseLostError(thread_id=, namespace=, token=fence, found=<current token>)``
+        and writes nothing (a wrong version is still a ``ConflictError``)."""
+        raise _missing(self, "write_fenced", _LEASES)
+
     # -- async twins (overridden by native-async backends) -------------------
 
     async def awrite(
@@ -298,12 +345,32 @@ class Backend(abc.ABC):
     ) -> None:
         await _in_thread(self.rewrite, thread_id, rows, blobs)
 
+    async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        return await _in_thread(self.lease_get, thread_id, namespace)
 
-def _missing(backend: Backend, method: str) -> ConfigurationError:
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return await _in_thread(self.lease_swap, thread_id, namespace, expected, token, data)
+
+    async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        return await _in_thread(self.lease_list, prefix=prefix)
+
+    async def awrite_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return await _in_thread(self.write_fenced, row, blobs, expected_version, fence)
+
+
+_MAINTENANCE = "key rotation and store-wide maintenance need; implement it (see persistkit.backends.Backend) or rotate on a store that has it"
+_LEASES = (
+    "leases (pk.resume(..., busy=...)) need; implement the lease primitives (see "
+    "persistkit.backends.Backend and persistkit.testing) or run without a lease: busy=None"
+)
+
+
+def _missing(backend: Backend, method: str, needed_by: str = _MAINTENANCE) -> ConfigurationError:
     return ConfigurationError(
         f"the store {type(backend).__name__} ({backend.url or 'no URL'}) does not implement "
-        f"{method}(), which key rotation and store-wide maintenance need; implement it "
-        "(see persistkit.backends.Backend) or rotate on a store that has it"
+        f"{method}(), which {needed_by}"
     )
 
 
@@ -371,3 +438,37 @@ class ThreadedAsync(Backend):
 
     async def aclose(self) -> None:
         await _in_thread(self.close)
+
+
+class ForwardLeases(Backend):
+    """Lease primitives of a wrapper (encryption, integrity, offload): its inner store's.
+
+    Lease records hold no user data (holder, expiry, waiters), so they pass through
+    unsealed; the wrapper's own ``write_fenced`` seals the row as its ``write`` does.
+    """
+
+    def lease_inner(self) -> Backend:
+        inner: Backend = getattr(self, "inner")  # noqa: B009 - each wrapper names its inner store so
+        return inner
+
+    @property
+    def supports_leases(self) -> bool:
+        return self.lease_inner().supports_leases
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        return self.lease_inner().lease_get(thread_id, namespace)
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return self.lease_inner().lease_swap(thread_id, namespace, expected, token, data)
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        return self.lease_inner().lease_list(prefix=prefix)
+
+    async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        return await self.lease_inner().alease_get(thread_id, namespace)
+
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return await self.lease_inner().alease_swap(thread_id, namespace, expected, token, data)
+
+    async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        return await self.lease_inner().alease_list(prefix=prefix)

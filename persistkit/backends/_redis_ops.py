@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from hashlib import sha1
 from typing import Any, TypeVar
 
-from .._errors import BackendError, ConflictError, IntegrityError
-from ._protocol import CheckpointRow, Head
+from .._errors import BackendError, ConflictError, IntegrityError, LeaseLostError
+from ._protocol import CheckpointRow, Head, LeaseRecord
 
 _T = TypeVar("_T")
 
@@ -31,6 +31,9 @@ __all__ = [
     "op_get",
     "op_get_blobs",
     "op_head",
+    "op_lease_get",
+    "op_lease_list",
+    "op_lease_swap",
     "op_list",
     "op_namespaces",
     "op_put_blobs",
@@ -38,6 +41,7 @@ __all__ = [
     "op_scan_blobs",
     "op_threads",
     "op_write",
+    "op_write_fenced",
     "script_sha",
 ]
 
@@ -74,7 +78,7 @@ if v ~= tonumber(ARGV[1]) then
   return {0, v, cur[2]}
 end
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then
-  return {2, v}
+  return {3, v}
 end
 put_blobs(KEYS[5], KEYS[6], 6)
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
@@ -276,7 +280,7 @@ def op_write(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: 
     ok, version, *found = replies[0]
     if ok == 1:
         return Head(row.checkpoint_id, int(version))
-    if ok == 2:
+    if ok == 3:  # (2 is the fenced script's stale token)
         raise BackendError(
             f"thread {t!r}: checkpoint {row.checkpoint_id} already exists; checkpoint ids are "
             "never reused (nothing was written)"
@@ -427,3 +431,97 @@ def op_delete(k: Keys, thread_id: str) -> Op[bool]:
     # Index entry removed after the data: a listed thread never lacks data it had.
     replies = yield Batch((script, ("ZREM", k.threads, _enc(thread_id))), False)
     return int(replies[0]) > 0
+
+
+# -- leases (persistkit.coordination) ---------------------------------------------------
+#
+#   P{T}:l:N   hash   the lease of (thread, namespace): t = fencing token, d = data, v = version
+#
+# In the thread's slot, so the fenced write checks it inside its own script. Not in
+# the registry set: delete_thread keeps it, since tokens must keep increasing. The
+# expiry lives in the data (judged by the coordination layer), not in a PX: a record
+# that vanished on expiry would restart the tokens.
+
+# The write script, behind a check of the fence (the last ARGV, taken off before the
+# write reads its blob pairs) against the lease's token (KEYS[8]): both in ONE script.
+_LUA_WRITE_FENCED = (
+    _LUA_COMMON
+    + b"""
+local fence = tonumber(table.remove(ARGV))
+local held = tonumber(redis.call('HGET', KEYS[8], 't')) or 0
+if held ~= fence then
+  return {2, held}
+end
+"""
+    + _LUA_WRITE[len(_LUA_COMMON) :]
+)
+
+# KEYS: lease. ARGV: expected version, token, data.
+_LUA_LEASE_SWAP = b"""
+local v = tonumber(redis.call('HGET', KEYS[1], 'v')) or 0
+if v ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'v', v + 1, 't', ARGV[2], 'd', ARGV[3])
+return 1
+"""
+
+_WRITE_FENCED, _LEASE_SWAP = map(script_sha, (_LUA_WRITE_FENCED, _LUA_LEASE_SWAP))
+
+
+def op_write_fenced(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fence: int) -> Op[Head]:
+    write = op_write(k, row, blobs, expected)
+    batch = next(write)
+    script, index = batch.commands
+    n = script[2]
+    keys, args = script[3 : 3 + n], script[3 + n :]
+    fenced = _script(_WRITE_FENCED, (*keys, k.ns(row.thread_id, row.namespace, b"l")), (*args, int(fence)))
+    replies = yield Batch((fenced, index), False)
+    if replies[0][0] == 2:
+        write.close()
+        raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=int(replies[0][1]))
+    try:
+        write.send(replies)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    raise AssertionError("op_write yields one batch")
+
+
+def op_lease_get(k: Keys, thread_id: str, namespace: str) -> Op[LeaseRecord | None]:
+    [(t, d, v)] = yield Batch((("HMGET", k.ns(thread_id, namespace, b"l"), b"t", b"d", b"v"),), True)
+    return None if v is None else LeaseRecord(int(t), bytes(d), int(v))
+
+
+def op_lease_swap(k: Keys, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> Op[bool]:
+    cmd = _script(_LEASE_SWAP, (k.ns(thread_id, namespace, b"l"),), (int(expected), int(token), bytes(data)))
+    [ok] = yield Batch((cmd,), False)
+    return int(ok) == 1
+
+
+def _unb64(enc: bytes) -> str:
+    return _dec(base64.urlsafe_b64decode(enc + b"=" * (-len(enc) % 4)))
+
+
+def op_lease_list(k: Keys, prefix: str) -> Op[list[tuple[str, str, LeaseRecord]]]:
+    escaped = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in k.prefix)
+    pattern = escaped + b"{*}:l:*"
+    cursor: Any = 0
+    names: set[bytes] = set()
+    while True:
+        [(cursor, found)] = yield Batch((("SCAN", cursor, "MATCH", pattern, "COUNT", 1000),), True)
+        names.update(found)
+        if int(cursor) == 0:
+            break
+    out: list[tuple[str, str, LeaseRecord]] = []
+    picked: list[tuple[str, str, bytes]] = []
+    for name in sorted(names):
+        t_enc, _, ns_enc = name[len(k.prefix) + 1 :].partition(b"}:l:")
+        t = _unb64(t_enc)
+        if t.startswith(prefix):
+            picked.append((t, _unb64(ns_enc), name))
+    if not picked:
+        return out
+    replies = yield Batch(tuple(("HMGET", name, b"t", b"d", b"v") for _, _, name in picked), True)
+    for (t, ns, _), (tok, d, v) in zip(picked, replies, strict=True):
+        if v is not None:
+            out.append((t, ns, LeaseRecord(int(tok), bytes(d), int(v))))
+    out.sort(key=lambda e: (e[0], e[1]))
+    return out

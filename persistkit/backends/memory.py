@@ -23,9 +23,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl
 
-from .._errors import BackendError, ConfigurationError, ConflictError, StoreClosedError
+from .._errors import (
+    BackendError,
+    ConfigurationError,
+    ConflictError,
+    LeaseLostError,
+    StoreClosedError,
+)
 from . import unknown_options
-from ._protocol import CheckpointRow, Head, ThreadedAsync
+from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync
 
 __all__ = ["MemoryBackend"]
 
@@ -34,7 +40,8 @@ class _Data:
     """The storage behind one private or named store; every access holds ``lock``."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # reentrant: write_fenced checks the lease, then writes
+        self.leases: dict[tuple[str, str], LeaseRecord] = {}
         self.heads: dict[tuple[str, str], Head] = {}
         self.rows: dict[tuple[str, str], dict[str, CheckpointRow]] = {}
         self.blobs: dict[str, dict[str, bytes]] = {}
@@ -222,3 +229,36 @@ class MemoryBackend(ThreadedAsync):
     def close(self) -> None:
         """Mark this instance closed. The data of a named store stays for other instances."""
         self._closed = True
+
+    # -- leases ------------------------------------------------------------------
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        d = self._open()
+        with d.lock:
+            return d.leases.get((thread_id, namespace))
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        d = self._open()
+        with d.lock:
+            current = d.leases.get((thread_id, namespace))
+            if (current.version if current else 0) != expected:
+                return False
+            d.leases[(thread_id, namespace)] = LeaseRecord(token, bytes(data), expected + 1)
+            return True
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        d = self._open()
+        with d.lock:
+            return sorted((t, ns, rec) for (t, ns), rec in d.leases.items() if t.startswith(prefix))
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        d = self._open()
+        with d.lock:  # held across the check and the write: one atomic step
+            current = d.leases.get((row.thread_id, row.namespace))
+            if current is None or current.token != fence:
+                raise LeaseLostError(
+                    thread_id=row.thread_id, namespace=row.namespace, token=fence, found=current.token if current else 0
+                )
+            return self.write(row, blobs, expected_version)

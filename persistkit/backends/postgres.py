@@ -31,7 +31,7 @@ from . import URL_PASSWORD_MASK, mask_url, unknown_options
 from ._postgres_async import AsyncAccess, AsyncCore
 from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
 from ._postgres_sync import Access, Core
-from ._protocol import Backend, CheckpointRow, Head
+from ._protocol import Backend, CheckpointRow, Head, LeaseRecord
 
 __all__ = ["LATEST_VERSION", "MigrationStatus", "PostgresBackend"]
 
@@ -455,6 +455,48 @@ class PostgresBackend(Backend):
             _close_async_from_sync(self._async.access)  # pools of other loops
         if self._sync is not None:
             await asyncio.to_thread(self._sync.access.close)
+
+    # -- leases (persistkit.coordination) ----------------------------------------------
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return self._sync_core().write_fenced(row, blobs, expected_version, fence)
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        return self._sync_core().lease_get(thread_id, namespace)
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return self._sync_core().lease_swap(thread_id, namespace, expected, token, data)
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        return self._sync_core().lease_list(prefix=prefix)
+
+    async def awrite_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.write_fenced, row, blobs, expected_version, fence)
+        return await core.write_fenced(row, blobs, expected_version, fence)
+
+    async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.lease_get, thread_id, namespace)
+        return await core.lease_get(thread_id, namespace)
+
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.lease_swap, thread_id, namespace, expected, token, data)
+        return await core.lease_swap(thread_id, namespace, expected, token, data)
+
+    async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.lease_list, prefix=prefix)
+        return await core.lease_list(prefix=prefix)
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self.url!r}, schema={self._shared.queries.schema!r})"

@@ -79,7 +79,7 @@ from .._errors import (
     StoreClosedError,
 )
 from . import mask_url, unknown_options
-from ._protocol import Backend, CheckpointRow, Head
+from ._protocol import Backend, CheckpointRow, Head, LeaseRecord
 from ._redis_ops import (
     SOURCES,
     Batch,
@@ -90,6 +90,9 @@ from ._redis_ops import (
     op_get,
     op_get_blobs,
     op_head,
+    op_lease_get,
+    op_lease_list,
+    op_lease_swap,
     op_list,
     op_namespaces,
     op_put_blobs,
@@ -97,6 +100,7 @@ from ._redis_ops import (
     op_scan_blobs,
     op_threads,
     op_write,
+    op_write_fenced,
 )
 
 __all__ = ["RedisBackend"]
@@ -534,6 +538,36 @@ class RedisBackend(Backend):
             await entry[1].aclose()
         self.close()
 
+
+    # -- leases (persistkit.coordination): the write script behind a fence check ----------
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return self._run(op_write_fenced(self._keys, row, blobs, expected_version, fence))
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        return self._run(op_lease_get(self._keys, thread_id, namespace))
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return self._run(op_lease_swap(self._keys, thread_id, namespace, expected, token, data))
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        return self._run(op_lease_list(self._keys, prefix))
+
+    async def awrite_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return await self._arun(op_write_fenced(self._keys, row, blobs, expected_version, fence))
+
+    async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        return await self._arun(op_lease_get(self._keys, thread_id, namespace))
+
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return await self._arun(op_lease_swap(self._keys, thread_id, namespace, expected, token, data))
+
+    async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        return await self._arun(op_lease_list(self._keys, prefix))
 
 def _describe(client: Any) -> str:
     """A password-free URL naming a user-supplied client's server, for messages."""

@@ -84,8 +84,8 @@ from .._errors import (
     ConflictError,
     StoreClosedError,
 )
-from . import unknown_options
-from ._protocol import CheckpointRow, Head, ThreadedAsync
+from . import _s3_leases, unknown_options
+from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync
 
 __all__ = ["S3Backend"]
 
@@ -166,6 +166,7 @@ class _HeadState:
     token: str
     row_key: str
     etag: str
+    fence: int = 0  # the lease token the head was sealed with (persistkit.coordination)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +402,7 @@ class S3Backend(ThreadedAsync):
             return None
         data, etag = got
         h = json.loads(data)
-        state = _HeadState(int(h["v"]), str(h["c"]), str(h["t"]), str(h["k"]), etag)
+        state = _HeadState(int(h["v"]), str(h["c"]), str(h["t"]), str(h["k"]), etag, int(h.get("f", 0)))
         with self._lock:
             self._heads[cache_key] = state
         return state
@@ -424,7 +425,9 @@ class S3Backend(ThreadedAsync):
             found_checkpoint=found.checkpoint_id if found else None,
         )
 
-    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+    def write(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None = None
+    ) -> Head:
         self._check_open()
         t, ns = row.thread_id, row.namespace
         with self._lock:
@@ -433,6 +436,8 @@ class S3Backend(ThreadedAsync):
             # Our cache cannot vouch for the head: read it, and fail before writing anything.
             base = self._read_head(t, ns)
             if (base.version if base else 0) != expected_version:
+                if fence is not None:
+                    _s3_leases.check_fence(row, fence, base)
                 raise self._conflict(row, expected_version, base)
         if base is not None and row.checkpoint_id <= base.checkpoint_id:
             # Row keys are unique per write, so a reused id is not refused by the put: refuse
@@ -442,6 +447,8 @@ class S3Backend(ThreadedAsync):
                 f"sort after the thread's head {base.checkpoint_id!r} (an id is never reused, and "
                 "each new id sorts after its parent's, as persistkit's own ids do); nothing was written"
             )
+        if fence is not None:
+            _s3_leases.check_fence(row, fence, base)
         self._write_blobs(t, blobs)
         token = secrets.token_hex(8)
         prev = base.token if base else "0"
@@ -453,11 +460,15 @@ class S3Backend(ThreadedAsync):
             f"writing checkpoint of {t!r}", "put_object", Key=row_key, Body=_encode_row(row, blobs)
         )
         version = expected_version + 1
+        sealed = max(base.fence if base else 0, fence or 0)  # a head keeps its lease seal
         body = json.dumps(
             {"v": version, "c": row.checkpoint_id, "t": token, "k": row_key, "thread": t, "ns": ns}
+            | ({"f": sealed} if sealed else {})
         ).encode("ascii")
         condition = {"IfMatch": base.etag} if base else {"IfNoneMatch": "*"}
         head_key = self._head_key(t, ns)
+        if fence is not None and base is None:
+            _s3_leases.check_first_fence(self, row, fence)
         try:
             resp = self._client.put_object(
                 Bucket=self._bucket, Key=head_key, Body=body, **condition
@@ -467,8 +478,10 @@ class S3Backend(ThreadedAsync):
                 raise _map_error(exc, f"moving the head of {t!r}") from exc
             found = self._read_head(t, ns)
             self._clean_up_loser(row_key)
+            if fence is not None:
+                _s3_leases.check_fence(row, fence, found)
             raise self._conflict(row, expected_version, found) from exc
-        state = _HeadState(version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")))
+        state = _HeadState(version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")), sealed)
         with self._lock:
             self._heads[(t, ns)] = state
         return Head(row.checkpoint_id, version)
@@ -718,6 +731,26 @@ class S3Backend(ThreadedAsync):
             # Changed or deleted since the read: a concurrent rewrite or delete won; skip.
             if not _is_client_error(exc, _CONFLICT_CODES):
                 raise _map_error(exc, f"rewriting {key!r}") from exc
+
+    # -- leases (persistkit.coordination): the logic is in _s3_leases -------------------------
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        self._check_open()
+        found = _s3_leases.read(self, thread_id, namespace)
+        return found[0] if found else None
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        self._check_open()
+        return _s3_leases.swap(self, thread_id, namespace, expected, token, data)
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        self._check_open()
+        return _s3_leases.listing(self, prefix)
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return self.write(row, blobs, expected_version, fence)
 
     # -- deletion and lifecycle -------------------------------------------------------------
 

@@ -61,11 +61,12 @@ from .._errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConflictError,
+    LeaseLostError,
     SchemaVersionError,
     StoreClosedError,
 )
 from . import unknown_options
-from ._protocol import CheckpointRow, Head, ThreadedAsync, new_head
+from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync, new_head
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
@@ -81,6 +82,8 @@ _NEW_FOLLOWS_HEAD = """SELECT version = NEW.version - 1 AND checkpoint_id < NEW.
                 WHERE thread_id = NEW.thread_id AND namespace = NEW.namespace AND version IS NOT NULL
                 ORDER BY checkpoint_id DESC LIMIT 1"""
 _SYNCHRONOUS = ("NORMAL", "FULL")
+#: What the fence trigger says when a fenced write's lease token is not the thread's.
+_FENCE = "persistkit: the lease token is stale"
 
 # Versioned migrations of our own tables; entry i moves the schema from
 # version i to i + 1. Never edit a released entry: append a new one.
@@ -194,6 +197,30 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
                 VALUES (NEW.thread_id, NEW.namespace, NEW.run_id, NEW.checkpoint_id);
             END""",
     ),
+    # 5: leases (persistkit.coordination). A fenced write inserts into the view
+    # pk_fenced: its trigger refuses a stale token, then inserts the row, whose own
+    # triggers do the head's compare-and-swap — one statement, one transaction,
+    # one more seek (of the lease row, not written) than an unfenced write.
+    (
+        """CREATE TABLE pk_leases (
+            thread_id TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            token INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            version INTEGER NOT NULL,
+            PRIMARY KEY (thread_id, namespace)
+        ) WITHOUT ROWID""",
+        """CREATE VIEW pk_fenced AS SELECT thread_id, namespace, checkpoint_id, parent_id, run_id,
+            payload, version, 0 AS fence FROM pk_checkpoints WHERE 0""",
+        f"""CREATE TRIGGER pk_fenced_insert INSTEAD OF INSERT ON pk_fenced BEGIN
+              SELECT RAISE(ABORT, '{_FENCE}') WHERE coalesce((SELECT token FROM pk_leases
+                WHERE thread_id = NEW.thread_id AND namespace = NEW.namespace), 0) != NEW.fence;
+              INSERT INTO pk_checkpoints
+                (thread_id, namespace, checkpoint_id, parent_id, run_id, payload, version)
+                VALUES (NEW.thread_id, NEW.namespace, NEW.checkpoint_id, NEW.parent_id,
+                        NEW.run_id, NEW.payload, NEW.version);
+            END""",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -212,6 +239,16 @@ _PUT_BLOB = "INSERT OR IGNORE INTO pk_blobs (thread_id, key, data) VALUES (?, ?,
 _PUT_ROW = """INSERT INTO pk_checkpoints
     (thread_id, namespace, checkpoint_id, parent_id, run_id, payload, version)
     VALUES (?, ?, ?, ?, ?, ?, ?)"""
+_PUT_FENCED = """INSERT INTO pk_fenced
+    (thread_id, namespace, checkpoint_id, parent_id, run_id, payload, version, fence)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)"""
+_LEASE_GET = "SELECT token, data, version FROM pk_leases WHERE thread_id = ? AND namespace = ?"
+_LEASE_CREATE = """INSERT INTO pk_leases (thread_id, namespace, token, data, version)
+    VALUES (?, ?, ?, ?, 1) ON CONFLICT (thread_id, namespace) DO NOTHING"""
+_LEASE_SWAP = """UPDATE pk_leases SET token = ?, data = ?, version = version + 1
+    WHERE thread_id = ? AND namespace = ? AND version = ?"""
+_LEASE_LIST = """SELECT thread_id, namespace, token, data, version FROM pk_leases
+    WHERE thread_id >= ? ORDER BY thread_id, namespace"""
 _GET_ROW = """SELECT parent_id, run_id, payload FROM pk_checkpoints
     WHERE thread_id = ? AND namespace = ? AND checkpoint_id = ?"""
 _LIST_BASE = """SELECT checkpoint_id, parent_id, run_id, payload FROM pk_checkpoints
@@ -488,31 +525,38 @@ class SQLiteBackend(ThreadedAsync):
 
     # -- writes ----------------------------------------------------------------
 
-    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+    def write(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None = None
+    ) -> Head:
         # self._conn(), inlined for the common case (the per-step path)
         conn = None if self._closed or self._pid != _pid else getattr(self._local, "conn", None)
         if conn is None:
             conn = self._conn()
         tid, ns, cid = row.thread_id, row.namespace, row.checkpoint_id
         version = expected_version + 1
-        params = (tid, ns, cid, row.parent_id, row.run_id, row.payload, version)
+        params: tuple[Any, ...] = (tid, ns, cid, row.parent_id, row.run_id, row.payload, version)
+        put_row = _PUT_ROW if fence is None else _PUT_FENCED  # write_fenced: the lease checked too
+        if fence is not None:
+            params += (fence,)
         # Hand-written try/except rather than _transaction(): this is the one
         # method whose microseconds matter.
         try:
             if not blobs:
                 # One statement in autocommit mode: its implicit write transaction holds
                 # the lock from before the compare-and-swap trigger reads the head.
-                conn.execute(_PUT_ROW, params)
+                conn.execute(put_row, params)
             else:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.executemany(_PUT_BLOB, [(tid, k, v) for k, v in blobs.items()])
-                    conn.execute(_PUT_ROW, params)
+                    conn.execute(put_row, params)
                 except BaseException as exc:
                     _rollback(conn, exc)
                     raise
                 conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
+            if fence is not None and _FENCE in str(exc):
+                raise self._lease_lost(tid, ns, fence) from None
             if _CONFLICT not in str(exc):
                 raise self._error(exc, "write", tid) from exc
             with self._mapped("write", tid):
@@ -648,6 +692,41 @@ class SQLiteBackend(ThreadedAsync):
             conn.close()
 
 
+    # -- leases ------------------------------------------------------------------
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return self.write(row, blobs, expected_version, fence)
+
+    def _lease_lost(self, thread_id: str, namespace: str, fence: int) -> LeaseLostError:
+        current = self.lease_get(thread_id, namespace)
+        return LeaseLostError(
+            thread_id=thread_id, namespace=namespace, token=fence, found=current.token if current else 0
+        )
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        conn = self._conn()
+        with self._mapped("reading the lease", thread_id):
+            found = conn.execute(_LEASE_GET, (thread_id, namespace)).fetchone()
+        return LeaseRecord(found[0], found[1], found[2]) if found is not None else None
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        conn = self._conn()
+        with self._mapped("swapping the lease", thread_id):
+            if expected == 0:
+                cur = conn.execute(_LEASE_CREATE, (thread_id, namespace, token, bytes(data)))
+            else:
+                cur = conn.execute(_LEASE_SWAP, (token, bytes(data), thread_id, namespace, expected))
+        return cur.rowcount == 1
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        conn = self._conn()
+        with self._mapped("listing leases"):
+            found = conn.execute(_LEASE_LIST, (prefix,)).fetchall()
+        return [(t, ns, LeaseRecord(tok, data, v)) for t, ns, tok, data, v in found if t.startswith(prefix)]
+
+
 def _rollback(conn: sqlite3.Connection, exc: BaseException) -> None:
     """Roll back after ``exc``; a failing ROLLBACK is noted on ``exc``, which stays the error."""
     if conn.in_transaction:
@@ -682,3 +761,4 @@ def _prefix_end(prefix: str) -> str | None:
                 code = 0xE000
             return "".join(chars) + chr(code)
     return None
+

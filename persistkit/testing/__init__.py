@@ -2,11 +2,14 @@
 
 ``BackendConformance`` checks the byte-level primitives of a backend;
 ``StoreConformance`` checks the end-to-end contract (steps, replay, runs,
-history, fork, conflicts) through ``pk.connect``. Subclass either in your
-test suite and provide a ``persistkit_url`` fixture; see docs/backends.md.
+history, fork, conflicts) through ``pk.connect``; ``LeaseConformance`` the
+lease primitives (``lease_get``/``lease_swap``/``lease_list``/``write_fenced``,
+see docs/coordination.md). Subclass any of them in your test suite and provide
+a ``persistkit_url`` fixture; see docs/backends.md.
 """
 
 from .backend_suite import BackendConformance
+from .lease_suite import LeaseConformance
 from .store_suite import StoreConformance
 
-__all__ = ["BackendConformance", "StoreConformance"]
+__all__ = ["BackendConformance", "LeaseConformance", "StoreConformance"]

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import BackendNotFoundError, ConfigurationError, IntegrityError
 from .._keys import KeyRing
-from ..backends._protocol import Backend, CheckpointRow, Head
+from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -128,7 +128,7 @@ class RotationReport:
         )
 
 
-class EncryptedBackend(Backend):
+class EncryptedBackend(ForwardLeases, Backend):
     """``inner`` with every row payload and blob sealed by AES-256-GCM under ``keyring``.
 
     Heads, ids and blob keys pass through in plaintext (see the module docs).
@@ -328,6 +328,14 @@ class EncryptedBackend(Backend):
 
     async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         await self.inner.aput_blobs(thread_id, self.seal_blobs(thread_id, blobs))
+
+    def write_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
+        sealed = self.seal_blobs(row.thread_id, blobs)
+        return self.inner.write_fenced(self.seal_row(row), sealed, expected_version, fence)
+
+    async def awrite_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
+        sealed = self.seal_blobs(row.thread_id, blobs)
+        return await self.inner.awrite_fenced(self.seal_row(row), sealed, expected_version, fence)
 
     async def ahead(self, thread_id: str, namespace: str) -> Head | None:
         return await self.inner.ahead(thread_id, namespace)

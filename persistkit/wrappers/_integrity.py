@@ -57,9 +57,9 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, ClassVar, TypeVar
 
-from .._errors import ConfigurationError, ConflictError, IntegrityError
+from .._errors import ConfigurationError, ConflictError, IntegrityError, LeaseLostError
 from .._keys import KeyRing
-from ..backends._protocol import Backend, CheckpointRow, Head
+from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]
@@ -294,7 +294,7 @@ def _req(method: str, *args: Any, **kwargs: Any) -> _Req:
     return (method, args, kwargs)
 
 
-class IntegrityBackend(Backend):
+class IntegrityBackend(ForwardLeases, Backend):
     """Seals every row and blob written through it and refuses any read that fails its checks.
 
     ``keyring`` is a ``KeyRing(purpose="integrity")``: the active key seals,
@@ -508,7 +508,7 @@ class IntegrityBackend(Backend):
             check_links(thread_id, namespace, oldest, self._open(prev))
         return [s.plain() for s in (sealed if limit is None else sealed[:limit])]
 
-    def _write_op(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> _Op[Head]:
+    def _write_op(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fence: int | None = None) -> _Op[Head]:
         t, ns = row.thread_id, row.namespace
         kid, key = self.keyring.active()
         prev: _Link | None = None
@@ -538,8 +538,13 @@ class IntegrityBackend(Backend):
         payload, tag = seal_row(row, kid, key, seq, prev.checkpoint_id if prev else None, prev.tag if prev else None)
         sealed_blobs = {k: seal_blob(t, k, v, kid, key) for k, v in blobs.items()}
         try:
-            new: Head = yield _req("write", replace(row, payload=payload), sealed_blobs, expected)
-        except ConflictError:
+            sealed_row = replace(row, payload=payload)
+            new: Head = yield (
+                _req("write", sealed_row, sealed_blobs, expected)
+                if fence is None
+                else _req("write_fenced", sealed_row, sealed_blobs, expected, fence)
+            )
+        except (ConflictError, LeaseLostError):
             self._links.pop((t, ns), None)
             raise
         self._link(t, ns, _Link(seq, row.checkpoint_id, tag))
@@ -570,6 +575,12 @@ class IntegrityBackend(Backend):
 
     def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
         return self._drive(self._write_op(row, blobs, expected_version))
+
+    def write_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
+        return self._drive(self._write_op(row, blobs, expected_version, fence))
+
+    async def awrite_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
+        return await self._adrive(self._write_op(row, blobs, expected_version, fence))
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         self._drive(self._put_blobs_op(thread_id, blobs))

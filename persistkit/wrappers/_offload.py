@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._errors import ConfigurationError, IntegrityError
-from ..backends._protocol import Backend, CheckpointRow, Head
+from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
 
 __all__ = ["DEFAULT_THRESHOLD", "OffloadBackend"]
 
@@ -74,7 +74,7 @@ def _row_key(payload: bytes) -> str:
     return "r:" + hashlib.sha256(payload).hexdigest()
 
 
-class OffloadBackend(Backend):
+class OffloadBackend(ForwardLeases, Backend):
     """``primary`` for everything; blobs above ``threshold`` bytes live in ``blobs``.
 
     Both are ordinary backends (typically SQL/Redis + S3). Blob keys are the
@@ -229,6 +229,21 @@ class OffloadBackend(Backend):
         if large or payload:
             await self.blobs.aput_blobs(row.thread_id, {**large, **payload})
         return await self.primary.awrite(row, inline, expected_version)
+
+    def lease_inner(self) -> Backend:
+        return self.primary
+
+    def write_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
+        inline, large = self._split(blobs)
+        if large:
+            self.blobs.put_blobs(row.thread_id, large)
+        return self.primary.write_fenced(row, inline, expected_version, fence)
+
+    async def awrite_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
+        inline, large = self._split(blobs)
+        if large:
+            await self.blobs.aput_blobs(row.thread_id, large)
+        return await self.primary.awrite_fenced(row, inline, expected_version, fence)
 
     async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         inline, large = self._split(blobs)

@@ -1,0 +1,114 @@
+"""The S3 store's leases (``persistkit.coordination``), kept beside ``s3.py``.
+
+``l/<T>!<N>``: the lease of (thread, namespace), JSON with token, data and version,
+moved by PutObject with If-Match / If-None-Match like the head. S3 has no
+transaction over two objects, so the fence lives on the head: a NEW holder, right
+after its swap, seals the head (rewrites it with ``"f": <its token>``, If-Match),
+which changes the head's ETag. A replaced holder's next conditional head write
+then fails, and the head it reads back names a newer token: ``LeaseLostError``.
+Renewals do not touch the head, so a holder's steps cost what they cost without
+a lease. A thread's very first write has no head to seal: it reads the lease just
+before creating the head (a window of one request; see docs/coordination.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import TYPE_CHECKING
+
+from .._errors import BackendUnavailableError, LeaseLostError
+from ._protocol import CheckpointRow, LeaseRecord
+
+if TYPE_CHECKING:
+    from .s3 import S3Backend, _HeadState
+
+__all__ = ["check_fence", "check_first_fence", "listing", "read", "swap"]
+
+
+def _key(b: S3Backend, thread_id: str, namespace: str) -> str:
+    from .s3 import _seg, _thread_seg
+
+    return f"{b._root}l/{_thread_seg(thread_id)}!{_seg(namespace, 'n')}"
+
+
+def _decode(data: bytes) -> tuple[str, str, LeaseRecord]:
+    d = json.loads(data)
+    return str(d["thread"]), str(d["ns"]), LeaseRecord(int(d["t"]), base64.b64decode(d["d"]), int(d["v"]))
+
+
+def read(b: S3Backend, thread_id: str, namespace: str) -> tuple[LeaseRecord, str] | None:
+    """The lease record and its ETag, or None."""
+    got = b._get_object(_key(b, thread_id, namespace), f"reading the lease of {thread_id!r}")
+    return None if got is None else (_decode(got[0])[2], got[1])
+
+
+def swap(b: S3Backend, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+    from .s3 import _CONFLICT_CODES, _is_client_error, _map_error
+
+    found = read(b, thread_id, namespace)
+    if (found[0].version if found else 0) != expected:
+        return False
+    body = json.dumps(
+        {"t": token, "d": base64.b64encode(bytes(data)).decode(), "v": expected + 1, "thread": thread_id, "ns": namespace}
+    ).encode()
+    condition = {"IfMatch": found[1]} if found else {"IfNoneMatch": "*"}
+    try:
+        b._client.put_object(Bucket=b._bucket, Key=_key(b, thread_id, namespace), Body=body, **condition)
+    except Exception as exc:
+        if _is_client_error(exc, _CONFLICT_CODES):
+            return False
+        raise _map_error(exc, f"swapping the lease of {thread_id!r}") from exc
+    if token != (found[0].token if found else 0):
+        _seal(b, thread_id, namespace, token)
+    return True
+
+
+def _seal(b: S3Backend, thread_id: str, namespace: str, token: int) -> None:
+    """Rewrite the head with the new holder's token (its ETag changes: see the module docstring)."""
+    from .s3 import _CONFLICT_CODES, _is_client_error, _map_error
+
+    key = b._head_key(thread_id, namespace)
+    for _ in range(20):
+        got = b._get_object(key, f"reading head of {thread_id!r}")
+        if got is None:
+            return  # no head yet: the first fenced write checks the lease itself
+        h = json.loads(got[0])
+        if int(h.get("f", 0)) >= token:
+            return
+        h["f"] = token
+        try:
+            b._client.put_object(Bucket=b._bucket, Key=key, Body=json.dumps(h).encode("ascii"), IfMatch=got[1])
+            return
+        except Exception as exc:
+            if not _is_client_error(exc, _CONFLICT_CODES):
+                raise _map_error(exc, f"sealing the head of {thread_id!r}") from exc
+    raise BackendUnavailableError(f"S3 kept moving the head of {thread_id!r} while its lease was sealed")
+
+
+def check_fence(row: CheckpointRow, fence: int, head: _HeadState | None) -> None:
+    """Refuse a fenced write when the head was sealed by a newer holder."""
+    if head is not None and head.fence > fence:
+        raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=head.fence)
+
+
+def check_first_fence(b: S3Backend, row: CheckpointRow, fence: int) -> None:
+    """The first write of a thread (no head to seal): read the lease right before creating the head."""
+    found = read(b, row.thread_id, row.namespace)
+    if found is None or found[0].token != fence:
+        raise LeaseLostError(
+            thread_id=row.thread_id, namespace=row.namespace, token=fence, found=found[0].token if found else 0
+        )
+
+
+def listing(b: S3Backend, prefix: str) -> list[tuple[str, str, LeaseRecord]]:
+    from .s3 import _prefix_seg
+
+    keys = list(b._list(f"{b._root}l/{_prefix_seg(prefix)}"))
+
+    def fetch(key: str) -> tuple[str, str, LeaseRecord] | None:
+        got = b._get_object(key, "listing leases")
+        return None if got is None else _decode(got[0])
+
+    found = [e for e in b._map(fetch, keys) if e is not None and e[0].startswith(prefix)]
+    return sorted(found, key=lambda e: (e[0], e[1]))

@@ -1,0 +1,354 @@
+"""Leases with fencing tokens: one live run per ``(thread, namespace)``, across processes.
+
+The store keeps one small record per ``(thread, namespace)`` (``Backend.lease_get`` /
+``lease_swap``: a compare-and-swap on its version) and checks a write's fencing
+token against it in the same atomic operation that moves the head
+(``Backend.write_fenced``). Everything else lives here, written once, without I/O:
+what the record says (holder, expiry, waiters), who may take it, who waits in
+which order. Plans yield ``Call`` (a backend request) or ``Sleep`` and are driven
+by a blocking and an awaiting loop (the tenacity pattern, as in ``_io``).
+
+The record's ``data`` (JSON)::
+
+    {"o": holder or null, "e": expiry (epoch s), "p": holder's process probe,
+     "q": [[waiter, expiry, probe], ...]}   # waiters in arrival order ("queue")
+
+* The fencing token grows by one with every new holder and is never reset:
+  records are never deleted (not even by ``delete_thread``).
+* A holder whose expiry passed may be replaced. Expiry is judged by each
+  process's wall clock: hosts sharing a store must keep their clocks within a
+  small fraction of the TTL (NTP). Safety never depends on clocks: a replaced
+  holder's writes are refused by the token.
+* A holder or waiter on THIS machine whose process is gone (same boot, same
+  PID namespace, and its PID is missing, a zombie or a newer process) is
+  replaced at once instead of after its TTL: a crashed worker's message is
+  taken over by its neighbour without waiting.
+* Waiters (``busy="queue"``) append themselves and keep their entry fresh;
+  the lease goes to the first live waiter. A waiter that died drops out when
+  its entry expires (or at once, as above).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .._errors import ConfigurationError, LeaseLostError, ThreadBusyError
+from .._io import Call, call
+from ..backends import LeaseRecord
+
+__all__ = [
+    "BUSY_POLICIES",
+    "DEFAULT_BUSY",
+    "DEFAULT_BUSY_TIMEOUT",
+    "DEFAULT_TTL",
+    "Lease",
+    "LeaseInfo",
+    "Sleep",
+    "acquire",
+    "check_options",
+    "info",
+    "release",
+    "renew",
+]
+
+T = TypeVar("T")
+
+BUSY_POLICIES = ("wait", "reject", "queue")
+
+
+class _Default(str):
+    """The default policy: equal to ``"queue"``, but ``resume`` can tell it was not asked for."""
+
+
+#: ``pk.resume``'s default: wait in arrival order (two messages of one conversation run in order).
+DEFAULT_BUSY: str = _Default("queue")
+#: Seconds a lease lasts unless renewed; the heartbeat renews it every third of that.
+DEFAULT_TTL = 30.0
+#: Seconds ``wait``/``queue`` wait for the thread before ``ThreadBusyError``.
+DEFAULT_BUSY_TIMEOUT = 300.0
+#: A process on this machine that is gone is replaced without waiting for its TTL. Set to
+#: False where hosts share a boot id and PID namespace but not processes (never seen so far).
+PROBE_LOCAL_PROCESSES = True
+#: A waiter's entry lives this many TTLs unless refreshed (a dead remote waiter drops out then).
+_WAITER_LIFE = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Plan = Generator[Call | Sleep, Any, T]
+
+
+# -- who we are -----------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) of ``pid``, or None if there is no such process."""
+    raw = _read(f"/proc/{pid}/stat")
+    if not raw:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces
+    return fields[0], fields[19]
+
+
+_SERIAL = itertools.count(1)  # owners of one process never collide, whatever the random part
+_SELF: dict[int, tuple[str, str, str, list[Any] | None]] = {}  # pid -> (host, boot, pidns, probe)
+
+
+def _self() -> tuple[str, str, str, list[Any] | None]:
+    """This process's host, boot id, PID namespace and probe: read once per process."""
+    pid = os.getpid()
+    found = _SELF.get(pid)
+    if found is None:
+        boot = _read("/proc/sys/kernel/random/boot_id")
+        try:
+            pidns = os.readlink("/proc/self/ns/pid")
+        except OSError:
+            pidns = ""
+        started = _start_time(pid)
+        probe = [boot, pidns, pid, started[1]] if boot and pidns and started else None
+        import socket  # here: `import persistkit` stays free of it
+
+        found = _SELF[pid] = (socket.gethostname(), boot, pidns, probe)
+    return found
+
+
+def new_owner() -> tuple[str, list[Any] | None]:
+    """A new holder's id (host, PID and a random tag: readable in ``store.leases()``) and
+    its process probe ``[boot id, PID namespace, pid, start time]`` (None off Linux)."""
+    host, _, _, probe = _self()
+    return f"{host}:{os.getpid()}:{random.getrandbits(32):08x}.{next(_SERIAL)}", probe
+
+
+def _gone(probe: Any) -> bool:
+    """Whether ``probe`` names a process of this machine that no longer runs."""
+    if not PROBE_LOCAL_PROCESSES or not isinstance(probe, list) or len(probe) != 4:
+        return False
+    boot, pidns, pid, started = probe
+    if not boot or (boot, pidns) != _self()[1:3] or not isinstance(pid, int):
+        return False
+    now = _start_time(pid)
+    return now is None or now[0] in ("Z", "X") or now[1] != started
+
+
+# -- the record ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _State:
+    owner: str | None = None
+    expires: float = 0.0
+    probe: list[Any] | None = None
+    queue: list[list[Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, rec: LeaseRecord | None) -> _State:
+        if rec is None:
+            return cls()
+        try:
+            d = json.loads(rec.data)
+            return cls(d.get("o"), float(d.get("e") or 0.0), d.get("p"), [list(w) for w in d.get("q") or ()])
+        except (ValueError, TypeError, AttributeError):
+            return cls()  # unreadable: treat as free (the token still grows from the record's)
+
+    def dump(self) -> bytes:
+        return json.dumps({"o": self.owner, "e": self.expires, "p": self.probe, "q": self.queue}).encode()
+
+    def held(self, now: float) -> bool:
+        return self.owner is not None and self.expires > now and not _gone(self.probe)
+
+    def prune(self, now: float) -> None:
+        self.queue = [w for w in self.queue if len(w) == 3 and w[1] > now and not _gone(w[2])]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """One thread's lease as ``store.leases()`` shows it.
+
+    ``holder`` is None when nobody holds it (released, or expired: ``expires_at``
+    in the past); ``token`` is the fencing token of the latest holder;
+    ``waiting`` the waiters in arrival order.
+    """
+
+    thread_id: str
+    namespace: str
+    holder: str | None
+    token: int
+    expires_at: float
+    waiting: tuple[str, ...]
+
+    @property
+    def held(self) -> bool:
+        return self.holder is not None and self.expires_at > time.time()
+
+
+def info(thread_id: str, namespace: str, rec: LeaseRecord) -> LeaseInfo:
+    st = _State.load(rec)
+    now = time.time()
+    held = st.held(now)
+    st.prune(now)
+    return LeaseInfo(
+        thread_id, namespace, st.owner if held else None, rec.token, st.expires, tuple(str(w[0]) for w in st.queue)
+    )
+
+
+# -- a held lease -------------------------------------------------------------------------------
+
+
+class Lease:
+    """The lease a run holds: its fencing token, renewed by a heartbeat until released.
+
+    ``lost`` is set when a renewal found another holder; the next commit then
+    raises it without writing (the store would refuse the write anyway).
+    """
+
+    __slots__ = ("__weakref__", "lost", "namespace", "owner", "probe", "thread_id", "token", "ttl")
+
+    def __init__(self, thread_id: str, namespace: str, owner: str, probe: list[Any] | None, token: int, ttl: float) -> None:
+        self.thread_id = thread_id
+        self.namespace = namespace
+        self.owner = owner
+        self.probe = probe
+        self.token = token
+        self.ttl = ttl
+        self.lost: LeaseLostError | None = None
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
+
+
+def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None:
+    if busy is not None and busy not in BUSY_POLICIES:
+        raise ConfigurationError(
+            f"busy={busy!r}: use 'queue' (wait in arrival order, the default), 'wait' (wait for the "
+            "thread to be free), 'reject' (raise pk.ThreadBusyError at once) or None (no lease)"
+        )
+    if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not 0.05 <= lease_ttl <= 86400:
+        raise ConfigurationError(f"lease_ttl={lease_ttl!r}: give seconds between 0.05 and 86400")
+    if busy_timeout is not None and (
+        isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or busy_timeout < 0
+    ):
+        raise ConfigurationError(f"busy_timeout={busy_timeout!r}: give seconds >= 0, or None to wait as long as it takes")
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) + f" (in {max(t - time.time(), 0.0):.1f} s)"
+
+
+def _busy(thread_id: str, st: _State, why: str) -> ThreadBusyError:
+    holder = st.owner or "nobody"
+    queue = f"; {len(st.queue)} run(s) queue before this one" if st.queue else ""
+    return ThreadBusyError(
+        f"thread {thread_id!r} is busy: a live run of {holder} holds its lease until {_when(st.expires)}"
+        f"{queue}. {why}",
+        thread_id=thread_id,
+        holder=holder,
+        expires_at=st.expires,
+        waiting=len(st.queue),
+    )
+
+
+def _poll(ttl: float, first: bool) -> float:
+    # The next in line looks often (a release is noticed within a few ms); the others
+    # only need to notice they moved up and keep their entry fresh.
+    base = min(0.005 if first else 0.05, ttl / 8)
+    return base * (0.5 + random.random())
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+
+def acquire(
+    thread_id: str, namespace: str, busy: str, ttl: float, timeout: float | None
+) -> Plan[Lease]:
+    """Take the lease of ``(thread_id, namespace)`` under policy ``busy``."""
+    owner, probe = new_owner()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    queued = False
+    while True:
+        rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
+        st = _State.load(rec)
+        now = time.time()
+        st.prune(now)
+        mine = next((w for w in st.queue if w[0] == owner), None)
+        first = not st.queue or st.queue[0][0] == owner
+        version = rec.version if rec else 0
+        if not st.held(now) and first:
+            token = (rec.token if rec else 0) + 1
+            st.owner, st.expires, st.probe = owner, now + ttl, probe
+            st.queue = [w for w in st.queue if w[0] != owner]
+            if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
+                return Lease(thread_id, namespace, owner, probe, token, ttl)
+            continue  # the record changed under us: look again
+        if busy == "reject":
+            raise _busy(thread_id, st, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it')
+        if deadline is not None and time.monotonic() >= deadline:
+            if queued:
+                yield from _leave_queue(thread_id, namespace, owner)
+            raise _busy(
+                thread_id, st, f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer"
+            )
+        if busy == "queue" and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):
+            # refreshed every ttl/2, an entry lives 2 ttl: a slow store leaves 1.5 ttl of slack
+            if mine is None:
+                st.queue.append([owner, now + _WAITER_LIFE * ttl, probe])
+            else:
+                mine[1] = now + _WAITER_LIFE * ttl
+            if (yield call("lease_swap", thread_id, namespace, version, rec.token if rec else 0, st.dump())):
+                queued = True
+            continue
+        yield Sleep(_poll(ttl, first and mine is not None))
+
+
+def _leave_queue(thread_id: str, namespace: str, owner: str) -> Plan[None]:
+    while True:
+        rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
+        st = _State.load(rec)
+        if rec is None or not any(w[0] == owner for w in st.queue):
+            return
+        st.queue = [w for w in st.queue if w[0] != owner]
+        if (yield call("lease_swap", thread_id, namespace, rec.version, rec.token, st.dump())):
+            return
+
+
+def renew(lease: Lease) -> Plan[None]:
+    """Push the lease's expiry one TTL ahead; ``LeaseLostError`` if another holder has it."""
+    while True:
+        rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
+        st = _State.load(rec)
+        if rec is None or rec.token != lease.token or st.owner != lease.owner:
+            raise LeaseLostError(
+                thread_id=lease.thread_id, namespace=lease.namespace, token=lease.token, found=rec.token if rec else 0
+            )
+        st.expires = time.time() + lease.ttl
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+            return
+
+
+def release(lease: Lease) -> Plan[None]:
+    """Give the lease up (the next in line takes it); nothing if another holder has it already."""
+    while True:
+        rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
+        st = _State.load(rec)
+        if rec is None or rec.token != lease.token or st.owner != lease.owner:
+            return
+        st.owner, st.expires, st.probe = None, 0.0, None
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+            return

@@ -1,0 +1,164 @@
+"""Conformance checks for the lease primitives of a store (``persistkit.coordination``).
+
+Subclass :class:`LeaseConformance` beside :class:`~persistkit.testing.backend_suite.BackendConformance`
+with the same ``persistkit_url`` fixture (and ``backend_options`` if needed)::
+
+    class TestMyStoreLeases(LeaseConformance):
+        @pytest.fixture
+        def persistkit_url(self) -> str:
+            return "mystore://localhost/test"
+
+It checks the contract of ``lease_get`` / ``lease_swap`` / ``lease_list`` /
+``write_fenced`` (see :class:`persistkit.backends.Backend`): the swap is a
+compare-and-swap on the version (one winner among racers), records survive
+``delete_thread``, and a fenced write with a stale token writes nothing — also
+when it races the takeover, from another instance of the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from .._errors import ConflictError, LeaseLostError
+from ..backends import Backend, CheckpointRow, open_backend
+
+__all__ = ["LeaseConformance"]
+
+
+def _row(thread_id: str, n: int, parent: int | None = None) -> CheckpointRow:
+    return CheckpointRow(thread_id, "", f"{n:024x}", None if parent is None else f"{parent:024x}", "r", b"p%d" % n)
+
+
+class LeaseConformance:
+    """Mix into a test class that provides ``persistkit_url``."""
+
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {}
+
+    @pytest.fixture
+    def backend(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[Backend]:
+        b = open_backend(persistkit_url, **backend_options)
+        yield b
+        b.close()
+
+    @pytest.fixture
+    def other(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[Backend]:
+        b = open_backend(persistkit_url, **backend_options)
+        yield b
+        b.close()
+
+    @staticmethod
+    def tid(tag: str = "lease") -> str:
+        return f"{tag}-{uuid.uuid4().hex}"
+
+    def test_supports_leases(self, backend: Backend) -> None:
+        assert backend.supports_leases
+
+    def test_swap_is_a_compare_and_swap(self, backend: Backend, other: Backend) -> None:
+        t = self.tid()
+        assert backend.lease_get(t, "") is None
+        assert backend.lease_swap(t, "", 0, 1, b"first")
+        assert not other.lease_swap(t, "", 0, 1, b"again")  # exists already
+        rec = other.lease_get(t, "")
+        assert rec is not None and (rec.token, rec.data, rec.version) == (1, b"first", 1)
+        assert not backend.lease_swap(t, "", 2, 5, b"wrong version")
+        assert other.lease_swap(t, "", 1, 1, b"renewed")
+        rec = backend.lease_get(t, "")
+        assert rec is not None and (rec.token, rec.data, rec.version) == (1, b"renewed", 2)
+        assert backend.lease_get(t, "other namespace") is None
+
+    def test_one_winner_among_racing_swaps(self, backend: Backend, other: Backend) -> None:
+        t = self.tid()
+        assert backend.lease_swap(t, "", 0, 1, b"")
+        barrier = threading.Barrier(8)
+
+        def race(i: int) -> bool:
+            b = backend if i % 2 else other
+            barrier.wait(timeout=60)
+            return b.lease_swap(t, "", 1, 2, b"%d" % i)
+
+        with ThreadPoolExecutor(8) as pool:
+            won = list(pool.map(race, range(8)))
+        assert won.count(True) == 1
+        rec = backend.lease_get(t, "")
+        assert rec is not None and rec.version == 2 and rec.data == b"%d" % won.index(True)
+
+    def test_records_survive_delete_thread_and_are_listed(self, backend: Backend) -> None:
+        base = self.tid("list")
+        for i, ns in enumerate(["", "ns"]):
+            assert backend.lease_swap(f"{base}/a", ns, 0, 3 + i, b"x")
+        assert backend.lease_swap(f"{base}/b", "", 0, 7, b"y")
+        backend.write_fenced(_row(f"{base}/b", 1), {}, 0, 7)
+        backend.delete_thread(f"{base}/b")
+        rec = backend.lease_get(f"{base}/b", "")
+        assert rec is not None and rec.token == 7  # tokens never restart
+        listed = [(t, ns, r.token) for t, ns, r in backend.lease_list(prefix=base)]
+        assert listed == [(f"{base}/a", "", 3), (f"{base}/a", "ns", 4), (f"{base}/b", "", 7)]
+
+    def test_a_stale_token_writes_nothing(self, backend: Backend, other: Backend) -> None:
+        t = self.tid()
+        assert backend.lease_swap(t, "", 0, 1, b"")
+        backend.write_fenced(_row(t, 1), {"k1": b"v"}, 0, 1)
+        assert other.lease_swap(t, "", 1, 2, b"")  # taken over, through another instance
+        with pytest.raises(LeaseLostError) as caught:
+            backend.write_fenced(_row(t, 2, 1), {"k2": b"v"}, 1, 1)
+        assert (caught.value.token, caught.value.found) == (1, 2)
+        head = other.head(t, "")
+        assert head is not None and (head.checkpoint_id, head.version) == (f"{1:024x}", 1)
+        assert other.get(t, "", f"{2:024x}") is None
+        other.write_fenced(_row(t, 3, 1), {}, 1, 2)  # the new holder goes on
+        with pytest.raises(ConflictError):  # a wrong version is still a conflict
+            other.write_fenced(_row(t, 4, 3), {}, 1, 2)
+        with pytest.raises(LeaseLostError):
+            asyncio.run(backend.awrite_fenced(_row(t, 5, 3), {}, 2, 1))
+        assert asyncio.run(other.awrite_fenced(_row(t, 6, 3), {}, 2, 2)).version == 3
+
+    def test_first_write_of_a_thread_is_fenced(self, backend: Backend, other: Backend) -> None:
+        t = self.tid()
+        assert backend.lease_swap(t, "", 0, 1, b"")
+        assert other.lease_swap(t, "", 1, 2, b"")
+        with pytest.raises(LeaseLostError):
+            backend.write_fenced(_row(t, 1), {}, 0, 1)
+        assert other.head(t, "") is None
+
+    def test_no_stale_write_lands_after_the_takeover(self, backend: Backend, other: Backend) -> None:
+        """A holder keeps writing while another instance takes the lease over: every write
+        that starts after the takeover returned is refused, and the chain has no gap."""
+        t = self.tid()
+        assert backend.lease_swap(t, "", 0, 1, b"")
+        taken, first = threading.Event(), threading.Event()
+        started_after: list[int] = []
+        landed: list[int] = []
+
+        def holder() -> None:
+            version, n = 0, 1
+            while n < 400:
+                after = taken.is_set()
+                try:
+                    backend.write_fenced(_row(t, n, n - 1 if n > 1 else None), {}, version, 1)
+                except LeaseLostError:
+                    return
+                landed.append(n)
+                first.set()
+                if after:
+                    started_after.append(n)
+                version, n = version + 1, n + 1
+
+        writer = threading.Thread(target=holder)
+        writer.start()
+        assert first.wait(timeout=60)
+        assert other.lease_swap(t, "", 1, 2, b"")
+        taken.set()
+        writer.join(timeout=120)
+        assert not writer.is_alive()
+        assert started_after == []
+        head = other.head(t, "")
+        assert head is not None and head.version == len(landed)

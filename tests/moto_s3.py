@@ -1,0 +1,45 @@
+"""moto's S3 server for the tests, with conditional writes made atomic.
+
+    python tests/moto_s3.py HOST PORT
+
+moto 5.2 checks ``If-Match`` / ``If-None-Match`` and stores the object in two
+steps, and its server is threaded, so two racing conditional PUTs of one key
+can both succeed. AWS S3 evaluates the condition atomically (documented since
+2024), and the S3 store (heads) and its leases rely on that: with many writers
+racing one lease object, moto's window lost queue entries and granted a lease
+twice. This runs the same moto application over real HTTP, but serializes the
+requests that carry a condition (every other request stays concurrent).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from werkzeug.serving import run_simple
+
+_CONDITIONAL = threading.Lock()
+
+
+def main() -> None:
+    host, port = sys.argv[1], int(sys.argv[2])
+    app = DomainDispatcherApplication(create_backend_app)
+
+    def atomic(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ:
+            with _CONDITIONAL:
+                return list(app(environ, start_response))
+        return app(environ, start_response)  # type: ignore[no-any-return]
+
+    run_simple(host, port, atomic, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Agent turns on a real job queue: Celery workers, RabbitMQ, PostgreSQL (examples/celery_worker.py).
+
+Two real worker processes consume one queue. A worker is SIGKILLed in the middle
+of a turn; RabbitMQ redelivers the message (acks_late, reject_on_worker_lost)
+and a worker continues the run: every committed step ran once and the run ends
+once. Then one message is delivered twice at once: the lease serializes the two
+deliveries, and the second replays the finished turn without running a step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SESSION_TAG
+
+import persistkit as pk
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE = 180.0
+
+
+def _until(check: Callable[[], bool], what: str, workers: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        dead = [w for w in workers if w.poll() is not None]
+        assert not dead, f"a celery worker exited ({dead[0].returncode}) while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class Effects:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def lines(self, turn: str) -> list[list[str]]:
+        return [line.split() for line in self.path.read_text().splitlines() if line.startswith(turn + " ")]
+
+    def steps(self, turn: str) -> Counter[int]:
+        return Counter(int(w[2]) for w in self.lines(turn) if w[1] == "step")
+
+    def pids(self, turn: str, n: int) -> list[int]:
+        return [int(w[-1]) for w in self.lines(turn) if w[1] == "step" and int(w[2]) == n]
+
+    def done(self, turn: str) -> list[str]:
+        return [w[2] for w in self.lines(turn) if w[1] == "done"]
+
+
+@pytest.fixture
+def celery_env(rabbitmq_url: str, postgres_url: str, tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
+    schema = f"pkcel_{SESSION_TAG}"
+    env = {
+        **os.environ,
+        "CELERY_BROKER_URL": rabbitmq_url,
+        "CELERY_QUEUE": f"persistkit-test-{uuid.uuid4().hex[:10]}",
+        "PERSISTKIT_URL": f"{postgres_url}?schema={schema}",
+        "AGENT_EFFECTS": str(tmp_path / "effects"),
+        "AGENT_GATE": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    yield env, env["PERSISTKIT_URL"]
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def workers(celery_env: tuple[dict[str, str], str]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    env, _ = celery_env
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "examples.celery_worker", "worker", "--pool=prefork",
+             "--concurrency=1", "--without-gossip", "--without-mingle", "--loglevel=WARNING",
+             "-n", f"w{i}-{uuid.uuid4().hex[:6]}@%h"],
+            cwd=ROOT, env=env,
+        )
+        for i in range(2)
+    ]
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_redelivered_turn_resumes_and_duplicates_are_serialized(
+    celery_env: tuple[dict[str, str], str], workers: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    env, url = celery_env
+    os.environ["CELERY_BROKER_URL"] = env["CELERY_BROKER_URL"]
+    sys.path.insert(0, str(ROOT))
+    from examples.celery_worker import app
+
+    app.conf.task_default_queue = env["CELERY_QUEUE"]
+    app.conf.broker_url = env["CELERY_BROKER_URL"]
+    effects = Effects(Path(env["AGENT_EFFECTS"]))
+    store = pk.connect(url)
+
+    # 1. A worker is killed mid-turn; the broker redelivers; the run continues.
+    thread, turn = f"cel-{uuid.uuid4().hex[:8]}", f"turn-{uuid.uuid4().hex[:8]}"
+    app.send_task("agent_turn", args=[thread, "hello", turn])
+    _until(lambda: len([c for c in store.history(thread) if c.kind == "step"]) == 2, "steps 0 and 1", workers)
+    [victim] = effects.pids(turn, 1)
+    os.kill(victim, signal.SIGKILL)  # the pool process running the turn, waiting before step 2
+    (tmp_path / f"{turn}.go").touch()
+    _until(lambda: effects.done(turn) == ["ran"], "the redelivered turn to finish", workers)
+    assert effects.steps(turn) == {0: 1, 1: 1, 2: 1, 3: 1}  # every committed step ran once
+    assert effects.pids(turn, 2) != [victim]
+    history = store.history(thread)
+    assert [c.kind for c in history].count("end") == 1 and history[0].run_status == "completed"
+    assert {c.run_id for c in history} == {turn}
+
+    # 2. The same message delivered twice at once: the lease runs them one after the other.
+    turn2 = f"turn-{uuid.uuid4().hex[:8]}"
+    for _ in range(2):
+        app.send_task("agent_turn", args=[thread, "again", turn2])
+
+    def queued() -> bool:
+        leases = [lease for lease in store.leases(prefix=thread) if lease.thread_id == thread]
+        return bool(leases) and len(leases[0].waiting) == 1 and effects.steps(turn2) == {0: 1, 1: 1}
+
+    _until(queued, "one delivery at the gate and the other queued on the lease", workers)
+    (tmp_path / f"{turn2}.go").touch()
+    _until(lambda: sorted(effects.done(turn2)) == ["ran", "replayed"], "both deliveries", workers)
+    assert effects.steps(turn2) == {0: 1, 1: 1, 2: 1, 3: 1}
+    ends = [c for c in store.history(thread) if c.kind == "end" and c.run_id == turn2]
+    assert len(ends) == 1
+    store.close()

@@ -1,0 +1,201 @@
+"""Leases inside one process, on every store: policies, heartbeats, fencing, wrappers.
+
+The process-level guarantees (pauses, kills, FIFO across processes) are in
+test_lease_processes.py; these check the same rules with threads and tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import uid
+
+import persistkit as pk
+from persistkit.backends import Backend
+from persistkit.backends.memory import MemoryBackend
+
+
+@pk.checkpointed(name="lease.step")
+def step(i: int) -> int:
+    return i
+
+
+def _lease(store: pk.Store, thread: str) -> pk.LeaseInfo:
+    [found] = [lease for lease in store.leases(prefix=thread) if lease.thread_id == thread]
+    return found
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_block_holds_the_lease_and_gives_it_up(store: pk.Store) -> None:
+    t = uid("hold")
+    with pk.resume(t, store=store) as run:
+        step(1)
+        inside = _lease(store, t)
+        assert inside.held and inside.holder is not None and f":{os.getpid()}:" in inside.holder
+        assert run.lease is not None and inside.token == run.lease.token == 1
+    after = _lease(store, t)
+    assert not after.held and after.holder is None and after.token == 1
+    with pk.resume(t, store=store) as run:
+        assert run.lease is not None and run.lease.token == 2  # a new holder, a new token
+    with pk.resume(t, store=store, busy=None) as run:
+        assert run.lease is None
+        step(2)
+    assert _lease(store, t).token == 2
+
+
+def test_a_live_run_is_never_joined(store: pk.Store) -> None:
+    """Without run_id, a second block waits for the live run instead of continuing it."""
+    t = uid("live")
+    inside, release = threading.Event(), threading.Event()
+    runs: dict[str, str] = {}
+
+    def first() -> None:
+        with pk.resume(t, store=store) as run:
+            step(1)
+            runs["first"] = run.run_id
+            inside.set()
+            assert release.wait(60)
+            step(2)
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert inside.wait(60)
+    with pytest.raises(pk.ThreadBusyError) as busy, pk.resume(t, store=store, busy="reject"):
+        step(99)
+    assert busy.value.holder and busy.value.expires_at > time.time() and busy.value.thread_id == t
+    assert "holds its lease until" in str(busy.value)
+    with pytest.raises(pk.ThreadBusyError, match=r"busy_timeout=0\.1"), pk.resume(t, store=store, busy="wait", busy_timeout=0.1):
+        step(99)
+    done: list[str] = []
+
+    def second() -> None:
+        with pk.resume(t, store=store, busy="wait") as run:
+            done.append(run.run_id)
+            step(3)
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    release.set()
+    holder.join(60)
+    waiter.join(60)
+    assert done and done[0] != runs["first"]  # a new run, after the first completed
+    kinds = [(cp.kind, cp.run_status) for cp in reversed(store.history(t))]
+    assert kinds == [("step", "running"), ("step", "running"), ("end", "completed"), ("step", "running"), ("end", "completed")]
+
+
+def test_the_heartbeat_renews_and_a_lost_lease_stops_the_run(store: pk.Store) -> None:
+    t = uid("beat")
+    with pytest.raises(pk.LeaseLostError) as lost, pk.resume(t, store=store, lease_ttl=0.3) as run:
+        step(1)
+        first = _lease(store, t).expires_at
+        _until(lambda: _lease(store, t).expires_at > first, "a renewal")
+        assert run.lease is not None
+        # another holder takes over (as after an expiry): the next commit is refused
+        rec = store.backend.lease_get(t, "")
+        assert rec is not None and store.backend.lease_swap(t, "", rec.version, rec.token + 1, rec.data)
+        step(2)
+    assert lost.value.token == 1 and lost.value.found == 2
+    history = store.history(t)
+    assert [cp.step for cp in history] == ["lease.step"]  # neither step 2 nor an end record landed
+
+
+def test_async_blocks_hold_renew_and_are_fenced(store: pk.Store) -> None:
+    t = uid("async")
+
+    @pk.checkpointed(name="lease.astep")
+    async def astep(i: int) -> int:
+        return i
+
+    async def main() -> None:
+        async with pk.resume(t, store=store, lease_ttl=0.3) as run:
+            await astep(1)
+            first = (await store.aleases(prefix=t))[0].expires_at
+            while (await store.aleases(prefix=t))[0].expires_at <= first:
+                await asyncio.sleep(0.01)
+            assert run.lease is not None
+        assert not (await store.aleases(prefix=t))[0].held
+        with pytest.raises(pk.LeaseLostError):
+            async with pk.resume(t, store=store, lease_ttl=5):
+                await astep(2)
+                rec = await store.backend.alease_get(t, "")
+                assert rec is not None
+                assert await store.backend.alease_swap(t, "", rec.version, rec.token + 1, rec.data)
+                await astep(3)
+
+    asyncio.run(main())
+    assert [cp.step for cp in store.history(t) if cp.kind == "step"] == ["lease.astep"] * 2
+
+
+def test_queue_serves_threads_in_arrival_order(local_store: pk.Store) -> None:
+    t = uid("fifo")
+    order: list[int] = []
+    inside, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with pk.resume(t, store=local_store):
+            inside.set()
+            assert release.wait(60)
+
+    def waiter(i: int) -> None:
+        with pk.resume(t, store=local_store, busy="queue"):
+            order.append(i)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert inside.wait(60)
+    for i in range(5):
+        threads.append(threading.Thread(target=waiter, args=(i,)))
+        threads[-1].start()
+        _until(lambda i=i: len(_lease(local_store, t).waiting) == i + 1, f"waiter {i}")  # type: ignore[misc]
+    release.set()
+    for th in threads:
+        th.join(60)
+    assert order == list(range(5))
+
+
+@pytest.mark.parametrize("bad", [{"busy": "later"}, {"lease_ttl": 0}, {"lease_ttl": True}, {"busy_timeout": -1}])
+def test_options_are_checked(bad: dict[str, Any]) -> None:
+    with pytest.raises(pk.ConfigurationError):
+        pk.resume("t", **bad)
+
+
+class _NoLeases(MemoryBackend):
+    """A store written before leases (it has none of the primitives)."""
+
+    lease_get = Backend.lease_get  # type: ignore[assignment]
+    lease_swap = Backend.lease_swap  # type: ignore[assignment]
+
+
+def test_a_store_without_leases_runs_as_before_unless_asked() -> None:
+    store = pk.connect(_NoLeases())
+    with pk.resume("t", store=store) as run:
+        assert run.lease is None
+        step(1)
+    with pytest.raises(pk.ConfigurationError, match=r"does not implement lease_get\(\).*busy=None"), pk.resume("t", store=store, busy="queue"):
+        pass
+
+
+def test_wrappers_forward_leases(tmp_path: Any) -> None:
+    key = pk.generate_key()
+    store = pk.connect(f"sqlite:///{tmp_path}/w.db", encryption=key, integrity=pk.generate_key())
+    t = uid("wrapped")
+    with pk.resume(t, store=store) as run:
+        step(1)
+        assert run.lease is not None and _lease(store, t).held
+    with pytest.raises(pk.LeaseLostError), pk.resume(t, store=store):
+        rec = store.backend.lease_get(t, "")
+        assert rec is not None and store.backend.lease_swap(t, "", rec.version, rec.token + 1, rec.data)
+        step(2)
+    assert store.verify(t).ok

@@ -185,7 +185,20 @@ class Secret(Generic[T]):
 
 def _unresolved(name: str) -> SecretResolutionError:
     kind, _, tag = name.rpartition("-")
-    if kind and len(tag) == 16:  # a detected secret: any registered value with this tag resolves it
+    if kind and len(tag) == 16 and kind not in _UNGUESSABLE:
+        # Tagged with the store's key only in an encrypted store, else with the writing
+        # process's own key (a store reader must not test password guesses against it).
+        how = (
+            f"A {kind!r} handle (a value a person may have chosen: a password, a bearer token, "
+            "a SecretStr) is tagged with the store's key only when the store is encrypted or a "
+            "vault is configured; otherwise with a key of the process that stored it, and no value "
+            "registered now can match it. Configure the vault it was stored in "
+            "(pk.secrets.configure(vault=pk.secrets.FileVault(...))); to get such values back in "
+            "new processes, configure a vault or encryption= in every process from the first run "
+            f"on, or register the value by name before the first run (pk.secrets.from_env({kind!r}, "
+            "'ENV_VAR')): it is then stored as that name's handle"
+        )
+    elif kind and len(tag) == 16:  # a detected token: any registered value with this tag resolves it
         how = (
             f"Register the value in this process under any name before resuming "
             f"(pk.secrets.from_env({kind!r}, 'ENV_VAR') or pk.secrets.register({kind!r}, value)): "
@@ -638,6 +651,8 @@ class Redactor:
             if pending:
                 return {"__pk__": "sec", "k": kind, "v": pending}
             raw, name = value.get_secret_value(), None
+        if name is None:  # a registered value keeps its name (the same handle in every process)
+            name = next((n for n, v in list(_values.items()) if v == raw), None)
         if name is None:
             name = f"secret-{self._tag(raw)}"
             self._keep(name, raw)

@@ -632,8 +632,8 @@ def _classify(t: type) -> _EncFn:
         fn = Serializer._enc_exception
     elif _is_namedtuple(t):
         fn = Serializer._enc_namedtuple
-    elif t.__module__.startswith("pydantic") and t.__name__ in ("SecretStr", "SecretBytes"):
-        fn = _enc_secret
+    elif any(b.__module__.startswith("pydantic") and b.__name__ in ("SecretStr", "SecretBytes") for b in t.__mro__):
+        fn = _enc_secret  # pydantic's classes and subclasses (a lazily resolved one read back, too)
     elif issubclass(t, (list, dict)):
         fn = Serializer._enc_list_like
     elif issubclass(t, (str, int, float)):

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import uid
+from pydantic import SecretBytes, SecretStr
 
 import persistkit as pk
 from persistkit import _secrets
@@ -246,3 +247,39 @@ def test_an_unknown_handle_inside_a_dataclass_is_a_secret_resolution_error(local
     with pytest.raises(pk.SecretResolutionError) as info, pk.resume(thread, store=local_store, run_id=run.run_id):
         creds()
     assert KEY not in str(info.value) and "from_env" in str(info.value)
+
+
+class _WithSecretStr(pk.State):
+    token: SecretStr = SecretStr("")
+    keys: list[SecretBytes] = []
+
+
+def test_secret_str_fields_survive_the_next_run_and_a_new_process(local_store: pk.Store) -> None:
+    """A SecretStr read back (lazily resolved) is stored again as its handle, never refused."""
+    thread = uid("ss")
+
+    @pk.checkpointed
+    def step(i: int) -> int:
+        return i
+
+    with pk.resume(thread, store=local_store, state=_WithSecretStr) as run:
+        run.state.token = SecretStr("hunter2-not-a-pattern-9xQ")
+        run.state.keys.append(SecretBytes(b"bytes-secret-value"))
+        step(0)
+    for i in (1, 2):  # the next runs read the fields back lazily and store them again
+        with pk.resume(thread, store=local_store, state=_WithSecretStr) as run:
+            step(i)
+            run.state.keys.append(SecretBytes(b"another-secret-%d" % i))
+    assert run.state.token.get_secret_value() == "hunter2-not-a-pattern-9xQ"
+    _secrets._memory.clear()  # as in a new process: a value registered by name before comes back
+    with pytest.raises(pk.SecretResolutionError, match="vault"):
+        local_store.get_state(thread, state=_WithSecretStr).token.get_secret_value()
+
+
+def test_a_registered_secret_str_keeps_its_name(local_store: pk.Store) -> None:
+    thread = uid("ssn")
+    pk.secrets.register("llm_key", "registered-secret-value-77")
+    with pk.resume(thread, store=local_store, state=_WithSecretStr) as run:
+        run.state.token = SecretStr("registered-secret-value-77")
+    _secrets._memory.clear()
+    assert local_store.get_state(thread, state=_WithSecretStr).token.get_secret_value() == "registered-secret-value-77"

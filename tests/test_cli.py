@@ -140,19 +140,49 @@ def test_a_closed_pipe_ends_quietly(agent_store: str, tmp_path: Path) -> None:
 def test_migrate_check_speaks_words_not_reprs(postgres_url: str, tmp_path: Path) -> None:
     import uuid
 
-    url = f"{postgres_url}?schema=pktest_cli_{uuid.uuid4().hex[:8]}"
-    behind = cli("migrate", "--check", "--url", url, cwd=tmp_path)
-    assert behind.returncode == 1 and "MigrationStatus(" not in behind.stdout
-    assert "not created yet" in behind.stdout and "persistkit migrate --url" in behind.stdout
+    import psycopg
+
+    schema = f"pktest_cli_{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_url}?schema={schema}"
     try:
         assert cli("migrate", "--url", url, cwd=tmp_path).returncode == 0
         current = cli("migrate", url, "--check", cwd=tmp_path)  # the legacy positional URL
         assert current.returncode == 0 and "up to date" in current.stdout and "MigrationStatus(" not in current.stdout
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # as if written by an older persistkit
+            conn.execute(f"DELETE FROM {schema}.migrations WHERE version = (SELECT max(version) FROM {schema}.migrations)")
+        behind = cli("migrate", "--check", "--url", url, cwd=tmp_path)
+        assert behind.returncode == 1 and "MigrationStatus(" not in behind.stdout
+        assert "is at version" in behind.stdout and "persistkit migrate --url" in behind.stdout
     finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.parametrize("where", ["sqlite-missing-dir", "sqlite-missing-file", "postgres-missing-schema"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_migrate_check_of_no_store_is_not_found_and_creates_nothing(
+    where: str, as_json: bool, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import uuid
+
+    flags = ["--json"] if as_json else []
+    if where.startswith("sqlite"):
+        path = tmp_path / ("no-dir" if where == "sqlite-missing-dir" else "") / "nonexistent.db"
+        out = cli("migrate", "--check", *flags, f"sqlite:///{path}", cwd=tmp_path)  # the legacy positional URL too
+        assert not path.exists() and not path.parent.joinpath("nonexistent.db-journal").exists()
+        assert where == "sqlite-missing-file" or not path.parent.exists()
+    else:
         import psycopg
 
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {url.rsplit('=', 1)[1]} CASCADE")
+        postgres_url = request.getfixturevalue("postgres_url")
+        schema = f"pktest_cli_{uuid.uuid4().hex[:8]}"
+        out = cli("migrate", "--check", *flags, "--url", f"{postgres_url}?schema={schema}", cwd=tmp_path)
+        with psycopg.connect(postgres_url) as conn:
+            found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+        assert found is None
+    assert out.returncode == NOT_FOUND, (out.stdout, out.stderr)
+    assert out.stdout == "" and out.stderr.startswith("persistkit: NotFoundError: no store at ")
+    assert "nothing to do" not in out.stderr and "Traceback" not in out.stderr
 
 
 def test_usage_says_what_is_accepted(agent_store: str, tmp_path: Path) -> None:
@@ -171,3 +201,45 @@ def test_usage_says_what_is_accepted(agent_store: str, tmp_path: Path) -> None:
     assert mistaken.returncode == 2 and f"use --checkpoint {cid}" in mistaken.stderr
     right = cli("state", "thread-42", "--checkpoint", cid, cwd=tmp_path, env={"PERSISTKIT_URL": agent_store})
     assert right.returncode == 0 and '"messages"' in right.stdout
+
+
+@pytest.mark.parametrize("verb", ["threads", "history", "state"])
+def test_every_read_verb_takes_json(agent_store: str, tmp_path: Path, verb: str) -> None:
+    import json
+
+    args = [] if verb == "threads" else ["thread-42"]
+    plain = cli(verb, "--url", agent_store, *args, cwd=tmp_path)
+    for flags in (["--json"], ["--json", "--namespace", ""] if verb != "threads" else ["--json", "--prefix", ""]):
+        out = cli(verb, "--url", agent_store, *args, *flags, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        parsed = json.loads(out.stdout)
+        if verb == "state":  # already JSON: --json prints the very same document
+            assert out.stdout == plain.stdout and parsed["tags"] == ["a", "b"]
+        else:
+            assert isinstance(parsed, list) and parsed and out.stdout != plain.stdout
+
+
+def test_state_usage_names_only_what_is_accepted(tmp_path: Path) -> None:
+    out = cli("state", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "the following arguments are required: THREAD\n" in out.stderr and "extra" not in out.stderr
+    helped = cli("state", "--help", cwd=tmp_path)
+    assert "extra" not in helped.stdout and "--json" in helped.stdout
+
+
+@pytest.mark.parametrize("verb", ["threads", "history", "state"])
+def test_a_reader_going_away_ends_a_read_verb_with_0(agent_store: str, tmp_path: Path, verb: str) -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte: every write fails (EPIPE)
+    args = [] if verb == "threads" else ["thread-42"]
+    env = {k: v for k, v in os.environ.items() if k != "PERSISTKIT_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "adapters")])
+    try:
+        done = subprocess.run([sys.executable, "-m", "persistkit", verb, "--url", agent_store, *args],
+                              cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    finally:
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    help_text = cli("--help", cwd=tmp_path).stdout
+    assert "closed pipe" in help_text

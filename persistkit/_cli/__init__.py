@@ -11,6 +11,9 @@ through :class:`~persistkit._cli._output.Output`:
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
 or ``verify`` found a broken record; 2 a usage error; 3 not found (no store
 at the URL, or no such thread or checkpoint), the same for every verb.
+A reader that goes away (``persistkit threads | head -1``) ends a read verb
+(``threads``, ``history``, ``state``) quietly with 0, as its output was
+wanted only in part; any other verb with 1, as its work may be cut short.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ._output import Output
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
 
 EXIT_NOT_FOUND = 3
+_READ_VERBS = frozenset({"threads", "history", "state"})  # a closed pipe ends them with 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
         description="Inspect and manage persistkit stores. Every verb but `migrate` and `keygen` "
         "opens an existing store and never creates one.",
         epilog="Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
-        "2 usage error, 3 no such store, thread or checkpoint.",
+        "2 usage error, 3 no such store, thread or checkpoint. A closed pipe on stdout "
+        "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
     for group in (_threads, _schema, _keys):
@@ -60,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         # Python from reporting the flush at exit (the recipe of the signal module's docs).
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return 0 if ns.command in _READ_VERBS else 1
     except NotFoundError as exc:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_NOT_FOUND

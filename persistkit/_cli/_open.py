@@ -27,6 +27,7 @@ __all__ = [
     "namespaces",
     "open_store",
     "plain",
+    "require_store",
     "require_thread",
     "resolve_url",
     "split_url",
@@ -58,9 +59,21 @@ def _sqlite_path(url: str) -> str:
 def open_store(url: str, *, create: bool = False, display: bool = False, **options: Any) -> Store:
     """The store at ``url``; unless ``create``, only if it already exists (nothing is created).
     ``display``: decode values to plain JSON (:func:`plain`), for printing."""
-    cls = backend_class(url)
     if create:
         return connect(url, **options)
+    if require_store(url):
+        options = {**options, "migrate": False}
+    store = connect(url, **options)
+    if display:
+        store.codec = _PlainCodec.like(store.codec)
+    return store
+
+
+def require_store(url: str) -> bool:
+    """Raise :class:`NotFoundError` unless a store exists at ``url``, creating
+    nothing; True for stores whose tables are managed by ``migrate`` (open
+    them with ``migrate=False``)."""
+    cls = backend_class(url)
     if url.partition("://")[0].lower() == "sqlite":
         path = _sqlite_path(url)
         if path and not os.path.isfile(path):
@@ -81,11 +94,8 @@ def open_store(url: str, *, create: bool = False, display: bool = False, **optio
                 f"no store at {_where(url)}: schema {status.schema!r} has no persistkit tables. "
                 "Check the URL (and its ?schema=), or create the store with `persistkit migrate URL`"
             )
-        options = {**options, "migrate": False}
-    store = connect(url, **options)
-    if display:
-        store.codec = _PlainCodec.like(store.codec)
-    return store
+        return True
+    return False
 
 
 def require_thread(store: Store, thread_id: str, namespace: str = "") -> None:

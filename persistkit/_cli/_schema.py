@@ -7,7 +7,7 @@ from typing import Any
 
 from .._secrets import scrub
 from ..backends import backend_class, mask_url
-from ._open import resolve_url
+from ._open import require_store, resolve_url
 from ._output import Output
 
 __all__ = ["add_parsers"]
@@ -16,7 +16,8 @@ __all__ = ["add_parsers"]
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     m = sub.add_parser("migrate", parents=[common], help="create or upgrade the store's own tables",
                        description="Create or upgrade the store's tables (PostgreSQL; other stores do it "
-                       "when they open). With --check, change nothing and exit 1 when the schema is behind.")
+                       "when they open). With --check, change nothing and exit 1 when the schema is behind, "
+                       "3 when there is no store at the URL.")
     m.add_argument("legacy_url", nargs="?", help=argparse.SUPPRESS)
     m.add_argument("--check", action="store_true", help="only report whether the schema is behind")
     m.add_argument("--json", action="store_true", help="print JSON instead of a sentence")
@@ -27,6 +28,8 @@ def _migrate(ns: argparse.Namespace, out: Output) -> int:
     url = resolve_url(ns.url or ns.legacy_url)
     shown = scrub(mask_url(url))
     cls = backend_class(url)
+    if ns.check:
+        require_store(url)  # a check creates nothing: no store there is "not found" (exit 3)
     if not hasattr(cls, "migrate"):
         if out.as_json:
             out.value({"url": shown, "managed_on_open": True, "behind": False})

@@ -42,9 +42,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                        description="A thread's state as plain JSON, at its head or at --checkpoint. "
                        "Secrets show as their handles. " + _URL_NOTE)
     s.add_argument("thread", metavar="THREAD", help="the thread id")
-    s.add_argument("extra", nargs="*", help=argparse.SUPPRESS)  # a legacy leading URL, or a mistake
+    # A legacy leading URL, or a mistake; default=[] keeps argparse from listing it as required.
+    s.add_argument("extra", nargs="*", default=[], help=argparse.SUPPRESS)
     s.add_argument("--checkpoint", metavar="ID", help="a checkpoint id from `persistkit history`")
     s.add_argument("--namespace", default="", help="the thread's namespace (see `persistkit threads`)")
+    s.add_argument("--json", action="store_true", help="print JSON (the state is always printed as JSON)")
     s.set_defaults(func=_state)
 
     d = sub.add_parser("delete", parents=[common], help="delete threads and all their data",

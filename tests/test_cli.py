@@ -243,3 +243,37 @@ def test_a_reader_going_away_ends_a_read_verb_with_0(agent_store: str, tmp_path:
     assert done.stderr == ""
     help_text = cli("--help", cwd=tmp_path).stdout
     assert "closed pipe" in help_text
+
+
+def test_leases_shows_the_holder_while_a_run_is_live(tmp_path: Path) -> None:
+    import json
+    import threading
+
+    import persistkit as pk
+
+    url = f"sqlite:///{tmp_path}/leases.db"
+    store = pk.connect(url)
+    inside, leave = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with pk.resume("t-held", store=store, lease_ttl=30):
+            inside.set()
+            leave.wait(30)
+
+    th = threading.Thread(target=holder)
+    th.start()
+    try:
+        assert inside.wait(30)
+        held = cli("leases", "--url", url, "--json", cwd=tmp_path)
+        table = cli("leases", "--url", url, cwd=tmp_path)
+    finally:
+        leave.set()
+        th.join(30)
+    assert held.returncode == 0, held.stderr
+    [row] = json.loads(held.stdout)
+    assert row["thread"] == "t-held" and row["holder"] and row["token"] >= 1
+    assert "t-held" in table.stdout and "(in " in table.stdout
+    after = json.loads(cli("leases", "--url", url, "--json", cwd=tmp_path).stdout)
+    assert after[0]["holder"] is None  # released with the block
+    assert json.loads(cli("leases", "--url", url, "--json", "--held", cwd=tmp_path).stdout) == []
+    store.close()

@@ -17,7 +17,7 @@ import pytest
 
 from persistkit import BackendError, BackendUnavailableError, ConfigurationError, ConflictError
 from persistkit.backends import CheckpointRow, Head, open_backend
-from persistkit.backends import s3 as s3mod
+from persistkit.backends import _s3_keys as s3mod
 from persistkit.backends.s3 import S3Backend
 
 BUCKET = "persistkit-test"

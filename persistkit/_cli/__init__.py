@@ -7,6 +7,7 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_threads``: ``threads``, ``history``, ``state``, ``delete``
 * ``_schema``: ``migrate``
 * ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
+* ``_leases``: ``leases``
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
 or ``verify`` found a broken record; 2 a usage error; 3 not found (no store
@@ -24,7 +25,7 @@ import sys
 
 from .._errors import NotFoundError, PersistkitError
 from .._secrets import scrub
-from . import _keys, _schema, _threads
+from . import _keys, _leases, _schema, _threads
 from ._output import Output
 
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
@@ -46,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    for group in (_threads, _schema, _keys):
+    for group in (_threads, _schema, _keys, _leases):
         group.add_parsers(sub, common)
     for verb in sub.choices.values():
         verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)

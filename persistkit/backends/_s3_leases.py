@@ -15,19 +15,22 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendUnavailableError, LeaseLostError
 from ._protocol import CheckpointRow, LeaseRecord
+from ._s3_keys import _CONFLICT_CODES, _is_client_error, _map_error, _prefix_seg, _seg, _thread_seg
 
 if TYPE_CHECKING:
-    from .s3 import S3Backend, _HeadState
+    from ._s3_keys import _HeadState
+
+# The S3Backend these functions serve (s3.py imports this module, so not the reverse).
+_S3 = Any
 
 __all__ = ["check_fence", "check_first_fence", "listing", "read", "swap"]
 
 
-def _key(b: S3Backend, thread_id: str, namespace: str) -> str:
-    from .s3 import _seg, _thread_seg
+def _key(b: _S3, thread_id: str, namespace: str) -> str:
 
     return f"{b._root}l/{_thread_seg(thread_id)}!{_seg(namespace, 'n')}"
 
@@ -37,14 +40,13 @@ def _decode(data: bytes) -> tuple[str, str, LeaseRecord]:
     return str(d["thread"]), str(d["ns"]), LeaseRecord(int(d["t"]), base64.b64decode(d["d"]), int(d["v"]))
 
 
-def read(b: S3Backend, thread_id: str, namespace: str) -> tuple[LeaseRecord, str] | None:
+def read(b: _S3, thread_id: str, namespace: str) -> tuple[LeaseRecord, str] | None:
     """The lease record and its ETag, or None."""
     got = b._get_object(_key(b, thread_id, namespace), f"reading the lease of {thread_id!r}")
     return None if got is None else (_decode(got[0])[2], got[1])
 
 
-def swap(b: S3Backend, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
-    from .s3 import _CONFLICT_CODES, _is_client_error, _map_error
+def swap(b: _S3, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
 
     found = read(b, thread_id, namespace)
     if (found[0].version if found else 0) != expected:
@@ -64,9 +66,8 @@ def swap(b: S3Backend, thread_id: str, namespace: str, expected: int, token: int
     return True
 
 
-def _seal(b: S3Backend, thread_id: str, namespace: str, token: int) -> None:
+def _seal(b: _S3, thread_id: str, namespace: str, token: int) -> None:
     """Rewrite the head with the new holder's token (its ETag changes: see the module docstring)."""
-    from .s3 import _CONFLICT_CODES, _is_client_error, _map_error
 
     key = b._head_key(thread_id, namespace)
     for _ in range(20):
@@ -92,7 +93,7 @@ def check_fence(row: CheckpointRow, fence: int, head: _HeadState | None) -> None
         raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=head.fence)
 
 
-def check_first_fence(b: S3Backend, row: CheckpointRow, fence: int) -> None:
+def check_first_fence(b: _S3, row: CheckpointRow, fence: int) -> None:
     """The first write of a thread (no head to seal): read the lease right before creating the head."""
     found = read(b, row.thread_id, row.namespace)
     if found is None or found[0].token != fence:
@@ -101,8 +102,7 @@ def check_first_fence(b: S3Backend, row: CheckpointRow, fence: int) -> None:
         )
 
 
-def listing(b: S3Backend, prefix: str) -> list[tuple[str, str, LeaseRecord]]:
-    from .s3 import _prefix_seg
+def listing(b: _S3, prefix: str) -> list[tuple[str, str, LeaseRecord]]:
 
     keys = list(b._list(f"{b._root}l/{_prefix_seg(prefix)}"))
 

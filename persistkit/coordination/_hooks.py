@@ -5,7 +5,7 @@ the lease's token to its writes (``Store.write_fenced_sync``/``write_fenced_asyn
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import PersistkitError
 from ._drive import AsyncHeartbeat, Heartbeat, drive_async, drive_sync
@@ -13,7 +13,17 @@ from ._lease import Lease, LeaseInfo, acquire, info, release
 
 if TYPE_CHECKING:
     from .._run import Run
-    from .._store import Store
+    from ..backends._protocol import Backend
+
+
+class Store(Protocol):
+    """What these hooks use of a ``persistkit.Store`` (which imports this module, so
+    the type is named by what it offers, not imported)."""
+
+    backend: Backend
+    _closed: bool
+
+    def _check_open(self) -> None: ...
 
 __all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync"]
 

@@ -1,0 +1,54 @@
+"""Verbs of the coordination layer: ``leases`` (who holds which thread)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from ._open import open_store, resolve_url
+from ._output import Output
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "leases", parents=[common], help="who holds which thread's lease, and who waits",
+        description="Each thread that ever had a lease: its holder (none when released or "
+        "expired), the fencing token of its latest holder, when the lease expires, and the "
+        "runs queued for it in arrival order (docs/coordination.md). The store is --url, else "
+        "$PERSISTKIT_URL, else sqlite:///.persistkit/persistkit.db.",
+    )
+    p.add_argument("--prefix", default="", help="only threads whose id starts with this")
+    p.add_argument("--held", action="store_true", help="only leases held now")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_leases)
+
+
+def _expiry(expires_at: float, now: float) -> str:
+    left = expires_at - now
+    when = datetime.fromtimestamp(expires_at, UTC).isoformat(timespec="seconds")
+    return f"{when} (in {left:.0f} s)" if left > 0 else f"{when} (expired)"
+
+
+def _leases(ns: argparse.Namespace, out: Output) -> int:
+    with open_store(resolve_url(ns.url), display=True) as store:
+        infos = [i for i in store.leases(prefix=ns.prefix) if i.held or not ns.held]
+    now = time.time()
+    if out.as_json:
+        out.value([
+            {"thread": i.thread_id, "namespace": i.namespace, "holder": i.holder if i.held else None,
+             "token": i.token, "expires_at": i.expires_at, "waiting": list(i.waiting)}
+            for i in infos
+        ])
+        return 0
+    rows = [
+        (i.thread_id, i.namespace or "''", i.holder if i.held else "-", i.token,
+         _expiry(i.expires_at, now) if i.held else "-", len(i.waiting))
+        for i in infos
+    ]
+    widths = [max([len(str(r[k])) for r in rows] + [len(h)]) for k, h in enumerate(("thread", "namespace", "holder", "token", "expires"))]
+    out.table(("thread", "namespace", "holder", "token", "expires", "waiting"), rows, widths=widths)
+    return 0

@@ -236,7 +236,8 @@ def test_update_state_and_fork_conflicts_say_what_to_do(store: pk.Store) -> None
 
 def test_ambiguous_write_that_landed_below_another_writer(store: pk.Store) -> None:
     """The connection dies after W's step committed, and X writes on top before W reads
-    the head back: W's step landed (it is not a conflict, and it is not run again)."""
+    the head back: W's step landed (it is not a conflict, and it is not run again).
+    Two writers on one thread: the path without leases (busy=None)."""
     t, w = uid(), f"w-{uuid.uuid4().hex[:8]}"
     a, b = f"a-{t}", f"b-{t}"
     real = store.backend.write
@@ -246,14 +247,14 @@ def test_ambiguous_write_that_landed_below_another_writer(store: pk.Store) -> No
         head = real(row, blobs, expected)
         if row.run_id == w and lost[0]:
             lost[0] = False
-            with pk.resume(t, store=store, state=Log, run_id=f"x-{w}"):
+            with pk.resume(t, store=store, state=Log, run_id=f"x-{w}", busy=None):
                 add(b)
             raise pk.BackendUnavailableError("connection lost around the commit (test)")
         return head
 
     store.backend.write = write  # type: ignore[method-assign]
     try:
-        with pk.resume(t, store=store, state=Log, run_id=w) as run:
+        with pk.resume(t, store=store, state=Log, run_id=w, busy=None) as run:
             add(a)
     finally:
         store.backend.write = real  # type: ignore[method-assign]

@@ -470,11 +470,11 @@ _WRITE_FENCED, _LEASE_SWAP = map(script_sha, (_LUA_WRITE_FENCED, _LUA_LEASE_SWAP
 def op_write_fenced(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fence: int) -> Op[Head]:
     write = op_write(k, row, blobs, expected)
     batch = next(write)
-    script, index = batch.commands
+    script, *index = batch.commands  # the write script, then the thread index's ZADD (+ PEXPIRE with a ttl)
     n = script[2]
     keys, args = script[3 : 3 + n], script[3 + n :]
     fenced = _script(_WRITE_FENCED, (*keys, k.ns(row.thread_id, row.namespace, b"l")), (*args, int(fence)))
-    replies = yield Batch((fenced, index), False)
+    replies = yield Batch((fenced, *index), False)
     if replies[0][0] == 2:
         write.close()
         raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=int(replies[0][1]))

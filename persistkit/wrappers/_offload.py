@@ -234,15 +234,17 @@ class OffloadBackend(ForwardLeases, Backend):
         return self.primary
 
     def write_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
-        inline, large = self._split(blobs)
-        if large:
-            self.blobs.put_blobs(row.thread_id, large)
+        inline, large = self._split(blobs)  # as write: big blobs and a big row go to the blob store
+        row, payload = self._split_row(row)
+        if large or payload:
+            self.blobs.put_blobs(row.thread_id, {**large, **payload})
         return self.primary.write_fenced(row, inline, expected_version, fence)
 
     async def awrite_fenced(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int) -> Head:
         inline, large = self._split(blobs)
-        if large:
-            await self.blobs.aput_blobs(row.thread_id, large)
+        row, payload = self._split_row(row)
+        if large or payload:
+            await self.blobs.aput_blobs(row.thread_id, {**large, **payload})
         return await self.primary.awrite_fenced(row, inline, expected_version, fence)
 
     async def aput_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:

@@ -169,16 +169,24 @@ _ADAPTERS: weakref.WeakKeyDictionary[type[Any], dict[tuple[str, bool], Any]] = w
 
 def migration(state: type[State], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
     """Register ``fn(data) -> data`` upgrading ``state``'s stored fields from ``from_version``
-    to ``from_version + 1``. ``data`` is a dict of field name to value."""
+    to ``from_version + 1``. ``data`` is a dict of field name to value.
+
+    ``from_version=0`` upgrades a state stored as a plain dict (``resume()`` without
+    ``state=``, no schema stamp): it runs, then the chain from version 1, whenever such
+    a state is loaded by ``state``. Its ``data`` holds whatever keys the run wrote."""
     from ._model import State
 
     if not (isinstance(state, type) and issubclass(state, State)):
         raise ConfigurationError(f"@pk.migration needs a pk.State subclass, got {state!r}")
-    if not isinstance(from_version, int) or not 1 <= from_version < state.__pk_version__:
+    if (
+        not isinstance(from_version, int)
+        or isinstance(from_version, bool)
+        or not 0 <= from_version < state.__pk_version__
+    ):
         raise ConfigurationError(
             f"@pk.migration({state.__qualname__}, from_version={from_version!r}): "
-            f"from_version must be between 1 and {state.__pk_version__ - 1} "
-            f"({state.__qualname__} is version {state.__pk_version__})"
+            f"from_version must be between 0 (a state stored as a plain dict) and "
+            f"{state.__pk_version__ - 1} ({state.__qualname__} is version {state.__pk_version__})"
         )
 
     def register(fn: MigrationFn) -> MigrationFn:
@@ -318,9 +326,14 @@ class StateSpec:
         Migrations get a deep copy: stored values are shared with the loader's cache
         (a resumed run migrates every replayed step's state from the same items)."""
         assert self.cls is not None
-        if stored is None:
-            return data, []
-        name, version = stored
+        if stored is None:  # a dict state: version 0 if the class has a migration from it
+            if (self.cls, 0) not in _MIGRATIONS:
+                return data, []  # its keys are checked as they are (check_names)
+            name, version = str(self.name), 0
+            origin = "a dict (no schema, version 0)"
+        else:
+            name, version = stored
+            origin = f"{name!r} version {version}"
         if name != self.name:
             raise SchemaVersionError(
                 f"{where}: stored state is schema {name!r} version {version}, but the code uses "
@@ -332,17 +345,18 @@ class StateSpec:
                 f"{where}: stored state is {name!r} version {version}, newer than the code's "
                 f"version {self.version}. Deploy the newer code, or fork from an older checkpoint"
             )
+        missing = self._missing(version)
+        if missing:  # named all at once: adding the one named would not be enough
+            raise SchemaVersionError(
+                f"{where}: stored state is {origin}, the code is version {self.version}, "
+                f"and no migration from version {missing[0]} to {missing[0] + 1} is registered: "
+                f"add {self._decorators(missing, self.cls.__qualname__)}"
+            )
         ran: list[str] = []  # the migrations that ran, described for error messages
         if version < self.version:
             data = copy.deepcopy(data)
         for v in range(version, self.version):
-            fn = _MIGRATIONS.get((self.cls, v))
-            if fn is None:
-                raise SchemaVersionError(
-                    f"{where}: stored state is {name!r} version {version}, the code is version "
-                    f"{self.version}, and no migration from version {v} to {v + 1} is registered: "
-                    f"add @pk.migration({self.cls.__qualname__}, from_version={v})"
-                )
+            fn = _MIGRATIONS[(self.cls, v)]
             described = (
                 f"migration {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))} "
                 f"(@pk.migration({self.cls.__qualname__}, from_version={v}))"
@@ -379,12 +393,18 @@ class StateSpec:
                 "loading it would drop their data. Nothing was written; make the migration rename "
                 f"them (data['new_name'] = data.pop({unknown[0]!r})) or delete them (del data[{unknown[0]!r}])"
             )
-        origin = f"{stored[0]!r} version {stored[1]}" if stored else "a dict (no schema)"
+        example = f"data[<new name>] = data.pop({unknown[0]!r}); "
+        if stored is None:
+            raise SchemaVersionError(
+                f"{where}: the stored state (a dict, no schema) has field(s) {sorted(unknown)} that {cls} "
+                f"does not declare (its fields: {sorted(self.fields)}); loading it would drop their "
+                f"data. Nothing was written. {self._dict_hint(example)}"
+            )
         raise SchemaVersionError(
-            f"{where}: the stored state (schema {origin}) has field(s) {sorted(unknown)} that {cls} "
-            f"no longer declares (its fields: {sorted(self.fields)}); loading it would drop their "
-            f"data. Nothing was written. If the field was renamed or removed, "
-            f"{self._bump_hint(f'data[<new name>] = data.pop({unknown[0]!r}); ')}"
+            f"{where}: the stored state (schema {stored[0]!r} version {stored[1]}) has field(s) "
+            f"{sorted(unknown)} that {cls} no longer declares (its fields: {sorted(self.fields)}); "
+            f"loading it would drop their data. Nothing was written. If the field was renamed "
+            f"or removed, {self._bump_hint(example)}"
         )
 
     def check_value(
@@ -466,6 +486,11 @@ class StateSpec:
                 f"{where}: after {ran[-1]} the state does not validate as {cls} "
                 f"(field(s) {fields}: {detail}). Nothing was written; fix the migration and resume again"
             )
+        if stored is None:
+            return SchemaVersionError(
+                f"{where}: the stored value of field(s) {fields} (a dict state, no schema) does not "
+                f"validate as {cls} ({detail}). Nothing was written. {self._dict_hint()}"
+            )
         return SchemaVersionError(
             f"{where}: the stored value of field(s) {fields} does not validate as {cls} ({detail}); "
             f"the field's type changed without a version bump. Nothing was written; {self._bump_hint()}"
@@ -480,6 +505,27 @@ class StateSpec:
             f"bump the version — class {cls}({base}, version={v + 1}{named}) — and convert the stored "
             f"fields in a migration: @pk.migration({cls}, from_version={v}) def upgrade(data): {example}return data"
         )
+
+    def _dict_hint(self, example: str = "...; ") -> str:
+        """How to load a state stored as a plain dict whose fields do not fit the class:
+        a migration from version 0 (the dict), at the class's current version."""
+        assert self.cls is not None
+        cls = self.cls.__name__
+        declare = "" if self.is_state else f"make {cls} a pk.State subclass — class {cls}(pk.State) — and "
+        then = self._missing(1)
+        chain = f" (then the chain from version 1 runs: add {self._decorators(then, cls)} too)" if then else ""
+        return (
+            f"A state stored as a dict counts as version 0 of {cls}: {declare}convert its fields "
+            f"in a migration: @pk.migration({cls}, from_version=0) def upgrade(data): {example}return data"
+            f"{chain}"
+        )
+
+    def _missing(self, start: int) -> list[int]:
+        """The versions from ``start`` up to the class's that have no migration registered."""
+        return [v for v in range(start, self.version) if (self.cls, v) not in _MIGRATIONS]
+
+    def _decorators(self, versions: Sequence[int], cls: str) -> str:
+        return " and ".join(f"@pk.migration({cls}, from_version={v})" for v in versions)
 
     def track(self, state: Any) -> Any:
         """Swap top-level lists for :class:`TrackedList` (in place)."""

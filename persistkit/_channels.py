@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ._codec import Codec, _orjson, content_hash
-from ._dedupe import Result, refer, resolve, wanted
+from ._dedupe import Result, refer, resolve, result_blob, wanted
 from ._errors import IntegrityError, SerializationError
 from ._ids import next_checkpoint_id
 from ._io import Plan, call
@@ -224,7 +224,7 @@ class Tracker:
         """The row committing ``body`` (completed in place: segments, schema stamp,
         time, channel refs, and the digest of ``args``, a step's arguments as JSON
         bytes, if given) with these channel values, and their diff. Appended items
-        that are copies of ``result``, the parent's inline result, are stored as
+        that are copies of ``result``, the parent's result, are stored as
         references to it (``_dedupe``).
 
         ``where`` is (thread_id, namespace, parent checkpoint id, run id); the new
@@ -417,6 +417,10 @@ class Loader:
                         continue  # not a checkpoint id: _raw reports the segment as malformed
                     page = yield call("list", self.thread_id, self.namespace, before=before, limit=1)
                     self.add(Record.decode(self.codec, row) for row in page)
+                for ref in wanted(self.rows.get(key), name, {}):  # and a result over the inline limit: its blob
+                    big = result_blob(self.rows.get(ref))
+                    if big is not None and big not in self.blobs:
+                        self.blobs.update((yield call("get_blobs", self.thread_id, [big])))
             if key in walked:
                 raise IntegrityError(
                     f"thread {self.thread_id!r}: list channel {name!r} has a segment chain that "
@@ -474,7 +478,7 @@ class Loader:
             body = self.rows.get(key)
             tree = None if body is None else (body.get("sg") or {}).get(name)
             if type(tree) is dict and "ri" in tree:
-                tree = resolve(tree, self.rows, self.thread_id, name, key)
+                tree = resolve(tree, self.rows, self.thread_id, name, key, self._result_tree)
         if tree is None:
             raise IntegrityError(
                 f"thread {self.thread_id!r}: list channel {name!r} is missing its segment {key}; "
@@ -489,6 +493,16 @@ class Loader:
         seg = (prev, start, trees)
         self.raw[(name, key)] = seg
         return seg
+
+    def _result_tree(self, key: str) -> Any:
+        """The tree of a step's result stored as the blob ``key`` (a list item may refer to it)."""
+        blob = self.blobs.get(key)
+        if blob is None:
+            raise IntegrityError(
+                f"thread {self.thread_id!r}: a list item is stored as a step's result, whose stored "
+                f"value {key} is missing; the store lost data or was edited"
+            )
+        return self.codec.unpack_tree(blob, f"result {key}")
 
     def _items(self, name: str, key: str) -> list[Any]:
         items = self.segments.get((name, key))

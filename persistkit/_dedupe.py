@@ -13,19 +13,22 @@ index under ``ri``; a reader puts the result recorded in that checkpoint back
 in its place (``Loader._raw``). The referenced checkpoint is always the parent
 of the row holding the segment (the head when it was written), so a reader
 walking the chain back usually has it already, and otherwise reads it by id.
+A result over ``RESULT_INLINE_LIMIT`` is not in its row but in the blob the
+row names (``rb``, content-addressed, in the same thread): the reader reads
+that blob too, as a replay of the step does.
 
 Only exact copies are referenced: the item's JSON bytes equal the result's
 (``1``, ``1.0`` and ``True`` are equal in Python, not in storage), and only
-results larger than ``INLINE_LIMIT`` bytes (a smaller one costs less than its
-reference). The result is the tree the row stores, so redaction, encryption,
-integrity tags and offload treat it as before. A persistkit from before this
+results larger than ``MIN_BYTES`` bytes (a smaller one costs less than its
+reference). The result is the tree the row (or its blob) stores, so
+redaction, encryption, integrity tags and offload treat it as before. A persistkit from before this
 format stops at the unknown tag with a SerializationError that says the data
 is from a newer persistkit: it never reads a wrong value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +36,7 @@ from ._codec import _dump
 from ._errors import IntegrityError, SerializationError
 from ._stdtypes import TAG
 
-__all__ = ["Result", "refer", "resolve", "result", "wanted"]
+__all__ = ["Result", "refer", "resolve", "result", "result_blob", "wanted"]
 
 #: A serialized result up to this size is not worth a reference (the reference is ~45 bytes).
 MIN_BYTES = 96
@@ -42,7 +45,7 @@ _MARK = "rr"
 
 @dataclass(slots=True)
 class Result:
-    """The inline result of the thread's head, as this run wrote it."""
+    """The result of the thread's head (inline or in a blob), as this run wrote it."""
 
     checkpoint_id: str
     tree: Any
@@ -71,7 +74,8 @@ def refer(segments: dict[str, dict[str, Any]], res: Result) -> None:
 
 
 def wanted(body: Mapping[str, Any] | None, name: str, rows: Mapping[str, Any]) -> list[str]:
-    """Checkpoint ids whose results the segment of ``name`` in ``body`` refers to, not yet in ``rows``."""
+    """Checkpoint ids whose results the segment of ``name`` in ``body`` refers to, not yet in ``rows``
+    (for those in ``rows`` with a result in a blob, ``result_blob`` names the blob to read)."""
     seg = (body.get("sg") or {}).get(name) if body is not None else None
     if type(seg) is not dict or "ri" not in seg or type(seg.get("i")) is not list:
         return []
@@ -85,10 +89,22 @@ def wanted(body: Mapping[str, Any] | None, name: str, rows: Mapping[str, Any]) -
     return out
 
 
+def result_blob(body: Mapping[str, Any] | None) -> str | None:
+    """The key of the blob holding the result of the row ``body``, if its result is not inline."""
+    key = body.get("rb") if body is not None and body.get("k") == "step" and "r" not in body else None
+    return key if type(key) is str else None
+
+
 def resolve(
-    seg: dict[str, Any], rows: Mapping[str, Mapping[str, Any]], thread_id: str, name: str, key: str
+    seg: dict[str, Any],
+    rows: Mapping[str, Mapping[str, Any]],
+    thread_id: str,
+    name: str,
+    key: str,
+    load: Callable[[str], Any],
 ) -> dict[str, Any]:
-    """``seg`` (a segment read from checkpoint ``key``) with each reference replaced by the result it names."""
+    """``seg`` (a segment read from checkpoint ``key``) with each reference replaced by the result it
+    names; ``load`` gives the tree of a result stored as a blob (``rb``) from the blob's key."""
     where = f"state.{name} (segment {key})"
     refs, items = seg["ri"], seg.get("i")
     if type(refs) is not list or type(items) is not list:
@@ -99,11 +115,12 @@ def resolve(
         if type(ref) is not dict or ref.get(TAG) != _MARK or len(ref) != 2 or type(ref.get("v")) is not str:
             raise SerializationError(f"segment is malformed: item {k!r} is not a result reference", path=where)
         body = rows.get(ref["v"])
-        if body is None or body.get("k") != "step" or "r" not in body:
+        big = result_blob(body)
+        if body is None or body.get("k") != "step" or ("r" not in body and big is None):
             raise IntegrityError(
                 f"thread {thread_id!r}: list channel {name!r} stores an item as the result of "
                 f"checkpoint {ref['v']}, which {'has no recorded result' if body else 'is missing'}; "
                 "the store lost data or was edited"
             )
-        items[k] = body["r"]
+        items[k] = body["r"] if big is None else load(big)
     return {**seg, "i": items}

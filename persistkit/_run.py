@@ -137,8 +137,9 @@ class Run:
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}
         self._schema = spec.schema  # stamped on every checkpoint (orjson writes a tuple as an array)
-        self._result: Result | None = None  # the head's inline result, which a list item may refer to
+        self._result: Result | None = None  # the head's result, which a list item may refer to
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
+        self._result_tree: Any = None  # and its tree (the row holds it inline, or a blob its redacted bytes)
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
 
     def __repr__(self) -> str:
@@ -613,7 +614,7 @@ class Run:
     ) -> tuple[dict[str, Any], dict[str, bytes]]:
         body: dict[str, Any] = {"k": "step", "p": position, "n": name, "rs": RUNNING}
         extra: dict[str, bytes] = {}
-        self._result_raw = None
+        self._result_raw = self._result_tree = None
         if digest and type(digest) is str:
             body["a"] = digest
         if error is not None:
@@ -627,6 +628,7 @@ class Run:
         tree = self.codec.encode(result, f"result of step {name!r}")  # a SerializationError: see step_sync
         # Sized unredacted: an inline result is redacted once, with the whole row.
         raw = _dump(tree)
+        self._result_raw, self._result_tree = raw, tree  # a list item may refer to it, inline or blob
         if len(raw) > RESULT_INLINE_LIMIT:
             text = self.codec.dump_tree(tree)
             key = "v:" + content_hash(text)
@@ -635,7 +637,6 @@ class Run:
             self._loader.blobs[key] = extra[key]
         else:
             body["r"] = tree
-            self._result_raw = raw
         return body, extra
 
     def _end_body(self, error: BaseException | None) -> dict[str, Any]:
@@ -671,7 +672,7 @@ class Run:
         if body["k"] != "step":
             self._result = None
             return
-        self._result = result(row.checkpoint_id, body.get("r"), self._result_raw)
+        self._result = result(row.checkpoint_id, self._result_tree, self._result_raw)
         rec = Record(row, body)
         if error is not None:
             self._failures[id(error)] = (error, row.checkpoint_id)

@@ -240,7 +240,9 @@ def test_big_list_items_results_and_values_are_offloaded(
         assert not any(value[100:164].encode() in b for b in raw)
     secondary = open_backend(blob_url)
     try:
-        assert sum(len(b) for b in secondary.scan_blobs(t, "", "\x7f").values()) > 4 * 96 * 1024
+        # Four big values, "after" once: the item appended by the caller refers to its step's result.
+        held = sum(len(b) for b in secondary.scan_blobs(t, "", "\x7f").values())
+        assert 4 * 96 * 1024 * 0.9 < held < 5 * 96 * 1024, held
     finally:
         secondary.close()
 

@@ -159,9 +159,11 @@ class Tracker:
                 self.prev[name] = _ListPrev(ref, ref["n"], ref["l"], ref["g"], None)  # neither obj nor items
             elif "l" in ref:
                 items = loader.list_items(name, ref)
-                self.prev[name] = _ListPrev(
-                    ref, ref["n"], ref["l"], ref["g"], loader.last_tree(name, ref), items=items
-                )
+                # The newest item as this process encodes it (what a commit compares it with),
+                # not the stored tree: a secret in it is a handle there, and the live value
+                # would never match, rewriting the whole list at each run's first commit.
+                last = self.codec.encode(items[-1], f"state.{name}[{len(items) - 1}]") if items else None
+                self.prev[name] = _ListPrev(ref, ref["n"], ref["l"], ref["g"], last, items=items)
             else:
                 self.prev[name] = _ValuePrev(ref, _ref_digest(self.codec, ref))
                 if "b" in ref:
@@ -456,14 +458,6 @@ class Loader:
         if chain is None or len(items) >= len(chain[0]):
             self.chains[(name, gen)] = (items, ends)
         return items[:n]
-
-    def last_tree(self, name: str, ref: dict[str, Any]) -> Any:
-        """The stored tree of the newest item of a list ref (None for an empty list)."""
-        tip = ref["l"]
-        if tip is None:
-            return None
-        trees = self._raw(name, tip)[2]
-        return trees[-1] if trees else None
 
     def _raw(self, name: str, key: str) -> tuple[str | None, int, list[Any]]:
         """The (previous link, start, item trees) of a segment, from a blob or a row."""

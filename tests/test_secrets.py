@@ -441,3 +441,25 @@ def test_first_pass_skips_ordinary_records() -> None:
         "sg": {"messages": {"p": None, "s": 3, "i": [{"role": "user", "content": "Summarize https://example.com/a for me " * 20}]}},
     }
     assert not _may_match_builtin(json.dumps(body).encode())
+
+
+def test_a_secret_in_the_newest_list_item_does_not_rewrite_the_list_at_the_next_run() -> None:
+    """The next run compares the live newest item with what this process encodes, not with
+    the stored (redacted) tree: a secret there used to rewrite the whole list at each run."""
+    import base64
+    import random
+
+    store = pk.connect("memory://")
+    key = "sk-proj-Hq7Kd9Lm2Np4Rs6Tv8Wx0Yz1Ab3Cd5Ef7Gh9JkQ2Zx"
+
+    @pk.checkpointed(name="relist.step")
+    def step(i: int) -> str:
+        return base64.b64encode(random.Random(i).randbytes(1500)).decode() + f" key {key}"
+
+    for r in range(5):
+        with pk.resume("relist", store=store) as run:
+            run.state.setdefault("messages", []).append(step(r))
+    sizes = [len(row.payload) for row in reversed(store.backend.list("relist", ""))]
+    assert max(sizes) < 1.5 * sizes[0], sizes  # O(change): no checkpoint carries the whole list
+    assert [m.endswith(f"key {key}") for m in store.get_state("relist")["messages"]] == [True] * 5
+    store.close()

@@ -27,7 +27,7 @@ from ._errors import BackendError, BackendUnavailableError, ConflictError, Persi
 from ._retry import testing_enabled
 from .backends import Backend, CheckpointRow, Head
 
-__all__ = ["Call", "Plan", "call", "call_async", "call_sync", "run_async", "run_sync"]
+__all__ = ["Call", "Plan", "Sleep", "call", "call_async", "call_sync", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -42,7 +42,14 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-Plan = Generator[Call, Any, T]
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """A plan's request to wait (lease plans poll): ``time.sleep`` or ``asyncio.sleep``."""
+
+    seconds: float
+
+
+Plan = Generator[Call | Sleep, Any, T]
 
 
 def call(method: str, *args: Any, **kwargs: Any) -> Call:
@@ -155,6 +162,10 @@ def run_sync(backend: Backend, plan: Plan[T]) -> T:
     try:
         req = next(plan)
         while True:
+            if isinstance(req, Sleep):
+                time.sleep(req.seconds)
+                req = plan.send(None)
+                continue
             try:
                 result = call_sync(backend, req)
             except BaseException as exc:
@@ -167,9 +178,15 @@ def run_sync(backend: Backend, plan: Plan[T]) -> T:
 
 async def run_async(backend: Backend, plan: Plan[T]) -> T:
     """Drive ``plan`` with the backend's async twins."""
+    import asyncio
+
     try:
         req = next(plan)
         while True:
+            if isinstance(req, Sleep):
+                await asyncio.sleep(req.seconds)
+                req = plan.send(None)
+                continue
             try:
                 result = await call_async(backend, req)
             except BaseException as exc:

@@ -1,9 +1,8 @@
-"""The blocking and the awaiting loop for lease plans, and the heartbeats that renew a lease.
-
-A plan yields ``Call`` (one backend request, with the transient retries of
-``_io``) or ``Sleep``. The heartbeat renews a held lease every third of its TTL
-on a timer thread (sync blocks) or an asyncio task (async blocks), never on
-the step path: a step with a lease held costs nothing beyond its fenced write.
+"""The heartbeats that renew a lease. Lease plans are driven by ``_io``'s loops
+(``run_sync``/``run_async``: a ``Call`` with its transient retries, or a
+``Sleep``). The heartbeat renews a held lease every third of its TTL on a timer
+thread (sync blocks) or an asyncio task (async blocks), never on the step path:
+a step with a lease held costs nothing beyond its fenced write.
 """
 
 from __future__ import annotations
@@ -18,50 +17,14 @@ import weakref
 from typing import Any, TypeVar
 
 from .._errors import LeaseLostError
-from .._io import call_async, call_sync
+from .._io import run_async, run_sync
 from ..backends import Backend
-from ._lease import Lease, Plan, Sleep, renew
+from ._lease import Lease, renew
 
-__all__ = ["AsyncHeartbeat", "Heartbeat", "drive_async", "drive_sync"]
+__all__ = ["AsyncHeartbeat", "Heartbeat"]
 
 log = logging.getLogger("persistkit.coordination")
 T = TypeVar("T")
-
-
-def drive_sync(backend: Backend, plan: Plan[T]) -> T:
-    try:
-        req = next(plan)
-        while True:
-            if isinstance(req, Sleep):
-                time.sleep(req.seconds)
-                req = plan.send(None)
-                continue
-            try:
-                result = call_sync(backend, req)
-            except BaseException as exc:
-                req = plan.throw(exc)
-            else:
-                req = plan.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def drive_async(backend: Backend, plan: Plan[T]) -> T:
-    try:
-        req = next(plan)
-        while True:
-            if isinstance(req, Sleep):
-                await asyncio.sleep(req.seconds)
-                req = plan.send(None)
-                continue
-            try:
-                result = await call_async(backend, req)
-            except BaseException as exc:
-                req = plan.throw(exc)
-            else:
-                req = plan.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
 
 
 def _beat_failed(lease: Lease, exc: BaseException) -> bool:
@@ -122,7 +85,7 @@ class _Beater:
                 stop = lease is None or lease.lost is not None
                 if lease is not None and not stop:
                     try:
-                        drive_sync(backend, renew(lease))
+                        run_sync(backend, renew(lease))
                     except Exception as exc:  # never let one store's failure end every lease's heartbeat
                         stop = _beat_failed(lease, exc)
                 with self._cond:
@@ -170,7 +133,7 @@ async def _abeat(backend: Backend, ref: weakref.ref[Lease], interval: float) -> 
         if lease is None or lease.lost is not None:
             return
         try:
-            await drive_async(backend, renew(lease))
+            await run_async(backend, renew(lease))
         except Exception as exc:
             if _beat_failed(lease, exc):
                 return

@@ -8,7 +8,8 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import PersistkitError
-from ._drive import AsyncHeartbeat, Heartbeat, drive_async, drive_sync
+from .._io import run_async, run_sync
+from ._drive import AsyncHeartbeat, Heartbeat
 from ._lease import Lease, LeaseInfo, acquire, info, release
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def hold_sync(
     if shared is not None:
         return shared
     store._check_open()
-    lease = drive_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
+    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
     return Holding(lease, Heartbeat(store.backend, lease))
 
 
@@ -82,7 +83,7 @@ def let_go_sync(store: Store, holding: Holding | None) -> None:
     holding.beat.stop()
     if holding.lease.lost is None and not store._closed:
         try:
-            drive_sync(store.backend, release(holding.lease))
+            run_sync(store.backend, release(holding.lease))
         except PersistkitError as exc:  # never hide the block's own outcome: the lease expires by itself
             _unreleased(holding.lease, exc)
 
@@ -98,7 +99,7 @@ async def hold_async(
     if shared is not None:
         return shared
     store._check_open()
-    lease = await drive_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
+    lease = await run_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
     return Holding(lease, AsyncHeartbeat(store.backend, lease))
 
 
@@ -108,7 +109,7 @@ async def let_go_async(store: Store, holding: Holding | None) -> None:
     await holding.beat.stop()
     if holding.lease.lost is None and not store._closed:
         try:
-            await drive_async(store.backend, release(holding.lease))
+            await run_async(store.backend, release(holding.lease))
         except PersistkitError as exc:
             _unreleased(holding.lease, exc)
 

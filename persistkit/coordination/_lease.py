@@ -35,12 +35,11 @@ import json
 import os
 import random
 import time
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._errors import ConfigurationError, LeaseLostError, ThreadBusyError
-from .._io import Call, call
+from .._io import Plan, Sleep, call
 from ..backends import LeaseRecord
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "DEFAULT_TTL",
     "Lease",
     "LeaseInfo",
-    "Sleep",
     "acquire",
     "check_options",
     "info",
@@ -78,14 +76,6 @@ DEFAULT_BUSY_TIMEOUT = 300.0
 PROBE_LOCAL_PROCESSES = True
 #: A waiter's entry lives this many TTLs unless refreshed (a dead remote waiter drops out then).
 _WAITER_LIFE = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    seconds: float
-
-
-Plan = Generator[Call | Sleep, Any, T]
 
 
 # -- who we are -----------------------------------------------------------------------------

@@ -95,6 +95,12 @@ class resume:
     waiting gives up after ``busy_timeout`` seconds. ``busy=None`` takes no lease.
     A run whose holder died is continued once its lease expired (at once when the
     holder ran on this machine).
+
+    ``retry_failed=True`` re-runs a step that ran but whose result or state could
+    not be stored (a recorded ``SerializationError``, which otherwise replays on
+    every resume): after the code is fixed, the continued run replays its
+    committed steps and runs only that step again. Its side effects happen a
+    second time, so pass it once the cause is fixed, with the run's ``run_id``.
     """
 
     def __init__(
@@ -109,8 +115,11 @@ class resume:
         busy: str | None = DEFAULT_BUSY,
         lease_ttl: float = DEFAULT_TTL,
         busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
+        retry_failed: bool = False,
     ) -> None:
         self.thread_id = check_thread_id(thread_id)
+        if not isinstance(retry_failed, bool):
+            raise ConfigurationError(f"retry_failed must be True or False, got {retry_failed!r}")
         check_options(busy, lease_ttl, busy_timeout)
         # the default asks a store without lease primitives (a third-party one) for none
         self._busy = (busy, busy is not DEFAULT_BUSY, float(lease_ttl), busy_timeout)
@@ -124,6 +133,7 @@ class resume:
         self.spec = StateSpec(state)
         self.run_id = run_id
         self.metadata = metadata
+        self.retry_failed = retry_failed
         self.namespace = check_namespace(namespace)
         self._run: Run | None = None
         self._token: Token[_Frame | None] | None = None
@@ -133,6 +143,7 @@ class resume:
         if self._run is not None:
             raise ConfigurationError("a resume() object can be entered once; call pk.resume(...) again")
         self._run = Run(self.store or default_store(), self.thread_id, self.namespace, self.spec, self.metadata)
+        self._run.retry_failed = self.retry_failed
         return self._run
 
     def __enter__(self) -> Run:

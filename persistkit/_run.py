@@ -8,7 +8,9 @@ when the run went on past it (the caller handled it); a failure that ended
 an attempt (it escaped the block or a retried parent, or nothing was
 recorded after it) runs again: that is what a retry is for — except a step
 that ran but whose result or state could not be stored (flag ``u``): it
-always replays its error, since its side effects happened.
+replays its error, since its side effects happened, unless the run was
+opened with ``retry_failed=True`` (the user fixed the cause and asks for
+that one step to run again; it is then treated as any other failure).
 
 Code between steps runs again on every attempt, so it must be deterministic
 (like workflow code in Temporal): everything that talks to the world or the
@@ -123,6 +125,8 @@ class Run:
         self.state: Any = None
         self._events: list[tuple[str, str, bool, str]] = []  # StepEvent fields: made on request
         self.replay_only = False
+        #: resume(retry_failed=True): a step recorded as unstorable (flag "u") runs again (see lookup)
+        self.retry_failed = False
         self._moved_on: tuple[str, Head | None, str | None] | None = None  # see open()
         self._lost: ConflictError | None = None  # what a commit of this run raised on a moved head
         self._index: dict[str, Record] = {}
@@ -270,7 +274,8 @@ class Run:
                 "code, start a new run (a new run_id), or fork the thread from a checkpoint before "
                 f"the change: store.fork({self.thread_id!r}, <checkpoint_id>)"
             )
-        if rec.body.get("s") == "failed" and not rec.body.get("u"):  # "u": it ran, replay it always
+        # "u": it ran but could not be stored; replay it unless the user asked to retry it
+        if rec.body.get("s") == "failed" and (self.retry_failed or not rec.body.get("u")):
             parent, _, seq = position.rpartition("/")
             went_on = self._max_child.get(parent, -1) > int(seq)
             if rec.id in self._escaped or not went_on:
@@ -532,8 +537,10 @@ class Run:
             f"but what it left cannot be stored: {exc}. The step is recorded as failed with this error, "
             "so resuming this run replays the error and does not run the step (and its side effects) "
             "again. Fix the value (JSON-like data, pydantic models, dataclasses, namedtuples and enums "
-            "can be stored), then continue in a new run, which starts from the last stored state: "
-            f"pk.resume({self.thread_id!r}, run_id=<a new id>)"
+            "can be stored), then re-run only this step: "
+            f"pk.resume({self.thread_id!r}, run_id={self.run_id!r}, retry_failed=True) replays the "
+            "committed steps before it and runs this one again (its side effects happen a second time). "
+            "Do not use a new run_id for this: a new run runs the steps before it again"
         )
 
     def precheck(self, position: str, name: str) -> None:

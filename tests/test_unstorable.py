@@ -166,3 +166,133 @@ def test_messages_for_objects_that_cannot_be_stored() -> None:
             codec.encode(value, "state.x")
         text = _message_is_fair(err.value)
         assert "pydantic models, dataclasses" in text, text
+
+
+# -- retry_failed: re-run a recorded unstorable step after the fix (issue 18) --------------------
+
+
+@pytest.mark.parametrize("what", ["result", "state-value"])
+def test_retry_failed_reruns_only_the_failed_step_after_the_fix(store: pk.Store, what: str) -> None:
+    tid = uid("retry")
+    effects: list[str] = []
+    fixed = False
+
+    @pk.checkpointed(name="ok")
+    def ok(i: int) -> int:
+        effects.append(f"ok{i}")
+        return i
+
+    @pk.checkpointed(name="charge")
+    def charge() -> Any:
+        effects.append("charged")
+        run = pk.current_run()
+        assert run is not None
+        run.state.n += 1
+        if fixed:
+            return "receipt"
+        if what == "result":
+            return lambda: "receipt"
+        run.state.x = threading.Lock()
+        return "receipt"
+
+    def agent() -> list[Any]:
+        return [ok(0), charge(), ok(1)]
+
+    with pytest.raises(pk.SerializationError) as err, pk.resume(tid, store=store, state=Box) as first:
+        agent()
+    run_id = first.run_id
+    text = str(err.value)
+    advice = f"pk.resume({tid!r}, run_id={run_id!r}, retry_failed=True)"
+    assert advice in text, text
+    # Without retry_failed the recorded failure replays: nothing runs again, even with the fix.
+    fixed = True
+    with pytest.raises(pk.SerializationError), pk.resume(tid, store=store, state=Box):
+        agent()
+    assert effects == ["ok0", "charged"]
+    # Following the advice: the committed step replays, only the failed step runs again.
+    with pk.resume(tid, store=store, state=Box, run_id=run_id, retry_failed=True) as run:
+        assert agent() == [0, "receipt", 1]
+        assert [(s.name, s.replayed) for s in run.steps] == [("ok", True), ("charge", False), ("ok", False)]
+        assert run.state.n == 1 and run.state.x is None
+    assert effects == ["ok0", "charged", "charged", "ok1"]
+    assert run.status == "completed"
+    # The same advice followed twice replays the completed run: nothing runs again.
+    with pk.resume(tid, store=store, state=Box, run_id=run_id, retry_failed=True):
+        assert agent() == [0, "receipt", 1]
+    assert effects == ["ok0", "charged", "charged", "ok1"]
+    assert store.get_state(tid, state=Box).n == 1
+
+
+def test_retry_failed_keeps_a_failure_the_run_went_past(local_store: pk.Store) -> None:
+    # A recorded failure the code caught and went on from is part of the run's path:
+    # retry_failed does not re-run it (that would change what came after it).
+    tid = uid("caught")
+    effects: list[str] = []
+
+    @pk.checkpointed(name="bad")
+    def bad() -> Any:
+        effects.append("bad")
+        return lambda: None
+
+    @pk.checkpointed(name="after")
+    def after() -> int:
+        effects.append("after")
+        raise RuntimeError("stop here")
+
+    def agent() -> None:
+        try:
+            bad()
+        except pk.SerializationError:
+            effects.append("caught")
+        after()
+
+    with pytest.raises(RuntimeError), pk.resume(tid, store=local_store, state=Box) as first:
+        agent()
+    with pytest.raises(RuntimeError), pk.resume(tid, store=local_store, state=Box, run_id=first.run_id, retry_failed=True):
+        agent()
+    assert effects == ["bad", "caught", "after", "caught", "after"]
+
+
+def test_retry_failed_must_be_a_bool() -> None:
+    with pytest.raises(pk.ConfigurationError, match="retry_failed must be True or False"):
+        pk.resume("t", retry_failed="yes")  # type: ignore[arg-type]
+
+
+def test_retry_failed_async(local_store: pk.Store) -> None:
+    tid = uid("aretry")
+    effects: list[str] = []
+    fixed = False
+
+    @pk.checkpointed(name="ok")
+    async def ok() -> int:
+        effects.append("ok")
+        return 1
+
+    @pk.checkpointed(name="charge")
+    async def charge() -> Any:
+        effects.append("charged")
+        return "receipt" if fixed else (lambda: None)
+
+    async def first() -> None:
+        async with pk.resume(tid, store=local_store, state=Box):
+            await ok()
+            await charge()
+
+    async def retry(run_id: str) -> None:
+        async with pk.resume(tid, store=local_store, state=Box, run_id=run_id, retry_failed=True):
+            assert await ok() == 1 and await charge() == "receipt"
+
+    run_ids: list[str] = []
+
+    async def capture() -> None:
+        try:
+            await first()
+        except pk.SerializationError as exc:
+            run_ids.append(str(exc).split("run_id=")[1].split(",")[0].strip("'"))  # from the advice
+            return
+        raise AssertionError("the unstorable result was stored")
+
+    asyncio.run(capture())
+    fixed = True
+    asyncio.run(retry(run_ids[0]))
+    assert effects == ["ok", "charged", "charged"]

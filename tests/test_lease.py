@@ -165,6 +165,43 @@ def test_queue_serves_threads_in_arrival_order(local_store: pk.Store) -> None:
     assert order == list(range(5))
 
 
+def test_busy_error_counts_only_the_runs_ahead_of_the_waiter(store: pk.Store) -> None:
+    """issue 18: a queued waiter that timed out counted itself among those ahead of it."""
+    t = uid("ahead")
+    inside, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with pk.resume(t, store=store):
+            inside.set()
+            assert release.wait(60)
+
+    def waiter() -> None:
+        with pk.resume(t, store=store, busy="queue"):
+            step(1)
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert inside.wait(60)
+    try:
+        # alone in the queue: nobody is ahead of it
+        with pytest.raises(pk.ThreadBusyError) as alone, pk.resume(t, store=store, busy="queue", busy_timeout=0.2):
+            step(0)
+        assert alone.value.waiting == 0 and "queue before" not in str(alone.value), str(alone.value)
+        threads.append(threading.Thread(target=waiter))
+        threads[-1].start()
+        _until(lambda: len(_lease(store, t).waiting) == 1, "a waiter")
+        with pytest.raises(pk.ThreadBusyError) as second, pk.resume(t, store=store, busy="queue", busy_timeout=0.2):
+            step(0)
+        assert second.value.waiting == 1 and "; 1 run(s) queue before this one." in str(second.value), str(second.value)
+        with pytest.raises(pk.ThreadBusyError) as rejected, pk.resume(t, store=store, busy="reject"):
+            step(0)
+        assert rejected.value.waiting == 1, str(rejected.value)
+    finally:
+        release.set()
+        for th in threads:
+            th.join(60)
+
+
 @pytest.mark.parametrize("bad", [{"busy": "later"}, {"lease_ttl": 0}, {"lease_ttl": True}, {"busy_timeout": -1}])
 def test_options_are_checked(bad: dict[str, Any]) -> None:
     with pytest.raises(pk.ConfigurationError):

@@ -242,16 +242,18 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) + f" (in {max(t - time.time(), 0.0):.1f} s)"
 
 
-def _busy(thread_id: str, st: _State, why: str) -> ThreadBusyError:
+def _busy(thread_id: str, st: _State, owner: str, why: str) -> ThreadBusyError:
     holder = st.owner or "nobody"
-    queue = f"; {len(st.queue)} run(s) queue before this one" if st.queue else ""
+    # A waiter that gives up is in the queue itself: only the entries before its own are ahead.
+    ahead = next((i for i, w in enumerate(st.queue) if w[0] == owner), len(st.queue))
+    queue = f"; {ahead} run(s) queue before this one" if ahead else ""
     return ThreadBusyError(
         f"thread {thread_id!r} is busy: a live run of {holder} holds its lease until {_when(st.expires)}"
         f"{queue}. {why}",
         thread_id=thread_id,
         holder=holder,
         expires_at=st.expires,
-        waiting=len(st.queue),
+        waiting=ahead,
     )
 
 
@@ -288,12 +290,12 @@ def acquire(
                 return Lease(thread_id, namespace, owner, probe, token, ttl)
             continue  # the record changed under us: look again
         if busy == "reject":
-            raise _busy(thread_id, st, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it')
+            raise _busy(thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it')
         if deadline is not None and time.monotonic() >= deadline:
             if queued:
                 yield from _leave_queue(thread_id, namespace, owner)
             raise _busy(
-                thread_id, st, f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer"
+                thread_id, st, owner, f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer"
             )
         if busy == "queue" and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):
             # refreshed every ttl/2, an entry lives 2 ttl: a slow store leaves 1.5 ttl of slack

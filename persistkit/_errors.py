@@ -272,3 +272,35 @@ class LeaseLostError(PersistkitError):
 
 def _rebuild_lost(message: str, thread_id: str, namespace: str, token: int, found: int) -> LeaseLostError:
     return LeaseLostError(message, thread_id=thread_id, namespace=namespace, token=token, found=found)
+
+
+def damaged_record_advice(
+    thread_id: str, namespace: str, parent_id: str | None, url: str | None, *, integrity: bool
+) -> str:
+    """The ways forward named by every error about one stored checkpoint that is damaged
+    or altered (a flipped bit, an edit outside persistkit): what to run, with the call."""
+    where = f"--url {url!r} " if url else "--url URL "
+    ns = f", namespace={namespace!r}" if namespace else ""
+    if parent_id:
+        fork = (
+            f"fork the thread from the checkpoint before this one and go on there: "
+            f"store.fork({thread_id!r}, {parent_id!r}{ns}) returns the new thread's first "
+            "checkpoint (pass new_thread_id= to name it; resume that thread)"
+        )
+    else:
+        fork = (
+            "this is the thread's first checkpoint, so there is nothing earlier to fork from: "
+            f"start the thread again (`persistkit delete {thread_id!r}`)"
+        )
+    if integrity:
+        return (
+            f"Ways forward: `persistkit verify {where}--thread {thread_id!r}` lists every broken "
+            f"record of the thread; {fork} (or from any earlier checkpoint that verifies); or restore "
+            "the store from a trusted backup. Nothing was written."
+        )
+    return (
+        f"Ways forward: {fork}; or restore the store from a trusted backup. To have damage and "
+        "edits caught by an authentication tag and listed by `persistkit verify`, turn integrity "
+        "on: copy the threads into a store opened with pk.connect(url, integrity=True) (keys in "
+        "$PERSISTKIT_INTEGRITY_KEYS) with store.copy_from(old_url). Nothing was written."
+    )

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._codec import Codec
-from ._errors import SerializationError
+from ._errors import SerializationError, damaged_record_advice
 from .backends import CheckpointRow
 
 __all__ = ["Checkpoint", "Record"]
@@ -76,10 +76,12 @@ class Record:
         try:
             body = codec.unpack_tree(row.payload, "")
         except SerializationError as exc:
-            raise SerializationError(str(exc), path=_where(row)) from exc
+            raise SerializationError(f"{exc}. {_damaged(row)}", path=_where(row)) from exc
         problem = _check_body(body)
         if problem:
-            raise SerializationError(f"not a valid persistkit checkpoint record ({problem})", path=_where(row))
+            raise SerializationError(
+                f"not a valid persistkit checkpoint record ({problem}). {_damaged(row)}", path=_where(row)
+            )
         return cls(row, body)
 
     def public(self, codec: Codec) -> Checkpoint:
@@ -112,6 +114,12 @@ class Record:
             forked_from=(str(f[0]), str(f[1])) if f else None,
             channels=tuple(sorted(self.refs)),
         )
+
+
+def _damaged(row: CheckpointRow) -> str:
+    # Under integrity= a damaged record fails its tag before it is decoded, so one that
+    # reaches here undecodable was damaged where nothing checked it.
+    return damaged_record_advice(row.thread_id, row.namespace, row.parent_id, None, integrity=False)
 
 
 def _is_str(v: Any) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -683,3 +684,44 @@ def test_a_record_moved_to_another_namespace_or_id_fails_its_tag() -> None:
                    {"run_id": None}, {"parent_id": row.checkpoint_id}):
         with pytest.raises(pk.IntegrityError, match="does not match"):
             open_row(dataclasses.replace(stored, **change), ring)
+
+
+# -- one flipped bit: the error names the ways forward, and the fork it shows works (issue 18) ----
+
+
+def _flip(payload: bytes) -> bytes:
+    # The high bit of a byte in the middle: in the JSON of an unsealed record it is never valid UTF-8.
+    i = len(payload) // 2
+    return payload[:i] + bytes([payload[i] ^ 0x80]) + payload[i + 1 :]
+
+
+def _follow_fork_advice(store: pk.Store, msg: str, t: str, parent: str) -> None:
+    call = re.search(r"store\.fork\([^)]*\)", msg)
+    assert call is not None and call.group(0) == f"store.fork({t!r}, {parent!r})", msg
+    forked = eval(call.group(0), {"store": store})  # the call exactly as the message shows it
+    assert forked.forked_from == (t, parent)
+    agent(store, forked.thread_id, 1, start=10)
+    assert store.get_state(forked.thread_id)["messages"][-1] == "message 10"
+
+
+@pytest.mark.parametrize("integrity", [True, False], ids=["integrity", "plain"])
+def test_one_flipped_bit_names_the_ways_forward(env: Env, integrity: bool) -> None:
+    t = uid("flip")
+    store = env.open() if integrity else pk.connect(env.url)
+    env.stores.append(store)
+    agent(store, t, 3)
+    rows = env.raw.rows(t)
+    head, parent = rows[-1][0], rows[-2][0]
+    env.raw.set_row(t, head, "payload", _flip(rows[-1][3]))
+    kind = pk.IntegrityError if integrity else pk.SerializationError
+    for attempt in (resume_of(store, t), lambda: store.get_state(t), lambda: store.history(t)):
+        with pytest.raises(kind) as info:
+            attempt()
+        msg = str(info.value)
+        assert head in msg and "Ways forward:" in msg and "Nothing was written." in msg, msg
+        if integrity:
+            assert f"`persistkit verify --url {env.url!r} --thread {t!r}`" in msg, msg
+        else:
+            assert "pk.connect(url, integrity=True)" in msg and "persistkit verify" in msg, msg
+    assert [r[0] for r in env.raw.rows(t)] == [r[0] for r in rows]  # nothing was written
+    _follow_fork_advice(store, msg, t, parent)

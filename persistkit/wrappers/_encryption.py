@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import BackendNotFoundError, ConfigurationError, IntegrityError
+from .._errors import BackendNotFoundError, ConfigurationError, IntegrityError, damaged_record_advice
 from .._keys import KeyRing
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
 
@@ -185,7 +185,8 @@ class EncryptedBackend(ForwardLeases, Backend):
         nonce = os.urandom(_NONCE)
         return header + nonce + self._cipher(kid).encrypt(nonce, bytes(plaintext), header + aad)
 
-    def _open(self, data: bytes, aad: bytes, where: str, *, plaintext_ok: bool) -> bytes:
+    def _open(self, data: bytes, aad: bytes, where: str, *, plaintext_ok: bool, damaged: str = "") -> bytes:
+        """``data`` decrypted; ``damaged``: the ways forward when it was altered."""
         if not data or data[0] != MAGIC:
             if plaintext_ok:
                 return bytes(data)
@@ -197,7 +198,7 @@ class EncryptedBackend(ForwardLeases, Backend):
         end = 2 + (data[1] if len(data) > 1 else 0)
         if kid is None or len(data) < end + _NONCE + 16:
             raise IntegrityError(
-                f"{where}: the encrypted record is malformed (truncated or altered)"
+                f"{where}: the encrypted record is malformed (truncated or altered){damaged}"
             )
         if not self.keyring.has(kid):
             raise IntegrityError(
@@ -214,7 +215,7 @@ class EncryptedBackend(ForwardLeases, Backend):
             raise IntegrityError(
                 f"{where} failed authentication under encryption key {kid!r}: the record was "
                 "altered, moved from another thread, namespace, checkpoint or key, or the key "
-                "with that id is not the one it was sealed with"
+                f"with that id is not the one it was sealed with{damaged}"
             ) from None
 
     @staticmethod
@@ -229,8 +230,10 @@ class EncryptedBackend(ForwardLeases, Backend):
     def open_row(self, row: CheckpointRow, *, plaintext_ok: bool | None = None) -> CheckpointRow:
         aad = row_aad(row.thread_id, row.namespace, row.checkpoint_id, row.parent_id, row.run_id)
         ok = self.accept_plaintext if plaintext_ok is None else plaintext_ok
+        # integrity, when on, sits above this wrapper and checked the record first
+        advice = damaged_record_advice(row.thread_id, row.namespace, row.parent_id, None, integrity=False)
         return replace(
-            row, payload=self._open(row.payload, aad, self._row_where(row), plaintext_ok=ok)
+            row, payload=self._open(row.payload, aad, self._row_where(row), plaintext_ok=ok, damaged=". " + advice)
         )
 
     def seal_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> dict[str, bytes]:

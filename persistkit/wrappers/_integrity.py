@@ -57,8 +57,9 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, ClassVar, TypeVar
 
-from .._errors import ConfigurationError, ConflictError, IntegrityError, LeaseLostError
+from .._errors import ConfigurationError, ConflictError, IntegrityError, LeaseLostError, damaged_record_advice
 from .._keys import KeyRing
+from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
 from ._witness import Witness, WitnessEntry, coerce_witness
 
@@ -74,9 +75,12 @@ _ROW_PERSON = b"pk-int-row-v1"
 _BLOB_PERSON = b"pk-int-blob-v1"
 #: Threads whose newest tag is cached for the next write (a miss costs one head + one get).
 _LINK_CACHE = 10_000
-_FIX = (
+_CAUSE = (
     "The store was edited outside persistkit, restored from an older copy, or written without "
-    "the integrity key. Restore it from a trusted backup, or fork the thread from a checkpoint "
+    "the integrity key."
+)
+_FIX = (
+    f"{_CAUSE} Restore it from a trusted backup, or fork the thread from a checkpoint "
     "that verifies; `python -m persistkit verify URL` lists every broken record."
 )
 
@@ -363,7 +367,13 @@ class IntegrityBackend(ForwardLeases, Backend):
     # -- operations ---------------------------------------------------------------------
 
     def _open(self, row: CheckpointRow) -> Sealed:
-        return open_row(row, self.keyring)
+        try:
+            return open_row(row, self.keyring)
+        except IntegrityError as exc:
+            # the generic remedy becomes the ways forward for this record, with the calls to make
+            advice = damaged_record_advice(row.thread_id, row.namespace, row.parent_id, mask_url(self.url), integrity=True)
+            text = str(exc)
+            raise IntegrityError(text.replace(_FIX, f"{_CAUSE} {advice}") if _FIX in text else f"{text}. {advice}") from None
 
     def _remember(self, s: Sealed) -> None:
         self._link(s.row.thread_id, s.row.namespace, _Link(s.seq, s.row.checkpoint_id, s.tag))

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import persistkit as pk
+
 from persistkit import (
     BackendError,
     BackendUnavailableError,
@@ -53,10 +55,9 @@ def _pragma(b: SQLiteBackend, name: str) -> object:
 # -- URLs and options ----------------------------------------------------------
 
 
-def test_relative_url_resolves_against_cwd_and_creates_dirs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_relative_url_resolves_against_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "sub").mkdir(parents=True)
     b = SQLiteBackend.from_url("sqlite:///data/sub/agent.db")
     try:
         assert b.path == str(tmp_path / "data" / "sub" / "agent.db")
@@ -67,13 +68,45 @@ def test_relative_url_resolves_against_cwd_and_creates_dirs(
 
 
 def test_absolute_url(tmp_path: Path) -> None:
-    path = tmp_path / "new dir" / "abs.db"
+    path = tmp_path / "abs.db"
     b = open_backend(f"sqlite:///{path}")  # tmp_path is absolute: four slashes in all
     try:
         assert isinstance(b, SQLiteBackend) and b.path == str(path)
         assert path.exists()
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_a_missing_directory_is_an_error_not_a_fresh_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """issue 18: a typo in a directory of the path created it and an empty store (the agent started over)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    pk.connect("sqlite:///data/agent.db").close()  # the real store
+    typo = "sqlite:///dta/agent.db" if where == "relative" else f"sqlite:///{tmp_path}/dta/agent.db"
+    with pytest.raises(pk.ConfigurationError) as err:
+        pk.connect(typo)
+    text = str(err.value)
+    assert f"the directory {tmp_path / 'dta'} does not exist" in text and "nothing was created" in text, text
+    assert "mkdir -p" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # nothing created
+
+
+def test_only_the_default_directory_is_created_on_demand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PERSISTKIT_URL", raising=False)
+    store = pk.connect()  # sqlite:///.persistkit/persistkit.db, made on first use
+    try:
+        assert store.backend.path == str(tmp_path / ".persistkit" / "persistkit.db")
+        assert (tmp_path / ".persistkit" / "persistkit.db").exists()
+    finally:
+        store.close()
+    other = pk.connect("sqlite:///.persistkit/other.db")  # the default directory, another file
+    other.close()
+    with pytest.raises(pk.ConfigurationError, match="does not exist"):
+        pk.connect("sqlite:///.persistkit/sub/agent.db")  # below it: not the default location
 
 
 def test_options_from_query_and_keywords(db: Path) -> None:

@@ -47,17 +47,28 @@ def check_thread_id(thread_id: object, what: str = "thread_id") -> str:
         raise ConfigurationError(f"{what} must be a str, got {type(thread_id).__name__}")
     if not thread_id or not thread_id.strip():
         raise ConfigurationError(f"{what} must be a non-empty string, got {thread_id!r}")
-    if len(thread_id) > MAX_ID_LENGTH or "\x00" in thread_id:
+    if "\x00" in thread_id:
         raise ConfigurationError(
-            f"{what} must be at most {MAX_ID_LENGTH} characters without NUL, "
-            f"got {len(thread_id)} characters"
+            f"{what} must not contain a NUL character (\\x00), got {thread_id!r} "
+            f"(NUL at position {thread_id.index(chr(0))}); PostgreSQL text and other stores' keys cannot hold it"
+        )
+    if len(thread_id) > MAX_ID_LENGTH:
+        raise ConfigurationError(
+            f"{what} must be at most {MAX_ID_LENGTH} characters, got {len(thread_id)} characters "
+            f"(starting {thread_id[:40]!r})"
         )
     return thread_id
 
 
 def check_namespace(namespace: object) -> str:
-    if not isinstance(namespace, str) or len(namespace) > MAX_ID_LENGTH or "\x00" in namespace:
-        raise ConfigurationError(f"namespace must be a str of at most {MAX_ID_LENGTH} characters")
+    if not isinstance(namespace, str):
+        raise ConfigurationError(f"namespace must be a str, got {type(namespace).__name__}")
+    if "\x00" in namespace:
+        raise ConfigurationError(f"namespace must not contain a NUL character (\\x00), got {namespace!r}")
+    if len(namespace) > MAX_ID_LENGTH:
+        raise ConfigurationError(
+            f"namespace must be at most {MAX_ID_LENGTH} characters, got {len(namespace)} characters"
+        )
     return namespace
 
 

@@ -277,3 +277,66 @@ def test_leases_shows_the_holder_while_a_run_is_live(tmp_path: Path) -> None:
     assert after[0]["holder"] is None  # released with the block
     assert json.loads(cli("leases", "--url", url, "--json", "--held", cwd=tmp_path).stdout) == []
     store.close()
+
+
+# -- issue 18: what a new user hit -------------------------------------------------------------
+
+
+def test_thread_ids_that_are_not_plain_text_are_escaped_in_tables(tmp_path: Path) -> None:
+    import json
+
+    import persistkit as pk
+
+    url = f"sqlite:///{tmp_path}/odd.db"
+    odd = ["two\nlines", "tab\there", "back\\slash", " padded", "'quoted'", "plain-id"]
+    with pk.connect(url) as store:
+        for tid in odd:
+            with pk.resume(tid, store=store):
+                pass
+    out = cli("threads", "--url", url, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(odd), out.stdout  # one line per thread: a newline in an id is not a second row
+    assert sorted(line.strip() for line in lines) == sorted(["plain-id", *(repr(t) for t in odd if t != "plain-id")])
+    as_json = cli("threads", "--url", url, "--json", cwd=tmp_path)
+    assert sorted(r["thread"] for r in json.loads(as_json.stdout)) == sorted(odd)  # JSON: exact
+    hist = cli("history", "--url", url, "two\nlines", "tab\there", cwd=tmp_path)
+    assert hist.returncode == 0, hist.stderr
+    rows = hist.stdout.splitlines()[1:]
+    assert len(rows) == 2 and rows[0].startswith("'two\\nlines'") and rows[1].startswith("'tab\\there'"), hist.stdout
+    deleted = cli("delete", "--url", url, "two\nlines", "plain-id", cwd=tmp_path)
+    assert deleted.stdout.splitlines() == ["deleted 'two\\nlines'", "deleted plain-id"], deleted.stdout
+
+
+@pytest.mark.parametrize("verb", ["threads", "history", "state", "delete", "migrate", "verify", "leases"])
+def test_an_unknown_flag_after_a_verb_prints_that_verbs_usage(tmp_path: Path, verb: str) -> None:
+    args = [verb, "--bogus"] + (["t1"] if verb in ("history", "state", "delete") else [])
+    out = cli(*args, cwd=tmp_path)
+    assert out.returncode == 2, out
+    assert out.stderr.startswith(f"usage: persistkit {verb} "), out.stderr
+    assert "unrecognized arguments: --bogus" in out.stderr and "VERB" not in out.stderr, out.stderr
+
+
+def test_history_of_an_unknown_run_is_not_found(agent_store: str, tmp_path: Path) -> None:
+    import json
+
+    out = cli("history", "--url", agent_store, "thread-42", "--run", "no-such-run", cwd=tmp_path)
+    assert out.returncode == NOT_FOUND and out.stdout == "", out
+    assert "run 'no-such-run' not found on thread 'thread-42'" in out.stderr, out.stderr
+    # A run id copied from the table (cut to 12 characters) is matched to the whole one.
+    runs = json.loads(cli("history", "--url", agent_store, "thread-42", "--json", cwd=tmp_path).stdout)
+    whole = runs[0]["run"]
+    short = cli("history", "--url", agent_store, "thread-42", "--run", whole[:12], cwd=tmp_path)
+    assert short.returncode == NOT_FOUND and f"--run {whole}" in short.stderr, short.stderr
+    found = cli("history", "--url", agent_store, "thread-42", "--run", whole, cwd=tmp_path)
+    assert found.returncode == 0 and len(found.stdout.splitlines()) == len(runs) + 1, found
+
+
+def test_a_thread_id_with_nul_says_so(agent_store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The OS cannot pass a NUL byte in argv: call main() as a program embedding the CLI would.
+    from persistkit._cli import main
+
+    assert main(["history", "--url", agent_store, "a\x00b"]) == 1
+    err = capsys.readouterr().err
+    assert "thread_id must not contain a NUL character" in err and "'a\\x00b'" in err, err
+    assert "512" not in err, err

@@ -55,7 +55,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = parser().parse_args(argv)
+    ns, unknown = parser().parse_known_args(argv)
+    if unknown:
+        # argparse would report them with the top-level usage; they belong to the verb
+        ns.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     out = Output(as_json=getattr(ns, "json", False))
     try:
         code: int = ns.func(ns, out)

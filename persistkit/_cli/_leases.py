@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._open import open_store, resolve_url
-from ._output import Output
+from ._output import Output, Shown, cell
 
 __all__ = ["add_parsers"]
 
@@ -45,10 +45,10 @@ def _leases(ns: argparse.Namespace, out: Output) -> int:
         ])
         return 0
     rows = [
-        (i.thread_id, i.namespace or "''", i.holder if i.held else "-", i.token,
+        (i.thread_id, i.namespace or Shown("''"), i.holder if i.held else "-", i.token,
          _expiry(i.expires_at, now) if i.held else "-", len(i.waiting))
         for i in infos
     ]
-    widths = [max([len(str(r[k])) for r in rows] + [len(h)]) for k, h in enumerate(("thread", "namespace", "holder", "token", "expires"))]
+    widths = [max([len(cell(r[k])) for r in rows] + [len(h)]) for k, h in enumerate(("thread", "namespace", "holder", "token", "expires"))]
     out.table(("thread", "namespace", "holder", "token", "expires", "waiting"), rows, widths=widths)
     return 0

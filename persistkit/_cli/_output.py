@@ -2,7 +2,11 @@
 
 Every verb prints through :class:`Output`, so that ``--json`` means the same
 everywhere and a closed pipe (``persistkit history t | head``) ends quietly.
-Values are printed as they are stored: secret handles stay handles.
+Values are printed as they are stored: secret handles stay handles. In a
+table, text that is not plain printable text (a newline, a control character,
+a backslash, a quote or space at either end) is shown as a Python string
+literal, so one cell never looks like two rows or like another id; ``--json``
+gives every value exactly.
 """
 
 from __future__ import annotations
@@ -12,7 +16,25 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-__all__ = ["Output", "dumps"]
+__all__ = ["Output", "Shown", "cell", "dumps"]
+
+_QUOTES = ("'", '"')
+
+
+class Shown(str):
+    """Text a verb already made safe for a table cell (e.g. a list of ``repr``-ed names)."""
+
+    __slots__ = ()
+
+
+def cell(value: Any) -> str:
+    """``value`` as one table cell: plain text as it is, anything else as a string literal."""
+    if isinstance(value, Shown):
+        return str(value)
+    text = "" if value is None else str(value)
+    if text.isprintable() and "\\" not in text and text == text.strip() and not text.startswith(_QUOTES):
+        return text
+    return repr(text)
 
 
 def dumps(value: Any, *, indent: int | None = 2) -> str:
@@ -46,7 +68,7 @@ class Output:
         if header:
             self.line(self._row(columns, pads))
         for row in rows:
-            self.line(self._row(["" if cell is None else str(cell) for cell in row], pads))
+            self.line(self._row([cell(value) for value in row], pads))
 
     @staticmethod
     def _row(cells: Sequence[str], pads: Sequence[int]) -> str:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._errors import NotFoundError
 from .._ids import is_checkpoint_id
 from .._store import check_thread_id
+from ..backends import mask_url
 from ._open import namespaces, open_store, require_thread, resolve_url, split_url, thread_not_found
-from ._output import Output
+from ._output import Output, Shown, cell
 
 __all__ = ["add_parsers"]
+
+_RUN_SCAN = 10_000  # checkpoints read per thread to match a run id given cut short
 
 _URL_NOTE = (
     "The store is --url, else $PERSISTKIT_URL, else sqlite:///.persistkit/persistkit.db; "
@@ -66,8 +70,8 @@ def _threads(ns: argparse.Namespace, out: Output) -> int:
                 rows.append((tid, spaces))
             else:
                 shown = "" if spaces in ([""], None) else "namespaces: " + ", ".join(map(repr, spaces or []))
-                rows.append((tid, shown))
-    out.table(("thread", "namespaces"), rows, widths=(max([len(r[0]) for r in rows] + [6]),), header=False)
+                rows.append((tid, Shown(shown)))
+    out.table(("thread", "namespaces"), rows, widths=(max([len(cell(r[0])) for r in rows] + [6]),), header=False)
     return 0
 
 
@@ -84,6 +88,11 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
         rows: list[tuple[Any, ...]] = []
         for tid in threads:
             require_thread(store, tid, ns.namespace)
+        if ns.run is not None and not any(
+            store.history(tid, limit=1, run_id=ns.run, namespace=ns.namespace) for tid in threads
+        ):
+            raise run_not_found(store, threads, ns.run, ns.namespace)
+        for tid in threads:
             for cp in store.history(tid, limit=ns.limit, run_id=ns.run, namespace=ns.namespace):
                 created = cp.created_at.isoformat(timespec="milliseconds")
                 if out.as_json:
@@ -93,11 +102,28 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
                     rows.append((tid, cp.checkpoint_id, (cp.run_id or "")[:12], cp.kind, cp.position,
                                  (cp.step or "")[-24:], cp.status, cp.run_status, created))
     columns: tuple[str, ...] = ("thread", "checkpoint", "run", "kind", "pos", "step", "status", "run status", "created")
-    widths: tuple[int, ...] = (max(len(t) for t in threads), 24, 12, 6, 7, 24, 9, 10)
+    widths: tuple[int, ...] = (max(len(cell(t)) for t in threads), 24, 12, 6, 7, 24, 9, 10)
     if len(threads) == 1 and not out.as_json:  # one thread: no thread column
         columns, widths, rows = columns[1:], widths[1:], [r[1:] for r in rows]
     out.table(columns, rows, widths=widths)
     return 0
+
+
+def run_not_found(store: Any, threads: list[str], run_id: str, namespace: str) -> NotFoundError:
+    """The error for ``history --run`` of a run none of ``threads`` has; a run id the
+    table showed cut short (its first 12 characters) is matched to the whole one."""
+    where = f" in namespace {namespace!r}" if namespace else ""
+    which = f"thread {threads[0]!r}" if len(threads) == 1 else "threads " + ", ".join(map(repr, threads))
+    hint = f"List its runs with `persistkit history {cell(threads[0])}` (--json shows whole run ids)"
+    whole = sorted({
+        cp.run_id for tid in threads for cp in store.history(tid, namespace=namespace, limit=_RUN_SCAN)
+        if cp.run_id and cp.run_id.startswith(run_id)
+    })
+    if whole:
+        hint = f"The table shows run ids cut to 12 characters; the whole id is {whole[0]!r}: pass --run {whole[0]}"
+        if len(whole) > 1:
+            hint = f"The table shows run ids cut to 12 characters; it starts {len(whole)} runs: {', '.join(whole)}"
+    return NotFoundError(f"run {run_id!r} not found on {which}{where} in the store at {mask_url(store.url)}. {hint}")
 
 
 def _state(ns: argparse.Namespace, out: Output) -> int:
@@ -122,5 +148,5 @@ def _delete(ns: argparse.Namespace, out: Output) -> int:
         for tid in threads:
             if not store.delete_thread(tid):
                 raise thread_not_found(store, tid)
-            out.line(f"deleted {tid}" if len(threads) > 1 else "deleted")
+            out.line(f"deleted {cell(tid)}" if len(threads) > 1 else "deleted")
     return 0

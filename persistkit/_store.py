@@ -6,6 +6,7 @@ Every operation is written once as a plan (see ``_io``) and exposed twice:
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from ._records import Checkpoint, Record
 from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
-from .backends import Backend, CheckpointRow, Head, open_backend
+from .backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
 from .wrappers import stack
 
 if TYPE_CHECKING:
@@ -678,22 +679,37 @@ def connect(
     """
     if url is None:
         url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL
+    own: dict[str, Any] = {
+        "blobs": blobs, "blob_threshold": blob_threshold, "allow_pickle": allow_pickle,
+        "allow_modules": allow_modules, "compress_threshold": compress_threshold, "redact": redact,
+        "vault": vault, "encryption": encryption, "accept_plaintext": accept_plaintext,
+        "integrity": integrity, "witness": witness,
+    }
+    if isinstance(url, str):
+        # pk.connect()'s own options may sit in the URL's query; a keyword given (not left
+        # at its default) wins, as it does for the store's options.
+        url, in_url = split_connect_options(url)
+        for name, value in in_url.items():
+            if own[name] == _CONNECT_DEFAULTS[name]:
+                own[name] = value
     backend = url if isinstance(url, Backend) else open_backend(url, **options)
     if isinstance(url, Backend) and options:
         raise ConfigurationError(f"backend options {sorted(options)} only apply when connecting by URL")
     backend = stack(
         backend,
-        blobs=blobs,
-        blob_threshold=blob_threshold,
-        encryption=encryption,
-        accept_plaintext=accept_plaintext,
-        integrity=integrity,
-        witness=witness,
+        blobs=own["blobs"],
+        blob_threshold=own["blob_threshold"],
+        encryption=own["encryption"],
+        accept_plaintext=own["accept_plaintext"],
+        integrity=own["integrity"],
+        witness=own["witness"],
     )
+    compress_threshold = own["compress_threshold"]
     if not isinstance(compress_threshold, int) or compress_threshold < 1:
         raise ConfigurationError(f"compress_threshold must be a positive int, got {compress_threshold!r}")
-    serializer = Serializer(allow_pickle=allow_pickle, allow_modules=tuple(allow_modules))
+    serializer = Serializer(allow_pickle=own["allow_pickle"], allow_modules=tuple(own["allow_modules"]))
     # -- secrets (redact=, vault=) ------------------------------------------------------------
+    redact, vault = own["redact"], own["vault"]
     redactor: Redactor | None = None
     if redact is not None or vault is not None:
         if vault is not None and not all(hasattr(vault, a) for a in ("get", "put", "handle_key")):
@@ -701,6 +717,12 @@ def connect(
         redactor = Redactor(enabled=redact is not False, vault=vault)
     # ------------------------------------------------------------------------------------------
     return Store(backend, codec=Codec(serializer, compress_threshold=compress_threshold, redactor=redactor))
+
+
+#: connect()'s keyword defaults: an option in the URL applies where its keyword was left at these.
+_CONNECT_DEFAULTS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(connect).parameters.items() if p.kind is p.KEYWORD_ONLY
+}
 
 
 _default: Store | None = None

@@ -21,7 +21,7 @@ from .._errors import ConfigurationError, NotFoundError
 from .._io import call
 from .._stdtypes import TAG
 from .._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
-from ..backends import backend_class, mask_url
+from ..backends import backend_class, mask_url, split_connect_options
 
 __all__ = [
     "namespaces",
@@ -74,6 +74,7 @@ def require_store(url: str) -> bool:
     nothing; True for stores whose tables are managed by ``migrate`` (open
     them with ``migrate=False``)."""
     cls = backend_class(url)
+    url = split_connect_options(url)[0]  # pk.connect()'s own options are not the store's
     if url.partition("://")[0].lower() == "sqlite":
         path = _sqlite_path(url)
         if path and not os.path.isfile(path):

@@ -12,7 +12,7 @@ import difflib
 import importlib
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from .._errors import BackendNotFoundError, ConfigurationError
 from ._protocol import Backend, CheckpointRow, Head, LeaseRecord, ThreadedAsync
@@ -25,6 +25,7 @@ __all__ = [
     "ThreadedAsync",
     "open_backend",
     "register_backend",
+    "split_connect_options",
 ]
 
 # scheme -> (module path, class name, extra that installs its driver, driver module)
@@ -99,6 +100,90 @@ CONNECT_OPTIONS = (
 )
 
 
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+_BOOLS = ("redact", "allow_pickle", "accept_plaintext")
+_SIZES = ("blob_threshold", "compress_threshold")
+_KEYS = ("encryption", "integrity")
+
+
+def split_connect_options(url: str) -> tuple[str, dict[str, Any]]:
+    """``pk.connect()``'s own options taken out of ``url``'s query, typed: the URL
+    without them (what the store is opened with) and ``{option: value}``.
+
+    Booleans are ``true``/``false`` (also ``1/0``, ``yes/no``, ``on/off``), sizes
+    positive integers (bytes), ``allow_modules`` a comma-separated list of module
+    names, ``encryption``/``integrity`` ``true`` (keys from the environment),
+    ``env:VAR`` or ``file:PATH`` (never key text: a URL is logged and shown),
+    ``blobs`` and ``witness`` a store URL (percent-encoded) or, for the witness,
+    ``file:PATH``. ``vault`` is an object: keyword only.
+    """
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, {}
+    query, hash_sep, fragment = query.partition("#")
+    kept: list[str] = []
+    found: dict[str, Any] = {}
+    for piece in query.split("&"):
+        raw_name, _, raw_value = piece.partition("=")
+        name = unquote_plus(raw_name)
+        if name not in CONNECT_OPTIONS:
+            kept.append(piece)
+            continue
+        if name in found:
+            raise ConfigurationError(f"option {name!r} is given twice in the URL {_mask(url)!r}")
+        found[name] = _connect_option(name, unquote_plus(raw_value), url)
+    rest = "&".join(p for p in kept if p)
+    return base + (f"?{rest}" if rest else "") + (hash_sep + fragment), found
+
+
+def _connect_option(name: str, text: str, url: str) -> Any:
+    def bad(expected: str) -> ConfigurationError:
+        # a key source's value may be key text pasted by mistake: never echo it (nor the URL)
+        shown = f"{name}=<{len(text)} characters> in the store URL" if name in _KEYS else (
+            f"{name}={text!r} in the URL {_mask(url)!r}"
+        )
+        return ConfigurationError(f"{shown}: expected {expected}")
+
+    low = text.strip().lower()
+    if name in _BOOLS:
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise bad("true or false")
+    if name in _SIZES:
+        if text.strip().isdigit() and int(text) >= 1:
+            return int(text)
+        raise bad("a positive integer (bytes)")
+    if name == "allow_modules":
+        modules = tuple(m.strip() for m in text.split(",") if m.strip())
+        if all(all(part.isidentifier() for part in m.split(".")) for m in modules):
+            return modules
+        raise bad("comma-separated module names, e.g. allow_modules=myapp.models,myapp.tools")
+    if name in _KEYS:
+        if low in _FALSE:
+            return None
+        if low in _TRUE:
+            return True
+        if text.startswith(("env:", "file:")) and len(text) > len("file:"):
+            return text
+        raise bad(
+            f"true (keys from ${'PERSISTKIT_ENCRYPTION_KEYS' if name == 'encryption' else 'PERSISTKIT_INTEGRITY_KEYS'}), "
+            "env:VAR or file:PATH; key text never goes in a URL (pass it as a keyword)"
+        )
+    if name == "blobs":
+        if "://" in text:
+            return text
+        raise bad("a store URL, percent-encoded, e.g. blobs=s3%3A%2F%2Fbucket%2Fblobs")
+    if name == "witness":
+        if "://" in text or text.startswith("file:"):
+            return text
+        raise bad("file:PATH or a store URL (percent-encoded)")
+    raise ConfigurationError(
+        f"{name}= cannot be given in the URL {_mask(url)!r}: it is an object; pass it as a keyword, "
+        f"pk.connect(url, {name}=...)"
+    )
+
+
 def _mask(url: str) -> str:
     """``url`` with any password replaced by :data:`URL_PASSWORD_MASK` (safe for messages and logs)."""
     parts = urlsplit(url)
@@ -118,6 +203,15 @@ def unknown_options(
     ``store`` accepts (and ``passthrough``, what else goes to its driver) and
     ``pk.connect()``'s own options, with a close match when there is one."""
     names = sorted(set(unknown))
+    own = [n for n in names if n in CONNECT_OPTIONS]
+    if own:
+        # pk.connect() takes these out of the URL itself: they reached the store because
+        # it was opened some other way (open_backend, a backend's from_url)
+        return ConfigurationError(
+            f"{', '.join(map(repr, own))} {'is an option' if len(own) == 1 else 'are options'} of "
+            f"pk.connect(), not of the {store} store {_mask(url)!r}: open it with "
+            f"pk.connect({_mask(url)!r}), which reads them from the URL too"
+        )
     known = [*accepted, *CONNECT_OPTIONS]
     close = {n: m[0] for n in names if (m := difflib.get_close_matches(n, known, 1, 0.75))}
     hint = "".join(f" Did you mean {m!r} for {n!r}?" for n, m in close.items())

@@ -340,3 +340,34 @@ def test_a_thread_id_with_nul_says_so(agent_store: str, tmp_path: Path, capsys: 
     err = capsys.readouterr().err
     assert "thread_id must not contain a NUL character" in err and "'a\\x00b'" in err, err
     assert "512" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_an_unknown_prefix_is_no_store_like_a_wrong_schema(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """issue 18: an unknown ?prefix= listed nothing with exit 0, where PostgreSQL and SQLite say 'no store' (3)."""
+    import persistkit as pk
+    from conftest import make_url
+
+    url = make_url(kind, request, tmp_path_factory)  # a fresh prefix: nothing stored yet
+    out = cli("threads", "--url", url, cwd=tmp_path)
+    assert out.returncode == NOT_FOUND and out.stdout == "", out
+    assert "nothing is stored under its prefix" in out.stderr and "prefix" in out.stderr, out.stderr
+    with pk.connect(url) as store, pk.resume("first", store=store):  # a fresh store's first write works
+        pass
+    listed = cli("threads", "--url", url, cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.split() == ["first"], listed
+
+
+def test_a_redis_database_the_server_lacks_is_a_clear_error(redis_url: str, tmp_path: Path) -> None:
+    import persistkit as pk
+
+    base = redis_url.rsplit("/", 1)[0]
+    url = f"{base}/999"
+    with pk.connect(url) as store, pytest.raises(pk.ConfigurationError) as err:
+        store.threads()
+    text = str(err.value)
+    assert "selects database 999, which the server does not have" in text and "ResponseError" not in text, text
+    out = cli("threads", "--url", url, cwd=tmp_path)
+    assert out.returncode == 1 and "selects database 999" in out.stderr, out  # as a missing PostgreSQL database

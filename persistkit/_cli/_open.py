@@ -96,7 +96,28 @@ def require_store(url: str) -> bool:
                 "Check the URL (and its ?schema=), or create the store with `persistkit migrate URL`"
             )
         return True
+    elif hasattr(cls, "has_data"):
+        # Stores without tables or files (Redis, S3) exist once something is stored under
+        # their prefix: an empty prefix is a fresh store or a typo, and a reader gets nothing.
+        backend = cls.from_url(url)
+        try:
+            found = backend.has_data()  # type: ignore[attr-defined]
+        finally:
+            backend.close()
+        if not found:
+            raise NotFoundError(
+                f"no store at {_where(url)}: nothing is stored under its prefix. Check the URL "
+                f"({_PREFIX_HINT.get(url.partition('://')[0].lower(), 'its prefix')}); a store whose "
+                "threads were all deleted holds nothing either"
+            )
     return False
+
+
+_PREFIX_HINT = {
+    "redis": "its ?prefix=, 'persistkit:' when not given, and the database number after the port",
+    "rediss": "its ?prefix=, 'persistkit:' when not given, and the database number after the port",
+    "s3": "the bucket and the prefix after it",
+}
 
 
 def require_thread(store: Store, thread_id: str, namespace: str = "") -> None:

@@ -360,6 +360,22 @@ def op_scan_blobs(k: Keys, thread_id: str, start: str, stop: str) -> Op[dict[str
     return {key.decode("ascii"): value for key, value in _pairs(flat)}
 
 
+def op_has_data(k: Keys) -> Op[bool]:
+    """Whether any key lives under the prefix: the thread index, else a SCAN matching the
+    prefix (the CLI's test that a store is there before it reads; never on the step path)."""
+    [indexed] = yield Batch((("EXISTS", k.threads),), True)
+    if indexed:
+        return True
+    pattern = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in k.prefix) + b"*"
+    cursor: Any = 0
+    while True:
+        [(cursor, found)] = yield Batch((("SCAN", cursor, "MATCH", pattern, "COUNT", 1000),), True)
+        if found:
+            return True
+        if int(cursor) == 0:
+            return False
+
+
 def op_threads(k: Keys, prefix: str, after: str | None, limit: int | None) -> Op[list[str]]:
     if limit is not None and limit <= 0:
         return []

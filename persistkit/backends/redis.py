@@ -98,6 +98,7 @@ from ._redis_ops import (
     op_put_blobs,
     op_rewrite,
     op_scan_blobs,
+    op_has_data,
     op_threads,
     op_write,
     op_write_fenced,
@@ -155,6 +156,14 @@ def _map_error(exc: Exception, url: str, reached: bool = True) -> PersistkitErro
         return BackendError(
             f"cannot connect to the redis store {url}: {exc}. Check the URL's host and port, "
             "and that the server is running and reachable from here"
+        )
+    if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
+        # SELECT of the URL's database failed: the URL names a database the server lacks
+        db = urlsplit(url).path.strip("/") or "0"
+        return ConfigurationError(
+            f"the redis store {url} selects database {db}, which the server does not have: "
+            "its databases are numbered from 0 below its `databases` setting (16 by default). "
+            "Check the number after the port in the URL"
         )
     if _is_transient(exc):
         return BackendUnavailableError(f"redis at {url} is unavailable: {exc!r}; safe to retry")
@@ -456,6 +465,12 @@ class RedisBackend(Backend):
         self, *, prefix: str = "", after: str | None = None, limit: int | None = None
     ) -> builtins.list[str]:
         return self._run(op_threads(self._keys, prefix, after, limit))
+
+    def has_data(self) -> bool:
+        """Whether anything is stored under this store's prefix. A fresh store (or one
+        whose threads were all deleted) has nothing, and neither has a mistyped
+        ``?prefix=``: the CLI, which never creates a store, says so instead of listing nothing."""
+        return self._run(op_has_data(self._keys))
 
     def delete_thread(self, thread_id: str) -> bool:
         return self._run(op_delete(self._keys, thread_id))

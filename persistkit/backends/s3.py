@@ -185,6 +185,14 @@ class S3Backend(ThreadedAsync):
             pool = self._pool
         return list(pool.map(fn, items))
 
+    def has_data(self) -> bool:
+        """Whether any object lives under this store's prefix. A fresh store (or one whose
+        threads were all deleted) has none, and neither has a mistyped prefix: the CLI,
+        which never creates a store, says so instead of listing nothing."""
+        self._check_open()
+        resp = self._call(f"listing {self._root!r}", "list_objects_v2", Prefix=self._root, MaxKeys=1)
+        return bool(resp.get("KeyCount") or resp.get("Contents"))
+
     def _get_object(self, key: str, what: str) -> tuple[bytes, str] | None:
         """Body and ETag of ``key``, or None when it does not exist."""
         try:

@@ -347,8 +347,9 @@ def test_an_unknown_prefix_is_no_store_like_a_wrong_schema(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """issue 18: an unknown ?prefix= listed nothing with exit 0, where PostgreSQL and SQLite say 'no store' (3)."""
-    import persistkit as pk
     from conftest import make_url
+
+    import persistkit as pk
 
     url = make_url(kind, request, tmp_path_factory)  # a fresh prefix: nothing stored yet
     out = cli("threads", "--url", url, cwd=tmp_path)

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 import persistkit as pk
-
 from persistkit import (
     BackendError,
     BackendUnavailableError,

@@ -343,16 +343,16 @@ class SQLiteBackend(ThreadedAsync):
         # weak so a connection dies with the thread that owned it.
         self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
         parent = os.path.dirname(path)
-        if parent and not os.path.isdir(parent):
-            # Only the default location is made on demand: elsewhere a missing directory is
-            # far more often a typo in the path, and creating it would start a fresh, empty
-            # store in place of the user's (a resumed agent would silently start over).
-            if parent != os.path.abspath(DEFAULT_DIR) or not os.path.isdir(os.path.dirname(parent)):
-                raise ConfigurationError(
-                    f"sqlite store {url!r}: the directory {parent} does not exist, and nothing was "
-                    "created. Check the path for a typo, or create the directory first "
-                    f"(mkdir -p {parent}); only the default location ./{DEFAULT_DIR}/ is created on demand"
-                )
+        # Only the default location is made on demand: elsewhere a missing directory is
+        # far more often a typo in the path, and creating it would start a fresh, empty
+        # store in place of the user's (a resumed agent would silently start over).
+        default = parent == os.path.abspath(DEFAULT_DIR) and os.path.isdir(os.path.dirname(parent))
+        if parent and not os.path.isdir(parent) and not default:
+            raise ConfigurationError(
+                f"sqlite store {url!r}: the directory {parent} does not exist, and nothing was "
+                "created. Check the path for a typo, or create the directory first "
+                f"(mkdir -p {parent}); only the default location ./{DEFAULT_DIR}/ is created on demand"
+            )
         try:
             if parent:
                 os.makedirs(parent, exist_ok=True)  # exists, or the default directory (one level)

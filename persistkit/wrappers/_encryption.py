@@ -37,7 +37,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import BackendNotFoundError, ConfigurationError, IntegrityError, damaged_record_advice
+from .._errors import (
+    BackendNotFoundError,
+    ConfigurationError,
+    IntegrityError,
+    damaged_record_advice,
+)
 from .._keys import KeyRing
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
 

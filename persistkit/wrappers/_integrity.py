@@ -57,7 +57,13 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, ClassVar, TypeVar
 
-from .._errors import ConfigurationError, ConflictError, IntegrityError, LeaseLostError, damaged_record_advice
+from .._errors import (
+    ConfigurationError,
+    ConflictError,
+    IntegrityError,
+    LeaseLostError,
+    damaged_record_advice,
+)
 from .._keys import KeyRing
 from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head

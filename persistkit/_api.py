@@ -237,7 +237,9 @@ def _unstorable_end(run: Run, exc: SerializationError) -> SerializationError:
     return SerializationError(
         f"thread {run.thread_id!r} run {run.run_id}: the state at the end of the run cannot be stored "
         f"({exc}); the run is recorded as failed, with each such field at its last stored value. "
-        "Keep functions, locks, clients and other live objects out of run.state"
+        "Keep functions, locks, clients and other live objects out of run.state; after the fix, "
+        f"pk.resume({run.thread_id!r}, run_id={run.run_id!r}) replays the run's steps without "
+        "running them and records its end"
     )
 
 

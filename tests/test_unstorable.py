@@ -129,10 +129,12 @@ def test_unstorable_state_at_the_end_of_a_run_records_the_failure(store: pk.Stor
         run.state.x = lambda: 3
     text = _message_is_fair(err.value)
     assert "end of the run" in text and "recorded as failed" in text and "state.x" in text, text
+    assert f"pk.resume({tid!r}, run_id={run.run_id!r}) replays" in text, text
     assert _runs(store, tid)[0] == ("end", None, "failed")
     assert store.get_state(tid, state=Box).model_dump() == {"log": [], "x": None, "n": 1}
-    with pk.resume(tid, store=store, state=Box) as run:  # the failed run goes on: work replays
+    with pk.resume(tid, store=store, state=Box, run_id=run.run_id) as again:  # the advice: work replays
         work()
+        assert [s.replayed for s in again.steps] == [True]
     assert store.get_state(tid, state=Box).n == 1 and _runs(store, tid)[0] == ("end", None, "completed")
 
 

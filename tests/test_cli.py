@@ -372,3 +372,31 @@ def test_a_redis_database_the_server_lacks_is_a_clear_error(redis_url: str, tmp_
     assert "selects database 999, which the server does not have" in text and "ResponseError" not in text, text
     out = cli("threads", "--url", url, cwd=tmp_path)
     assert out.returncode == 1 and "selects database 999" in out.stderr, out  # as a missing PostgreSQL database
+
+
+def test_verify_reads_the_key_source_from_the_url_and_a_flipped_bit_names_the_way_forward(tmp_path: Path) -> None:
+    import base64
+    import sqlite3
+
+    import persistkit as pk
+
+    keys = tmp_path / "mac.keys"
+    keys.write_text("m1:" + base64.b64encode(os.urandom(32)).decode() + "\n")
+    db = tmp_path / "sealed.db"
+    url = f"sqlite:///{db}?integrity=file:{keys}"
+    with pk.connect(url) as store, pk.resume("t1", store=store) as run:
+        run.state["notes"] = "hello"
+    ok = cli("verify", "--url", url, cwd=tmp_path)  # no $PERSISTKIT_INTEGRITY_KEYS: the URL names the key
+    assert ok.returncode == 0, ok
+    con = sqlite3.connect(db)
+    [(cid, payload)] = con.execute("SELECT checkpoint_id, payload FROM pk_checkpoints ORDER BY checkpoint_id DESC LIMIT 1")
+    i = len(payload) // 2
+    con.execute("UPDATE pk_checkpoints SET payload = ? WHERE checkpoint_id = ?",
+                (payload[:i] + bytes([payload[i] ^ 1]) + payload[i + 1 :], cid))
+    con.commit()
+    con.close()
+    broken = cli("verify", "--url", url, cwd=tmp_path)
+    assert broken.returncode == 1 and cid in broken.stdout, broken
+    read = cli("state", "--url", url, "t1", cwd=tmp_path)
+    assert read.returncode == 1 and "IntegrityError" in read.stderr, read
+    assert "Ways forward: `persistkit verify --url" in read.stderr and "--thread 't1'" in read.stderr, read.stderr

@@ -12,6 +12,7 @@ import base64
 import os
 from typing import Any
 
+from ..backends import split_connect_options
 from ._open import open_store, resolve_url
 from ._output import Output
 
@@ -55,8 +56,9 @@ def _sources(*given: str | None) -> None:
 
 def _rotate(ns: argparse.Namespace, out: Output) -> int:
     _sources(ns.keys)
-    keys: Any = ns.keys if ns.keys else True
-    with open_store(resolve_url(ns.url or ns.legacy_url), encryption=keys,
+    url = resolve_url(ns.url or ns.legacy_url)
+    keys: Any = ns.keys if ns.keys else (None if "encryption" in split_connect_options(url)[1] else True)
+    with open_store(url, encryption=keys,
                     accept_plaintext=ns.encrypt_plaintext) as store:
         report = store.rotate_keys(
             ns.thread, batch_size=ns.batch_size, after=ns.after, encrypt_plaintext=ns.encrypt_plaintext
@@ -77,10 +79,13 @@ def _keygen(ns: argparse.Namespace, out: Output) -> int:
 
 def _verify(ns: argparse.Namespace, out: Output) -> int:
     _sources(ns.key, ns.keys)
-    key: Any = ns.key if ns.key is not None else True
-    encryption: Any = ns.keys if ns.keys is not None else (True if os.environ.get("PERSISTKIT_ENCRYPTION_KEYS") else None)
-    with open_store(resolve_url(ns.url or ns.legacy_url), integrity=key, witness=ns.witness,
-                    encryption=encryption) as store:
+    url = resolve_url(ns.url or ns.legacy_url)
+    in_url = split_connect_options(url)[1]  # key sources the URL names apply unless a flag is given
+    key: Any = ns.key if ns.key is not None else (None if "integrity" in in_url else True)
+    encryption: Any = ns.keys if ns.keys is not None else (
+        True if "encryption" not in in_url and os.environ.get("PERSISTKIT_ENCRYPTION_KEYS") else None
+    )
+    with open_store(url, integrity=key, witness=ns.witness, encryption=encryption) as store:
         report = store.verify(ns.thread)
     out.line(str(report))
     return 0 if report.ok else 1

@@ -9,8 +9,7 @@ an attempt (it escaped the block or a retried parent, or nothing was
 recorded after it) runs again: that is what a retry is for — except a step
 that ran but whose result or state could not be stored (flag ``u``): it
 replays its error, since its side effects happened, unless the run was
-opened with ``retry_failed=True`` (the user fixed the cause and asks for
-that one step to run again; it is then treated as any other failure).
+opened with ``retry_failed=True`` (the cause is fixed: it runs as any failure).
 
 Code between steps runs again on every attempt, so it must be deterministic
 (like workflow code in Temporal): everything that talks to the world or the
@@ -125,8 +124,7 @@ class Run:
         self.state: Any = None
         self._events: list[tuple[str, str, bool, str]] = []  # StepEvent fields: made on request
         self.replay_only = False
-        #: resume(retry_failed=True): a step recorded as unstorable (flag "u") runs again (see lookup)
-        self.retry_failed = False
+        self.retry_failed = False  # resume(retry_failed=True): an unstorable step (flag "u") runs again
         self._moved_on: tuple[str, Head | None, str | None] | None = None  # see open()
         self._lost: ConflictError | None = None  # what a commit of this run raised on a moved head
         self._index: dict[str, Record] = {}

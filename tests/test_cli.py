@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -370,6 +371,13 @@ def test_a_redis_database_the_server_lacks_is_a_clear_error(redis_url: str, tmp_
         store.threads()
     text = str(err.value)
     assert "selects database 999, which the server does not have" in text and "ResponseError" not in text, text
+
+    async def async_side() -> None:
+        async with pk.connect(url) as astore:
+            with pytest.raises(pk.ConfigurationError, match="selects database 999"):
+                await astore.athreads()
+
+    asyncio.run(async_side())
     out = cli("threads", "--url", url, cwd=tmp_path)
     assert out.returncode == 1 and "selects database 999" in out.stderr, out  # as a missing PostgreSQL database
 

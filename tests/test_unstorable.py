@@ -298,3 +298,65 @@ def test_retry_failed_async(local_store: pk.Store) -> None:
     fixed = True
     asyncio.run(retry(run_ids[0]))
     assert effects == ["ok", "charged", "charged"]
+
+
+RETRY_AGENT = """
+import os, sys, threading
+import persistkit as pk
+
+url, log, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def effect(what):
+    with open(log, "a") as f:
+        f.write(what + "\\n")
+
+@pk.checkpointed(name="fetch")
+def fetch():
+    effect("fetch")
+    return "data"
+
+@pk.checkpointed(name="send")
+def send(data):
+    effect("send")
+    return threading.Lock() if mode == "broken" else f"sent {data}"
+
+store = pk.connect(url)
+kwargs = {"run_id": sys.argv[4], "retry_failed": True} if mode == "retry" else {}
+try:
+    with pk.resume("ticket-7", store=store, **kwargs) as run:
+        print(run.run_id, send(fetch()))
+except pk.SerializationError as exc:
+    print(str(exc), file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def test_fix_then_retry_across_processes(tmp_path: Any) -> None:
+    """The user's path: the broken code fails in one process; after the fix, a plain resume
+    still replays the error, and the advice of the error re-runs only the failed step."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script, log = tmp_path / "agent.py", tmp_path / "effects.log"
+    script.write_text(RETRY_AGENT)
+    url = f"sqlite:///{tmp_path}/agent.db"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), url, str(log), *args], capture_output=True,
+                              text=True, env=env, timeout=120)
+
+    broken = run("broken")
+    assert broken.returncode == 3, broken
+    advice = re.search(r"pk\.resume\('ticket-7', run_id='([0-9a-f]+)', retry_failed=True\)", broken.stderr)
+    assert advice is not None, broken.stderr
+    plain = run("fixed")  # fixed code, plain resume: the recorded failure replays
+    assert plain.returncode == 3, plain
+    assert log.read_text().split() == ["fetch", "send"]
+    retried = run("retry", advice.group(1))
+    assert retried.returncode == 0 and retried.stdout.split()[1:] == ["sent", "data"], retried
+    assert log.read_text().split() == ["fetch", "send", "send"]  # fetch (committed) ran once

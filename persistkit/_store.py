@@ -675,7 +675,9 @@ def connect(
     ``KeyRing``) seals every record with a keyed hash chain and refuses tampered
     reads; ``witness`` (``"file:PATH"``, a store URL or Backend, or an object with
     ``record``/``latest``) also refuses a store rolled back to an older copy.
-    Other keyword options go to the backend.
+    Other keyword options go to the backend. Every option but ``vault`` may also sit in the
+    URL query, as text (``?redact=false&integrity=env:MY_KEYS``; docs/backends.md): a
+    keyword left at its default does not override it.
     """
     if url is None:
         url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL

@@ -366,8 +366,9 @@ class Run:
             raise
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         failed = rec.body.get("s") == "failed"
-        where = f"{'error' if failed else 'result'} of step {name!r} at {pos}"
-        at = f"thread {self.thread_id!r} run {self.run_id}: the recorded {where}"
+        what = "error" if failed else "result"
+        where = f"{what} of step {name!r} at {pos}"
+        at = f"thread {self.thread_id!r} run {self.run_id}, step {name!r} at {pos}: recorded {what}"
         try:
             if failed:
                 recorded = self.codec.decode_exception(rec.body.get("e"), at)

@@ -428,3 +428,38 @@ def test_registration_errors_say_what_to_do() -> None:
         pk.register(42)  # type: ignore[call-overload]
     pk.register(M)  # without version=: the version stays
     assert json.loads(SER.dumps(M(a=1)))["r"] == 3
+
+
+def test_the_cli_prints_versioned_values_as_stored_without_their_classes(tmp_path: Any) -> None:
+    """The CLI never imports the user's classes, so it runs no migration: it shows what is stored."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"sqlite:///{tmp_path}/cli.db"
+
+    @named("CliMsg")
+    class Old(BaseModel):
+        text: str
+
+    with pk.connect(url) as store, pk.resume("cli-thread", store=store) as run:
+        run.state["messages"] = [Old(text="old")]
+
+    @named("CliMsg")
+    class New(BaseModel):
+        content: str
+
+    pk.register(New, version=2)
+    pk.migration(New, from_version=1)(lambda d: {"content": d["text"]})
+    with pk.connect(url) as store, pk.resume("cli-thread", store=store) as run:
+        assert run.state["messages"] == [New(content="old")]
+        run.state["messages"].append(New(content="new"))
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'adapters'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "persistkit", "state", "cli-thread", "--url", url, "--json"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["messages"] == [{"text": "old"}, {"content": "new"}]

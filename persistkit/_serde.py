@@ -128,11 +128,12 @@ class _Fail(Exception):
         self.parts: list[str] = []
 
     def error(self, root: str) -> SerializationError | SchemaVersionError:
-        path = root + "".join(reversed(self.parts))
+        below = "".join(reversed(self.parts))
+        if self.render is not None:  # the root names thread, run and step: keep it whole
+            return SchemaVersionError(self.render(root + (below if len(below) <= 200 else below[:200] + "...")))
+        path = root + below
         if len(path) > 200:
             path = path[:200] + "..."
-        if self.render is not None:
-            return SchemaVersionError(self.render(path))
         return SerializationError(self.msg, path=path)
 
 

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("agents", reason="openai-agents is not installed")
 
-from agents import Agent, Runner
+from agents import Agent, Runner, SessionSettings
 from conftest import make_url, uid
 from openai_agents_fake import (
     APPROVAL_PLAN,
@@ -37,6 +37,8 @@ from persistkit.backends import CheckpointRow, Head
 from persistkit.backends.memory import MemoryBackend
 from persistkit_openai_agents import (
     PersistkitSession,
+    SessionSettingsError,
+    UnserializableItemError,
     durable,
     durable_run,
     load_run_state,
@@ -159,6 +161,66 @@ def test_concurrent_writers_lose_nothing(
     for w in "abcd":  # each writer's items in its own order
         assert [i["content"] for i in items if i["content"][0] == w] == [f"{w}{i}" for i in range(8)]
 
+
+
+def test_session_settings_are_normalized_and_limit_get_items() -> None:
+    store = pk.connect("memory://")
+    assert PersistkitSession("a", store).session_settings == SessionSettings()
+    s = PersistkitSession("b", store, session_settings={"limit": 2})
+    assert isinstance(s.session_settings, SessionSettings) and s.session_settings.limit == 2
+    with pytest.raises(SessionSettingsError, match="Unknown session settings: limitt") as bad:
+        PersistkitSession("c", store, session_settings={"limitt": 1})
+    assert isinstance(bad.value, TypeError) and isinstance(bad.value, pk.ConfigurationError)
+    with pytest.raises(SessionSettingsError, match="must be a SessionSettings or a dict, got int"):
+        PersistkitSession("c", store, session_settings=3)  # type: ignore[arg-type]
+    with pytest.raises(SessionSettingsError, match="limit"):
+        PersistkitSession("c", store, session_settings={"limit": "many"})
+    s.session_settings = {"limit": 1}  # type: ignore[assignment]  # the setter normalizes too
+    assert s.session_settings == SessionSettings(limit=1)
+
+    async def scenario() -> None:
+        await s.add_items([msg("a"), msg("b"), msg("c")])
+        assert await s.get_items() == [msg("c")]
+        assert await s.get_items(limit=2) == [msg("b"), msg("c")]  # an explicit limit wins
+        assert await s.get_items(limit=0) == []
+
+    asyncio.run(scenario())
+
+
+def test_runner_uses_a_dict_session_settings_limit() -> None:
+    # A dict kept as a dict made Runner.run fail with "'dict' object has no attribute 'limit'".
+    inputs: list[Any] = []
+
+    class Capturing(ScriptedModel):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            inputs.append(input)
+            return await super().get_response(system_instructions, input, *args, **kwargs)
+
+    agent = Agent(name="a", model=Capturing([[]]))
+    session = PersistkitSession(uid("sess"), pk.connect("memory://"), session_settings={"limit": 1})
+
+    async def scenario() -> None:
+        await session.add_items([msg("old 1"), msg("old 2")])
+        await Runner.run(agent, "new", session=session)
+
+    asyncio.run(scenario())
+    assert [i["content"] for i in inputs[0]] == ["old 2", "new"]
+
+
+def test_an_unstorable_item_is_a_type_error_and_writes_nothing() -> None:
+    session = PersistkitSession(uid("sess"), pk.connect("memory://"))
+
+    async def scenario() -> None:
+        await session.add_items([msg("kept")])
+        with pytest.raises(UnserializableItemError, match=r"none of the 2 given was added") as bad:
+            await session.add_items([msg("fine"), {"role": "user", "content": object()}])  # type: ignore[list-item]
+        assert isinstance(bad.value, TypeError) and isinstance(bad.value, pk.SerializationError)
+        assert "content" in bad.value.path
+        assert await session.get_items() == [msg("kept")]
+        await session.add_items([msg("after")])  # the session stays usable
+        assert await session.get_items() == [msg("kept"), msg("after")]
+
+    asyncio.run(scenario())
 
 # -- durable runs ------------------------------------------------------------------------------
 

@@ -251,6 +251,34 @@ def test_a_finished_run_replays_without_calling_model_or_tools(tmp_path: Path) -
     assert len(lines(tmp_path / "model.log")) == 3
 
 
+
+def deliver(url: str, thread: str, log_dir: Path, message_id: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, str(SCRIPT), "deliver", url, thread, str(log_dir), message_id],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_redelivered_message_with_its_id_as_run_id_does_not_run_tools_again(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    # A queue redelivers a message whose turn finished (the worker died before its ack): each
+    # delivery is a new process. With run_id=<message id> the finished run replays.
+    url, thread = make_url(kind, request, tmp_path_factory), uid("queue")
+    first = deliver(url, thread, tmp_path, "msg-1")
+    assert lines(tmp_path / "tools.log") == ["work 1", "work 2"]
+    again = deliver(url, thread, tmp_path, "msg-1")
+    assert again == first
+    assert lines(tmp_path / "tools.log") == ["work 1", "work 2"]  # no second email
+    assert len(lines(tmp_path / "model.log")) == 3  # no model call either
+
+    # Without a run_id the redelivery is a new turn: its tools run again. This is what the
+    # adapter page warns about.
+    deliver(url, thread, tmp_path, "-")
+    assert lines(tmp_path / "tools.log") == ["work 1", "work 2", "work 1", "work 2"]
+
 def test_outside_a_run_the_durable_agent_is_the_plain_agent(tmp_path: Path) -> None:
     agent = durable(make_agent(SEQUENTIAL, tmp_path))
     assert durable(agent) is agent

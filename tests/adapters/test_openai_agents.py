@@ -279,6 +279,34 @@ def test_a_redelivered_message_with_its_id_as_run_id_does_not_run_tools_again(
     deliver(url, thread, tmp_path, "-")
     assert lines(tmp_path / "tools.log") == ["work 1", "work 2", "work 1", "work 2"]
 
+
+def test_a_durable_run_reads_another_sessions_limited_window_as_recorded_items(tmp_path: Path) -> None:
+    # SQLiteSession applies its own session_settings.limit even to get_items(): the read is
+    # recorded as the items it returned, and a replay gives the model the same window.
+    from agents import SQLiteSession
+
+    inputs: list[Any] = []
+
+    class Capturing(ScriptedModel):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            inputs.append([i.get("content") for i in input])
+            return await super().get_response(system_instructions, input, *args, **kwargs)
+
+    agent = Agent(name="a", model=Capturing([[]]))
+    session = SQLiteSession("s", tmp_path / "sdk.db", session_settings=SessionSettings(limit=2))
+
+    async def scenario() -> list[str]:
+        await session.add_items([msg("one"), msg("two"), msg("three")])
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            await durable_run(agent, "new", thread_id="t", store=store, run_id="r", session=session)
+            await durable_run(agent, "new", thread_id="t", store=store, run_id="r", session=session)
+            return [c.step for c in reversed(await store.ahistory("t")) if c.kind == "step"]
+
+    steps = asyncio.run(scenario())
+    assert inputs == [["two", "three", "new"]]  # the replay called no model
+    assert "openai-agents.session.read-items" in steps and "openai-agents.session.read" not in steps
+    session.close()
+
 def test_outside_a_run_the_durable_agent_is_the_plain_agent(tmp_path: Path) -> None:
     agent = durable(make_agent(SEQUENTIAL, tmp_path))
     assert durable(agent) is agent

@@ -7,7 +7,9 @@ stand-in for the LLM (no network, no API key). The first process is killed
 for real (SIGKILL) inside the third booking. The second process calls
 ``durable_run`` again with the same input: the two finished bookings and the
 three paid model turns replay from the store; only the booking in flight at
-the kill runs again (at-least-once), and the rest run for real.
+the kill runs again (at-least-once), and the rest run for real. A third
+process gets the same queue message again (a redelivery): with the message id
+as ``run_id`` it replays the finished run, with no booking and no model call.
 """
 
 from __future__ import annotations
@@ -87,12 +89,22 @@ def make_agent(workdir: Path, crash: bool) -> Agent[Any]:
     return Agent(name="travel", instructions="Book the trip.", model=ScriptedModel(workdir / "model.log"), tools=[book_hotel])
 
 
+#: The queue message every process handles: process 3 is a redelivery of the finished turn.
+MESSAGE = {"id": "msg-7f3a", "conversation_id": "trip-42", "text": "Book my four-city trip."}
+
+
+async def handle(message: dict[str, str], agent: Agent[Any], store: pk.Store) -> str:
+    """One delivery of ``message``: its id is the run id, so a redelivery never re-runs the turn."""
+    result = await durable_run(
+        agent, message["text"], thread_id=message["conversation_id"], store=store,
+        run_id=message["id"],
+    )
+    return str(result.final_output)
+
+
 async def agent_process(workdir: Path, crash: bool) -> None:
     async with pk.connect(f"sqlite:///{workdir}/agent.db") as store:
-        result = await durable_run(
-            make_agent(workdir, crash), "Book my four-city trip.", thread_id="trip-42", store=store
-        )
-        print(f"  final answer: {result.final_output}")
+        print(f"  final answer: {await handle(MESSAGE, make_agent(workdir, crash), store)}")
 
 
 def main() -> None:
@@ -100,14 +112,15 @@ def main() -> None:
         asyncio.run(agent_process(Path(sys.argv[2]), crash=sys.argv[3] == "crash"))
         return
     workdir = Path(tempfile.mkdtemp(prefix="pk-openai-agents-"))
-    for attempt, mode in enumerate(["crash", "resume"], 1):
+    for attempt, mode in enumerate(["crash", "resume", "redelivery"], 1):
         print(f"process {attempt} ({mode}):", flush=True)
         proc = subprocess.run([sys.executable, __file__, "--agent", str(workdir), mode])
         print(f"  exit code {proc.returncode}\n", flush=True)
     bookings = (workdir / "bookings.log").read_text().splitlines()
     turns = (workdir / "model.log").read_text().splitlines()
     print(f"bookings made: {bookings}")
-    print(f"model turns paid: {len(turns)} (5 needed; the turns before the kill were not re-paid)")
+    print(f"model turns paid: {len(turns)} (5 needed; the turns before the kill were not re-paid, "
+          "and the redelivered message replayed its finished run)")
     assert bookings == ["Lisbon", "Porto", "Madrid", "Madrid", "Seville"], bookings
     assert len(turns) == 5, turns
 

@@ -9,7 +9,9 @@ completed method instead of running it again from the start.
 Crews: ``durable_kickoff(crew, inputs, thread_id=...)`` runs ``crew.kickoff``
 inside ``pk.resume(thread_id)`` with each task's execution as a
 ``@pk.checkpointed`` step: a crew that died during task 3 replays the recorded
-outputs of tasks 1-2 and runs tasks 3 onwards.
+outputs of tasks 1-2 and runs tasks 3 onwards. Each tool call inside a task is
+a step nested under it: task 3's tool calls that returned before the crash are
+not run again (see ``_tools``).
 
 Built on the public ``persistkit`` API only.
 """
@@ -29,6 +31,8 @@ from crewai.tasks.task_output import TaskOutput
 from pydantic import BaseModel, Field, PrivateAttr
 
 import persistkit as pk
+
+from ._tools import recorded_tools
 
 __all__ = ["PersistkitFlowPersistence", "adurable_kickoff", "durable_kickoff"]
 
@@ -180,7 +184,8 @@ def _sync_step(task: Task, index: int) -> Callable[..., TaskOutput]:
 
         @pk.checkpointed(name=name)
         def run_task(description: str, context: str | None) -> dict[str, Any]:
-            live.append(original(agent=agent, context=context, tools=tools))
+            with recorded_tools(tools, task.tools, getattr(agent or task.agent, "tools", None)):
+                live.append(original(agent=agent, context=context, tools=tools))
             return live[0].model_dump(mode="json")
 
         data = run_task(task.description, context)
@@ -201,7 +206,8 @@ def _async_step(task: Task, index: int) -> Callable[..., Coroutine[Any, Any, Tas
 
         @pk.checkpointed(name=name)
         async def run_task(description: str, context: str | None) -> dict[str, Any]:
-            live.append(await original(agent=agent, context=context, tools=tools))
+            with recorded_tools(tools, task.tools, getattr(agent or task.agent, "tools", None)):
+                live.append(await original(agent=agent, context=context, tools=tools))
             return live[0].model_dump(mode="json")
 
         data = await run_task(task.description, context)
@@ -247,8 +253,9 @@ def durable_kickoff(
 
     A run that died (or raised) continues: tasks whose output was recorded
     return it without running (their agents, tools, callbacks and guardrails
-    do not run again); the task in flight at the crash runs again. The same
-    ``run_id`` twice replays the recorded run.
+    do not run again); the task in flight at the crash runs again, but its
+    tool calls that returned replay their recorded results (each tool call is
+    a step). The same ``run_id`` twice replays the recorded run.
     """
     with _durable_tasks(crew), pk.resume(thread_id, store=store, run_id=run_id):
         result = crew.kickoff(inputs=inputs)

@@ -14,16 +14,14 @@ Built only on the public ``persistkit`` API.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import copy
 import functools
 import hashlib
 import json
-import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any
+from typing import Any
 
 from agents import (
     Agent,
@@ -38,104 +36,34 @@ from agents import (
     TResponseInputItem,
 )
 from agents.items import TResponseOutputItem
-from agents.memory import Session, SessionSettings
+from agents.memory import Session
 from agents.usage import deserialize_usage, serialize_usage
 from pydantic import TypeAdapter, ValidationError
 
 import persistkit as pk
 
-__all__ = ["DurableModel", "PersistkitSession", "durable", "durable_run", "load_run_state"]
+from ._session import (
+    SESSION_NAMESPACE as SESSION_NAMESPACE,
+)
+from ._session import (
+    PersistkitSession,
+    SessionSettingsError,
+    UnserializableItemError,
+    _session_settings,
+)
 
-#: Namespace of session threads, so a session and a durable run may share a thread id.
-SESSION_NAMESPACE = "openai-agents.session"
+__all__ = [
+    "DurableModel",
+    "PersistkitSession",
+    "SessionSettingsError",
+    "UnserializableItemError",
+    "durable",
+    "durable_run",
+    "load_run_state",
+]
+
 #: State channel of a durable run's thread holding the RunState of a run awaiting approval.
 RUN_STATE_CHANNEL = "openai_agents_run_state"
-_CAS_ATTEMPTS = 64
-
-
-# -- Session -------------------------------------------------------------------------------
-
-
-class _Edit:
-    """One session edit, applied by the ``items`` reducer inside ``update_state``'s
-    read-compare-and-swap, so concurrent writers never lose each other's items."""
-
-    def __init__(self, op: str, items: list[Any] | None = None) -> None:
-        self.op, self.items, self.popped = op, items or [], None
-
-    def __call__(self, old: Any, _: Any = None) -> Any:
-        items = old if old is not None else pk.TrackedList()
-        if self.op == "add":
-            items.extend(self.items)  # appending: the checkpoint stores only the new items
-        elif self.op == "pop":
-            self.popped = items.pop() if items else None
-        else:
-            items.clear()
-        return items
-
-
-_edit = pk.Reducer(lambda old, edit: edit(old), "session_edit")
-
-
-class _Conversation(pk.State, name="persistkit_openai_agents.session"):
-    items: Annotated[list[Any], _edit] = []
-
-
-class PersistkitSession:
-    """Conversation items of ``session_id`` kept in a persistkit store (any backend).
-
-    Each change is one checkpoint of the thread ``session_id`` (namespace
-    ``openai-agents.session``); adding items writes only the new items.
-    Concurrent writers are serialized by the store's compare-and-swap and retried.
-    ``clear_session`` empties the list but keeps the thread's history (time travel);
-    ``store.delete_thread(session_id)`` erases it.
-    """
-
-    def __init__(
-        self,
-        session_id: str,
-        store: pk.Store,
-        *,
-        session_settings: SessionSettings | None = None,
-    ) -> None:
-        self.session_id = session_id
-        self.store = store
-        self.session_settings = session_settings
-
-    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        # limit=None is all items (the protocol); the Runner applies session_settings itself.
-        try:
-            state = await self.store.aget_state(
-                self.session_id, state=_Conversation, namespace=SESSION_NAMESPACE
-            )
-        except pk.NotFoundError:
-            return []
-        items: list[TResponseInputItem] = list(state.items)
-        return items if limit is None else items[-limit:] if limit > 0 else []
-
-    async def _edit(self, edit: _Edit) -> _Edit:
-        for attempt in range(1, _CAS_ATTEMPTS + 1):
-            try:
-                await self.store.aupdate_state(
-                    self.session_id, {"items": edit}, state=_Conversation, namespace=SESSION_NAMESPACE
-                )
-                break
-            except pk.ConflictError:  # another writer moved the head: re-read and re-apply
-                if attempt == _CAS_ATTEMPTS:
-                    raise
-                await asyncio.sleep(random.random() * 0.002 * attempt)  # spread out contenders
-        return edit
-
-    async def add_items(self, items: list[TResponseInputItem]) -> None:
-        if items:
-            await self._edit(_Edit("add", list(items)))
-
-    async def pop_item(self) -> TResponseInputItem | None:
-        popped: TResponseInputItem | None = (await self._edit(_Edit("pop"))).popped
-        return popped
-
-    async def clear_session(self) -> None:
-        await self._edit(_Edit("clear"))
 
 
 # -- durable runs: model turns and tool calls as steps ---------------------------------------
@@ -332,6 +260,11 @@ async def _session_read(total: int, limit: int | None) -> list[int]:
     return [max(0, total - limit) if limit is not None else 0, total]
 
 
+@pk.checkpointed(name="openai-agents.session.read-items", check_args=False)
+async def _session_read_items(call: _Thunk) -> Any:
+    return await call.fn()
+
+
 @pk.checkpointed(name="openai-agents.session.write", check_args=False)
 async def _session_write(call: _Thunk) -> Any:
     return await call.fn()
@@ -347,11 +280,21 @@ class _StepSession:
         self.session_settings = getattr(session, "session_settings", None)
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        items = await self.session.get_items()  # all items: the window is taken here
-        # Record the window, not the items: O(1) per read, whatever the history's size.
-        # On replay the conversation has only grown (its writes are steps too).
-        start, end = await _session_read(len(items), limit)
-        return items[start:end]
+        settings = self.session_settings
+        if limit is None and settings is not None:
+            limit = _session_settings(settings).limit
+        if isinstance(self.session, PersistkitSession):
+            items = await self.session._all_items()  # all items: the window is taken here
+            # Record the window, not the items: O(1) per read, whatever the history's size.
+            # On replay the conversation has only grown (its writes are steps too).
+            start, end = await _session_read(len(items), limit)
+            return items[start:end]
+        # Another session may apply its own settings' limit even when called without one,
+        # so its "all items" cannot be trusted: record the items it returned.
+        read: list[TResponseInputItem] = await _session_read_items(
+            _Thunk(lambda: self.session.get_items(limit))
+        )
+        return read
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         await _session_write(_Thunk(lambda: self.session.add_items(items)))

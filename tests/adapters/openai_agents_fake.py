@@ -12,6 +12,10 @@ Run as a script it is the subprocess of the crash test:
     python openai_agents_fake.py crash URL THREAD LOG_DIR KILL_WHERE KILL_AT [session]
     python openai_agents_fake.py approval URL THREAD LOG_DIR
 
+    python openai_agents_fake.py deliver URL THREAD LOG_DIR MESSAGE_ID
+
+``deliver``: one delivery of a queue message (two tool calls), with
+``run_id=MESSAGE_ID`` (``-``: no run_id).
 ``crash``: five sequential tool calls; KILL_WHERE is ``tool`` or ``model`` (or
 ``none``): the process SIGKILLs itself inside the KILL_AT-th real call of that
 kind (1-based), after its side effect; with ``session`` the run also keeps its
@@ -132,6 +136,12 @@ def main() -> None:
             prompt = "do five units of work"
             if sys.argv[7:] == ["session"]:
                 kwargs["session"] = PersistkitSession(thread + "-session", store)
+        elif mode == "deliver":  # one delivery of a queue message: its id is the run id
+            message_id = sys.argv[5]
+            agent = make_agent([[("work", {"n": 1})], [("work", {"n": 2})], []], Path(log_dir))
+            prompt = "handle message"
+            if message_id != "-":
+                kwargs["run_id"] = message_id
         else:  # "approval": start a run that stops for approval, then exit
             agent = make_agent(APPROVAL_PLAN, Path(log_dir), approval=True)
             prompt = "do two approved units of work"

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("agents", reason="openai-agents is not installed")
 
-from agents import Agent, Runner
+from agents import Agent, Runner, SessionSettings
 from conftest import make_url, uid
 from openai_agents_fake import (
     APPROVAL_PLAN,
@@ -37,6 +37,8 @@ from persistkit.backends import CheckpointRow, Head
 from persistkit.backends.memory import MemoryBackend
 from persistkit_openai_agents import (
     PersistkitSession,
+    SessionSettingsError,
+    UnserializableItemError,
     durable,
     durable_run,
     load_run_state,
@@ -160,6 +162,66 @@ def test_concurrent_writers_lose_nothing(
         assert [i["content"] for i in items if i["content"][0] == w] == [f"{w}{i}" for i in range(8)]
 
 
+
+def test_session_settings_are_normalized_and_limit_get_items() -> None:
+    store = pk.connect("memory://")
+    assert PersistkitSession("a", store).session_settings == SessionSettings()
+    s = PersistkitSession("b", store, session_settings={"limit": 2})
+    assert isinstance(s.session_settings, SessionSettings) and s.session_settings.limit == 2
+    with pytest.raises(SessionSettingsError, match="Unknown session settings: limitt") as bad:
+        PersistkitSession("c", store, session_settings={"limitt": 1})
+    assert isinstance(bad.value, TypeError) and isinstance(bad.value, pk.ConfigurationError)
+    with pytest.raises(SessionSettingsError, match="must be a SessionSettings or a dict, got int"):
+        PersistkitSession("c", store, session_settings=3)  # type: ignore[arg-type]
+    with pytest.raises(SessionSettingsError, match="limit"):
+        PersistkitSession("c", store, session_settings={"limit": "many"})
+    s.session_settings = {"limit": 1}  # type: ignore[assignment]  # the setter normalizes too
+    assert s.session_settings == SessionSettings(limit=1)
+
+    async def scenario() -> None:
+        await s.add_items([msg("a"), msg("b"), msg("c")])
+        assert await s.get_items() == [msg("c")]
+        assert await s.get_items(limit=2) == [msg("b"), msg("c")]  # an explicit limit wins
+        assert await s.get_items(limit=0) == []
+
+    asyncio.run(scenario())
+
+
+def test_runner_uses_a_dict_session_settings_limit() -> None:
+    # A dict kept as a dict made Runner.run fail with "'dict' object has no attribute 'limit'".
+    inputs: list[Any] = []
+
+    class Capturing(ScriptedModel):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            inputs.append(input)
+            return await super().get_response(system_instructions, input, *args, **kwargs)
+
+    agent = Agent(name="a", model=Capturing([[]]))
+    session = PersistkitSession(uid("sess"), pk.connect("memory://"), session_settings={"limit": 1})
+
+    async def scenario() -> None:
+        await session.add_items([msg("old 1"), msg("old 2")])
+        await Runner.run(agent, "new", session=session)
+
+    asyncio.run(scenario())
+    assert [i["content"] for i in inputs[0]] == ["old 2", "new"]
+
+
+def test_an_unstorable_item_is_a_type_error_and_writes_nothing() -> None:
+    session = PersistkitSession(uid("sess"), pk.connect("memory://"))
+
+    async def scenario() -> None:
+        await session.add_items([msg("kept")])
+        with pytest.raises(UnserializableItemError, match=r"none of the 2 given was added") as bad:
+            await session.add_items([msg("fine"), {"role": "user", "content": object()}])  # type: ignore[list-item]
+        assert isinstance(bad.value, TypeError) and isinstance(bad.value, pk.SerializationError)
+        assert "content" in bad.value.path
+        assert await session.get_items() == [msg("kept")]
+        await session.add_items([msg("after")])  # the session stays usable
+        assert await session.get_items() == [msg("kept"), msg("after")]
+
+    asyncio.run(scenario())
+
 # -- durable runs ------------------------------------------------------------------------------
 
 
@@ -188,6 +250,62 @@ def test_a_finished_run_replays_without_calling_model_or_tools(tmp_path: Path) -
     assert Counter(lines(tmp_path / "tools.log")) == {f"work {n}": 1 for n in range(1, 5)}
     assert len(lines(tmp_path / "model.log")) == 3
 
+
+
+def deliver(url: str, thread: str, log_dir: Path, message_id: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, str(SCRIPT), "deliver", url, thread, str(log_dir), message_id],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_redelivered_message_with_its_id_as_run_id_does_not_run_tools_again(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    # A queue redelivers a message whose turn finished (the worker died before its ack): each
+    # delivery is a new process. With run_id=<message id> the finished run replays.
+    url, thread = make_url(kind, request, tmp_path_factory), uid("queue")
+    first = deliver(url, thread, tmp_path, "msg-1")
+    assert lines(tmp_path / "tools.log") == ["work 1", "work 2"]
+    again = deliver(url, thread, tmp_path, "msg-1")
+    assert again == first
+    assert lines(tmp_path / "tools.log") == ["work 1", "work 2"]  # no second email
+    assert len(lines(tmp_path / "model.log")) == 3  # no model call either
+
+    # Without a run_id the redelivery is a new turn: its tools run again. This is what the
+    # adapter page warns about.
+    deliver(url, thread, tmp_path, "-")
+    assert lines(tmp_path / "tools.log") == ["work 1", "work 2", "work 1", "work 2"]
+
+
+def test_a_durable_run_reads_another_sessions_limited_window_as_recorded_items(tmp_path: Path) -> None:
+    # SQLiteSession applies its own session_settings.limit even to get_items(): the read is
+    # recorded as the items it returned, and a replay gives the model the same window.
+    from agents import SQLiteSession
+
+    inputs: list[Any] = []
+
+    class Capturing(ScriptedModel):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            inputs.append([i.get("content") for i in input])
+            return await super().get_response(system_instructions, input, *args, **kwargs)
+
+    agent = Agent(name="a", model=Capturing([[]]))
+    session = SQLiteSession("s", tmp_path / "sdk.db", session_settings=SessionSettings(limit=2))
+
+    async def scenario() -> list[str]:
+        await session.add_items([msg("one"), msg("two"), msg("three")])
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            await durable_run(agent, "new", thread_id="t", store=store, run_id="r", session=session)
+            await durable_run(agent, "new", thread_id="t", store=store, run_id="r", session=session)
+            return [c.step for c in reversed(await store.ahistory("t")) if c.kind == "step"]
+
+    steps = asyncio.run(scenario())
+    assert inputs == [["two", "three", "new"]]  # the replay called no model
+    assert "openai-agents.session.read-items" in steps and "openai-agents.session.read" not in steps
+    session.close()
 
 def test_outside_a_run_the_durable_agent_is_the_plain_agent(tmp_path: Path) -> None:
     agent = durable(make_agent(SEQUENTIAL, tmp_path))

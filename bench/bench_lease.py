@@ -1,6 +1,7 @@
 """Leases: what a held lease costs per step, and many writers on one thread with and without them.
 
-    python bench/bench_lease.py [--steps 300] [--rounds 7] [--writers 16] [--runs 100]
+    python3 dev.py bench lease [--steps 300] [--rounds 7] [--writers 16] [--runs 100]
+    .venv/bin/python bench/bench_lease.py [--steps 300] [--rounds 7] [--writers 16] [--runs 100]   (a venv with pip install -e '.[bench]')
                                 [--stores sqlite,postgres,redis]
 
 1. Per-step cost: one block runs ``--steps`` steps (each appends ~200 bytes to a
@@ -31,6 +32,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 
 import persistkit as pk
 

@@ -1,6 +1,7 @@
 """persistkit on PostgreSQL, Redis and S3 against raw writes and peers, in one run.
 
-    /tmp/pkvenv/bin/python bench/bench_servers.py [--rounds 5]
+    python3 dev.py bench servers [--rounds 5]
+    .venv/bin/python bench/bench_servers.py [--rounds 5]   (a venv with pip install -e '.[bench]')
 
 Workload (as bench_sqlite.py, whose ``messages``/``Chat``/``append_step`` it
 reuses): an agent of 200 steps, each appending a 1 KB message to the state, in
@@ -52,6 +53,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 import psycopg
 import redis
 from bench_sqlite import Chat, append_step, messages

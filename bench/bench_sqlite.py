@@ -1,6 +1,7 @@
 """persistkit on SQLite against its floor and against LangGraph's SqliteSaver, in one run.
 
-    python bench/bench_sqlite.py            (or: python3 dev.py bench)
+    python3 dev.py bench sqlite
+    .venv/bin/python bench/bench_sqlite.py   (a venv with pip install -e '.[bench]')
 
 Workload: an agent of 200 steps, each appending a 1 KB message to the state.
 Prints per-step cost and bytes stored for (a) a raw sqlite3 INSERT+COMMIT of
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 import _loops  # bench/ is on the path: this script's own directory
 
 import persistkit as pk

@@ -34,6 +34,7 @@ from ._postgres_sql import (
     is_connection_failure,
     log,
     map_error,
+    reused_id,
 )
 from ._protocol import CheckpointRow, Head, LeaseRecord, new_head
 
@@ -407,17 +408,19 @@ class Core:
         }
         if blobs:
             params["keys"], params["datas"] = list(blobs), list(blobs.values())
-            query = q.write_first if expected_version == 0 else q.write_next
+            query = q.write
         else:
-            query = q.write_first_row if expected_version == 0 else q.write_next_row
+            query = q.write_row
 
         def op(cur: Cur) -> Head:
             moved = _fetch(cur, query, params)
             if moved:
                 return new_head(row.checkpoint_id, int(moved[0][0]))  # per step: no frozen __init__
-            # The CAS matched nothing, so the statement wrote nothing; only this
+            # The head was not at the expected version, so the statement wrote nothing; only this
             # failure path pays a second round trip, to say what it found.
             found = _fetch(cur, q.head, params)
+            if found and int(found[0][1]) == expected_version:
+                raise reused_id(row, self._shared.url)
             raise ConflictError(
                 thread_id=row.thread_id,
                 namespace=row.namespace,
@@ -562,9 +565,9 @@ class Core:
         }
         if blobs:
             params["keys"], params["datas"] = list(blobs), list(blobs.values())
-            query = lq["fenced_first"] if expected_version == 0 else lq["fenced_next"]
+            query = lq["fenced"]
         else:
-            query = lq["fenced_first_row"] if expected_version == 0 else lq["fenced_next_row"]
+            query = lq["fenced_row"]
 
         def op(cur: Cur) -> Head:
             moved = _fetch(cur, query, params)
@@ -576,6 +579,8 @@ class Core:
             if token != fence:
                 raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token)
             found = _fetch(cur, self._q.head, params)
+            if found and int(found[0][1]) == expected_version:
+                raise reused_id(row, self._shared.url)
             raise ConflictError(
                 thread_id=row.thread_id,
                 namespace=row.namespace,

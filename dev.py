@@ -6,6 +6,8 @@
     python3 dev.py bench     the benchmarks under bench/ (installs the peers they compare with)
 
 Extra arguments after ``test`` go to pytest (``python3 dev.py test -k sqlite``).
+``bench`` takes script names to run only those (``python3 dev.py bench sqlite servers``);
+other arguments go to every script run (``python3 dev.py bench servers --rounds 9``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -42,9 +45,32 @@ def ensure_venv(extras: str) -> None:
     stamp.write_text(want)
 
 
+def ensure_core() -> None:
+    """Create .venv with persistkit's own dependencies only (no extras, no build of the
+    package: the demo runs the checkout from PYTHONPATH), when they changed."""
+    if sys.version_info < (3, 11):  # noqa: UP036 -- dev.py runs under whatever python3 the user has
+        sys.exit(f"persistkit needs Python 3.11+, this is {sys.version.split()[0]}")
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    stamp = VENV / ".installed-core"
+    want = hashlib.sha256("\n".join(deps).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want and PY.exists():
+        return
+    if not PY.exists():
+        sh(sys.executable, "-m", "venv", VENV)
+    sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    sh(PY, "-m", "pip", "install", "--quiet", *deps)
+    stamp.write_text(want)
+
+
 def demo() -> int:
-    ensure_venv("all")
-    return sh(PY, "examples/quickstart.py", check=False)
+    # The demo is SQLite only: the core dependencies are all it needs (installing every
+    # framework extra took ~60 s of a first run). Running the checkout from PYTHONPATH
+    # also skips the editable build, whose package-dir mapping makes setuptools print
+    # an information box; the example's child process inherits the path.
+    ensure_core()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    print("+", PY, "examples/quickstart.py", flush=True)
+    return subprocess.run([str(PY), "examples/quickstart.py"], cwd=ROOT, env=env, check=False).returncode
 
 
 def test(args: list[str]) -> int:
@@ -64,10 +90,15 @@ def test(args: list[str]) -> int:
 
 
 def bench(args: list[str]) -> int:
+    scripts = sorted((ROOT / "bench").glob("bench_*.py"))
+    names = {s.stem.removeprefix("bench_"): s for s in scripts}
+    chosen = [names[a.removeprefix("bench_").removesuffix(".py")] for a in args
+              if a.removeprefix("bench_").removesuffix(".py") in names]
+    rest = [a for a in args if a.removeprefix("bench_").removesuffix(".py") not in names]
     ensure_venv("all,bench")
     failed = 0
-    for script in sorted((ROOT / "bench").glob("bench_*.py")):
-        failed |= sh(PY, script, *args, check=False)
+    for script in chosen or scripts:
+        failed |= sh(PY, script, *rest, check=False)
     return 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """CPU instructions per step: persistkit on SQLite against the raw sqlite3 floor, without the noise.
 
-    python bench/bench_cpu.py            (needs valgrind; says so and exits 0 without it)
+    python3 dev.py bench cpu          (needs valgrind; says so and exits 0 without it)
+    .venv/bin/python bench/bench_cpu.py   (a venv with pip install -e '.[bench]')
 
 Wall-clock ratios on a shared VM drift by ±30% from one minute to the next;
 instruction counts do not. This runs bench_sqlite.py's workload (200 steps,
@@ -26,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 
 HERE = Path(__file__).resolve().parent
 STEPS = 200

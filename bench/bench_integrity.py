@@ -1,6 +1,7 @@
 """What tamper evidence costs per step, on SQLite, measured against the plain store in one run.
 
-    python bench/bench_integrity.py
+    python3 dev.py bench integrity
+    .venv/bin/python bench/bench_integrity.py   (a venv with pip install -e '.[bench]')
 
 Workload (the one of bench_sqlite.py): an agent of 200 steps, each appending
 a 1 KB message to the state. Prints the mean per-step cost of (a) the plain
@@ -23,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 from bench_sqlite import STEPS, Chat, append_step, messages
 
 import persistkit as pk

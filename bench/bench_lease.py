@@ -1,7 +1,8 @@
 """Leases: what a held lease costs per step, and many writers on one thread with and without them.
 
-    python bench/bench_lease.py [--steps 300] [--rounds 7] [--writers 16] [--runs 100]
-                                [--stores sqlite,postgres,redis]
+    python3 dev.py bench lease [--steps 300] [--rounds 7] [--writers 16] [--runs 100]
+                               [--stores memory,sqlite,postgres,redis] [--skip-writers]
+    .venv/bin/python bench/bench_lease.py [same options]   (a venv with pip install -e '.[bench]')
 
 1. Per-step cost: one block runs ``--steps`` steps (each appends ~200 bytes to a
    list), with a lease held (the default, ``busy="queue"``) and without
@@ -31,6 +32,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 
 import persistkit as pk
 

@@ -1,6 +1,7 @@
 """Cost of secret redaction per step, against the same work with redaction off, in one run.
 
-    python bench/bench_redact.py
+    python3 dev.py bench redact
+    .venv/bin/python bench/bench_redact.py   (a venv with pip install -e '.[bench]')
 
 (a) ``Codec.dump_tree`` of a checkpoint-like body holding a 1 KB message:
     redaction off, on with nothing to find (the common case), on with a key in it.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 import redact_corpus
 from bench_sqlite import messages
 

@@ -1,6 +1,7 @@
 """The per-step cost of each security layer on SQLite, against plain persistkit in the same run.
 
-    python bench/bench_security.py
+    python3 dev.py bench security
+    .venv/bin/python bench/bench_security.py   (a venv with pip install -e '.[bench]')
 
 Workload (the one of ``bench/bench_sqlite.py``): an agent of 200 steps, each
 appending a ~1 KB message to a ``pk.append`` channel, on a fresh SQLite file
@@ -28,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _env  # noqa: F401 -- first: a missing package says how to run this script
 from bench_sqlite import STEPS, Chat, append_step, file_bytes, messages
 
 import persistkit as pk

@@ -79,10 +79,17 @@ def _seg_key(name: str, gen: int, start: int, digest: str) -> str:
     return f"s:{_qname(name)}:{gen:06d}:{start:010d}:{digest}"
 
 
+#: Values that cannot change in place: one that is the very object committed last is
+#: unchanged, so neither the pre-step check nor the commit serializes it again.
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes})
+_NO_OBJ = object()
+
+
 @dataclass(slots=True)
 class _ValuePrev:
     ref: dict[str, Any]
     digest: str
+    obj: Any = _NO_OBJ  # the committed value, when its type is in _IMMUTABLE
 
 
 @dataclass(slots=True)
@@ -210,7 +217,7 @@ class Tracker:
                 if start < len(value) and not _plain(value[start:]):
                     for i in range(start, len(value)):
                         self.codec.serializer.encode(value[i], path=f"state.{name}[{i}]")
-            elif not _plain(value):
+            elif not (isinstance(p, _ValuePrev) and p.obj is value) and not _plain(value):
                 self.codec.encode(value, f"state.{name}")
 
     def checkpoint(
@@ -260,12 +267,16 @@ class Tracker:
     # -- per channel ---------------------------------------------------------------
 
     def _diff_value(self, name: str, value: Any, d: Diff) -> None:
+        p = self.prev.get(name)
+        if isinstance(p, _ValuePrev) and p.obj is value:  # the immutable value committed last
+            d.refs[name], d.prev[name] = p.ref, p
+            return
         tree = self.codec.encode(value, f"state.{name}")
         text = self.codec.dump_tree(tree)
         digest = content_hash(text)
-        p = self.prev.get(name)
+        obj = value if type(value) in _IMMUTABLE else _NO_OBJ
         if isinstance(p, _ValuePrev) and p.digest == digest:
-            d.refs[name], d.prev[name] = p.ref, p
+            d.refs[name], d.prev[name] = p.ref, _ValuePrev(p.ref, digest, obj)
             return
         if len(text) <= INLINE_LIMIT:
             ref: dict[str, Any] = {"i": tree}
@@ -274,7 +285,7 @@ class Tracker:
             ref = {"b": key}
             if key not in self.known:
                 d.blobs[key] = self.codec.seal(text)
-        d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest)
+        d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest, obj)
 
     def _diff_list(self, name: str, value: list[Any], d: Diff, cid: str) -> None:
         p = self.prev.get(name)

@@ -15,8 +15,8 @@ from persistkit.backends import CheckpointRow
 class Raw:
     """Edits a store's storage directly, bypassing persistkit."""
 
-    #: The head is not stored but read off the newest row (SQLite): deleting the
-    #: newest rows rewinds it rather than leaving it dangling.
+    #: The head is not stored but read off the newest row: deleting the
+    #: newest rows rewinds it rather than leaving it dangling (SQLite, PostgreSQL).
     derived_head = False
 
     def rows(self, t: str) -> list[tuple[str, str | None, str | None, bytes]]:
@@ -107,6 +107,7 @@ class SQLRaw(Raw):
             # No heads table: a thread's head is its newest row with a version.
             self.t = {"c": "pk_checkpoints", "b": "pk_blobs"}
             self.derived_head = True
+            self.newest = "checkpoint_id"  # the head: the newest row that carries a version
             self.p = "?"
         else:
             import psycopg
@@ -114,7 +115,10 @@ class SQLRaw(Raw):
             parts = urlsplit(url)
             schema = parse_qs(parts.query)["schema"][0]
             self.con = psycopg.connect(parts._replace(query="").geturl(), autocommit=True)
-            self.t = {"c": f"{schema}.checkpoints", "h": f"{schema}.heads", "b": f"{schema}.blobs"}
+            # No heads table either (migration 3): the head is the row with the highest version.
+            self.t = {"c": f"{schema}.checkpoints", "b": f"{schema}.blobs"}
+            self.derived_head = True
+            self.newest = "version"
             self.p = "%s"
 
     def _q(self, sql: str, *args: Any) -> list[Any]:
@@ -130,7 +134,7 @@ class SQLRaw(Raw):
     def head(self, t: str) -> tuple[str, int]:
         if self.derived_head:
             (row,) = self._q("SELECT checkpoint_id, version FROM {c} WHERE thread_id = ? AND namespace = '' "
-                             "AND version IS NOT NULL ORDER BY checkpoint_id DESC LIMIT 1", t)
+                             f"AND version IS NOT NULL ORDER BY {self.newest} DESC LIMIT 1", t)
         else:
             (row,) = self._q("SELECT checkpoint_id, version FROM {h} WHERE thread_id = ? AND namespace = ''", t)
         return row[0], int(row[1])
@@ -138,8 +142,8 @@ class SQLRaw(Raw):
     def set_head(self, t: str, cid: str, version: int) -> None:
         if self.derived_head:
             # The head is the newest versioned row: unversion the rows after it, version it.
-            self._q("UPDATE {c} SET version = NULL WHERE thread_id = ? AND namespace = '' AND checkpoint_id > ?",
-                    t, cid)
+            self._q("UPDATE {c} SET version = NULL WHERE thread_id = ? AND namespace = '' "
+                    "AND (checkpoint_id > ? OR version >= ?)", t, cid, version)
             self._q("UPDATE {c} SET version = ? WHERE thread_id = ? AND namespace = '' AND checkpoint_id = ?",
                     version, t, cid)
             return

@@ -105,9 +105,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         import psycopg
 
         with psycopg.connect(POSTGRES_URL, connect_timeout=2, autocommit=True) as conn:
-            if conn.execute("SELECT to_regclass('persistkit.heads')").fetchone() != (None,):
+            if conn.execute("SELECT to_regclass('persistkit.checkpoints')").fetchone() != (None,):
                 n = conn.execute(
-                    "SELECT count(DISTINCT thread_id) FROM persistkit.heads WHERE thread_id LIKE %s",
+                    "SELECT count(DISTINCT thread_id) FROM persistkit.checkpoints WHERE thread_id LIKE %s",
                     (f"%{SESSION_TAG}%",),
                 ).fetchone()
                 if n and n[0]:

@@ -43,6 +43,17 @@ def _row(thread: str, n: int, *, parent: str | None = None, payload: bytes = b"p
     return CheckpointRow(thread, "", f"{n:08d}", parent, "run", payload)
 
 
+def _hold_version(blocker: Any, schema: str, thread: str, version: int) -> None:
+    """In ``blocker``'s open transaction, insert a row of ``thread`` at head version
+    ``version``, as a concurrent writer's uncommitted write: a write of that version
+    waits on the version index until the blocker commits or rolls back."""
+    blocker.execute(
+        f'INSERT INTO "{schema}".checkpoints (thread_id, namespace, checkpoint_id, payload, version) '
+        "VALUES (%s, '', 'held', 'x', %s)",
+        (thread, version),
+    )
+
+
 @pytest.fixture
 def schema(postgres_url: str) -> Iterator[str]:
     """A fresh schema name, dropped at teardown."""
@@ -313,8 +324,9 @@ def test_cancelled_task_leaves_a_usable_store(postgres_url: str, schema: str) ->
 
     async def main() -> None:
         with psycopg.connect(postgres_url) as blocker:
-            # Hold the head row so the write is stuck inside its statement, then cancel it.
-            blocker.execute(f'SELECT * FROM "{schema}".heads WHERE thread_id = %s FOR UPDATE', (t,))
+            # Another writer's uncommitted version 2 keeps the write inside its statement;
+            # then cancel it.
+            _hold_version(blocker, schema, t, 2)
             task = asyncio.create_task(b.awrite(_row(t, 2), {}, 1))
             done, _ = await asyncio.wait([task], timeout=0.5)
             assert not done
@@ -517,8 +529,8 @@ def test_write_killed_in_flight_is_all_or_nothing(
     b.write(_row(t, 1), {"a": b"1"}, 0)
     outcome: list[BaseException | Head] = []
     with psycopg.connect(postgres_url) as blocker:
-        # Hold the head row so the write is stuck inside its statement.
-        blocker.execute(f'SELECT * FROM "{schema}".heads WHERE thread_id = %s FOR UPDATE', (t,))
+        # Another writer's uncommitted version 2 keeps the write inside its statement.
+        _hold_version(blocker, schema, t, 2)
 
         def write() -> None:
             try:

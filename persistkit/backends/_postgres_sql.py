@@ -26,6 +26,7 @@ __all__ = [
     "Shared",
     "is_connection_failure",
     "map_error",
+    "reused_id",
     "validate_schema",
 ]
 
@@ -81,71 +82,132 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 PRIMARY KEY (thread_id, namespace))""",
         ),
     ),
+    # 3: no heads table. A row carries the head version it creates; the head of
+    # (thread, namespace) is its row with the highest version, found through a
+    # unique index on (thread, namespace, version), which is also the
+    # compare-and-swap: of two writers of one version the second finds the
+    # first's index entry and inserts nothing. A step was an UPDATE of the head
+    # (a new heap tuple and a dead one per step, vacuumed later) plus the row
+    # insert with two index entries; it is now the row insert alone. The run
+    # index (thread, namespace, run_id, checkpoint_id: ~100 bytes a row, the
+    # largest part of the store after the payloads) gives way to a table
+    # holding each run's first checkpoint id, which bounds a scan of the
+    # primary key (as SQLite's schema 2), and created_at repeats the record's
+    # own time ("t" in the payload), which the API reads. The old head row takes
+    # the head's version; older rows keep none and are never a head. Processes
+    # of an older persistkit cannot write after this: stop them before migrating.
+    (
+        3,
+        (
+            "ALTER TABLE {s}.checkpoints ADD COLUMN IF NOT EXISTS version bigint",
+            """UPDATE {s}.checkpoints c SET version = h.version FROM {s}.heads h
+                WHERE c.thread_id = h.thread_id AND c.namespace = h.namespace
+                  AND c.checkpoint_id = h.checkpoint_id""",
+            """CREATE UNIQUE INDEX IF NOT EXISTS checkpoints_version_idx
+                ON {s}.checkpoints (thread_id, namespace, version)""",
+            """CREATE TABLE IF NOT EXISTS {s}.runs (
+                thread_id text COLLATE "C" NOT NULL,
+                namespace text COLLATE "C" NOT NULL,
+                run_id text COLLATE "C" NOT NULL,
+                first_id text COLLATE "C" NOT NULL,
+                PRIMARY KEY (thread_id, namespace, run_id))""",
+            """INSERT INTO {s}.runs (thread_id, namespace, run_id, first_id)
+                SELECT thread_id, namespace, run_id, min(checkpoint_id) FROM {s}.checkpoints
+                WHERE run_id IS NOT NULL GROUP BY thread_id, namespace, run_id
+                ON CONFLICT DO NOTHING""",
+            "DROP INDEX IF EXISTS {s}.checkpoints_run_idx",
+            "DROP TABLE IF EXISTS {s}.heads",
+            "ALTER TABLE {s}.checkpoints DROP COLUMN IF EXISTS created_at",
+        ),
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
 
-# The CAS CTE moves the head; the row and blob inserts select FROM it, so when
-# the CAS matches no row they insert nothing (data-modifying CTEs always run).
+# A write is one INSERT of the row carrying the version it creates: it inserts
+# only if the head is at the expected version (the thread's newest version is
+# the expected one, or for version 1 no versioned row exists), and the unique
+# index on the version makes a concurrent writer of the same version wait for the
+# first one, then fail with a unique violation, which the core reads as "the
+# head moved" (a reused checkpoint id, with the head where the writer expected
+# it, is told apart by reading the head). No ON CONFLICT: a speculative insertion
+# checks every unique index before inserting and logs its confirmation, work a
+# step does not need. The blob and run inserts select FROM the row's insert, so
+# when it inserted nothing they insert nothing (data-modifying CTEs always run).
 # One statement on an autocommit connection is one transaction and one round trip.
-_ROW = """,
+#
+# Measured on the server (200-800 writes of 1 KB on one thread, server CPU per
+# write): one CASE on the expected version instead of two statements made
+# PostgreSQL plan the statement anew at every execution (~150 us); an EXISTS of
+# the expected version grew with the thread's rows (150 -> 500 us at 800 rows),
+# where the newest version read by a backward index step does not; and the runs
+# insert, even one that finds its key and writes nothing, costs ~20% of the
+# statement (one more table and index opened and locked), so the core leaves it
+# out once it noted the run (see AsyncCore.write).
+_FIRST = """NOT EXISTS (SELECT 1 FROM {s}.checkpoints
+        WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL)"""
+_NEXT = """(SELECT version FROM {s}.checkpoints
+        WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
+        ORDER BY version DESC LIMIT 1) = %(expected)s::bigint"""
+_CP = """
 cp AS (
-    INSERT INTO {s}.checkpoints (thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
+    INSERT INTO {s}.checkpoints (thread_id, namespace, checkpoint_id, parent_id, run_id, payload, version)
     SELECT %(t)s::text, %(ns)s::text, %(cid)s::text, %(parent)s::text, %(run)s::text,
-           %(payload)s::bytea
-    FROM cas
+           %(payload)s::bytea, %(expected)s::bigint + 1
+    WHERE {at_head}{fenced}
+    RETURNING version
+)"""
+# A run's first write notes it (first_id bounds list(run_id=...)); NOT EXISTS, not
+# ON CONFLICT, for the reason above.
+_RUN = """,
+rn AS (
+    INSERT INTO {s}.runs (thread_id, namespace, run_id, first_id)
+    SELECT %(t)s::text, %(ns)s::text, %(run)s::text, %(cid)s::text FROM cp
+    WHERE %(run)s::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.runs
+        WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND run_id = %(run)s::text)
 )"""
 _BLOBS = """,
 bl AS (
     INSERT INTO {s}.blobs (thread_id, key, data)
     SELECT %(t)s::text, b.key, b.data
-    FROM cas, unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
+    FROM cp, unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING
 )"""
 _RESULT = """
-SELECT version FROM cas"""
-# expected_version == 0: the head must not exist yet.
-_CAS_FIRST = """WITH cas AS (
-    INSERT INTO {s}.heads (thread_id, namespace, checkpoint_id, version)
-    VALUES (%(t)s::text, %(ns)s::text, %(cid)s::text, 1)
-    ON CONFLICT (thread_id, namespace) DO NOTHING
-    RETURNING version
-)"""
-# A concurrent writer holding the row makes this wait, then re-check the
-# version on the committed row (READ COMMITTED re-evaluation): no lost update.
-_CAS_NEXT = """WITH cas AS (
-    UPDATE {s}.heads SET checkpoint_id = %(cid)s::text, version = version + 1
-    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
-    RETURNING version
-)"""
+SELECT version FROM cp"""
 
 # Fenced writes (leases): the lease row is read FOR SHARE in the same statement as
-# the head's compare-and-swap, so a takeover (an UPDATE of that row) cannot commit
-# between the check and the write, and a takeover that committed first leaves
-# the fence empty (READ COMMITTED re-checks a locked row): the CAS then moves nothing.
-_FENCE = """WITH fence AS (
+# the row's insert, so a takeover (an UPDATE of that row) cannot commit between
+# the check and the write, and a takeover that committed first leaves the fence
+# empty (READ COMMITTED re-checks a locked row): the row then inserts nothing.
+_FENCE = """fence AS (
     SELECT 1 FROM {s}.leases
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND token = %(fence)s::bigint
     FOR SHARE
 ),"""
-_CAS_FIRST_FENCED = _FENCE + """
-cas AS (
-    INSERT INTO {s}.heads (thread_id, namespace, checkpoint_id, version)
-    SELECT %(t)s::text, %(ns)s::text, %(cid)s::text, 1 FROM fence
-    ON CONFLICT (thread_id, namespace) DO NOTHING
-    RETURNING version
-)"""
-_CAS_NEXT_FENCED = _FENCE + """
-cas AS (
-    UPDATE {s}.heads SET checkpoint_id = %(cid)s::text, version = version + 1
-    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(expected)s::bigint
-      AND EXISTS (SELECT 1 FROM fence)
-    RETURNING version
-)"""
+
+
+def _write(*, fenced: bool, first: bool, run: bool, blobs: bool) -> str:
+    """The write statement for one case (a fenced write; the thread's first version;
+    noting the run; new blobs: most steps write none, and then bind no arrays)."""
+    cp = _CP.replace("{at_head}", _FIRST if first else _NEXT)
+    cp = cp.replace("{fenced}", "\n      AND EXISTS (SELECT 1 FROM fence)" if fenced else "")
+    return (
+        "WITH " + (_FENCE if fenced else "") + cp
+        + (_RUN if run else "") + (_BLOBS if blobs else "") + _RESULT
+    )
+
+
+#: Keys of Queries.writes: (fenced, first, run, blobs). A first write always notes its run.
+WRITE_CASES = tuple(
+    (fenced, first, run, blobs)
+    for fenced in (False, True)
+    for first in (False, True)
+    for run in (False, True)
+    for blobs in (False, True)
+    if run or not first
+)
+
 _LEASE_SQL = {
-    "fenced_first": _CAS_FIRST_FENCED + _ROW + _BLOBS + _RESULT,
-    "fenced_next": _CAS_NEXT_FENCED + _ROW + _BLOBS + _RESULT,
-    "fenced_first_row": _CAS_FIRST_FENCED + _ROW + _RESULT,
-    "fenced_next_row": _CAS_NEXT_FENCED + _ROW + _RESULT,
     "lease_get": """SELECT token, data, version FROM {s}.leases
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text""",
     "lease_create": """INSERT INTO {s}.leases (thread_id, namespace, token, data, version)
@@ -161,16 +223,12 @@ _LEASE_SQL = {
 }
 
 _SQL = {
-    "write_first": _CAS_FIRST + _ROW + _BLOBS + _RESULT,
-    "write_next": _CAS_NEXT + _ROW + _BLOBS + _RESULT,
-    # Most steps write no blob (appended items travel in the row): no arrays to bind.
-    "write_first_row": _CAS_FIRST + _ROW + _RESULT,
-    "write_next_row": _CAS_NEXT + _ROW + _RESULT,
     "put_blobs": """INSERT INTO {s}.blobs (thread_id, key, data)
     SELECT %(t)s::text, b.key, b.data FROM unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING""",
-    "head": """SELECT checkpoint_id, version FROM {s}.heads
-    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text""",
+    "head": """SELECT checkpoint_id, version FROM {s}.checkpoints
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
+    ORDER BY version DESC LIMIT 1""",
     "get": """SELECT parent_id, run_id, payload FROM {s}.checkpoints
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND checkpoint_id = %(cid)s::text""",
     "get_blobs": """SELECT key, data FROM {s}.blobs
@@ -179,12 +237,19 @@ _SQL = {
     WHERE thread_id = %(t)s::text AND key >= %(start)s::text AND key < %(stop)s::text""",
     # starts_with() makes the prefix literal (no LIKE wildcards); ">= prefix"
     # gives the primary-key index a lower bound.
-    "threads": """SELECT thread_id FROM {s}.heads
-    WHERE thread_id >= %(prefix)s::text AND starts_with(thread_id, %(prefix)s::text)
-      AND (%(after)s::text IS NULL OR thread_id > %(after)s::text)
-    GROUP BY thread_id ORDER BY thread_id LIMIT %(limit)s::bigint""",
-    "namespaces": """SELECT namespace FROM {s}.heads WHERE thread_id = %(t)s::text
-    UNION SELECT namespace FROM {s}.checkpoints WHERE thread_id = %(t)s::text""",
+    # A loose index scan of the primary key: one seek per thread listed, not a read
+    # of every row of every thread (PostgreSQL before 18 has no skip scan).
+    "threads": """WITH RECURSIVE t(id) AS (
+        (SELECT thread_id FROM {s}.checkpoints
+         WHERE thread_id >= %(prefix)s::text AND (%(after)s::text IS NULL OR thread_id > %(after)s::text)
+         ORDER BY thread_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT thread_id FROM {s}.checkpoints WHERE thread_id > t.id ORDER BY thread_id LIMIT 1)
+        FROM t WHERE t.id IS NOT NULL AND starts_with(t.id, %(prefix)s::text)
+    )
+    SELECT id FROM t WHERE id IS NOT NULL AND starts_with(id, %(prefix)s::text)
+    LIMIT %(limit)s::bigint""",
+    "namespaces": """SELECT DISTINCT namespace FROM {s}.checkpoints WHERE thread_id = %(t)s::text""",
     # Maintenance (key rotation): one statement, so rows and blobs change in one
     # transaction; UPDATE only, so rows or keys that do not exist are not created.
     "rewrite": """WITH r AS (
@@ -198,10 +263,10 @@ _SQL = {
     WHERE o.thread_id = %(t)s::text AND o.key = v.key
     RETURNING 1)
     SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM b)""",
-    "delete_thread": """WITH h AS (DELETE FROM {s}.heads WHERE thread_id = %(t)s::text RETURNING 1),
+    "delete_thread": """WITH r AS (DELETE FROM {s}.runs WHERE thread_id = %(t)s::text RETURNING 1),
     c AS (DELETE FROM {s}.checkpoints WHERE thread_id = %(t)s::text RETURNING 1),
     b AS (DELETE FROM {s}.blobs WHERE thread_id = %(t)s::text RETURNING 1)
-    SELECT (SELECT count(*) FROM h) + (SELECT count(*) FROM c) + (SELECT count(*) FROM b)""",
+    SELECT (SELECT count(*) FROM c) + (SELECT count(*) FROM b)""",
     # Migrations: one transaction, serialized per schema by an advisory lock
     # (transaction-scoped, so it is also safe behind PgBouncer).
     "lock": "SELECT pg_advisory_xact_lock(1885302132, hashtext(%(schema)s::text))",
@@ -223,6 +288,10 @@ _SQL = {
 _LIST = """SELECT checkpoint_id, parent_id, run_id, payload FROM {s}.checkpoints
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text{run}{before}
     ORDER BY checkpoint_id DESC LIMIT %(limit)s::bigint"""
+# A run's rows are at or after its first checkpoint (ids sort in write order): the
+# runs table bounds the primary-key scan (no index on run_id).
+_LIST_RUN = """ AND run_id = %(run)s::text AND checkpoint_id >= (SELECT first_id FROM {s}.runs
+      WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND run_id = %(run)s::text)"""
 
 
 def validate_schema(schema: object) -> str:
@@ -246,10 +315,10 @@ class Queries:
         def render(text: str) -> bytes:
             return text.replace("{s}", quoted).encode()
 
-        self.write_first = render(_SQL["write_first"])
-        self.write_next = render(_SQL["write_next"])
-        self.write_first_row = render(_SQL["write_first_row"])
-        self.write_next_row = render(_SQL["write_next_row"])
+        self.writes = {
+            case: render(_write(fenced=case[0], first=case[1], run=case[2], blobs=case[3]))
+            for case in WRITE_CASES
+        }
         self.put_blobs = render(_SQL["put_blobs"])
         self.head = render(_SQL["head"])
         self.get = render(_SQL["get"])
@@ -273,7 +342,7 @@ class Queries:
         # gets a plan that uses the right index.
         self.list = {
             (run, before): render(
-                _LIST.replace("{run}", " AND run_id = %(run)s::text" if run else "").replace(
+                _LIST.replace("{run}", _LIST_RUN if run else "").replace(
                     "{before}", " AND checkpoint_id < %(before)s::text" if before else ""
                 )
             )
@@ -342,6 +411,16 @@ def is_connection_failure(exc: BaseException, conn: psycopg.BaseConnection[Any] 
         return True
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) and not getattr(
         exc, "sqlstate", None
+    )
+
+
+def reused_id(row: Any, url: str) -> BackendError:
+    """A write refused although the head was at the expected version: its checkpoint
+    id is one the thread already has (the insert hit the primary key)."""
+    return BackendError(
+        f"PostgreSQL store {url}: write of thread {row.thread_id!r}: checkpoint id "
+        f"{row.checkpoint_id!r} already exists in namespace {row.namespace!r}, so nothing was "
+        "written; give each checkpoint a new id (persistkit's own ids are unique)"
     )
 
 

@@ -34,6 +34,7 @@ from ._postgres_sql import (
     is_connection_failure,
     log,
     map_error,
+    reused_id,
 )
 from ._protocol import CheckpointRow, Head, LeaseRecord, new_head
 
@@ -45,6 +46,8 @@ T = TypeVar("T")
 # checked or the connection reopened by then). Writes are never retried here:
 # the layer above retries them after reading the head.
 READ_ATTEMPTS = 3
+# Runs a core remembers having noted (a bound on memory; forgetting costs one probe).
+_NOTED_MAX = 4096
 # A dedicated connection is replaced after this many seconds, as psycopg_pool
 # does with its connections (max_lifetime), so server-side memory is returned.
 MAX_LIFETIME = 3600.0
@@ -78,6 +81,15 @@ def _fetch(cur: Cur, query: bytes, params: Mapping[str, Any] | None) -> list[tup
     # Binary results skip the hex decoding of bytea.
     cur.execute(query, params, binary=True)
     return cur.fetchall()
+
+
+def _inserted(cur: Cur, query: bytes, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """A write's rows; none when a concurrent writer of the same version (or checkpoint
+    id) committed first: the statement wrote nothing, and the caller reads the head."""
+    try:
+        return _fetch(cur, query, params)
+    except psycopg.errors.UniqueViolation:
+        return []
 
 
 class _Slot:
@@ -300,6 +312,20 @@ class Core:
         self._shared = shared
         self._q = shared.queries
         self.access = access
+        # (thread, namespace, run) this core wrote a row of: their later writes leave
+        # out the runs insert (see _postgres_sql.py). A thread's first write always
+        # notes its run, so a thread deleted and written again is noted anew.
+        self._noted: set[tuple[str, str, str | None]] = set()
+
+    def _write_sql(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fenced: bool) -> bytes:
+        first = expected == 0
+        run = first or (row.thread_id, row.namespace, row.run_id) not in self._noted
+        return self._q.writes[(fenced, first, run, bool(blobs))]
+
+    def _wrote(self, row: CheckpointRow) -> None:
+        if len(self._noted) >= _NOTED_MAX:
+            self._noted.clear()
+        self._noted.add((row.thread_id, row.namespace, row.run_id))
 
     def _run(
         self,
@@ -407,17 +433,18 @@ class Core:
         }
         if blobs:
             params["keys"], params["datas"] = list(blobs), list(blobs.values())
-            query = q.write_first if expected_version == 0 else q.write_next
-        else:
-            query = q.write_first_row if expected_version == 0 else q.write_next_row
+        query = self._write_sql(row, blobs, expected_version, False)
 
         def op(cur: Cur) -> Head:
-            moved = _fetch(cur, query, params)
+            moved = _inserted(cur, query, params)
             if moved:
+                self._wrote(row)
                 return new_head(row.checkpoint_id, int(moved[0][0]))  # per step: no frozen __init__
-            # The CAS matched nothing, so the statement wrote nothing; only this
+            # The head was not at the expected version, so the statement wrote nothing; only this
             # failure path pays a second round trip, to say what it found.
             found = _fetch(cur, q.head, params)
+            if found and int(found[0][1]) == expected_version:
+                raise reused_id(row, self._shared.url)
             raise ConflictError(
                 thread_id=row.thread_id,
                 namespace=row.namespace,
@@ -462,6 +489,8 @@ class Core:
         self._run("rewriting records", thread_id, op, read=True)
 
     def delete_thread(self, thread_id: str) -> bool:
+        self._noted = {k for k in self._noted if k[0] != thread_id}
+
         def op(cur: Cur) -> bool:
             return bool((_fetch(cur, self._q.delete_thread, {"t": thread_id}))[0][0])
 
@@ -562,13 +591,12 @@ class Core:
         }
         if blobs:
             params["keys"], params["datas"] = list(blobs), list(blobs.values())
-            query = lq["fenced_first"] if expected_version == 0 else lq["fenced_next"]
-        else:
-            query = lq["fenced_first_row"] if expected_version == 0 else lq["fenced_next_row"]
+        query = self._write_sql(row, blobs, expected_version, True)
 
         def op(cur: Cur) -> Head:
-            moved = _fetch(cur, query, params)
+            moved = _inserted(cur, query, params)
             if moved:
+                self._wrote(row)
                 return Head(row.checkpoint_id, int(moved[0][0]))
             # Nothing moved: a stale token, or a moved head (only this path reads more).
             lease = _fetch(cur, lq["lease_get"], params)
@@ -576,6 +604,8 @@ class Core:
             if token != fence:
                 raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token)
             found = _fetch(cur, self._q.head, params)
+            if found and int(found[0][1]) == expected_version:
+                raise reused_id(row, self._shared.url)
             raise ConflictError(
                 thread_id=row.thread_id,
                 namespace=row.namespace,

@@ -45,8 +45,8 @@ _NOT_CONNINFO = {"autocommit", "prepare_threshold", "row_factory", "cursor_facto
 
 
 class PostgresBackend(Backend):
-    """Checkpoints in PostgreSQL tables ``heads``, ``checkpoints``, ``blobs`` (and
-    ``migrations``) of one schema; every row carries its ``thread_id``, so one
+    """Checkpoints in PostgreSQL tables ``checkpoints`` (a thread's head is its row
+    with the highest version), ``runs``, ``blobs``, ``leases`` (and ``migrations``) of one schema; every row carries its ``thread_id``, so one
     database serves many tenants.
 
     Open it from a URL (:meth:`from_url`), a user's ``psycopg_pool`` pools

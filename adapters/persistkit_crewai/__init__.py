@@ -40,18 +40,27 @@ _CONFLICT_RETRIES = 16
 class FlowRecord(pk.State, name="persistkit_crewai.FlowRecord", version=1):
     """What one persistkit thread holds for one CrewAI flow id."""
 
-    state: dict[str, Any] = {}
+    # The flow's state: its pydantic model as the object (persistkit's codec stores its class and
+    # version, so ``pk.register(Model, version=n)`` + ``@pk.migration`` upgrade it on load, and a
+    # shape change without a migration is a SchemaVersionError), or the dict of a dict state.
+    # Records written before flow states carried a version hold the model's JSON dict: see ``_legacy``.
+    state: Any = None
     # Every persisted method completion, in order (append-only: O(1) per save).
     methods: Annotated[list[str], pk.append] = []
     pending: dict[str, Any] | None = None
 
 
-def _as_dict(state_data: dict[str, Any] | BaseModel) -> dict[str, Any]:
+def _stored(state_data: dict[str, Any] | BaseModel) -> dict[str, Any] | BaseModel:
     if isinstance(state_data, BaseModel):
-        return state_data.model_dump(mode="json")
+        return state_data  # encoded before save_state returns: later mutations are not seen
     if isinstance(state_data, dict):
         return dict(state_data)
     raise TypeError(f"flow state must be a dict or a pydantic model, got {type(state_data).__name__}")
+
+
+def _as_dict(state: Any) -> dict[str, Any]:
+    """The dict CrewAI restores a flow's state from (``Flow._restore_state``)."""
+    return state.model_dump() if isinstance(state, BaseModel) else dict(state or {})
 
 
 class PersistkitFlowPersistence(FlowPersistence):
@@ -104,12 +113,12 @@ class PersistkitFlowPersistence(FlowPersistence):
 
     def save_state(self, flow_uuid: str, method_name: str, state_data: dict[str, Any] | BaseModel) -> None:
         """Record that ``method_name`` completed, with the flow's state after it."""
-        self._write(flow_uuid, {"state": _as_dict(state_data), "methods": [method_name]}, method_name)
+        self._write(flow_uuid, {"state": _stored(state_data), "methods": [method_name]}, method_name)
 
     def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
-        """The state saved last for ``flow_uuid``, or None."""
+        """The state saved last for ``flow_uuid`` (a model's upgraded by its migrations), or None."""
         rec = self._record(flow_uuid)
-        return dict(rec.state) if rec is not None and rec.state else None
+        return _as_dict(rec.state) if rec is not None and rec.state else None
 
     def completed_methods(self, flow_uuid: str) -> list[str]:
         """Names of the persisted methods that completed, in order (repeats for cycles)."""
@@ -124,9 +133,15 @@ class PersistkitFlowPersistence(FlowPersistence):
         them. Routers are not marked: they run again, so that the listeners of
         the route they pick fire. Returns False when nothing was recorded.
         """
-        done = set(self.completed_methods(flow_id))
+        model = type(flow.state)
+        if isinstance(flow.state, BaseModel):
+            pk.register(model)  # revivable in this new process before the flow saves anything
+        rec = self._record(flow_id)  # decoding runs the model's migrations, or refuses a changed shape
+        done = set(rec.methods) if rec is not None else set()
         if not done:
             return False
+        if rec is not None and isinstance(rec.state, dict) and isinstance(flow.state, BaseModel):
+            _legacy(model, rec.state, flow_id, self.thread_id(flow_id))
         methods = type(flow).flow_definition().methods
         done = {m for m in done if not (m in methods and methods[m].router)}
         if flow.persistence is None:
@@ -143,18 +158,38 @@ class PersistkitFlowPersistence(FlowPersistence):
         self, flow_uuid: str, context: PendingFeedbackContext, state_data: dict[str, Any] | BaseModel
     ) -> None:
         """Store the state and the context of a flow paused for human feedback."""
-        changes = {"state": _as_dict(state_data), "pending": context.to_dict()}
+        changes = {"state": _stored(state_data), "pending": context.to_dict()}
         self._write(flow_uuid, changes, context.method_name)
 
     def load_pending_feedback(self, flow_uuid: str) -> tuple[dict[str, Any], PendingFeedbackContext] | None:
         rec = self._record(flow_uuid)
         if rec is None or rec.pending is None:
             return None
-        return dict(rec.state), PendingFeedbackContext.from_dict(rec.pending)
+        return _as_dict(rec.state), PendingFeedbackContext.from_dict(rec.pending)
 
     def clear_pending_feedback(self, flow_uuid: str) -> None:
         if self._record(flow_uuid) is not None:
             self._write(flow_uuid, {"pending": None}, "clear_pending_feedback")
+
+
+def _legacy(model: type[BaseModel], data: dict[str, Any], flow_id: str, thread: str) -> None:
+    """A state stored as the model's JSON dict (by an earlier persistkit-crewai) carries no
+    version: refuse one that no longer fits the model, rather than CrewAI's raw ValidationError."""
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e.get('loc') or ())) or '(value)'}: {e['msg']}" for e in exc.errors(include_url=False)[:3]
+        )
+        raise pk.SchemaVersionError(
+            f"CrewAI flow {flow_id!r} (persistkit thread {thread!r}): its state was stored as a plain "
+            f"dict by an earlier persistkit-crewai, which records no model version, and no longer "
+            f"validates as {model.__qualname__} ({detail}). Finish the flow with the code that "
+            "stored it; flows saved from now on carry their model's version and migrate "
+            f"(pk.register({model.__qualname__}, version=2) + @pk.migration)"
+        ) from exc
 
 
 # -- crews ---------------------------------------------------------------------------------

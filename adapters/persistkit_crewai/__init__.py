@@ -23,7 +23,7 @@ from typing import Annotated, Any, cast
 from crewai import Crew, CrewOutput, Task
 from crewai.flow.async_feedback.types import PendingFeedbackContext
 from crewai.flow.persistence.base import FlowPersistence
-from crewai.flow.runtime import Flow
+from crewai.flow.runtime import Flow, FlowState
 from crewai.flow.types import FlowExecutionData
 from crewai.tasks.task_output import TaskOutput
 from pydantic import BaseModel, Field, PrivateAttr
@@ -50,17 +50,34 @@ class FlowRecord(pk.State, name="persistkit_crewai.FlowRecord", version=1):
     pending: dict[str, Any] | None = None
 
 
+def _user_model(cls: type[BaseModel]) -> type[BaseModel]:
+    """The user's state model behind CrewAI's ``StateWithId(FlowState, Model)``: a class made
+    per flow instance, which a new process cannot name and the user cannot version."""
+    if "<locals>" in cls.__qualname__ and FlowState in cls.__bases__:
+        bases = [b for b in cls.__bases__ if b is not FlowState and issubclass(b, BaseModel)]
+        if len(bases) == 1:
+            return bases[0]
+    return cls
+
+
 def _stored(state_data: dict[str, Any] | BaseModel) -> dict[str, Any] | BaseModel:
     if isinstance(state_data, BaseModel):
-        return state_data  # encoded before save_state returns: later mutations are not seen
+        model = _user_model(type(state_data))
+        if model is type(state_data):
+            return state_data  # encoded before save_state returns: later mutations are not seen
+        # Stored as the user's model (its class and version): the id CrewAI added is the flow id.
+        fields = {k: v for k, v in state_data.__dict__.items() if k in model.model_fields}
+        return model.model_construct(**fields)
     if isinstance(state_data, dict):
         return dict(state_data)
     raise TypeError(f"flow state must be a dict or a pydantic model, got {type(state_data).__name__}")
 
 
-def _as_dict(state: Any) -> dict[str, Any]:
-    """The dict CrewAI restores a flow's state from (``Flow._restore_state``)."""
-    return state.model_dump() if isinstance(state, BaseModel) else dict(state or {})
+def _as_dict(state: Any, flow_uuid: str) -> dict[str, Any]:
+    """The dict CrewAI restores a flow's state from (``Flow._restore_state`` needs its id)."""
+    data = state.model_dump() if isinstance(state, BaseModel) else dict(state or {})
+    data.setdefault("id", flow_uuid)
+    return data
 
 
 class PersistkitFlowPersistence(FlowPersistence):
@@ -118,7 +135,7 @@ class PersistkitFlowPersistence(FlowPersistence):
     def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
         """The state saved last for ``flow_uuid`` (a model's upgraded by its migrations), or None."""
         rec = self._record(flow_uuid)
-        return _as_dict(rec.state) if rec is not None and rec.state else None
+        return _as_dict(rec.state, flow_uuid) if rec is not None and rec.state else None
 
     def completed_methods(self, flow_uuid: str) -> list[str]:
         """Names of the persisted methods that completed, in order (repeats for cycles)."""
@@ -133,14 +150,14 @@ class PersistkitFlowPersistence(FlowPersistence):
         them. Routers are not marked: they run again, so that the listeners of
         the route they pick fire. Returns False when nothing was recorded.
         """
-        model = type(flow.state)
-        if isinstance(flow.state, BaseModel):
+        model = _user_model(type(flow.state)) if isinstance(flow.state, BaseModel) else None
+        if model is not None:
             pk.register(model)  # revivable in this new process before the flow saves anything
         rec = self._record(flow_id)  # decoding runs the model's migrations, or refuses a changed shape
         done = set(rec.methods) if rec is not None else set()
         if not done:
             return False
-        if rec is not None and isinstance(rec.state, dict) and isinstance(flow.state, BaseModel):
+        if rec is not None and isinstance(rec.state, dict) and model is not None:
             _legacy(model, rec.state, flow_id, self.thread_id(flow_id))
         methods = type(flow).flow_definition().methods
         done = {m for m in done if not (m in methods and methods[m].router)}
@@ -165,7 +182,7 @@ class PersistkitFlowPersistence(FlowPersistence):
         rec = self._record(flow_uuid)
         if rec is None or rec.pending is None:
             return None
-        return _as_dict(rec.state), PendingFeedbackContext.from_dict(rec.pending)
+        return _as_dict(rec.state, flow_uuid), PendingFeedbackContext.from_dict(rec.pending)
 
     def clear_pending_feedback(self, flow_uuid: str) -> None:
         if self._record(flow_uuid) is not None:

@@ -109,10 +109,8 @@ def _done_before(fw: Framework, position: str) -> tuple[list[str], list[str]]:
     saved = position.split(":", 1)[-1]
     i = fw.steps.index(saved)
     ran = list(fw.steps[: i + 1])
-    if position.startswith(("put:", "saved:")):
-        finished = set(ran)  # its writes / state were committed before the kill
-    else:
-        finished = set(ran[:-1])  # in flight: at least once, so it runs again
+    # put:/saved: its writes / state were committed before the kill; else it was in flight (runs again)
+    finished = set(ran) if position.startswith(("put:", "saved:")) else set(ran[:-1])
     finished -= set(fw.routers)  # CrewAI does not record a router's route: it decides again
     rest = [s for s in fw.steps if s not in finished]
     return ran, rest

@@ -26,17 +26,17 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-import json  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-from typing import Any, ClassVar  # noqa: E402
+import json
+import signal
+import sys
+from typing import Any, ClassVar
 
-from crewai.flow.flow import Flow, listen, router, start  # noqa: E402
-from crewai.flow.persistence import persist  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
+from crewai.flow.flow import Flow, listen, router, start
+from crewai.flow.persistence import persist
+from pydantic import BaseModel
 
-import persistkit as pk  # noqa: E402
-from persistkit_crewai import PersistkitFlowPersistence  # noqa: E402
+import persistkit as pk
+from persistkit_crewai import PersistkitFlowPersistence
 
 VARIANT, URL, FLOW_ID, LOG, KILL = sys.argv[1:6]
 V2 = VARIANT.startswith("v2")
@@ -48,7 +48,7 @@ def record(name: str) -> None:
         f.write(f"{VARIANT}:{name}\n")
         f.flush()
         os.fsync(f.fileno())
-    if KILL == name:
+    if name == KILL:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -96,7 +96,7 @@ class Persistence(PersistkitFlowPersistence):
 
     def save_state(self, flow_uuid: str, method_name: str, state_data: Any) -> None:
         super().save_state(flow_uuid, method_name, state_data)
-        if KILL == f"saved:{method_name}":
+        if f"saved:{method_name}" == KILL:
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -62,7 +62,7 @@ if not V2:
     def node(name: str) -> Any:
         def run(state: State) -> dict[str, Any]:
             record(name)
-            if KILL == name:
+            if name == KILL:
                 os.kill(os.getpid(), signal.SIGKILL)
             i = NODES.index(name)
             return {"notes": [Note(text=name, priority=f"p{i}")], "log": [f"{name} done"]}
@@ -82,7 +82,7 @@ else:
     def node(name: str) -> Any:
         def run(state: State) -> dict[str, Any]:
             record(name)
-            if KILL == name:
+            if name == KILL:
                 os.kill(os.getpid(), signal.SIGKILL)
             i = NODES.index(name)
             return {"memo": [Note(text=name, priority=i)], "log": [AIMessage(f"{name} done", id=f"log-{name}")]}

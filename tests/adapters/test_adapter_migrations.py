@@ -350,3 +350,35 @@ def test_crewai_without_its_migration_refuses_in_a_new_process(
     url = make_url(kind, request, tmp_path_factory)
     assert "saved:clean" in refusal_positions("crewai")
     check_refused(run_case("crewai", url, uid("crm"), "saved:clean", tmp_path, variant="v2-nomigration"))
+
+
+# -- each adapter page's migration block runs as written ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("page", "heading", "last_line"),
+    [
+        ("adapters-langgraph.md", "## Migrating graph state",
+         "['drafted', 'reviewed'] [Ticket(title='refund', priority=1)] ['draft done', 'review done']"),
+        ("adapters-crewai.md", "### Migrating flow state", "['research', 'publish'] 2"),
+    ],
+)
+def test_adapter_page_migration_block_runs(page: str, heading: str, last_line: str, tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    if "crewai" in page:
+        pytest.importorskip("crewai")
+    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text()
+    block = re.search(re.escape(heading) + r"\n.*?```python\n(.*?)```", text, re.S)
+    assert block is not None
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PERSISTKIT_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "adapters")])
+    out = subprocess.run([sys.executable, "-c", block.group(1)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == last_line, out.stdout[-2000:]
+    if "langgraph" in page:
+        assert "refused: " in out.stdout and "['notes']" in out.stdout

@@ -56,8 +56,8 @@ from ._migrate import (
     Migration,
     Migrations,
     ModelCheck,
+    migrate_checkpoint,
     remedy,
-    state_channel,
 )
 from ._values import from_tree, to_tree
 
@@ -188,7 +188,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
             for w in sorted(stored_writes.values(), key=lambda w: (w["p"], w["k"], w["i"]))
         ]
         if steps:
-            values, writes = self._migrate(checkpoint, values, writes, steps, where)
+            values, writes = migrate_checkpoint(self._migrations, checkpoint, values, writes, steps, where)
             self._migrations.unknown([*values, *(c for _, c, _ in writes)], known, where)
         checkpoint["channel_values"] = values
         parent = cp.metadata.get("langgraph_parent")
@@ -219,34 +219,6 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 
         tree = self._models.walk(stored["m"], "", plain, fail)
         return self.serde.loads_typed((stored["t"], from_tree(tree)))
-
-    def _migrate(
-        self, checkpoint: Checkpoint, values: dict[str, Any], writes: list[tuple[str, str, Any]],
-        steps: list[tuple[int, Migration]], where: str,
-    ) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
-        """Run the graph-state migrations on a checkpoint's channel values and on each pending
-        write to a state channel (as a one-channel dict); keep LangGraph's channel versions in step."""
-        new = self._migrations.run(steps, values, where)
-        versions, seen = checkpoint["channel_versions"], checkpoint["versions_seen"]
-        removed, added = sorted(set(values) - set(new)), sorted(set(new) - set(values))
-        for name in added:  # a renamed channel keeps its version (and what nodes saw of it)
-            if len(removed) == 1 and len(added) == 1:
-                versions[name] = versions[removed[0]]
-                for node_seen in seen.values():
-                    if removed[0] in node_seen:
-                        node_seen[name] = node_seen[removed[0]]
-            else:
-                versions[name] = max(versions.values()) if versions else self.get_next_version(None, None)
-        for name in removed:
-            versions.pop(name, None)
-        migrated: list[tuple[str, str, Any]] = []
-        for task, channel, value in writes:
-            if not state_channel(channel):
-                migrated.append((task, channel, value))
-                continue
-            out = self._migrations.run(steps, {channel: value}, f"{where} pending write of task {task}")
-            migrated.extend((task, c, v) for c, v in out.items())
-        return new, migrated
 
     def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> Plan[dict[str, Any]]:
         try:

@@ -35,7 +35,7 @@ import persistkit as pk
 
 from ._values import MsgpackExt
 
-__all__ = ["CHANNELS_KEY", "VERSION_KEY", "Migrations", "ModelCheck", "remedy", "state_channel"]
+__all__ = ["CHANNELS_KEY", "VERSION_KEY", "Migrations", "ModelCheck", "migrate_checkpoint", "remedy", "state_channel"]
 
 #: ``config["configurable"]`` key under which ``durable_invoke`` hands the saver the graph's channel names.
 CHANNELS_KEY = "__persistkit_channels"
@@ -142,6 +142,35 @@ class Migrations:
                 f"fields: {fields}); loading would silently drop their data (a field renamed or "
                 f"removed since the run was stored). Nothing was loaded. {remedy(self.version)}"
             )
+
+
+def migrate_checkpoint(
+    migrations: Migrations, checkpoint: Any, values: dict[str, Any], writes: list[tuple[str, str, Any]],
+    steps: list[tuple[int, Migration]], where: str,
+) -> tuple[dict[str, Any], list[tuple[str, str, Any]]]:
+    """Run the graph-state migrations on a checkpoint's channel values and on each pending
+    write to a state channel (as a one-channel dict); keep LangGraph's channel versions in step."""
+    new = migrations.run(steps, values, where)
+    versions, seen = checkpoint["channel_versions"], checkpoint["versions_seen"]
+    removed, added = sorted(set(values) - set(new)), sorted(set(new) - set(values))
+    for name in added:
+        if len(removed) == 1 and len(added) == 1:  # a rename keeps the version (and what nodes saw of it)
+            versions[name] = versions[removed[0]]
+            for node_seen in seen.values():
+                if removed[0] in node_seen:
+                    node_seen[name] = node_seen[removed[0]]
+        elif versions:  # a new channel counts as written at the checkpoint's latest version
+            versions[name] = max(versions.values())
+    for name in removed:
+        versions.pop(name, None)
+    migrated: list[tuple[str, str, Any]] = []
+    for task, channel, value in writes:
+        if not state_channel(channel):
+            migrated.append((task, channel, value))
+            continue
+        out = migrations.run(steps, {channel: value}, f"{where} pending write of task {task}")
+        migrated.extend((task, c, v) for c, v in out.items())
+    return new, migrated
 
 
 def _signature(node: Any) -> Any:

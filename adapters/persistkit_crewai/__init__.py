@@ -115,6 +115,17 @@ class PersistkitFlowPersistence(FlowPersistence):
             rec: FlowRecord = self._store.get_state(self.thread_id(flow_uuid), state=FlowRecord)
         except pk.NotFoundError:
             return None
+        except pk.SerializationError as exc:
+            if "not registered in this process" not in str(exc):
+                raise
+            # A new process that calls kickoff(inputs={"id": ...}) without restore() first: the
+            # state's model was never named here, and decoding imports nothing by itself.
+            raise pk.SerializationError(
+                f"CrewAI flow {flow_uuid!r}: its state model is not known to this process. Call "
+                f"persistence.restore(flow, {flow_uuid!r}) before flow.kickoff (it registers the "
+                f"flow's state model), or pk.register(YourStateModel) at import. ({exc})",
+                path=exc.path,
+            ) from exc
         return rec
 
     def _write(self, flow_uuid: str, changes: dict[str, Any], method: str) -> None:

@@ -297,6 +297,40 @@ def test_crewai_legacy_dict_state_that_no_longer_fits_is_a_schema_version_error(
     assert p.restore(Counting(suppress_flow_events=True), fid2) is True  # a dict that fits: restored
 
 
+def test_crewai_new_process_without_restore_names_the_fix(tmp_path: Path) -> None:
+    """A state model only restore() (or pk.register) names in a new process: a clear error, then it works."""
+    pytest.importorskip("crewai")
+    import subprocess
+    import sys
+
+    script = tmp_path / "flow_state.py"
+    script.write_text(
+        "import sys\n"
+        "from pydantic import BaseModel\n"
+        "import persistkit as pk\n"
+        "from persistkit_crewai import PersistkitFlowPersistence\n"
+        "class R(BaseModel):\n    id: str = ''\n    n: int = 0\n"
+        f"p = PersistkitFlowPersistence(pk.connect('sqlite:///{tmp_path}/s.db'))\n"
+        "if sys.argv[1] == 'write':\n    p.save_state('f', 'm', R(id='f', n=2))\n"
+        "else:\n"
+        "    if sys.argv[1] == 'registered':\n        pk.register(R)\n"
+        "    try:\n        print(p.load_state('f'))\n"
+        "    except pk.SerializationError as exc:\n        print('ERROR', exc)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "adapters")])}
+
+    def run(mode: str) -> str:
+        out = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip()
+
+    run("write")
+    refused = run("bare")
+    assert refused.startswith("ERROR") and "CrewAI flow 'f'" in refused and "persistence.restore(flow, 'f')" in refused
+    assert run("registered") == "{'id': 'f', 'n': 2}"
+
+
 # -- across processes: every crash position, the migrated code in a new process -------------------
 
 LG_STORES = ["sqlite", "postgres", "redis", "s3"]

@@ -98,6 +98,19 @@ def test_renamed_channel_is_refused_not_dropped(url: str) -> None:
     assert durable_invoke(old, None, cfg(thread))["notes"] == ["first", "second"]
 
 
+def test_renamed_channel_is_refused_by_the_async_twin(url: str) -> None:
+    import asyncio
+
+    from persistkit_langgraph import adurable_invoke
+
+    store, thread = pk.connect(url), uid("lg")
+    started(store, thread)
+    builder, opts = two_step(New, "memo")
+    graph = builder.compile(checkpointer=PersistkitSaver(store), **opts)
+    with pytest.raises(pk.SchemaVersionError, match=r"stored state channel\(s\) \['notes'\]"):
+        asyncio.run(adurable_invoke(graph, None, cfg(thread)))
+
+
 def test_rename_and_value_type_change_migrate(url: str) -> None:
     store, thread = pk.connect(url), uid("lg")
     started(store, thread)

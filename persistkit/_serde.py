@@ -28,6 +28,10 @@ sec   pk.Secret, pydantic SecretStr/SecretBytes  handle name (``v``) and kind (`
 x     pickled object (only with allow_pickle)    base64 of pickle protocol 5
 ====  =========================================  ==================================
 
+A model or dataclass of a class registered with a version above 1
+(``pk.register(Msg, version=2)``) also carries ``"r": 2``; no ``"r"`` means
+version 1. Decoding an older one runs its class's migrations (``_versions``).
+
 A tz is null, ``["o", seconds, microseconds(, name)]`` for ``datetime.timezone``
 or ``["z", key]`` for ``zoneinfo.ZoneInfo``. Decoding never imports a module
 unless it is allowlisted, and revives a class only if it is registered.
@@ -74,7 +78,16 @@ from ._registry import (
 )
 from ._secrets import Redactor, Secret, default_redactor
 from ._stdtypes import DECODERS, ENCODERS, NO_TZ, TAG, payload, payload_bytes, tz_spec
-from ._versions import ON_CHANGE, VERSIONS, Plain, ShapeError, chain, revive, validate
+from ._versions import (
+    ON_CHANGE,
+    VERSIONS,
+    Plain,
+    ShapeError,
+    chain,
+    revive,
+    validate_dataclass,
+    validate_model,
+)
 
 __all__ = [
     "Serializer",
@@ -601,12 +614,14 @@ class Serializer:
         return exc
 
     def _dec_model(self, node: dict[str, Any], depth: int) -> Any:
-        return self._dec_object(node, depth, _is_model, "pydantic model")
+        return self._dec_object(node, depth, _is_model, "pydantic model", validate_model)
 
     def _dec_dataclass(self, node: dict[str, Any], depth: int) -> Any:
-        return self._dec_object(node, depth, dataclasses.is_dataclass, "dataclass")
+        return self._dec_object(node, depth, dataclasses.is_dataclass, "dataclass", validate_dataclass)
 
-    def _dec_object(self, node: dict[str, Any], depth: int, check: Callable[[Any], bool], kind: str) -> Any:
+    def _dec_object(
+        self, node: dict[str, Any], depth: int, check: Callable[[Any], bool], kind: str, make: Callable[..., Any]
+    ) -> Any:
         """A stored model or dataclass, upgraded by its class's migrations if it is older."""
         stored = _stamp(node)
         fields = payload(node, dict, True) if len(node) == 3 else node["v"]
@@ -623,12 +638,12 @@ class Serializer:
             return Plain(data, cls, str(node.get("c")))
         cls = self._resolve(node, check, kind)
         if stored == VERSIONS.get(cls, 1):  # the commonest case: one dict lookup more than before
-            return validate(cls, _fields(self._dec, fields.items(), depth + 2), stored)
+            return make(cls, _fields(self._dec, fields.items(), depth + 2))
         # Older (or newer: chain() refuses it): the migrations get plain data, nested
         # values already at their classes' versions; what they leave in place is revived.
         data = _fields(self._twin()._dec, fields.items(), depth + 2)
         data, ran = chain(cls, stored, data)
-        return validate(cls, revive(data), stored, ran)
+        return make(cls, revive(data), stored, ran)
 
 
 def _is_model(cls: Any) -> bool:

@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from ._errors import ConfigurationError
@@ -73,7 +74,7 @@ class Plain(dict[str, Any]):
 
 
 def _label(cls: type) -> str:
-    return cls.__qualname__
+    return cls.__name__  # as the user's code names it in the decorator lines we suggest
 
 
 def versionable(cls: type) -> bool:
@@ -83,30 +84,28 @@ def versionable(cls: type) -> bool:
 
 def register_version(cls: type, version: Any) -> None:
     """Set the version ``cls``'s values are stored with (``pk.register(cls, version=n)``)."""
+    name = _label(cls)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigurationError(
-            f"persistkit.register({cls.__qualname__}, version={version!r}): version must be an int >= 1"
+            f"persistkit.register({name}, version={version!r}): version must be an int >= 1"
         )
     if hasattr(cls, "__pk_schema__") and issubclass(cls, _base_model()):
         raise ConfigurationError(
-            f"persistkit.register({cls.__qualname__}, version={version}): {cls.__qualname__} is a "
-            f"pk.State; declare its version on the class: class {cls.__qualname__}(pk.State, "
-            f"version={version})"
+            f"persistkit.register({name}, version={version}): {name} is a pk.State; declare its "
+            f"version on the class: class {name}(pk.State, version={version})"
         )
     if not versionable(cls):
-        kind = "an Enum" if issubclass(cls, __import__("enum").Enum) else (
-            "a namedtuple" if _is_namedtuple(cls) else f"a {cls.__qualname__}"
-        )
+        kind = "an Enum" if issubclass(cls, Enum) else ("a namedtuple" if _is_namedtuple(cls) else "neither")
         raise ConfigurationError(
-            f"persistkit.register({cls.__qualname__}, version={version}): only pydantic models and "
-            f"dataclasses carry a version; {cls.__qualname__} is {kind}. Register it without version=, "
-            "and convert its stored values in the migration of the model or state that holds them"
+            f"persistkit.register({name}, version={version}): only pydantic models and dataclasses "
+            f"carry a version; {name} is {kind}. Register it without version=, and convert its "
+            "stored values in the migration of the model or state that holds them"
         )
     with _LOCK:
         below = [v for (c, v) in MIGRATIONS if c is cls and v >= version]
         if below:
             raise ConfigurationError(
-                f"persistkit.register({cls.__qualname__}, version={version}): a migration from "
+                f"persistkit.register({name}, version={version}): a migration from "
                 f"version {max(below)} is registered, so the version must be at least {max(below) + 1}"
             )
         VERSIONS[cls] = version
@@ -116,7 +115,7 @@ def register_version(cls: type, version: Any) -> None:
 
 def register_migration(cls: type, from_version: Any) -> Callable[[MigrationFn], MigrationFn]:
     """``@pk.migration(cls, from_version=v)`` for a class registered with a version."""
-    name = cls.__qualname__
+    name = _label(cls)
     version = VERSIONS.get(cls)
     if version is None:
         what = "a pydantic model or dataclass" if versionable(cls) else "not a pydantic model or dataclass"
@@ -237,61 +236,81 @@ def _unfit(cls: type, stored: int, ran: str, loc: str, detail: str) -> ShapeErro
     return ShapeError(render)
 
 
-@functools.lru_cache(maxsize=4096)
-def _model_fields(cls: type) -> frozenset[str] | None:
-    """Field names a stored model may hold, or None if it keeps extra fields (``extra="allow"``)."""
-    if cls.model_config.get("extra") == "allow":  # type: ignore[attr-defined]
-        return None
-    return frozenset(cls.model_fields)  # type: ignore[attr-defined]
+#: Per class, what decoding one of its values needs, found once: a model's
+#: (field names or None if it keeps extras, whether it is a RootModel, validate
+#: keywords); a dataclass's ({field: init?}, required init fields).
+_PLANS: dict[type, Any] = {}
+
+
+def _plan(cls: Any) -> Any:
+    if issubclass(cls, _base_model()):
+        from pydantic import RootModel
+
+        known = None if cls.model_config.get("extra") == "allow" else frozenset(cls.model_fields)
+        plan: Any = (known, issubclass(cls, RootModel), validate_kw())
+    else:
+        fields = dataclasses.fields(cls)
+        required = frozenset(
+            f.name for f in fields
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        plan = ({f.name: f.init for f in fields}, required)
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    _PLANS[cls] = plan
+    return plan
 
 
 def validate(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> Any:
-    """A ``cls`` from its stored fields: unknown, missing or invalid fields are a :class:`ShapeError`."""
+    """A ``cls`` (model or dataclass) from its stored fields: unknown, missing or invalid
+    fields are a :class:`ShapeError`."""
     if issubclass(cls, _base_model()):
-        from pydantic import RootModel, ValidationError
+        return validate_model(cls, data, stored, ran)
+    return validate_dataclass(cls, data, stored, ran)
 
-        if issubclass(cls, RootModel):
-            try:
-                return cls.model_validate(data["root"], **validate_kw())
-            except (ValidationError, KeyError) as exc:
-                raise _unfit(cls, stored, ran, "root", _detail(exc)) from exc
-        known = _model_fields(cls)
-        if known is not None and not known.issuperset(data):
-            unknown = sorted(set(data) - known)
-            missing = sorted(n for n, f in cls.model_fields.items() if f.is_required() and n not in data)
-            lacks = f", and lacks required field(s) {missing}" if missing else ""
-            raise _unfit(
-                cls, stored, ran, unknown[0],
-                f"stored field(s) {unknown} that {cls.__qualname__} does not declare{lacks}; loading "
-                f"would drop their data (its fields: {sorted(known)})",
-            )
+
+def validate_model(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> Any:
+    known, root, kw = _PLANS.get(cls) or _plan(cls)
+    if root:
         try:
-            return cls.model_validate(data, **validate_kw())
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False)
-            loc = _loc(errors[0].get("loc")) if errors else ""
-            raise _unfit(cls, stored, ran, loc, _detail(exc)) from exc
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
+            return cls.model_validate(data["root"], **kw)
+        except (ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            raise _unfit(cls, stored, ran, "root", _detail(exc)) from exc
+    if known is not None and not known.issuperset(data):
+        unknown = sorted(set(data) - known)
+        missing = sorted(n for n, f in cls.model_fields.items() if f.is_required() and n not in data)
+        lacks = f", and lacks required field(s) {missing}" if missing else ""
         raise _unfit(
             cls, stored, ran, unknown[0],
-            f"stored field(s) {unknown} that {cls.__qualname__} does not declare; loading would drop "
+            f"stored field(s) {unknown} that {_label(cls)} does not declare{lacks}; loading "
+            f"would drop their data (its fields: {sorted(known)})",
+        )
+    try:
+        return cls.model_validate(data, **kw)
+    except ValueError as exc:  # pydantic's ValidationError (also a validator's own ValueError)
+        errors = exc.errors(include_url=False) if hasattr(exc, "errors") else []
+        loc = _loc(errors[0].get("loc")) if errors else ""
+        raise _unfit(cls, stored, ran, loc, _detail(exc)) from exc
+
+
+def validate_dataclass(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> Any:
+    fields, required = _PLANS.get(cls) or _plan(cls)
+    if not fields.keys() >= data.keys():
+        unknown = sorted(set(data) - set(fields))
+        raise _unfit(
+            cls, stored, ran, unknown[0],
+            f"stored field(s) {unknown} that {_label(cls)} does not declare; loading would drop "
             f"their data (its fields: {sorted(fields)})",
         )
-    missing = sorted(
-        n for n, f in fields.items()
-        if f.init and n not in data
-        and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
-    if missing:
+    if not required <= data.keys():
+        missing = sorted(required - data.keys())
         raise _unfit(cls, stored, ran, missing[0], f"required field(s) {missing} were not stored")
     try:
-        obj = cls(**{k: v for k, v in data.items() if fields[k].init})
+        obj = cls(**{k: v for k, v in data.items() if fields[k]})
     except Exception as exc:  # the class's own checks (__post_init__) refusing the stored fields
-        raise _unfit(cls, stored, ran, "", f"{cls.__qualname__}(...) raised {type(exc).__name__}: {exc}") from exc
+        raise _unfit(cls, stored, ran, "", f"{_label(cls)}(...) raised {type(exc).__name__}: {exc}") from exc
     for k, v in data.items():
-        if not fields[k].init:
+        if not fields[k]:
             object.__setattr__(obj, k, v)  # non-init fields, also on frozen dataclasses
     return obj
 

@@ -332,7 +332,7 @@ def test_crewai_state_stored_as_another_model_is_refused(tmp_path: Path) -> None
     p = PersistkitFlowPersistence(pk.connect(f"sqlite:///{tmp_path}/flow.db"))
     fid = uid("flow")
     p.save_state(fid, "go", Report(id=fid, steps=["go"]))
-    with pytest.raises(pk.SchemaVersionError, match="stored Report, but the flow's state model is .*Summary"):
+    with pytest.raises(pk.SchemaVersionError, match=r"stored Report, but the flow's state model is .*Summary"):
         p.restore(Summarizing(suppress_flow_events=True), fid)
 
 

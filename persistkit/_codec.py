@@ -186,6 +186,7 @@ class Codec:
             plain = copy.copy(self.serializer)
             plain.reveal = _unescape if self.redactor.enabled else None
             plain._plain_twin = None  # its own, that does not reveal either
+            plain._solid = plain
             self._plain_serializer = plain
         return plain
 

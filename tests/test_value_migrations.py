@@ -463,3 +463,40 @@ def test_the_cli_prints_versioned_values_as_stored_without_their_classes(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["messages"] == [{"text": "old"}, {"content": "new"}]
+
+
+def test_hashable_values_stay_objects_in_plain_data_and_malformed_stamps_are_refused() -> None:
+    """Set items and dict keys must stay hashable, so a migration gets them as objects."""
+
+    @named("Key")
+    @dataclasses.dataclass(frozen=True)
+    class Key:
+        k: str
+
+    @named("Holder")
+    class H1(BaseModel):
+        keys: set[Key]
+        by: dict[Key, int]
+        text: str
+
+    stored = SER.dumps(H1(keys={Key("a")}, by={Key("b"): 1}, text="t"))
+
+    @named("Holder")
+    class H2(BaseModel):
+        keys: set[Key]
+        by: dict[Key, int]
+        body: str
+
+    pk.register(H2, version=2)
+
+    @pk.migration(H2, from_version=1)
+    def up(data: dict[str, Any]) -> dict[str, Any]:
+        assert data["keys"] == {Key("a")} and data["by"] == {Key("b"): 1}
+        data["body"] = data.pop("text")
+        return data
+
+    assert SER.loads(stored) == H2(keys={Key("a")}, by={Key("b"): 1}, body="t")
+    node = json.loads(SER.dumps(H2(keys=set(), by={}, body="")))
+    for bad in ({**node, "r": 0}, {**node, "r": "2"}, {**node, "r": True}, {**node, "x": 1}):
+        with pytest.raises(pk.SerializationError, match="unexpected keys"):
+            SER.decode(bad)

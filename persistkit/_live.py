@@ -37,18 +37,19 @@ def pending() -> bool:
     return bool(_loaded)
 
 
-def live(value: Any, *, where: str = "", redactor: Redactor | None = None) -> Any:
+def live(value: Any, *, where: str = "", partial: bool = False, redactor: Redactor | None = None) -> Any:
     """``value`` with every handle read back from a store resolved, for a live call.
 
     Strings are rewritten; lists, tuples (named ones too), dicts, sets, pydantic
     models and dataclasses are copied where something inside them changed; the
     rest (and ``pk.Secret``, resolved at ``.reveal()``) is handed on as it is.
     Raises ``SecretResolutionError`` for a handle nothing resolves, with ``where``
-    (what was about to run) in front of the reason.
+    (what was about to run) in front of the reason; ``partial``: keeps it as
+    handle text instead (a value on its way to a call that checks it again).
     """
     if not _loaded:
         return value
-    return _walk(value, redactor or default_redactor(), where, 0)
+    return _walk(value, redactor or default_redactor(), where, 0, [] if partial else None)
 
 
 def resolve(value: Any, *, redactor: Redactor | None = None, store: Any = None) -> Any:

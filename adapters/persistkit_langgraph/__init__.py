@@ -121,11 +121,11 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                 return {"t": kind, "m": tree}
         return {"t": kind, "v": data}
 
-    def _load(self, stored: Any) -> Any:
+    def _load(self, stored: Any, live: bool = True) -> Any:
         if isinstance(stored, list):
-            return [self._load(item) for item in stored]
+            return [self._load(item, live) for item in stored]
         if "m" in stored:
-            return self.serde.loads_typed((stored["t"], from_tree(stored["m"])))
+            return self.serde.loads_typed((stored["t"], from_tree(stored["m"], live=live)))
         return self.serde.loads_typed((stored["t"], stored["v"]))
 
     def _load_lg(self, stored: dict[str, Any]) -> dict[str, Any]:
@@ -137,13 +137,20 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 
     # -- plans (one copy of each operation) -------------------------------------------------
 
-    def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any]) -> Plan[CheckpointTuple]:
+    def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any], live: bool = False) -> Plan[CheckpointTuple]:
+        """The checkpoint as LangGraph reads it. Inspection (``live`` false: ``get_state``,
+        ``get_state_history``, ``list``) never needs a secret's value: handles stay handle
+        text. A live load (the graph about to run its next nodes) resolves them, or raises
+        ``SecretResolutionError`` before any node runs with handle text in its input."""
         checkpoint, ns, thread_id = lg["checkpoint"], cp.namespace[len(_CP) :], cp.thread_id
         state = yield _call("get_state", thread_id, cp.checkpoint_id, namespace=cp.namespace)
-        checkpoint["channel_values"] = {
-            k: self._load(state[k]) for k in checkpoint["channel_versions"] if state.get(k) is not None
-        }
         writes = yield from self._writes(thread_id, ns, checkpoint["id"])
+        if live:
+            where = f"LangGraph thread {thread_id!r} checkpoint {checkpoint['id']}: the graph's next nodes"
+            state, writes = pk.secrets.live((dict(state), writes), where=where)
+        checkpoint["channel_values"] = {
+            k: self._load(state[k], live) for k in checkpoint["channel_versions"] if state.get(k) is not None
+        }
         parent = cp.metadata.get("langgraph_parent")
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}},
@@ -155,7 +162,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                 else None
             ),
             pending_writes=[
-                (w["k"], w["c"], self._load(w))
+                (w["k"], w["c"], self._load(w, live))
                 for w in sorted(writes.values(), key=lambda w: (w["p"], w["k"], w["i"]))
             ],
         )
@@ -192,7 +199,9 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
         if not cps:
             return None
-        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]))
+        # LangGraph's run loop reads with its own keys in the config; get_state / update_state without
+        live = any(str(k).startswith("__pregel_") for k in config["configurable"])
+        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), live)
         return result
 
     def _list(

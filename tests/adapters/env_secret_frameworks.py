@@ -163,7 +163,11 @@ def openai() -> dict[str, Any]:
     os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-offline")
     import agents
     from agents import Agent, Model, ModelResponse, Usage, function_tool
-    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+    from openai.types.responses import (
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+        ResponseOutputText,
+    )
 
     from persistkit_openai_agents import SESSION_NAMESPACE, PersistkitSession, durable_run
 

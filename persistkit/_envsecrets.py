@@ -57,6 +57,7 @@ _enabled = [True]
 _extra: set[str] = set()
 #: (number of variables, next refresh time, {value: variable}) of the last read
 _snapshot: list[object] = [-1, 0.0, {}]
+_tick = [0]  # calls since the clock was last read
 
 
 def _value_ok(value: str) -> bool:
@@ -122,8 +123,10 @@ def secrets() -> dict[str, str]:
 def sync() -> bool:
     """Read the environment again if it may have changed; True when its secrets changed."""
     n = len(os.environ)
-    if n == _snapshot[0] and time.monotonic() < _snapshot[1]:  # type: ignore[operator]
-        return False
+    if n == _snapshot[0]:
+        _tick[0] += 1
+        if _tick[0] & 255 or time.monotonic() < _snapshot[1]:  # type: ignore[operator]
+            return False  # the clock is read once per 256 calls: a step makes a few
     with _lock:
         found: dict[str, str] = {}
         if _enabled[0]:

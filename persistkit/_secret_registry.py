@@ -40,6 +40,20 @@ _resolvers: dict[str, Callable[[], str | bytes | None]] = {}
 _memory: dict[str, str | bytes] = {}  # handle name -> value this process redacted
 _loaded: set[str] = set()  # handle texts read back unresolved: written again as handles, not escaped
 _search: list[tuple[bytes, str | bytes, str]] = []  # (JSON-escaped bytes, value, name), longest first
+#: The entries of ``_search`` the first pass must look for when detection is on: the
+#: environment secrets a built-in detector's first pass flags anyway are left out (a
+#: record holding one has candidates, so it is walked, and the walk replaces it by name).
+_search_hot: list[tuple[bytes, bytes, bytes]] = []  # (rare byte, rarer byte, JSON-escaped bytes)
+#: Bytes by how often they occur in stored JSON (English text, JSON punctuation), most
+#: common first; the rest are rarer still. A value is looked for only where its two
+#: rarest bytes occur (two memchr calls), so most records cost no substring search.
+_COMMON = b' etaoinsrhldcumfpgwybvk",:{}.x\njqz_-0123456789TASCIMOEPNRHLDBWGFUYVKJQXZ'
+_RANK = {c: i for i, c in enumerate(_COMMON)}
+
+
+def _gates(form: bytes) -> tuple[bytes, bytes]:
+    rare = sorted(set(form), key=lambda c: -_RANK.get(c, 1000))
+    return bytes([rare[0]]), bytes([rare[1 if len(rare) > 1 else 0]])
 _generation = [0]  # bumped by every change of what redaction does: keys the scan cache
 
 
@@ -49,8 +63,13 @@ def _changed() -> None:
 
 def _order() -> None:
     """Longest value first (a value inside another is replaced after it); at equal
-    length a registered name before an environment variable."""
+    length a registered name before an environment variable. Then ``_search_hot``."""
+    from ._scan import candidates
+
     _search.sort(key=lambda e: (-len(e[1]), e[2].startswith(_envsecrets.PREFIX)))
+    _search_hot[:] = [
+        (*_gates(e[0]), e[0]) for e in _search if not (e[2].startswith(_envsecrets.PREFIX) and candidates(e[0]))
+    ]
 
 
 def _env_sync() -> None:
@@ -161,6 +180,7 @@ def unregister(name: str) -> None:
         _values.pop(name, None)
         _resolvers.pop(name, None)
         _search[:] = [e for e in _search if e[2] != name]
+        _order()
         _changed()
     _envsecrets.configure(_envsecrets.enabled())  # an environment secret of that value is one again
 

@@ -64,6 +64,7 @@ from ._secret_registry import (
     _memory,
     _resolvers,
     _search,
+    _search_hot,
     _values,
     configure,
     from_env,
@@ -497,10 +498,16 @@ class Redactor:
         find = data.find
         if find(b"$") >= 0 and find(b"$CRED{") >= 0:
             return True
-        for form, _, _ in _search:
-            if find(form) >= 0:
-                return True
-        if _config.detect if self._detect is None else self._detect:  # self.detect, without the call
+        detect = _config.detect if self._detect is None else self._detect  # self.detect, without the call
+        if detect:
+            for gate, rarer, form in _search_hot:
+                if find(gate) >= 0 and find(rarer) >= 0 and find(form) >= 0:
+                    return True
+        else:
+            for form, _, _ in _search:
+                if find(form) >= 0:
+                    return True
+        if detect:
             if _candidates(data):
                 return True
             extra = _config.detectors[len(BUILTIN) :]
@@ -514,7 +521,10 @@ class Redactor:
         _env_sync()
         find = data.find
         found = find(b"$") >= 0 and find(b"$CRED{") >= 0
-        found = found or any(find(form) >= 0 for form, _, _ in _search)
+        if self.detect:
+            found = found or any(find(g) >= 0 and find(r) >= 0 and find(f) >= 0 for g, r, f in _search_hot)
+        else:
+            found = found or any(find(form) >= 0 for form, _, _ in _search)
         if not self.detect:
             return _NO_KINDS if found else None
         kinds = _candidates(data)  # once: the walk runs what it names

@@ -246,3 +246,25 @@ def test_a_thread_is_inspected_in_a_process_that_cannot_resolve_it(shared_url: s
     )
     assert cli.returncode == 0, cli.stderr
     assert handle in cli.stdout and KEY not in cli.stdout
+
+
+@pytest.mark.parametrize(
+    "value",
+    [KEY, "AKIAIOSFODNN7EXAMPLE", "ghp_" + "a1B2" * 9, "hunter22-Correct", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+     "pässwört-Ünicode-77", 'quote"and\\backslash-9X'],
+)
+@pytest.mark.parametrize("detect", [True, False])
+def test_the_first_pass_never_misses_an_environment_secret(monkeypatch: pytest.MonkeyPatch, value: str, detect: bool) -> None:
+    """The per-step first pass skips values a detector flags anyway and looks for the rest
+    only where their two rarest bytes occur: both are shortcuts, never a miss."""
+    monkeypatch.setenv("PK_T_FIRST_PASS_TOKEN", value)
+    pk.secrets.configure(detect=detect)
+    try:
+        codec = pk.connect("memory://").codec
+        for text in (value, f"x{value}y", f"line\n{value}", f"{value}\n", f"le {value} dit «{value}»"):
+            tree = {"r": text}
+            out = codec.dump_tree(tree)
+            assert value.encode() not in out and b"$CRED{env:PK_T_FIRST_PASS_TOKEN}" in out, (text, out)
+            assert json.loads(out)["r"].count("$CRED{env:PK_T_FIRST_PASS_TOKEN}") == text.count(value)
+    finally:
+        pk.secrets.configure(detect=True)

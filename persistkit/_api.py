@@ -377,7 +377,7 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     if rec is not None:
         return run.replay(rec)
     if _loaded:  # a handle was read back unresolved: resolve what the body gets, or refuse
-        args, kwargs = live_inputs(run, position, step.name, args, kwargs)
+        args, kwargs = live_inputs(run, position, step.name, args, kwargs, digest)
     if step.retry is None:  # the common case, without the closure a retry loop needs
         token = _CURRENT.set(_Frame(run, position, step.name, 1))
         try:
@@ -424,7 +424,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     if rec is not None:
         return run.replay(rec)
     if _loaded:  # a handle was read back unresolved: resolve what the body gets, or refuse
-        args, kwargs = live_inputs(run, position, step.name, args, kwargs)
+        args, kwargs = live_inputs(run, position, step.name, args, kwargs, digest)
     if step.retry is None:
         token = _CURRENT.set(_Frame(run, position, step.name, 1))
         try:

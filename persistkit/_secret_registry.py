@@ -39,6 +39,9 @@ _values: dict[str, str | bytes] = {}  # name -> value (registered, or learned fr
 _resolvers: dict[str, Callable[[], str | bytes | None]] = {}
 _memory: dict[str, str | bytes] = {}  # handle name -> value this process redacted
 _loaded: set[str] = set()  # handle texts read back unresolved: written again as handles, not escaped
+#: Handle texts a live load (a resume's state, a replayed result) could not resolve: while
+#: there are any, a live step checks the run's state too, not only its arguments (``_live``).
+_unresolved_live: set[str] = set()
 _search: list[tuple[bytes, str | bytes, str]] = []  # (JSON-escaped bytes, value, name), longest first
 #: The entries of ``_search`` the first pass must look for when detection is on: the
 #: environment secrets a built-in detector's first pass flags anyway are left out (a

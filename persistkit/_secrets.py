@@ -65,6 +65,7 @@ from ._secret_registry import (
     _resolvers,
     _search,
     _search_hot,
+    _unresolved_live,
     _values,
     configure,
     from_env,
@@ -742,6 +743,7 @@ def _hold(handle: str) -> None:
     """Remember a handle text read back unresolved: written again as the same handle (not
     escaped), and resolved or refused where it enters a live call (``_live``)."""
     _loaded.add(handle)
+    _unresolved_live.add(handle)
 
 
 def hold_text(text: str) -> str:

@@ -268,3 +268,34 @@ def test_the_first_pass_never_misses_an_environment_secret(monkeypatch: pytest.M
             assert json.loads(out)["r"].count("$CRED{env:PK_T_FIRST_PASS_TOKEN}") == text.count(value)
     finally:
         pk.secrets.configure(detect=True)
+
+
+def test_a_handle_read_back_never_reaches_a_live_step_inside_a_long_list() -> None:
+    """Inspected (handle text) and passed on inside a 20-item list, of which the argument
+    digest sees only the ends: the live step still refuses it before its body, and a
+    replayed one would not have needed it. Registering the value then resolves it."""
+    store = pk.connect("memory://")
+    with pk.resume("src", store=store) as run:
+        run.state["note"] = f"key {KEY} here"
+    _secrets._memory.clear()  # as in a new process: nothing knows the value
+    note = store.get_state("src")["note"]
+    assert note.startswith("key $CRED{openai-") and KEY not in note
+    ran: list[list[str]] = []
+
+    @pk.checkpointed
+    def send(lines: list[str]) -> int:
+        ran.append(lines)
+        return len(lines)
+
+    lines = [f"line {i}" for i in range(20)]
+    lines[10] = note
+    with pytest.raises(pk.SecretResolutionError) as info, pk.resume("dst", store=store):
+        send(lines)
+    assert ran == [] and "not run" in str(info.value) and info.value.handle.startswith("openai-")
+    pk.secrets.register("late", KEY)
+    try:
+        with pk.resume("dst2", store=store):
+            send(lines)
+        assert ran and ran[0][10] == f"key {KEY} here" and lines[10] == note  # the caller's list is untouched
+    finally:
+        pk.secrets.unregister("late")

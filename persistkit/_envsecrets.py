@@ -130,8 +130,11 @@ def sync() -> bool:
     with _lock:
         found: dict[str, str] = {}
         if _enabled[0]:
-            for variable in sorted(os.environ):
-                value = os.environ.get(variable)
+            try:
+                pairs = sorted(os.environ.items())
+            except RuntimeError:  # another thread is changing the environment: next time
+                return False
+            for variable, value in pairs:
                 if value and value not in found and eligible(variable, value):
                     found[value] = variable
         changed = found != _snapshot[2]

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from . import _envsecrets
 from ._detect import BUILTIN, Detector
 from ._errors import ConfigurationError
 
@@ -38,12 +39,56 @@ _values: dict[str, str | bytes] = {}  # name -> value (registered, or learned fr
 _resolvers: dict[str, Callable[[], str | bytes | None]] = {}
 _memory: dict[str, str | bytes] = {}  # handle name -> value this process redacted
 _loaded: set[str] = set()  # handle texts read back unresolved: written again as handles, not escaped
+#: Handle texts a live load (a resume's state, a replayed result) could not resolve: while
+#: there are any, a live step checks the run's state too, not only its arguments (``_live``).
+_unresolved_live: set[str] = set()
 _search: list[tuple[bytes, str | bytes, str]] = []  # (JSON-escaped bytes, value, name), longest first
+#: The entries of ``_search`` the first pass must look for when detection is on: the
+#: environment secrets a built-in detector's first pass flags anyway are left out (a
+#: record holding one has candidates, so it is walked, and the walk replaces it by name).
+_search_hot: list[tuple[bytes, bytes, bytes]] = []  # (rare byte, rarer byte, JSON-escaped bytes)
+#: Bytes by how often they occur in stored JSON (English text, JSON punctuation), most
+#: common first; the rest are rarer still. A value is looked for only where its two
+#: rarest bytes occur (two memchr calls), so most records cost no substring search.
+_COMMON = b' etaoinsrhldcumfpgwybvk",:{}.x\njqz_-0123456789TASCIMOEPNRHLDBWGFUYVKJQXZ'
+_RANK = {c: i for i, c in enumerate(_COMMON)}
+
+
+def _gates(form: bytes) -> tuple[bytes, bytes]:
+    rare = sorted(set(form), key=lambda c: -_RANK.get(c, 1000))
+    return bytes([rare[0]]), bytes([rare[1 if len(rare) > 1 else 0]])
 _generation = [0]  # bumped by every change of what redaction does: keys the scan cache
 
 
 def _changed() -> None:
     _generation[0] += 1
+
+
+def _order() -> None:
+    """Longest value first (a value inside another is replaced after it); at equal
+    length a registered name before an environment variable. Then ``_search_hot``."""
+    from ._scan import candidates
+
+    _search.sort(key=lambda e: (-len(e[1]), e[2].startswith(_envsecrets.PREFIX)))
+    _search_hot[:] = [
+        (*_gates(e[0]), e[0]) for e in _search if not (e[2].startswith(_envsecrets.PREFIX) and candidates(e[0]))
+    ]
+
+
+def _env_sync() -> None:
+    """Bring the environment's secrets into ``_search`` when the environment changed
+    (cheap when it did not: see ``_envsecrets.sync``)."""
+    if not _envsecrets.sync():
+        return
+    with _lock:
+        registered = {v for v in _values.values() if isinstance(v, str)}
+        _search[:] = [e for e in _search if not e[2].startswith(_envsecrets.PREFIX)]
+        for value, variable in _envsecrets.secrets().items():
+            if value not in registered:
+                forms = {_json_escaped(value, False), _json_escaped(value, True)}
+                _search.extend((f, value, _envsecrets.PREFIX + variable) for f in forms)
+        _order()
+        _changed()
 
 
 class _Config:
@@ -62,6 +107,11 @@ def _check_name(name: object) -> str:
             f"secret names are 1-100 characters of letters, digits and _ . : -, got {type(name).__name__}"
             + (f" {name!r}" if isinstance(name, str) and len(name) <= 100 else "")
         )
+    if name.startswith(_envsecrets.PREFIX):
+        raise ConfigurationError(
+            f"secret names starting with {_envsecrets.PREFIX!r} are reserved for environment secrets "
+            f"(handles $CRED{{env:VAR}} resolve from the environment): got {name!r}; pick another name"
+        )
     return name
 
 
@@ -78,7 +128,8 @@ def _learn(name: str, value: str | bytes) -> None:
         if isinstance(value, str):
             forms = {_json_escaped(value, False), _json_escaped(value, True)}
             _search.extend((f, value, name) for f in forms)
-            _search.sort(key=lambda e: -len(e[1]))
+            _search[:] = [e for e in _search if not (e[2].startswith(_envsecrets.PREFIX) and e[1] == value)]
+            _order()
         _changed()
 
 
@@ -132,7 +183,9 @@ def unregister(name: str) -> None:
         _values.pop(name, None)
         _resolvers.pop(name, None)
         _search[:] = [e for e in _search if e[2] != name]
+        _order()
         _changed()
+    _envsecrets.configure(_envsecrets.enabled())  # an environment secret of that value is one again
 
 
 def configure(
@@ -141,6 +194,7 @@ def configure(
     detect: bool | None = None,
     detectors: Iterable[Detector | tuple[str, str]] | None = None,
     resolver: Callable[[str], str | bytes | None] | bool | None = False,
+    environment: bool | Iterable[str] | None = None,
 ) -> None:
     """Process-wide settings (stores opened without their own ``redact=``/``vault=`` follow them).
 
@@ -148,8 +202,12 @@ def configure(
     pattern detectors (registered values and Secret types are always handled).
     ``detectors``: extra ``Detector`` objects or ``(kind, regex)`` pairs, added to
     the built-in ones. ``resolver``: a callable ``name -> value or None`` asked for
-    handles nothing else knows.
+    handles nothing else knows. ``environment``: secrets the process environment holds
+    become ``$CRED{env:VAR}`` and resolve from the environment (on by default; False:
+    off; names of variables: on, and these are secrets whatever they look like).
     """
+    if environment is not None:
+        _envsecrets.configure(environment)
     if vault is not False:
         if vault is not None and not all(hasattr(vault, a) for a in ("get", "put", "handle_key")):
             raise ConfigurationError("vault must be a pk.secrets.FileVault (or have get/put/handle_key)")

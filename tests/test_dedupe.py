@@ -82,6 +82,8 @@ def item_bytes(msgs: list[Any]) -> int:
 
 
 def same(a: Any, b: Any) -> bool:
+    """``a`` (read back: get_state shows handles, never needing a value) resolved equals ``b``."""
+    a = pk.secrets.resolve(list(a)) if isinstance(a, list) else a
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 

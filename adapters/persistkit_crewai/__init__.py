@@ -156,9 +156,26 @@ class PersistkitFlowPersistence(FlowPersistence):
         self._write(flow_uuid, {"state": _stored(state_data), "methods": [method_name]}, method_name)
 
     def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
-        """The state saved last for ``flow_uuid`` (a model's upgraded by its migrations), or None."""
+        """The state saved last for ``flow_uuid`` (a model's upgraded by its migrations), or
+        None: what ``kickoff(inputs={"id": …})`` restores before the flow's next method runs, so
+        secret handles in it are resolved (a key from the environment: from this process's
+        environment), or ``SecretResolutionError`` says what to configure before any method
+        runs with one."""
+        rec = self._record(flow_uuid)
+        if rec is None or not rec.state:
+            return None
+        state: dict[str, Any] = pk.secrets.live(_as_dict(rec.state, flow_uuid), where=self._where(flow_uuid))
+        return state
+
+    def inspect_state(self, flow_uuid: str) -> dict[str, Any] | None:
+        """The state saved last for ``flow_uuid``, or None, for reading only: secrets stay
+        handles (``$CRED{env:OPENAI_API_KEY}``), so it never needs a secret's value."""
         rec = self._record(flow_uuid)
         return _as_dict(rec.state, flow_uuid) if rec is not None and rec.state else None
+
+    @staticmethod
+    def _where(flow_uuid: str) -> str:
+        return f"CrewAI flow {flow_uuid!r}: restoring its state before its next method"
 
     def completed_methods(self, flow_uuid: str) -> list[str]:
         """Names of the persisted methods that completed, in order (repeats for cycles)."""
@@ -212,7 +229,10 @@ class PersistkitFlowPersistence(FlowPersistence):
         rec = self._record(flow_uuid)
         if rec is None or rec.pending is None:
             return None
-        return _as_dict(rec.state, flow_uuid), PendingFeedbackContext.from_dict(rec.pending)
+        state, pending = pk.secrets.live(
+            (_as_dict(rec.state, flow_uuid), rec.pending), where=self._where(flow_uuid)
+        )
+        return state, PendingFeedbackContext.from_dict(pending)
 
     def clear_pending_feedback(self, flow_uuid: str) -> None:
         if self._record(flow_uuid) is not None:

@@ -104,7 +104,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         self.store = store
         self._owns_store = False
         self._migrations = Migrations(version)
-        self._models = ModelCheck(lambda tree: self.serde.loads_typed(("msgpack", from_tree(tree))))
+        self._models = ModelCheck(lambda tree: self.serde.loads_typed(("msgpack", from_tree(tree, live=False))))
 
     @classmethod
     def from_url(
@@ -150,11 +150,11 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                 return {"t": kind, "m": tree}
         return {"t": kind, "v": data}
 
-    def _load(self, stored: Any) -> Any:
+    def _load(self, stored: Any, live: bool = True) -> Any:
         if isinstance(stored, list):
-            return [self._load(item) for item in stored]
+            return [self._load(item, live) for item in stored]
         if "m" in stored:
-            return self.serde.loads_typed((stored["t"], from_tree(stored["m"])))
+            return self.serde.loads_typed((stored["t"], from_tree(stored["m"], live=live)))
         return self.serde.loads_typed((stored["t"], stored["v"]))
 
     def _load_lg(self, stored: dict[str, Any]) -> dict[str, Any]:
@@ -166,25 +166,34 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 
     # -- plans (one copy of each operation) -------------------------------------------------
 
-    def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any], known: frozenset[str] | None) -> Plan[CheckpointTuple]:
+    def _tuple(
+        self, cp: pk.Checkpoint, lg: dict[str, Any], known: frozenset[str] | None, live: bool = False
+    ) -> Plan[CheckpointTuple]:
+        """The checkpoint as LangGraph reads it, migrated to the saver's version. Inspection
+        (``live`` false: ``get_state``, ``get_state_history``, ``list``) never needs a secret's
+        value: handles stay handle text. A live load (the graph about to run its next nodes)
+        resolves them, or raises ``SecretResolutionError`` before any node runs with handle
+        text in its input."""
         checkpoint, ns, thread_id = lg["checkpoint"], cp.namespace[len(_CP) :], cp.thread_id
         where = f"LangGraph thread {thread_id!r}{f' namespace {ns!r}' if ns else ''} checkpoint {checkpoint['id']}"
         stored_version = cp.metadata.get(VERSION_KEY, 1)
         steps = [] if stored_version == self.version else self._migrations.plan(int(stored_version), where)
         state = yield _call("get_state", thread_id, cp.checkpoint_id, namespace=cp.namespace)
         stored_writes = yield from self._writes(thread_id, ns, checkpoint["id"])
+        if live:
+            state, stored_writes = pk.secrets.live((dict(state), stored_writes), where=f"{where}: the graph's next nodes")
         # Subgraphs inherit the root's config: only the root namespace is checked against its channels.
         known = None if ns else known
         if not steps:  # a renamed field first: it explains the values that no longer fit, too
             names = [k for k in checkpoint["channel_versions"] if state.get(k) is not None]
             self._migrations.unknown([*names, *(w["c"] for w in stored_writes.values())], known, where)
         values = {
-            k: self._load_checked(state[k], f"{where} channel {k!r}", bool(steps))
+            k: self._load_checked(state[k], f"{where} channel {k!r}", bool(steps), live)
             for k in checkpoint["channel_versions"]
             if state.get(k) is not None
         }
         writes = [
-            (w["k"], w["c"], self._load_checked(w, f"{where} pending write of task {w['k']} to {w['c']!r}", bool(steps)))
+            (w["k"], w["c"], self._load_checked(w, f"{where} pending write of task {w['k']} to {w['c']!r}", bool(steps), live))
             for w in sorted(stored_writes.values(), key=lambda w: (w["p"], w["k"], w["i"]))
         ]
         if steps:
@@ -204,13 +213,13 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
             pending_writes=writes,
         )
 
-    def _load_checked(self, stored: Any, where: str, plain: bool) -> Any:
+    def _load_checked(self, stored: Any, where: str, plain: bool, live: bool = True) -> Any:
         """A stored channel value or write, refusing (or, before a migration, handing over as
         dicts) pydantic values that no longer fit their class, which LangGraph would build unvalidated."""
         if isinstance(stored, list):
-            return [self._load_checked(item, f"{where}[{i}]", plain) for i, item in enumerate(stored)]
+            return [self._load_checked(item, f"{where}[{i}]", plain, live) for i, item in enumerate(stored)]
         if "m" not in stored:
-            return self._load(stored)
+            return self._load(stored, live)
 
         def fail(path: str, problem: str) -> Exception:
             return pk.SchemaVersionError(
@@ -218,7 +227,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
             )
 
         tree = self._models.walk(stored["m"], "", plain, fail)
-        return self.serde.loads_typed((stored["t"], from_tree(tree)))
+        return self.serde.loads_typed((stored["t"], from_tree(tree, live=live)))
 
     def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> Plan[dict[str, Any]]:
         try:
@@ -252,7 +261,9 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
         if not cps:
             return None
-        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), _known(config))
+        # LangGraph's run loop reads with its own keys in the config; get_state / update_state do not
+        live = any(str(k).startswith("__pregel_") for k in config["configurable"])
+        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), _known(config), live)
         return result
 
     def _list(

@@ -69,6 +69,17 @@ def _ext_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not part of a msgpack tree")
 
 
+def _ext_inspect(obj: Any) -> Any:
+    """As ``_ext_default``, for inspection: a secret nothing resolves is its handle text
+    (still a SecretStr, masked), so reading a thread never needs a value."""
+    if isinstance(obj, pk.Secret):
+        try:
+            return pk.secrets.resolve(obj)
+        except pk.SecretResolutionError:
+            return obj.handle
+    return _ext_default(obj)
+
+
 def _is_secret(ext: MsgpackExt) -> bool:
     v = ext.value
     return (
@@ -130,6 +141,9 @@ def to_tree(data: bytes) -> Any | None:
     return tree
 
 
-def from_tree(tree: Any) -> bytes:
-    """The msgpack bytes of a stored tree (its strings as loaded: handles resolved where known)."""
-    return _pack(tree)
+def from_tree(tree: Any, *, live: bool = True) -> bytes:
+    """The msgpack bytes of a stored tree (its strings as loaded). ``live``: a secret type's
+    value must resolve (``SecretResolutionError`` otherwise); else it may stay a handle."""
+    if live:
+        return _pack(tree)
+    return ormsgpack.packb(tree, default=_ext_inspect, option=_PACK)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -100,13 +101,22 @@ def _load_response(data: dict[str, Any]) -> ModelResponse:
     )
 
 
+@dataclasses.dataclass
 class _Thunk:
-    """A deferred call passed to a step; it is not part of the step's args digest."""
+    """A deferred call passed to a step; it is not part of the step's args digest.
 
-    __slots__ = ("fn",)
+    Its ``inputs`` are the step's arguments too: a live step resolves the secret
+    handles in them before its body runs (or fails before it, ``SecretResolutionError``),
+    so a model or tool is never called with ``$CRED{…}`` text; a replayed one never
+    needs the values.
+    """
 
-    def __init__(self, fn: Callable[[], Awaitable[Any]]) -> None:
-        self.fn = fn
+    fn: Callable[..., Awaitable[Any]]
+    inputs: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __call__(self) -> Awaitable[Any]:
+        return self.fn(*self.inputs, **self.kwargs)
 
 
 #: Whether a replayed model turn must have been recorded for the same input (durable_run's check_input).
@@ -145,7 +155,7 @@ def _input_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 @pk.checkpointed(name="openai-agents.model", check_args=False)
 async def _model_turn(call: _Thunk, input_digest: str) -> dict[str, Any]:
-    return {**_dump_response(await call.fn()), "input_digest": input_digest}
+    return {**_dump_response(await call()), "input_digest": input_digest}
 
 
 def _changed_input(run: pk.Run) -> pk.NonDeterminismError:
@@ -176,7 +186,7 @@ class DurableModel(Model):
         if run is None:
             return await self.model.get_response(*args, **kwargs)
         digest = _input_digest(args, kwargs)
-        data = await _model_turn(_Thunk(lambda: self.model.get_response(*args, **kwargs)), digest)
+        data = await _model_turn(_Thunk(self.model.get_response, args, kwargs), digest)
         recorded = data.get("input_digest")  # absent in turns recorded before the check existed
         if recorded is not None and recorded != digest and _CHECK_INPUT.get():
             raise _changed_input(run)
@@ -212,14 +222,14 @@ def _durable_tool(tool: FunctionTool) -> FunctionTool:
 
     @pk.checkpointed(name=f"openai-agents.tool:{tool.name}")
     async def step(call_id: str, arguments: str, call: _Thunk) -> Any:
-        return await call.fn()
+        return await call()
 
     @functools.wraps(invoke)  # keeps the signature the SDK inspects to pick the context type
     async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
         if pk.current_run() is None:
             return await invoke(ctx, arguments)
         call_id = str(getattr(ctx, "tool_call_id", ""))
-        return await step(call_id, arguments, _Thunk(lambda: invoke(ctx, arguments)))
+        return await step(call_id, arguments, _Thunk(functools.partial(invoke, ctx), (arguments,)))
 
     on_invoke_tool._pk_durable = True  # type: ignore[attr-defined]
     new = copy.copy(tool)
@@ -365,4 +375,7 @@ async def load_run_state(
     data = state.get(RUN_STATE_CHANNEL)
     if data is None:
         return None
+    # The run goes on from it: handles resolved where something knows them; the rest are
+    # refused by the durable model turn or tool call they would reach, before it runs.
+    data = pk.secrets.live(data, partial=True)
     return await RunState.from_json(durable(agent), data, **kwargs)

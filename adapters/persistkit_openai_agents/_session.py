@@ -133,7 +133,12 @@ class PersistkitSession:
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The newest ``limit`` items, oldest first; without ``limit``, ``session_settings.limit``
         of them (all items when that is None too)."""
-        return _window(await self._all_items(), limit if limit is not None else self.session_settings.limit)
+        items = _window(await self._all_items(), limit if limit is not None else self.session_settings.limit)
+        # Read back from the store, the items hold secrets as handles: resolved here where
+        # something knows them (they go to the model); the rest stay handles, and a durable
+        # model turn refuses to send those (SecretResolutionError before the call).
+        live: list[TResponseInputItem] = pk.secrets.live(items, partial=True)
+        return live
 
     async def _edit(self, edit: _Edit) -> _Edit:
         for attempt in range(1, _CAS_ATTEMPTS + 1):

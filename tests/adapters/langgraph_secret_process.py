@@ -5,8 +5,9 @@ usage: python langgraph_secret_process.py write|read|read-bare URL THREAD
 ``write`` and ``read`` run the documented setup first
 (``pk.secrets.from_env("openai", "PK_TEST_OPENAI_KEY")``); ``read-bare`` does
 not. ``write`` runs a graph whose tool call and tool output hold the key;
-the readers print the restored tool message and tool-call argument as JSON
-(or the error, when a value that was the key alone cannot be given back).
+the readers print the tool message and tool-call argument as ``graph.get_state``
+shows them (inspection: handles), and as ``pk.secrets.resolve`` gives them back
+(or the error, when nothing can resolve them).
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ with PersistkitSaver.from_url(url) as saver:
         durable_invoke(graph, {"messages": [HumanMessage("log in")]}, config)
         print(json.dumps({"written": True}))
     else:
+        messages = graph.get_state(config).values["messages"]  # never needs the value
+        shown = {"arg": messages[1].tool_calls[0]["args"]["api_key"], "content": messages[2].content}
         try:
-            messages = graph.get_state(config).values["messages"]
+            messages = pk.secrets.resolve(messages)
             arg: Any = messages[1].tool_calls[0]["args"]["api_key"]
             content = messages[2].content
-        except pk.PersistkitError as exc:  # a value that was the key alone cannot be given back
+        except pk.PersistkitError as exc:  # nothing here knows the value
             arg, content = f"{type(exc).__name__}: {exc}", None
-        print(json.dumps({"arg": arg, "content": content}))
+        print(json.dumps({"shown": shown, "arg": arg, "content": content}))

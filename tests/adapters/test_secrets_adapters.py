@@ -43,6 +43,7 @@ from openai.types.responses import (
 from planted import connect, fresh_keys, leaks, raw_bytes, text
 from pydantic import BaseModel, SecretStr
 
+import persistkit as pk
 from persistkit_crewai import PersistkitFlowPersistence, durable_kickoff
 from persistkit_langgraph import PersistkitSaver
 from persistkit_openai_agents import PersistkitSession, durable_run
@@ -96,8 +97,11 @@ def test_langgraph_saver_stores_no_secret(url: str) -> None:
             graph = builder.compile(checkpointer=saver)
             out = graph.invoke(first, config, durability=durability)
             assert out["notes"] == said
-            # Read back in this process: the handles resolve to the values again.
-            values = graph.get_state(config).values
+            # Inspection shows handles (it never needs a value) ...
+            shown = graph.get_state(config).values
+            assert "$CRED{openai-" in shown["notes"] and keys["openai"] not in shown["notes"]
+            # ... and resolving them in this process gives the values back.
+            values = pk.secrets.resolve(dict(shown))
             assert values["notes"] == said and values["settings"]["nested"][0]["openai"] == keys["openai"]
             assert values["messages"][2].content == f"tool output: {said}"
             assert values["messages"][1].tool_calls[0]["args"]["token"] == keys["openai"]

@@ -184,9 +184,9 @@ def live_inputs(
 
 
 def _fingerprinted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``Run.arguments``' bytes hold a long list by its ends only (``_run._fingerprints``)."""
-    from ._run import _FINGERPRINT_ITEMS
+    """Whether ``Run.arguments``' bytes hold a long list by its ends only (``_args.fingerprints``)."""
+    from ._args import FINGERPRINT_ITEMS
 
     return any(
-        isinstance(v, list | tuple) and len(v) > _FINGERPRINT_ITEMS for v in (*args, *kwargs.values())
+        isinstance(v, list | tuple) and len(v) > FINGERPRINT_ITEMS for v in (*args, *kwargs.values())
     )

@@ -23,13 +23,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _args
 from ._channels import Diff, Loader, Tracker
-from ._codec import (  # without orjson every digest takes the typed path
-    _dump,
-    _orjson,
-    content_hash,
-    raw_digest,
-)
+from ._codec import _dump, content_hash
 from ._dedupe import Result, result
 from ._errors import (
     ConflictError,
@@ -55,19 +51,6 @@ __all__ = ["Run", "StepEvent", "StepInfo"]
 
 #: Results whose serialized form is larger than this are stored as a blob, not in the record.
 RESULT_INLINE_LIMIT = 64 * 1024
-#: Lists longer than this enter an args digest by length and first and last item.
-_FINGERPRINT_ITEMS = 16
-_SEQUENCES = (list, tuple)  # a tuple, not `list | tuple`: that builds a union object per call
-
-
-def _fingerprints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    values = [*args, *(kwargs[k] for k in sorted(kwargs))] if kwargs else [*args]
-    for i, value in enumerate(values):
-        if isinstance(value, _SEQUENCES) and len(value) > _FINGERPRINT_ITEMS:
-            values[i] = (type(value).__name__, len(value), value[0], value[-1])
-    return values
-
-
 #: Run statuses.
 RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
 
@@ -286,25 +269,9 @@ class Run:
     def check_args(
         self, rec: Record, position: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        """Refuse to replay ``rec`` for a call with other arguments than it recorded.
-
-        The digest is computed the way the recorded one was: from the JSON bytes
-        for an ``x:`` digest (with no secret scan: this one is compared, never
-        stored), from their redacted form for an ``r:`` digest, else from the
-        typed encoding (also what persistkit before the fast digest recorded).
-        """
+        """Refuse to replay ``rec`` for a call with other arguments than it recorded."""
         recorded = rec.body.get("a")
-        if not recorded:
-            return
-        scheme = recorded[:2]
-        if scheme == "x:" or scheme == "r:":
-            raw = self._json_args(args, kwargs)
-            if raw is None:
-                return  # the arguments no longer fit the fast digest (e.g. a model class now): no basis to compare
-            digest = raw_digest(raw) if scheme == "x:" else self.codec.args_digest(raw)
-        else:
-            digest = self._typed_digest(args, kwargs)
-        if recorded != digest:
+        if recorded and not _args.matches(self.codec, recorded, args, kwargs):
             raise NonDeterminismError(
                 f"thread {self.thread_id!r} run {self.run_id}: step {name!r} at position {position} "
                 "is called with different arguments than the run recorded, so its recorded result "
@@ -318,47 +285,12 @@ class Run:
         return self.codec.args_digest(snap) if isinstance(snap, bytes) else snap
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | str:
-        """What a step call's digest is made from, taken when it is called (a step may
-        change its arguments in place): their JSON bytes, hashed when the step commits
-        (``Codec.pack_step``), or else the finished digest of their typed encoding.
-
-        A digest is O(1) in the size of big containers: steps are often called
-        with the whole history (``call_llm(messages)``), and hashing it on every
-        step would make each step cost O(state). A list or tuple longer than
-        ``_FINGERPRINT_ITEMS`` counts by its length and its first and last items,
-        which is what differs when code goes astray.
-
-        Plain JSON-like arguments (what most steps take) are hashed straight from
-        orjson's bytes (``x:``), or from their redacted form if they may hold a
-        secret (``r:``), so that no stored digest hashes one. Other arguments
-        (models, sets, big ints) take the typed encoding, at three times the cost.
-        """
-        raw = self._json_args(args, kwargs)
-        return raw if raw is not None else self._typed_digest(args, kwargs)
-
-    @staticmethod
-    def _json_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
-        """orjson's bytes of the fingerprinted arguments, or None if they are not plain JSON."""
-        if _orjson is None:
-            return None
-        try:
-            if not kwargs and len(args) == 1 and not isinstance(args[0], _SEQUENCES):
-                return _orjson.dumps([args[0], []])  # the commonest call
-            return _orjson.dumps([*_fingerprints(args, kwargs), sorted(kwargs)])
-        except TypeError:  # not plain JSON (orjson.JSONEncodeError is a TypeError)
-            return None
+        """What a step call's digest is made from (``_args``: O(1) in big containers, and
+        never a hash of a secret)."""
+        return _args.arguments(self.codec, args, kwargs)
 
     def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        parts: list[Any] = []
-        for i, value in enumerate(_fingerprints(args, kwargs)):
-            try:
-                parts.append(self.codec.encode(value, f"arg {i}"))
-            except SerializationError:
-                parts.append({"unencodable": type(value).__qualname__})
-        parts.append(sorted(kwargs))
-        # Over the redacted form where every secret is "$CRED{}": the digest is the same in
-        # every process, for the live value and its replayed handle, and never hashes a secret.
-        return hashlib.blake2b(self.codec.dump_tree(parts, stable=True), digest_size=8).hexdigest()
+        return _args.typed_digest(self.codec, args, kwargs)
 
     def replay(self, rec: Record) -> Any:
         """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""

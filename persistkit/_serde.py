@@ -72,7 +72,6 @@ from ._registry import (
     _base_model,
     _is_namedtuple,
     class_name,
-    register,
     register_module,
     register_type_hints,
 )
@@ -84,6 +83,7 @@ from ._versions import (
     Plain,
     ShapeError,
     chain,
+    register,
     revive,
     validate_dataclass,
     validate_model,

@@ -25,14 +25,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import typing
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 from ._errors import ConfigurationError
 from ._registry import _base_model, _is_namedtuple, class_name
+from ._registry import register as _register_class
 
-__all__ = ["Plain", "ShapeError", "chain", "code_version", "register_version", "revive", "validate"]
+__all__ = [
+    "Plain",
+    "ShapeError",
+    "chain",
+    "code_version",
+    "register",
+    "register_version",
+    "revive",
+    "validate",
+]
 
 MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -80,6 +91,32 @@ def _label(cls: type) -> str:
 def versionable(cls: type) -> bool:
     """Whether values of ``cls`` can carry a version: pydantic models and dataclasses."""
     return issubclass(cls, _base_model()) or dataclasses.is_dataclass(cls)
+
+
+_C = typing.TypeVar("_C", bound=type)
+
+
+@typing.overload
+def register(cls: _C, *, version: int | None = None) -> _C: ...
+@typing.overload
+def register(cls: None = None, *, version: int | None = None) -> Callable[[_C], _C]: ...
+def register(cls: _C | None = None, *, version: int | None = None) -> _C | Callable[[_C], _C]:
+    """Make ``cls`` revivable on decode: ``pk.register(Msg)``, ``@pk.register``.
+
+    ``version=n`` (pydantic models and dataclasses) stamps ``n`` on every stored
+    value of the class; ``@pk.migration(cls, from_version=v)`` upgrades older
+    ones on load. A value stored without a stamp is version 1. Without
+    ``version=``, a version given before is kept. ``@pk.register(version=2)``
+    is the decorator form.
+    """
+    if cls is None:
+        return lambda c: register(c, version=version)
+    if not isinstance(cls, type):
+        raise ConfigurationError(f"persistkit.register() takes a class, got {cls!r}")
+    if version is not None:
+        register_version(cls, version)
+    _register_class(cls)
+    return cls
 
 
 def register_version(cls: type, version: Any) -> None:

@@ -1,0 +1,243 @@
+"""The built-in features of the combination matrix (see ``combination``).
+
+Each entry says how the agent uses the feature in code version 1 (which writes
+and crashes) and version 2 (which resumes), and what must hold of the finished
+thread. A new feature is one more ``register_feature(Feature(...))``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Annotated, Any
+
+from pydantic import BaseModel
+
+import persistkit as pk
+
+from .combination import MARKER, Case, Feature, Stored, register_feature
+
+__all__ = ["ENCRYPTION_KEY", "INTEGRITY_KEY", "SECRET", "MigEntry"]
+
+ENCRYPTION_KEY = bytes(range(40, 72))
+INTEGRITY_KEY = bytes(range(90, 122))
+#: A registered secret, shaped like a real API key; it must never be stored.
+SECRET = "sk-proj-MtrxQ81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7jK"
+SECRET_NAME = "matrix_api_key"
+
+
+# -- state migration v1 -> v2 ---------------------------------------------------------
+
+
+class MigEntry(BaseModel):
+    i: int
+    text: str
+
+
+def _mig_fields(version: int) -> dict[str, tuple[Any, Any]]:
+    if version == 1:
+        return {"mig_turns": (int, 0), "mig_log": (Annotated[list[str], pk.append], [])}
+    return {"mig_count": (int, 0), "mig_log": (Annotated[list[MigEntry], pk.append], [])}
+
+
+def _mig_step(case: Case, version: int, i: int, state: Any, handed: Any) -> None:
+    if version == 1:
+        state.mig_turns += 1
+        state.mig_log.append(f"t{i}")
+    else:
+        state.mig_count += 1
+        state.mig_log.append(MigEntry(i=i, text=f"t{i}"))
+
+
+def _mig_migrate(data: dict[str, Any]) -> None:
+    # a rename and a type change (list of str -> list of models): what version 2 would have made
+    data["mig_count"] = data.pop("mig_turns")
+    data["mig_log"] = [MigEntry(i=int(text[1:]), text=text) for text in data["mig_log"]]
+
+
+def _mig_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    want = case.steps + 1  # the later run's step too
+    got = (final.get("mig_count"), [e["i"] for e in final.get("mig_log", [])])
+    return [] if got == (want, list(range(want))) else [f"migrated fields after a later run: {got}"]
+
+
+register_feature(
+    Feature(
+        name="migration",
+        doc="the state schema changes between the crash and the resume (rename + type change, @pk.migration)",
+        fields=_mig_fields,
+        bumps_state=True,
+        migrate=_mig_migrate,
+        step=_mig_step,
+        check=_mig_check,
+    )
+)
+
+
+# -- a registered secret ------------------------------------------------------------------
+
+
+def _secret_setup(case: Case, version: int) -> None:
+    pk.secrets.register(SECRET_NAME, SECRET)
+
+
+def _secret_step(case: Case, version: int, i: int, state: Any, handed: Any) -> str:
+    if i == 0 or handed is None:
+        key = SECRET  # step 0 fetches the key; later steps are handed it by the previous step's result
+    else:
+        # What a live step is handed must be the key itself, never its handle as text.
+        with open(case.path("secret-handed.log"), "a") as f:
+            f.write(("ok" if handed == SECRET else f"BAD {handed[:40]!r}") + "\n")
+        key = handed
+    state.sec_log.append(f"tool call {i} with Authorization: Bearer {key} for user 7")
+    return key
+
+
+def _secret_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    problems = []
+    where = data.contains(SECRET)
+    if where:
+        problems.append(f"the secret's value is in the stored bytes ({', '.join(where)})")
+    if not data.contains("$CRED{" + SECRET_NAME + "}"):
+        problems.append("no $CRED handle in the opened records: the secret was not stored as a handle")
+    handed = case.path("secret-handed.log").read_text().split("\n") if case.path("secret-handed.log").exists() else []
+    bad = [h for h in handed if h and h != "ok"]
+    if bad:
+        problems.append(f"a live step was handed something else than the key: {bad}")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="secret",
+        doc="a registered secret returned by a step, handed to the next steps, written into state text",
+        setup=_secret_setup,
+        fields=lambda version: {"sec_log": (Annotated[list[str], pk.append], [])},
+        step=_secret_step,
+        summary=lambda v: "<the secret>" if v == SECRET else v,
+        check=_secret_check,
+    )
+)
+
+
+# -- offload of big values ---------------------------------------------------------------
+
+BLOB_THRESHOLD = 2048
+
+
+def _big(i: int) -> str:
+    """6 KB of incompressible text, the same in every process."""
+    chunks, seed = [], f"matrix-big-{i}".encode()
+    for _ in range(144):
+        seed = hashlib.sha256(seed).digest()
+        chunks.append(seed)
+    return base64.b64encode(b"".join(chunks)).decode()
+
+
+def _offload_step(case: Case, version: int, i: int, state: Any, handed: Any) -> str:
+    value = _big(i)
+    state.big.append(value)
+    return value
+
+
+def _offload_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    problems = []
+    if not data.offloaded:
+        problems.append(f"the blob store {case.blob_url} holds nothing for the thread")
+    if not any(p.startswith(b"\x00PKREF1:") for p in data.primary):
+        problems.append("the primary store holds no pointer to an offloaded value")
+    if final.get("big") != [_big(i) for i in range(case.steps + 1)]:
+        problems.append("the big values read back differ from those written")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="offload",
+        doc="values over blob_threshold go to a second store (blobs=); step results and appended items",
+        connect=lambda case: {"blobs": case.blob_url, "blob_threshold": BLOB_THRESHOLD},
+        fields=lambda version: {"big": (Annotated[list[str], pk.append], [])},
+        step=_offload_step,
+        summary=lambda v: hashlib.sha256(v.encode()).hexdigest()[:16] if isinstance(v, str) else repr(v),
+        check=_offload_check,
+    )
+)
+
+
+# -- encryption ----------------------------------------------------------------------------
+
+
+def _encryption_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    problems = []
+    if any(MARKER.encode() in p for p in data.raw):
+        problems.append("plaintext of the state is in the stored bytes")
+    clear = [p[:12] for p in data.raw if not (p.startswith(b"\xe1") or p.startswith(b"\x00PKREF1:"))]
+    if clear:
+        problems.append(f"{len(clear)} stored record(s) are neither ciphertext nor a pointer: {clear[:3]}")
+    extra = {k: v for f in case.feature_objects() if f.name != "encryption" for k, v in f.connect(case).items()}
+    extra.pop("integrity", None)
+    extra.pop("witness", None)
+    with pk.connect(case.url, **extra) as keyless:
+        try:
+            keyless.get_state(case.thread)
+        except pk.PersistkitError:
+            pass
+        else:
+            problems.append("a store opened without the encryption key read the state")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="encryption",
+        doc="every record sealed with AES-256-GCM (encryption=)",
+        connect=lambda case: {"encryption": {"mx1": ENCRYPTION_KEY}},
+        check=_encryption_check,
+    )
+)
+
+
+# -- integrity -----------------------------------------------------------------------------
+
+
+def _integrity_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    report = store.verify(case.thread)
+    return [] if report.ok else [f"verify: {[str(p) for p in report.problems]}"]
+
+
+register_feature(
+    Feature(
+        name="integrity",
+        doc="a keyed hash chain per thread and a file witness (integrity=, witness=)",
+        connect=lambda case: {"integrity": {"mi1": INTEGRITY_KEY}, "witness": f"file:{case.dir}/witness.log"},
+        check=_integrity_check,
+    )
+)
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+def _lease_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    leases = [le for le in store.leases(prefix=case.thread) if le.thread_id == case.thread]
+    if len(leases) != 1:
+        return [f"store.leases() shows {len(leases)} lease records for the thread"]
+    le = leases[0]
+    problems = []
+    if le.held:
+        problems.append(f"the lease is still held by {le.holder} after every run ended")
+    # the crashed writer, the resume, the replay and the later run each took it
+    if le.token < 4:
+        problems.append(f"fencing token {le.token}: fewer than the 4 runs that took the lease")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="leases",
+        doc="every run takes the thread's lease, busy='reject': a dead writer's lease must be taken over at once",
+        # A long TTL: the takeover must come from recognising the dead holder, not from expiry.
+        resume=lambda case: {"busy": "reject", "lease_ttl": 120.0},
+        check=_lease_check,
+    )
+)

@@ -38,7 +38,7 @@ from urllib.parse import quote
 
 from ._codec import Codec, _orjson, content_hash
 from ._dedupe import Result, refer, resolve, result_blob, wanted
-from ._errors import IntegrityError, SerializationError
+from ._errors import IntegrityError, SchemaVersionError, SerializationError
 from ._ids import next_checkpoint_id
 from ._io import Plan, call
 from ._records import Record
@@ -357,9 +357,9 @@ class Loader:
         self.scanned: set[tuple[str, int]] = set()
         self.complete: set[tuple[str, str]] = set()  # (channel, segment) with its whole chain cached
         self.raw: dict[tuple[str, str], tuple[str | None, int, list[Any]]] = {}
-        self.segments: dict[tuple[str, str], list[Any]] = {}
-        # (name, gen) -> (items of the longest chain seen, {segment key: end index})
-        self.chains: dict[tuple[str, int], tuple[list[Any], dict[str, int]]] = {}
+        self.segments: dict[tuple[str, str, bool], list[Any]] = {}  # (name, key, plain) -> items
+        # (name, gen, plain) -> (items of the longest chain seen, {segment key: end index})
+        self.chains: dict[tuple[str, int, bool], tuple[list[Any], dict[str, int]]] = {}
 
     def add(self, records: Iterable[Record | None]) -> None:
         """Records already read (they may hold inline segments)."""
@@ -432,31 +432,36 @@ class Loader:
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
 
-    def value(self, name: str, ref: dict[str, Any]) -> Any:
-        """A freshly decoded value for a channel ref (the caller may mutate it)."""
-        path = f"state.{name}"
-        if "i" in ref:
-            return self.codec.decode(ref["i"], path)
-        if "b" in ref:
-            return self.codec.decode(self.codec.unpack_tree(self.blobs[ref["b"]], path), path)
-        return TrackedList(self.list_items(name, ref))
+    def value(self, name: str, ref: dict[str, Any], plain: bool = False) -> Any:
+        """A freshly decoded value for a channel ref (the caller may mutate it).
 
-    def list_items(self, name: str, ref: dict[str, Any]) -> list[Any]:
+        ``plain``: models and dataclasses as dicts, for a state migration."""
+        path = f"state.{name}"
+        try:
+            if "i" in ref:
+                return self.codec.decode(ref["i"], path, plain=plain)
+            if "b" in ref:
+                return self.codec.decode(self.codec.unpack_tree(self.blobs[ref["b"]], path), path, plain=plain)
+        except SchemaVersionError as exc:
+            raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
+        return TrackedList(self.list_items(name, ref, plain))
+
+    def list_items(self, name: str, ref: dict[str, Any], plain: bool = False) -> list[Any]:
         """The items of a list ref. Item objects are shared with the cache: treat as read-only."""
         tip, n, gen = ref["l"], ref["n"], ref["g"]
         if tip is None:
             return []
-        chain = self.chains.get((name, gen))
+        chain = self.chains.get((name, gen, plain))
         if chain is not None and chain[1].get(tip) == n:
             return chain[0][:n]
         keys = list(self._walk(name, tip, n))
         items: list[Any] = []
         ends: dict[str, int] = {}
         for key in keys:
-            items.extend(self._items(name, key))
+            items.extend(self._items(name, key, plain))
             ends[key] = len(items)
         if chain is None or len(items) >= len(chain[0]):
-            self.chains[(name, gen)] = (items, ends)
+            self.chains[(name, gen, plain)] = (items, ends)
         return items[:n]
 
     def _raw(self, name: str, key: str) -> tuple[str | None, int, list[Any]]:
@@ -498,16 +503,19 @@ class Loader:
             )
         return self.codec.unpack_tree(blob, f"result {key}")
 
-    def _items(self, name: str, key: str) -> list[Any]:
-        items = self.segments.get((name, key))
+    def _items(self, name: str, key: str, plain: bool) -> list[Any]:
+        items = self.segments.get((name, key, plain))
         if items is None:
             _, start, trees = self._raw(name, key)
             decode = self.codec.decode
             try:  # the segment as one list (a resume decodes every segment of the run)
-                items = decode(trees)
-            except SerializationError:  # again, item by item, for the error that names the item
-                items = [decode(t, f"state.{name}[{start + i}]") for i, t in enumerate(trees)]
-            self.segments[(name, key)] = items
+                items = decode(trees, plain=plain)
+            except (SerializationError, SchemaVersionError):  # item by item, for the error that names the item
+                try:
+                    items = [decode(t, f"state.{name}[{start + i}]", plain=plain) for i, t in enumerate(trees)]
+                except SchemaVersionError as exc:
+                    raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
+            self.segments[(name, key, plain)] = items
         return items
 
     def _walk(self, name: str, tip: str, n: int) -> Iterator[str]:

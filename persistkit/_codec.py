@@ -168,22 +168,24 @@ class Codec:
     def encode(self, value: Any, path: str = "value") -> Any:
         return self.serializer.encode(value, path=path)
 
-    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None) -> Any:
+    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False) -> Any:
         """The value of a stored tree; its handles resolved unless ``reveal`` (default
-        ``self.reveal``) is false (history listings, CLI output, replayed errors)."""
+        ``self.reveal``) is false (history listings, CLI output, replayed errors).
+        ``plain``: models and dataclasses as dicts, for a migration (``Serializer.decode``)."""
         if self.reveal if reveal is None else reveal:
-            return self.serializer.decode(tree, path=path)
-        return self._plain().decode(tree, path=path)
+            return self.serializer.decode(tree, path=path, plain=plain)
+        return self._plain().decode(tree, path=path, plain=plain)
 
-    def decode_exception(self, tree: Any) -> BaseException:
+    def decode_exception(self, tree: Any, path: str = "exception") -> BaseException:
         """A recorded exception, revived with handles left in place (never a secret in a message)."""
-        return self._plain().decode_exception(tree)
+        return self._plain().decode_exception(tree, path=path)
 
     def _plain(self) -> Serializer:
         plain = self._plain_serializer
         if plain is None:
             plain = copy.copy(self.serializer)
             plain.reveal = _unescape if self.redactor.enabled else None
+            plain._plain_twin = None  # its own, that does not reveal either
             self._plain_serializer = plain
         return plain
 

@@ -12,6 +12,7 @@ import dataclasses
 import re
 import sys
 import typing
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -49,10 +50,27 @@ def class_name(cls: type) -> str:
 _C = typing.TypeVar("_C", bound=type)
 
 
-def register(cls: _C) -> _C:
-    """Make ``cls`` revivable on decode (usable as a decorator)."""
+@typing.overload
+def register(cls: _C, *, version: int | None = None) -> _C: ...
+@typing.overload
+def register(cls: None = None, *, version: int | None = None) -> Callable[[_C], _C]: ...
+def register(cls: _C | None = None, *, version: int | None = None) -> _C | Callable[[_C], _C]:
+    """Make ``cls`` revivable on decode: ``pk.register(Msg)``, ``@pk.register``.
+
+    ``version=n`` (pydantic models and dataclasses) stamps ``n`` on every stored
+    value of the class; ``@pk.migration(cls, from_version=v)`` upgrades older
+    ones on load. A value stored without a stamp is version 1. Without
+    ``version=``, a version given before is kept. ``@pk.register(version=2)``
+    is the decorator form.
+    """
+    if cls is None:
+        return lambda c: register(c, version=version)
     if not isinstance(cls, type):
         raise ConfigurationError(f"persistkit.register() takes a class, got {cls!r}")
+    if version is not None:
+        from ._versions import register_version  # _versions imports this module
+
+        register_version(cls, version)
     _REGISTRY[class_name(cls)] = cls
     return cls
 

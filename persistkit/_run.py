@@ -35,6 +35,7 @@ from ._errors import (
     LeaseLostError,
     NonDeterminismError,
     PersistkitError,
+    SchemaVersionError,
     SecretResolutionError,
     SerializationError,
 )
@@ -364,23 +365,31 @@ class Run:
             self.load_error = error
             raise
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
-        if rec.body.get("s") == "failed":
-            self._events.append((pos, name, True, "failed"))
-            exc = self.codec.decode_exception(rec.body.get("e"))
-            self._failures[id(exc)] = (exc, rec.id)
-            raise exc
-        self._events.append((pos, name, True, "completed"))
-        where = f"result of step {name!r} at {pos}"
+        failed = rec.body.get("s") == "failed"
+        what = "error" if failed else "result"
+        where = f"{what} of step {name!r} at {pos}"
+        at = f"thread {self.thread_id!r} run {self.run_id}, step {name!r} at {pos}: recorded {what}"
         try:
-            if "rb" in rec.body:
-                return self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], where), where)
-            return self.codec.decode(rec.body.get("r"), where)
+            if failed:
+                recorded = self.codec.decode_exception(rec.body.get("e"), at)
+            elif "rb" in rec.body:
+                value = self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], at), at)
+            else:
+                value = self.codec.decode(rec.body.get("r"), at)
+        except SchemaVersionError as error:  # a recorded value's class changed shape: write nothing
+            self.load_error = error
+            raise
         except SecretResolutionError as exc:  # never hand a handle's text to the caller as the value
             raise SecretResolutionError(
                 f"thread {self.thread_id!r} run {self.run_id}: the recorded {where} is a secret "
                 f"stored as a handle, and it cannot be given back: {exc}",
                 handle=exc.handle,
             ) from exc
+        self._events.append((pos, name, True, "failed" if failed else "completed"))
+        if failed:
+            self._failures[id(recorded)] = (recorded, rec.id)
+            raise recorded
+        return value
 
     def _restore(self, rec: Record) -> None:
         """Set ``run.state`` (in place) to the state committed with ``rec``, migrated to the
@@ -390,7 +399,7 @@ class Run:
         schema = rec.schema
         current = spec.channels(state)
         if spec.cls is not None and schema != spec.schema:
-            fresh = spec.build({n: loader.value(n, r) for n, r in rec.refs.items()}, schema, self._where(rec))
+            fresh = spec.build({n: loader.value(n, r, True) for n, r in rec.refs.items()}, schema, self._where(rec))
             for name, migrated in spec.channels(fresh).items():  # every field: a migration may add some
                 self._set(current, name, migrated)
             return

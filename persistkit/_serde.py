@@ -39,10 +39,10 @@ value types (i f b ba dt tm da td u dec pa) are in ``_stdtypes``.
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import functools
 import importlib
-import inspect
 import json
 import sys
 import typing
@@ -54,7 +54,13 @@ from typing import Any
 if typing.TYPE_CHECKING:
     pass
 
-from ._errors import ConfigurationError, SecretResolutionError, SerializationError, StepFailedError
+from ._errors import (
+    ConfigurationError,
+    SchemaVersionError,
+    SecretResolutionError,
+    SerializationError,
+    StepFailedError,
+)
 from ._registry import (
     _MODULE_RE,
     _MODULES,
@@ -68,6 +74,7 @@ from ._registry import (
 )
 from ._secrets import Redactor, Secret, default_redactor
 from ._stdtypes import DECODERS, ENCODERS, NO_TZ, TAG, payload, payload_bytes, tz_spec
+from ._versions import ON_CHANGE, VERSIONS, Plain, ShapeError, chain, revive, validate
 
 __all__ = [
     "Serializer",
@@ -80,16 +87,6 @@ __all__ = [
 MAX_DEPTH = 500  # JSON nesting levels; also keeps us well inside Python's recursion limit
 _BIG = 1 << 2000  # ints beyond this could exceed sys.get_int_max_str_digits() (min 640 digits)
 _INF = float("inf")
-
-
-@functools.cache
-def _validate_kw() -> dict[str, bool]:
-    # pydantic >= 2.11 validates by field name explicitly; older versions do so by default.
-    from pydantic import BaseModel
-
-    if "by_name" in inspect.signature(BaseModel.model_validate).parameters:
-        return {"by_alias": False, "by_name": True}
-    return {}
 
 
 _JSON_OUT = json.JSONEncoder(
@@ -108,16 +105,21 @@ _JSON_IN = json.JSONDecoder(parse_constant=_reject_constant)
 class _Fail(Exception):
     """Internal: carries a message and the path segments collected while unwinding."""
 
-    def __init__(self, msg: str, *, too_deep: bool = False) -> None:
+    def __init__(
+        self, msg: str, *, too_deep: bool = False, render: Callable[[str], str] | None = None
+    ) -> None:
         super().__init__(msg)
         self.msg = msg
         self.too_deep = too_deep
+        self.render = render  # a value that does not fit its class: a SchemaVersionError
         self.parts: list[str] = []
 
-    def error(self, root: str) -> SerializationError:
+    def error(self, root: str) -> SerializationError | SchemaVersionError:
         path = root + "".join(reversed(self.parts))
         if len(path) > 200:
             path = path[:200] + "..."
+        if self.render is not None:
+            return SchemaVersionError(self.render(path))
         return SerializationError(self.msg, path=path)
 
 
@@ -223,6 +225,9 @@ class Serializer:
         self._resolved: dict[str, type] = {}
         self.secrets: Redactor | None = None  # names and resolves pk.Secret / SecretStr handles
         self.reveal: Callable[[str], str] | None = None  # resolves handles in decoded strings
+        #: Decode models and dataclasses as :class:`Plain` dicts (what migrations are handed).
+        self.plain = False
+        self._plain_twin: Serializer | None = None
 
     # -- public API ---------------------------------------------------------
 
@@ -263,10 +268,14 @@ class Serializer:
         except RecursionError as exc:
             raise SerializationError("value is nested too deeply", path=path) from exc
 
-    def decode(self, tree: Any, *, path: str = "value") -> Any:
-        """The value a tree from ``encode`` stands for; malformed trees raise SerializationError."""
+    def decode(self, tree: Any, *, path: str = "value", plain: bool = False) -> Any:
+        """The value a tree from ``encode`` stands for; malformed trees raise SerializationError,
+        a value that no longer fits its class SchemaVersionError.
+
+        ``plain``: models and dataclasses (at any depth) become :class:`Plain` dicts of
+        their fields, upgraded by their class's migrations: what a migration is handed."""
         try:
-            return self._dec(tree, 0)
+            return (self._twin() if plain else self)._dec(tree, 0)
         except _Fail as fail:
             raise fail.error(path) from fail.__cause__
         except RecursionError as exc:
@@ -276,21 +285,29 @@ class Serializer:
         """A tree recording ``exc``: class name, args (repr() for unencodable ones), str, notes."""
         return self._enc_exception(exc, 0)
 
-    def decode_exception(self, tree: Any) -> BaseException:
+    def decode_exception(self, tree: Any, *, path: str = "exception") -> BaseException:
         """The recorded exception, or a StepFailedError describing it if it cannot be revived.
 
-        A malformed tree raises SerializationError.
+        A malformed tree raises SerializationError; a value in its arguments that no
+        longer fits its class, SchemaVersionError.
         """
         if type(tree) is not dict or tree.get(TAG) != "ex":
-            raise SerializationError("not a recorded exception", path="exception")
+            raise SerializationError("not a recorded exception", path=path)
         try:
             return self._dec_exception(tree, 0)
         except _Fail as fail:
-            raise fail.error("exception") from fail.__cause__
+            raise fail.error(path) from fail.__cause__
         except (ValueError, TypeError, RecursionError) as exc:
-            raise SerializationError(
-                f"malformed recorded exception ({exc})", path="exception"
-            ) from exc
+            raise SerializationError(f"malformed recorded exception ({exc})", path=path) from exc
+
+    def _twin(self) -> Serializer:
+        twin = self._plain_twin
+        if twin is None:
+            twin = copy.copy(self)
+            twin.plain = True
+            twin._plain_twin = twin
+            self._plain_twin = twin
+        return twin
 
     # -- encoding -----------------------------------------------------------
 
@@ -394,6 +411,12 @@ class Serializer:
         if extra:
             out.update(_fields(self._enc, extra.items(), depth + 2))
         return {TAG: "m", "c": name, "v": out}
+
+    def _enc_versioned(self, value: Any, depth: int) -> Any:
+        # Only classes registered with a version > 1 come here (_classify): the stamp
+        # costs the others nothing. Absent means version 1.
+        node = (self._enc_model if isinstance(value, _base_model()) else self._enc_dataclass)(value, depth)
+        return {TAG: node[TAG], "c": node["c"], "r": VERSIONS.get(type(value), 1), "v": node["v"]}
 
     def _enc_dataclass(self, value: Any, depth: int) -> Any:
         cls: type = type(value)
@@ -508,6 +531,8 @@ class Serializer:
             return handler(self, node, depth)
         except (_Fail, SecretResolutionError):  # a handle no resolver knows is not malformed data
             raise
+        except ShapeError as exc:  # well-formed, but no longer fits its class (or its chain failed)
+            raise _Fail("does not fit its class", render=exc.render) from exc.__cause__
         except Exception as exc:
             # The single boundary where stdlib parsers and revived classes' own
             # constructors/validators fail on bad data; the path is added on unwind.
@@ -561,6 +586,9 @@ class Serializer:
             cls = _find_exception(self, name)
             exc = cls(*_items(self._dec, args, depth + 3))
         except Exception as why:
+            if isinstance(why, _Fail) and why.render is not None:
+                why.parts.append(".args")
+                raise  # a recorded value whose class changed shape: a migration can fix it
             reason = why.msg if isinstance(why, _Fail) else f"{type(why).__name__}: {why}"
             return StepFailedError(
                 f"step failed with {type_name}: {text} (the exception could not be revived: "
@@ -573,26 +601,48 @@ class Serializer:
         return exc
 
     def _dec_model(self, node: dict[str, Any], depth: int) -> Any:
-        cls: Any = self._resolve(node, lambda c: issubclass(c, _base_model()), "pydantic model")
-        data = _fields(self._dec, payload(node, dict, True).items(), depth + 2)
-        from pydantic import RootModel
-
-        if issubclass(cls, RootModel):
-            return cls.model_validate(data["root"], **_validate_kw())
-        return cls.model_validate(data, **_validate_kw())
+        return self._dec_object(node, depth, _is_model, "pydantic model")
 
     def _dec_dataclass(self, node: dict[str, Any], depth: int) -> Any:
-        cls = self._resolve(node, lambda c: dataclasses.is_dataclass(c), "dataclass")
-        data = _fields(self._dec, payload(node, dict, True).items(), depth + 2)
-        fields = dict(_dc_fields(cls))
-        unknown = set(data) - set(fields)
-        if unknown:
-            raise ValueError(f"{class_name(cls)} has no field(s) {sorted(unknown)}")
-        obj = cls(**{k: v for k, v in data.items() if fields[k]})
-        for k, v in data.items():
-            if not fields[k]:
-                object.__setattr__(obj, k, v)  # non-init fields, also on frozen dataclasses
-        return obj
+        return self._dec_object(node, depth, dataclasses.is_dataclass, "dataclass")
+
+    def _dec_object(self, node: dict[str, Any], depth: int, check: Callable[[Any], bool], kind: str) -> Any:
+        """A stored model or dataclass, upgraded by its class's migrations if it is older."""
+        stored = _stamp(node)
+        fields = payload(node, dict, True) if len(node) == 3 else node["v"]
+        if type(fields) is not dict:
+            raise ValueError(f"payload is {type(fields).__name__}")
+        if self.plain:
+            data = _fields(self._dec, fields.items(), depth + 2)
+            try:
+                cls: Any = self._resolve(node, check, kind)
+            except _Fail:
+                cls = None  # not revivable here: the migration may replace it, else revive() says so
+            if cls is not None and stored != VERSIONS.get(cls, 1):
+                data = chain(cls, stored, data)[0]
+            return Plain(data, cls, str(node.get("c")))
+        cls = self._resolve(node, check, kind)
+        if stored == VERSIONS.get(cls, 1):  # the commonest case: one dict lookup more than before
+            return validate(cls, _fields(self._dec, fields.items(), depth + 2), stored)
+        # Older (or newer: chain() refuses it): the migrations get plain data, nested
+        # values already at their classes' versions; what they leave in place is revived.
+        data = _fields(self._twin()._dec, fields.items(), depth + 2)
+        data, ran = chain(cls, stored, data)
+        return validate(cls, revive(data), stored, ran)
+
+
+def _is_model(cls: Any) -> bool:
+    return issubclass(cls, _base_model())
+
+
+def _stamp(node: dict[str, Any]) -> int:
+    """The version stamped on a model or dataclass node (``"r"``); 1 when absent."""
+    if len(node) != 4:
+        return 1
+    r = node.get("r")
+    if type(r) is not int or r < 1 or "v" not in node or "c" not in node:
+        raise ValueError("unexpected keys " + repr(sorted(node)))
+    return r
 
 
 def _safe_repr(obj: Any) -> str:
@@ -622,8 +672,10 @@ def _find_exception(ser: Serializer, name: str) -> type[BaseException]:
 
 def _classify(t: type) -> _EncFn:
     """Pick (and cache) the encoder for a type that is not in the exact-type table."""
-    if issubclass(t, Enum):
-        fn: _EncFn = Serializer._enc_enum
+    if VERSIONS.get(t, 1) > 1:
+        fn: _EncFn = Serializer._enc_versioned
+    elif issubclass(t, Enum):
+        fn = Serializer._enc_enum
     elif issubclass(t, _base_model()):
         fn = Serializer._enc_model
     elif dataclasses.is_dataclass(t):
@@ -716,3 +768,10 @@ _DECODERS: dict[str, _DecFn] = {
     "x": _dec_pickle,
     "sec": lambda s, n, d: (s.secrets or default_redactor()).decode_secret(n),
 }
+
+
+def _forget(cls: type) -> None:
+    _KINDS.pop(cls, None)  # its encoder is chosen again, with or without the version stamp
+
+
+ON_CHANGE.append(_forget)

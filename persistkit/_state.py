@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, SupportsIndex
 from . import _serde
 from ._errors import ConfigurationError, SchemaVersionError
 from ._registry import _base_model
+from ._versions import ShapeError, register_migration, revive
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from ._model import State
 
 __all__ = [
     "Reducer",
@@ -167,17 +167,27 @@ MigrationFn = Callable[[dict[str, Any]], dict[str, Any]]
 _ADAPTERS: weakref.WeakKeyDictionary[type[Any], dict[tuple[str, bool], Any]] = weakref.WeakKeyDictionary()
 
 
-def migration(state: type[State], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
-    """Register ``fn(data) -> data`` upgrading ``state``'s stored fields from ``from_version``
-    to ``from_version + 1``. ``data`` is a dict of field name to value.
+def migration(state: type[Any], *, from_version: int) -> Callable[[MigrationFn], MigrationFn]:
+    """Register ``fn(data) -> data`` upgrading the stored fields of ``state`` (a ``pk.State``
+    subclass, or any class given a version with ``pk.register(cls, version=n)``) from
+    ``from_version`` to ``from_version + 1``.
 
-    ``from_version=0`` upgrades a state stored as a plain dict (``resume()`` without
-    ``state=``, no schema stamp): it runs, then the chain from version 1, whenever such
-    a state is loaded by ``state``. Its ``data`` holds whatever keys the run wrote."""
+    ``data`` is a dict of field name to value, as plain data: a model or dataclass
+    nested in it (at any depth) is a dict of its fields, already at its own class's
+    current version. ``from_version=0`` upgrades a state stored as a plain dict
+    (``resume()`` without ``state=``, no schema stamp): it runs, then the chain from
+    version 1, whenever such a state is loaded by ``state``. Its ``data`` holds
+    whatever keys the run wrote. For a registered class, a value stored without a
+    version is version 1."""
     from ._model import State
 
+    if isinstance(state, type) and not issubclass(state, State):
+        return register_migration(state, from_version)
     if not (isinstance(state, type) and issubclass(state, State)):
-        raise ConfigurationError(f"@pk.migration needs a pk.State subclass, got {state!r}")
+        raise ConfigurationError(
+            f"@pk.migration needs a pk.State subclass, or a class registered with a version "
+            f"(pk.register(cls, version=2)), got {state!r}"
+        )
     if (
         not isinstance(from_version, int)
         or isinstance(from_version, bool)
@@ -312,11 +322,29 @@ class StateSpec:
 
         data, ran = self.migrate(channels, stored, where)
         self.check_names(data, stored, where, ran)
+        if self.plain(stored):
+            data = self._revive(data, where, ran)
         try:
             obj = self.cls.model_validate(data)
         except ValidationError as exc:
             raise self._invalid(exc, stored, where, ran) from exc
         return self.track(obj)
+
+    def plain(self, stored: tuple[str, int] | None) -> bool:
+        """Whether a state stored under ``stored`` is loaded as plain data (``Loader.value(...,
+        plain=True)``): its migrations get nested models and dataclasses as dicts."""
+        return self.cls is not None and stored != self.schema
+
+    def _revive(self, data: dict[str, Any], where: str, ran: Sequence[str]) -> dict[str, Any]:
+        """The nested values the migrations left as they were, made their classes again."""
+        out: dict[str, Any] = {}
+        for name, value in data.items():
+            try:
+                out[name] = revive(value)
+            except ShapeError as exc:
+                after = f" (after {ran[-1]})" if ran else ""
+                raise SchemaVersionError(exc.render(f"{where}{after}: state.{name}")) from exc.__cause__
+        return out
 
     def migrate(
         self, data: dict[str, Any], stored: tuple[str, int] | None, where: str

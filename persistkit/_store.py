@@ -228,7 +228,8 @@ class Store:
         loader = loader or Loader(self.codec, rec.row.thread_id, rec.row.namespace)
         loader.add([rec])
         yield from loader.fetch([rec.refs])
-        channels = {name: loader.value(name, ref) for name, ref in rec.refs.items()}
+        plain = spec.plain(rec.schema)  # a migration may run: it gets nested values as dicts
+        channels = {name: loader.value(name, ref, plain) for name, ref in rec.refs.items()}
         where = f"thread {rec.row.thread_id!r} checkpoint {rec.id}"
         return spec.build(channels, rec.schema, where)
 

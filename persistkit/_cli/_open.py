@@ -137,8 +137,8 @@ class _PlainCodec(Codec):
             redactor=codec.redactor,
         )
 
-    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None) -> Any:
-        return plain(tree)
+    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False) -> Any:
+        return _as_json(tree)  # never revives a class, so no migration runs: stored data as stored
 
 
 def plain(tree: Any) -> Any:
@@ -173,3 +173,6 @@ def plain(tree: Any) -> Any:
     if tag == "x" and isinstance(v, str):
         return f"<pickled object, {len(base64.b64decode(v))} bytes>"
     return plain(v)  # b ba (base64 text), f, da, dt, tm, u, dec (their text)
+
+
+_as_json = plain

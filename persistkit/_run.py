@@ -43,6 +43,7 @@ from ._ids import new_run_id
 from ._io import Plan, call
 from ._records import Record
 from ._state import StateSpec, TrackedList
+from ._versions import migrations_ran
 from .backends import CheckpointRow, Head
 
 if TYPE_CHECKING:
@@ -132,6 +133,9 @@ class Run:
         self._failures: dict[int, tuple[BaseException, str]] = {}
         #: Set when a recorded state could not be loaded (migration, schema): the run writes nothing more.
         self.load_error: PersistkitError | None = None
+        #: Set once this run replayed a value older code stored in another shape (a state or
+        #: class migration ran): arguments built from it cannot match the recorded digests.
+        self.migrated = False
         self._head: Head | None = None
         self._loader = Loader(self.codec, thread_id, namespace)
         self._tracker = Tracker(self.codec)
@@ -221,6 +225,7 @@ class Run:
             # Lists of a head written under another schema version are written anew by the
             # first checkpoint of this code: a chain never mixes items of two versions.
             migrated = self.spec.cls is not None and head_rec.schema != self.spec.schema
+            self.migrated = self.migrated or migrated
             self._tracker.reset(head_rec.refs, self._loader, new_lists=migrated)
         for rec in rows:
             if rec.kind == "step":
@@ -302,6 +307,11 @@ class Run:
         else:
             digest = self._typed_digest(args, kwargs)
         if recorded != digest:
+            if self.migrated:
+                # Older code recorded the digest of arguments made from values in their old
+                # shape (a step's result handed to the next step, a state field); this code
+                # hands them migrated. Nothing to compare them with: replay as recorded.
+                return
             raise NonDeterminismError(
                 f"thread {self.thread_id!r} run {self.run_id}: step {name!r} at position {position} "
                 "is called with different arguments than the run recorded, so its recorded result "
@@ -359,6 +369,7 @@ class Run:
 
     def replay(self, rec: Record) -> Any:
         """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""
+        ran = migrations_ran()
         try:
             self._restore(rec)
         except PersistkitError as error:  # e.g. a failed migration: this run must write nothing
@@ -385,6 +396,8 @@ class Run:
                 f"stored as a handle, and it cannot be given back: {exc}",
                 handle=exc.handle,
             ) from exc
+        if migrations_ran() != ran:
+            self.migrated = True
         self._events.append((pos, name, True, "failed" if failed else "completed"))
         if failed:
             self._failures[id(recorded)] = (recorded, rec.id)

@@ -8,10 +8,12 @@ thread. A new feature is one more ``register_feature(Feature(...))``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
+from functools import cache
 from typing import Annotated, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 import persistkit as pk
 
@@ -67,6 +69,7 @@ register_feature(
         doc="the state schema changes between the crash and the resume (rename + type change, @pk.migration)",
         fields=_mig_fields,
         bumps_state=True,
+        changes_schema=True,
         migrate=_mig_migrate,
         step=_mig_step,
         check=_mig_check,
@@ -239,5 +242,117 @@ register_feature(
         # A long TTL: the takeover must come from recognising the dead holder, not from expiry.
         resume=lambda case: {"busy": "reject", "lease_ttl": 120.0},
         check=_lease_check,
+    )
+)
+
+
+# -- versioned value classes (pk.register(cls, version=2) + @pk.migration(cls, from_version=1)) --
+#
+# Each code version defines its own class under one stored name (this module's
+# ``MatrixMsg`` / ``MatrixReply``), as two releases of an application would. A
+# process defines only the version it runs (inline mode: version 1, then 2).
+
+
+def _define(make: Any, version: int) -> None:
+    """Define (once per process) and register the class of this code version."""
+    make(version)
+
+
+@cache
+def msg_class(version: int) -> type[BaseModel]:
+    """The nested message model: version 2 renames ``text`` to ``content`` and adds ``chars``."""
+    if version == 1:
+        cls = create_model("MatrixMsg", __module__=__name__, role=(str, ...), text=(str, ...))
+        pk.register(cls)
+    else:
+        cls = create_model("MatrixMsg", __module__=__name__, role=(str, ...), content=(str, ...), chars=(int, ...))
+        pk.register(cls, version=2)
+
+        @pk.migration(cls, from_version=1)
+        def msg_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+            data["content"] = data.pop("text")
+            data["chars"] = len(data["content"])
+            return data
+
+    globals()["MatrixMsg"] = cls  # what a new process finds under the stored name
+    return cls
+
+
+def _nested_step(case: Case, version: int, i: int, state: Any, handed: Any) -> None:
+    text = f"answer {i}"
+    m = msg_class(version)
+    state.msgs.append(m(role="assistant", text=text) if version == 1 else m(role="assistant", content=text, chars=len(text)))
+
+
+def _nested_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    want = [{"role": "assistant", "content": f"answer {i}", "chars": len(f"answer {i}")} for i in range(case.steps + 1)]
+    return [] if final.get("msgs") == want else [f"messages after a later run: {final.get('msgs')}"]
+
+
+register_feature(
+    Feature(
+        name="nested_migration",
+        doc="state holds list[Msg]; Msg changes shape between the versions (class version + class migration)",
+        setup=lambda case, version: _define(msg_class, version),
+        fields=lambda version: {"msgs": (Annotated[list[msg_class(version)], pk.append], [])},  # type: ignore[misc]
+        step=_nested_step,
+        check=_nested_check,
+        changes_schema=True,
+    )
+)
+
+
+def _dataclass(name: str, fields: list[tuple[str, type]]) -> type:
+    cls = dataclasses.make_dataclass(name, fields)  # module= only from Python 3.12
+    cls.__module__ = __name__
+    return cls
+
+
+@cache
+def reply_class(version: int) -> type:
+    """A step's result dataclass: version 2 turns ``text`` into ``body`` + ``words``."""
+    if version == 1:
+        cls = _dataclass("MatrixReply", [("text", str)])
+        pk.register(cls)
+    else:
+        cls = _dataclass("MatrixReply", [("body", str), ("words", int)])
+        pk.register(cls, version=2)
+
+        @pk.migration(cls, from_version=1)
+        def reply_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+            data["body"] = data.pop("text")
+            data["words"] = len(data["body"].split())
+            return data
+
+    globals()["MatrixReply"] = cls
+    return cls
+
+
+def _result_step(case: Case, version: int, i: int, state: Any, handed: Any) -> Any:
+    # the previous step's recorded result, replayed (and migrated) or live, is handed in
+    prev = "" if handed is None else _reply_summary(handed)
+    state.replies.append(prev)
+    text = f"reply {i} after {len(prev)} chars"
+    cls = reply_class(version)
+    return cls(text=text) if version == 1 else cls(body=text, words=len(text.split()))
+
+
+def _reply_summary(value: Any) -> str:
+    if hasattr(value, "body"):
+        return f"{value.body} ({value.words} words)"
+    if hasattr(value, "text"):
+        return f"{value.text} ({len(value.text.split())} words)"
+    return repr(value)
+
+
+register_feature(
+    Feature(
+        name="result_migration",
+        doc="steps return a dataclass that changes shape between the versions; replayed results are migrated",
+        setup=lambda case, version: _define(reply_class, version),
+        fields=lambda version: {"replies": (Annotated[list[str], pk.append], [])},
+        step=_result_step,
+        summary=_reply_summary,
+        changes_schema=True,
     )
 )

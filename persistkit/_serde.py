@@ -28,6 +28,10 @@ sec   pk.Secret, pydantic SecretStr/SecretBytes  handle name (``v``) and kind (`
 x     pickled object (only with allow_pickle)    base64 of pickle protocol 5
 ====  =========================================  ==================================
 
+A model or dataclass of a class registered with a version above 1
+(``pk.register(Msg, version=2)``) also carries ``"r": 2``; no ``"r"`` means
+version 1. Decoding an older one runs its class's migrations (``_versions``).
+
 A tz is null, ``["o", seconds, microseconds(, name)]`` for ``datetime.timezone``
 or ``["z", key]`` for ``zoneinfo.ZoneInfo``. Decoding never imports a module
 unless it is allowlisted, and revives a class only if it is registered.

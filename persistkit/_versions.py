@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from ._errors import ConfigurationError
@@ -73,7 +74,7 @@ class Plain(dict[str, Any]):
 
 
 def _label(cls: type) -> str:
-    return cls.__qualname__
+    return cls.__name__  # as the user's code names it in the decorator lines we suggest
 
 
 def versionable(cls: type) -> bool:
@@ -83,30 +84,28 @@ def versionable(cls: type) -> bool:
 
 def register_version(cls: type, version: Any) -> None:
     """Set the version ``cls``'s values are stored with (``pk.register(cls, version=n)``)."""
+    name = _label(cls)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigurationError(
-            f"persistkit.register({cls.__qualname__}, version={version!r}): version must be an int >= 1"
+            f"persistkit.register({name}, version={version!r}): version must be an int >= 1"
         )
     if hasattr(cls, "__pk_schema__") and issubclass(cls, _base_model()):
         raise ConfigurationError(
-            f"persistkit.register({cls.__qualname__}, version={version}): {cls.__qualname__} is a "
-            f"pk.State; declare its version on the class: class {cls.__qualname__}(pk.State, "
-            f"version={version})"
+            f"persistkit.register({name}, version={version}): {name} is a pk.State; declare its "
+            f"version on the class: class {name}(pk.State, version={version})"
         )
     if not versionable(cls):
-        kind = "an Enum" if issubclass(cls, __import__("enum").Enum) else (
-            "a namedtuple" if _is_namedtuple(cls) else f"a {cls.__qualname__}"
-        )
+        kind = "an Enum" if issubclass(cls, Enum) else ("a namedtuple" if _is_namedtuple(cls) else "neither")
         raise ConfigurationError(
-            f"persistkit.register({cls.__qualname__}, version={version}): only pydantic models and "
-            f"dataclasses carry a version; {cls.__qualname__} is {kind}. Register it without version=, "
-            "and convert its stored values in the migration of the model or state that holds them"
+            f"persistkit.register({name}, version={version}): only pydantic models and dataclasses "
+            f"carry a version; {name} is {kind}. Register it without version=, and convert its "
+            "stored values in the migration of the model or state that holds them"
         )
     with _LOCK:
         below = [v for (c, v) in MIGRATIONS if c is cls and v >= version]
         if below:
             raise ConfigurationError(
-                f"persistkit.register({cls.__qualname__}, version={version}): a migration from "
+                f"persistkit.register({name}, version={version}): a migration from "
                 f"version {max(below)} is registered, so the version must be at least {max(below) + 1}"
             )
         VERSIONS[cls] = version
@@ -116,7 +115,7 @@ def register_version(cls: type, version: Any) -> None:
 
 def register_migration(cls: type, from_version: Any) -> Callable[[MigrationFn], MigrationFn]:
     """``@pk.migration(cls, from_version=v)`` for a class registered with a version."""
-    name = cls.__qualname__
+    name = _label(cls)
     version = VERSIONS.get(cls)
     if version is None:
         what = "a pydantic model or dataclass" if versionable(cls) else "not a pydantic model or dataclass"
@@ -273,7 +272,7 @@ def validate(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> 
             lacks = f", and lacks required field(s) {missing}" if missing else ""
             raise _unfit(
                 cls, stored, ran, unknown[0],
-                f"stored field(s) {unknown} that {cls.__qualname__} does not declare{lacks}; loading "
+                f"stored field(s) {unknown} that {_label(cls)} does not declare{lacks}; loading "
                 f"would drop their data (its fields: {sorted(known)})",
             )
         try:
@@ -287,7 +286,7 @@ def validate(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> 
     if unknown:
         raise _unfit(
             cls, stored, ran, unknown[0],
-            f"stored field(s) {unknown} that {cls.__qualname__} does not declare; loading would drop "
+            f"stored field(s) {unknown} that {_label(cls)} does not declare; loading would drop "
             f"their data (its fields: {sorted(fields)})",
         )
     missing = sorted(
@@ -300,7 +299,7 @@ def validate(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> 
     try:
         obj = cls(**{k: v for k, v in data.items() if fields[k].init})
     except Exception as exc:  # the class's own checks (__post_init__) refusing the stored fields
-        raise _unfit(cls, stored, ran, "", f"{cls.__qualname__}(...) raised {type(exc).__name__}: {exc}") from exc
+        raise _unfit(cls, stored, ran, "", f"{_label(cls)}(...) raised {type(exc).__name__}: {exc}") from exc
     for k, v in data.items():
         if not fields[k].init:
             object.__setattr__(obj, k, v)  # non-init fields, also on frozen dataclasses

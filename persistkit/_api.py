@@ -19,8 +19,10 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from . import _serde
 from ._errors import ConfigurationError, PersistkitError, SchemaVersionError, SerializationError
+from ._live import live_inputs
 from ._retry import Retry
 from ._run import Run, StepInfo
+from ._secret_registry import _loaded
 from ._state import StateSpec
 from ._store import Store, check_namespace, check_thread_id, default_store
 from .coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
@@ -374,6 +376,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     position, rec, digest = _begin(step, frame, args, kwargs)
     if rec is not None:
         return run.replay(rec)
+    if _loaded:  # a handle was read back unresolved: resolve what the body gets, or refuse
+        args, kwargs = live_inputs(run, position, step.name, args, kwargs)
     if step.retry is None:  # the common case, without the closure a retry loop needs
         token = _CURRENT.set(_Frame(run, position, step.name, 1))
         try:
@@ -419,6 +423,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     position, rec, digest = _begin(step, frame, args, kwargs)
     if rec is not None:
         return run.replay(rec)
+    if _loaded:  # a handle was read back unresolved: resolve what the body gets, or refuse
+        args, kwargs = live_inputs(run, position, step.name, args, kwargs)
     if step.retry is None:
         token = _CURRENT.set(_Frame(run, position, step.name, 1))
         try:

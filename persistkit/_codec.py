@@ -27,7 +27,7 @@ import zlib
 from typing import Any
 
 from ._errors import SerializationError
-from ._secrets import PEOPLE_KEYS, Redactor
+from ._secrets import PEOPLE_KEYS, Redactor, hold_text
 from ._serde import Serializer
 
 try:  # 5-20x faster than the json module on the per-step path; optional
@@ -126,11 +126,6 @@ def _dump(tree: Any) -> bytes:
         return _JSON_ASCII.encode(tree).encode("ascii")
 
 
-def _unescape(text: str) -> str:
-    # Stored text without resolving handles: only undo the escaping of literal "$CRED{".
-    return text.replace("$CRED{$}", "$CRED{")
-
-
 def raw_digest(raw: bytes) -> str:
     """``x:`` and 16 hex digits of BLAKE2b over a step's arguments as JSON bytes
     (bytes that cannot hold a secret: see ``Codec.args_digest``)."""
@@ -184,7 +179,7 @@ class Codec:
         plain = self._plain_serializer
         if plain is None:
             plain = copy.copy(self.serializer)
-            plain.reveal = _unescape if self.redactor.enabled else None
+            plain.reveal = hold_text if self.redactor.enabled else None
             plain._plain_twin = None  # its own, that does not reveal either
             self._plain_serializer = plain
         return plain

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from . import _envsecrets
 from ._detect import BUILTIN, Detector
 from ._errors import ConfigurationError
 
@@ -46,6 +47,28 @@ def _changed() -> None:
     _generation[0] += 1
 
 
+def _order() -> None:
+    """Longest value first (a value inside another is replaced after it); at equal
+    length a registered name before an environment variable."""
+    _search.sort(key=lambda e: (-len(e[1]), e[2].startswith(_envsecrets.PREFIX)))
+
+
+def _env_sync() -> None:
+    """Bring the environment's secrets into ``_search`` when the environment changed
+    (cheap when it did not: see ``_envsecrets.sync``)."""
+    if not _envsecrets.sync():
+        return
+    with _lock:
+        registered = {v for v in _values.values() if isinstance(v, str)}
+        _search[:] = [e for e in _search if not e[2].startswith(_envsecrets.PREFIX)]
+        for value, variable in _envsecrets.secrets().items():
+            if value not in registered:
+                forms = {_json_escaped(value, False), _json_escaped(value, True)}
+                _search.extend((f, value, _envsecrets.PREFIX + variable) for f in forms)
+        _order()
+        _changed()
+
+
 class _Config:
     detect: bool = True
     vault: Vault | None = None
@@ -61,6 +84,11 @@ def _check_name(name: object) -> str:
         raise ConfigurationError(
             f"secret names are 1-100 characters of letters, digits and _ . : -, got {type(name).__name__}"
             + (f" {name!r}" if isinstance(name, str) and len(name) <= 100 else "")
+        )
+    if name.startswith(_envsecrets.PREFIX):
+        raise ConfigurationError(
+            f"secret names starting with {_envsecrets.PREFIX!r} are reserved for environment secrets "
+            f"(handles $CRED{{env:VAR}} resolve from the environment): got {name!r}; pick another name"
         )
     return name
 
@@ -78,7 +106,8 @@ def _learn(name: str, value: str | bytes) -> None:
         if isinstance(value, str):
             forms = {_json_escaped(value, False), _json_escaped(value, True)}
             _search.extend((f, value, name) for f in forms)
-            _search.sort(key=lambda e: -len(e[1]))
+            _search[:] = [e for e in _search if not (e[2].startswith(_envsecrets.PREFIX) and e[1] == value)]
+            _order()
         _changed()
 
 
@@ -133,6 +162,7 @@ def unregister(name: str) -> None:
         _resolvers.pop(name, None)
         _search[:] = [e for e in _search if e[2] != name]
         _changed()
+    _envsecrets.configure(_envsecrets.enabled())  # an environment secret of that value is one again
 
 
 def configure(
@@ -141,6 +171,7 @@ def configure(
     detect: bool | None = None,
     detectors: Iterable[Detector | tuple[str, str]] | None = None,
     resolver: Callable[[str], str | bytes | None] | bool | None = False,
+    environment: bool | Iterable[str] | None = None,
 ) -> None:
     """Process-wide settings (stores opened without their own ``redact=``/``vault=`` follow them).
 
@@ -148,8 +179,12 @@ def configure(
     pattern detectors (registered values and Secret types are always handled).
     ``detectors``: extra ``Detector`` objects or ``(kind, regex)`` pairs, added to
     the built-in ones. ``resolver``: a callable ``name -> value or None`` asked for
-    handles nothing else knows.
+    handles nothing else knows. ``environment``: secrets the process environment holds
+    become ``$CRED{env:VAR}`` and resolve from the environment (on by default; False:
+    off; names of variables: on, and these are secrets whatever they look like).
     """
+    if environment is not None:
+        _envsecrets.configure(environment)
     if vault is not False:
         if vault is not None and not all(hasattr(vault, a) for a in ("get", "put", "handle_key")):
             raise ConfigurationError("vault must be a pk.secrets.FileVault (or have get/put/handle_key)")

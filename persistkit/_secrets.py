@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from . import _envsecrets
 from ._detect import BUILTIN, TOKEN_KINDS, matches
 from ._entropy import random_spans
 from ._errors import ConfigurationError, SecretResolutionError, install_scrubber
@@ -55,6 +56,7 @@ from ._secret_registry import (
     Vault,
     _check_name,
     _config,
+    _env_sync,
     _generation,
     _learn,
     _loaded,
@@ -185,7 +187,9 @@ class Secret(Generic[T]):
 
 def _unresolved(name: str) -> SecretResolutionError:
     kind, _, tag = name.rpartition("-")
-    if kind and len(tag) == 16 and kind not in _UNGUESSABLE:
+    if name.startswith(_envsecrets.PREFIX):
+        how = _envsecrets.status(name)
+    elif kind and len(tag) == 16 and kind not in _UNGUESSABLE:
         # Tagged with the store's key only in an encrypted store, else with the writing
         # process's own key (a store reader must not test password guesses against it).
         how = (
@@ -210,6 +214,8 @@ def _unresolved(name: str) -> SecretResolutionError:
             f"Register it (pk.secrets.register({name!r}, ...) or pk.secrets.from_env({name!r}, 'ENV_VAR')) "
             "or configure the vault it was stored in (pk.secrets.configure(vault=...))"
         )
+    if name.startswith(_envsecrets.PREFIX):
+        return SecretResolutionError(f"handle $CRED{{{name}}} cannot be resolved. {how}", handle=name)
     return SecretResolutionError(
         f"handle $CRED{{{name}}} cannot be resolved: no registered value or resolver, no "
         f"environment binding and no vault entry knows it. {how}",
@@ -252,7 +258,8 @@ _LAZY: dict[str, type] = {}
 
 
 def resolve(value: Any, *, redactor: Redactor | None = None) -> Any:
-    """Resolve explicitly: a ``Secret`` to its value, a text's handles to their values.
+    """Resolve explicitly: a ``Secret`` to its value, a text's handles to their values
+    (``pk.secrets.resolve`` is ``_live.resolve``: containers read back from a store too).
 
     Raises ``SecretResolutionError`` naming the first handle nothing knows.
     """
@@ -272,7 +279,9 @@ def resolve(value: Any, *, redactor: Redactor | None = None) -> Any:
         return _HANDLE_RE.sub(sub, value)
     if hasattr(value, "get_secret_value"):
         return value.get_secret_value()
-    raise ConfigurationError(f"pk.secrets.resolve takes a str or a Secret, got {type(value).__name__}")
+    raise ConfigurationError(
+        f"pk.secrets.resolve takes a str, a Secret or a value read back from a store, got {type(value).__name__}"
+    )
 
 
 def scrub(text: str) -> str:
@@ -280,6 +289,7 @@ def scrub(text: str) -> str:
 
     Used on every message persistkit puts in an exception, a log line or CLI output.
     """
+    _env_sync()
     return default_redactor().redact_text(text, stable=True, escape=False)
 
 
@@ -363,6 +373,8 @@ class Redactor:
 
     def lookup(self, name: str) -> str | bytes | None:
         """The value a handle name stands for, or None when no resolver knows it."""
+        if name.startswith(_envsecrets.PREFIX):  # the variable's value here and now (reserved names)
+            return _envsecrets.resolve(name)
         resolver = _resolvers.get(name)
         if resolver is not None:
             value = self._call(name, resolver)
@@ -481,6 +493,7 @@ class Redactor:
         # A one-byte search is a memchr: gate the longer ones on a rare byte. find(), not
         # `in`: bytes.__contains__ first tries its argument as an int and builds (then
         # drops) a TypeError each time, which costs more than the search.
+        _env_sync()
         find = data.find
         if find(b"$") >= 0 and find(b"$CRED{") >= 0:
             return True
@@ -498,6 +511,7 @@ class Redactor:
     def _scan(self, data: bytes) -> AbstractSet[str] | None:
         """None when no secret can be in JSON ``data``; else the detectors worth running
         (the built-in ones the first pass found candidates for, and every extra one)."""
+        _env_sync()
         find = data.find
         found = find(b"$") >= 0 and find(b"$CRED{") >= 0
         found = found or any(find(form) >= 0 for form, _, _ in _search)
@@ -614,11 +628,11 @@ class Redactor:
     def reveal_text(self, text: str) -> str:
         """A stored text with its handles resolved where a resolver knows them.
 
-        A text that is one handle and nothing else stood for a value that was all
-        secret (an API key a step returned): handing its handle text to code that
-        expects the value would be a silently wrong value, so it resolves or raises
-        ``SecretResolutionError`` naming what to configure. A handle inside a longer
-        text (a message quoting a key) stays as it is when nothing knows it.
+        A handle nothing knows stays as its text, remembered as read back unresolved
+        (``_loaded``): loading never needs a value (a resume, a replayed step, an
+        inspection). Such a handle is resolved, or refused, where a value enters a live
+        call (:func:`live`: a step's arguments, an adapter's tool and model calls),
+        never handed to one as text; written back, it stays the same handle.
         """
 
         def sub(m: re.Match[str]) -> str:
@@ -627,9 +641,7 @@ class Redactor:
                 return "$CRED{"
             value = self.lookup(name)
             if value is None:
-                if m.end() - m.start() == len(text):
-                    raise _unresolved(name)
-                _loaded.add(m[0])
+                _hold(m[0])
                 return m[0]
             return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
@@ -653,6 +665,11 @@ class Redactor:
             raw, name = value.get_secret_value(), None
         if name is None:  # a registered value keeps its name (the same handle in every process)
             name = next((n for n, v in list(_values.items()) if v == raw), None)
+        if name is None and isinstance(raw, str):  # a value of the environment: $CRED{env:VAR}
+            _env_sync()
+            variable = _envsecrets.secrets().get(raw)
+            if variable is not None:
+                return {"__pk__": "sec", "k": kind, "v": _envsecrets.PREFIX + variable}
         if name is None:
             name = f"secret-{self._tag(raw)}"
             self._keep(name, raw)
@@ -709,6 +726,23 @@ def _digest_handle(m: re.Match[str]) -> str:
     return m[0] if m[1] == "$" else "$CRED{}"
 _AWS_KEY_NAME = re.compile(r"(?i)aws_?secret|secret_?access_?key")
 _AWS_SECRET = re.compile(r"[A-Za-z0-9/+]{40}")
+
+
+def _hold(handle: str) -> None:
+    """Remember a handle text read back unresolved: written again as the same handle (not
+    escaped), and resolved or refused where it enters a live call (``_live``)."""
+    _loaded.add(handle)
+
+
+def hold_text(text: str) -> str:
+    """A stored text for inspection: handles stay handles (never resolved, never needing a
+    value), remembered as read back (``_hold``); escaped literal ``$CRED{`` restored."""
+    if "$CRED{" not in text:
+        return text
+    for m in _HANDLE_RE.finditer(text):
+        if m[1] != "$":
+            _loaded.add(m[0])
+    return text.replace("$CRED{$}", "$CRED{")
 
 
 def _escape(m: re.Match[str]) -> str:

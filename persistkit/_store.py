@@ -6,6 +6,7 @@ Every operation is written once as a plan (see ``_io``) and exposed twice:
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Mapping
@@ -260,8 +261,19 @@ class Store:
 
     def _get_state(self, thread_id: str, checkpoint_id: str | None, spec: StateSpec, namespace: str) -> Plan[Any]:
         rec = yield from self.read_record(thread_id, namespace, checkpoint_id)
-        state = yield from self.load_state(rec, spec)
+        # Inspection never needs a secret's value: handles stay handle text (a Secret field
+        # stays a lazy Secret), so a thread can be read in a process that cannot resolve them.
+        state = yield from self.load_state(rec, spec, Loader(self._inspecting(), thread_id, namespace))
         return state
+
+    def _inspecting(self) -> Codec:
+        """The store's codec, decoding without resolving handles (see ``_get_state``)."""
+        codec = self.__dict__.get("_inspect_codec")
+        if codec is None:
+            codec = copy.copy(self.codec)
+            codec.reveal = False
+            self.__dict__["_inspect_codec"] = codec
+        return codec
 
     def _write_state(
         self,

@@ -14,14 +14,24 @@ registered values and resolvers, environment variables, a callable
 the store. Default: detection on, no vault — a detected secret is never
 stored anywhere. Its handle is named with the store's handle key, the same in
 every process, so registering the value in a new process under any name
-(``from_env``) resolves it there. A stored value that was all secret and that
-nothing can resolve raises ``SecretResolutionError`` when loaded; a handle
-inside a longer text stays as handle text.
+(``from_env``) resolves it there.
+
+Zero configuration for keys from the environment: a value that an environment
+variable holding a credential has (``OPENAI_API_KEY``, AWS keys, a DSN's
+password) is stored as ``$CRED{env:VAR}`` wherever it sits and resolves from
+the environment of whichever process reads it (``configure(environment=...)``).
+
+Loading never needs a value: a handle nothing resolves stays handle text (a
+resume, a replayed step, ``store.get_state``, which never resolves at all). It is
+resolved where it enters a live call — a step's arguments and the run's state
+before the body, an adapter's tool and model calls (:func:`live`) — or that call
+fails before it runs with ``SecretResolutionError``.
 """
 
 from ._detect import BUILTIN as DETECTORS
 from ._detect import Detector
 from ._errors import SecretResolutionError
+from ._live import live, resolve
 from ._secrets import (
     Redactor,
     Secret,
@@ -29,7 +39,6 @@ from ._secrets import (
     configure,
     from_env,
     register,
-    resolve,
     scrub,
     unregister,
 )
@@ -45,6 +54,7 @@ __all__ = [
     "Vault",
     "configure",
     "from_env",
+    "live",
     "register",
     "resolve",
     "scrub",

@@ -24,6 +24,9 @@ import persistkit as pk
 def main() -> None:
     url, thread, kill_at, setup = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     encrypt = len(sys.argv) > 5 and sys.argv[5] == "1"
+    # Environment secrets off: this agent checks detected keys named with the store's handle
+    # key; tests/env_secret_agent.py covers a key that comes from the environment.
+    pk.secrets.configure(environment=False)
     if setup == "from_env":
         pk.secrets.from_env("llm_key", "AGENT_KEY")
     elif setup == "register":

@@ -215,8 +215,11 @@ def test_registering_under_any_name_afterwards_resolves_and_replays(local_store:
         k = fetch()
         use(k, 1)
     _secrets._memory.clear()
-    with pytest.raises(pk.SecretResolutionError) as info, pk.resume(thread, store=local_store, run_id=run.run_id):
-        fetch()
+    with pk.resume(thread, store=local_store, run_id=run.run_id):
+        k = fetch()  # replaying never needs the value: the handle stays handle text
+    assert k.startswith("$CRED{openai-") and KEY not in k
+    with pytest.raises(pk.SecretResolutionError) as info:
+        pk.secrets.resolve(k)
     assert info.value.handle.startswith("openai-") and KEY not in str(info.value)
     pk.secrets.register(name, KEY)
     try:
@@ -233,8 +236,9 @@ class _Creds:
     region: str
 
 
-def test_an_unknown_handle_inside_a_dataclass_is_a_secret_resolution_error(local_store: pk.Store) -> None:
-    """Not a SerializationError about a 'malformed dc value': the data is fine, a resolver is missing."""
+def test_an_unknown_handle_inside_a_dataclass_replays_and_refuses_to_resolve(local_store: pk.Store) -> None:
+    """Not a SerializationError about a 'malformed dc value': the data is fine, a resolver is
+    missing. Replaying does not need it; resolving says what to configure."""
     thread = uid("dc")
 
     @pk.checkpointed
@@ -244,8 +248,11 @@ def test_an_unknown_handle_inside_a_dataclass_is_a_secret_resolution_error(local
     with pk.resume(thread, store=local_store) as run:
         creds()
     _secrets._memory.clear()  # as in a new process
-    with pytest.raises(pk.SecretResolutionError) as info, pk.resume(thread, store=local_store, run_id=run.run_id):
-        creds()
+    with pk.resume(thread, store=local_store, run_id=run.run_id):
+        got = creds()
+    assert isinstance(got, _Creds) and got.api_key.startswith("$CRED{openai-") and got.region == "eu"
+    with pytest.raises(pk.SecretResolutionError) as info:
+        pk.secrets.resolve(got)
     assert KEY not in str(info.value) and "from_env" in str(info.value)
 
 

@@ -243,6 +243,8 @@ def test_no_planted_secret_reaches_any_store(store_url: str, vault: pk.secrets.F
         assert second["out"]["echo"] == EVERYTHING
         assert second["typed"].reveal() == PLANTED["typed"][1]
         state = store.get_state(thread)
+        assert state["notes"] != EVERYTHING and "$CRED{" in state["notes"]  # inspection: handles
+        state = pk.secrets.resolve(state, store=store)
         assert state["notes"] == EVERYTHING
         assert state["typed"].reveal() == PLANTED["typed"][1]
         assert_clean(read_everything(store, store_url), store_url.split(":", 1)[0] + " after replay")

@@ -178,7 +178,9 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, local_store: pk.Store) -> Non
     with pk.resume(thread, store=local_store) as run:
         run.state["cfg"] = "key is env-secret-value-77"
     monkeypatch.setenv("PK_TEST_KEY", "rotated-value-88")  # resolved at the point of use
-    assert local_store.get_state(thread)["cfg"] == "key is rotated-value-88"
+    state = local_store.get_state(thread)
+    assert state["cfg"] == "key is $CRED{envkey}"  # inspection: handles stay handles
+    assert pk.secrets.resolve(state)["cfg"] == "key is rotated-value-88"
 
 
 def test_callable_resolver() -> None:
@@ -260,7 +262,8 @@ def test_pydantic_fields(local_store: pk.Store) -> None:
     assert state.api is not None and state.token is not None
     assert state.api.reveal() == "api-value-123456"
     assert isinstance(state.token, SecretStr) and state.token.get_secret_value() == "token-value-98765"
-    assert state.note == "url postgresql://u:pw-in-a-note@h/db"
+    assert state.note.startswith("url postgresql://u:$CRED{url_password-")  # inspection: a handle
+    assert pk.secrets.resolve(state).note == "url postgresql://u:pw-in-a-note@h/db"
     plain = Creds.model_validate({"api": "plain", "token": "t"}).api
     assert plain is not None and plain.reveal() == "plain"
 
@@ -295,7 +298,7 @@ def test_vault_resolves_in_another_process(tmp_path: Path) -> None:
             with pk.resume("t", store=store) as run:
                 run.state["k"] = "use sk-Tx9Lq2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp now"
         else:
-            print(store.get_state("t")["k"])
+            print(pk.secrets.resolve(store.get_state("t"), store=store)["k"])
         """
     )
     env_path = str(Path(pk.__file__).parent.parent)
@@ -461,5 +464,6 @@ def test_a_secret_in_the_newest_list_item_does_not_rewrite_the_list_at_the_next_
             run.state.setdefault("messages", []).append(step(r))
     sizes = [len(row.payload) for row in reversed(store.backend.list("relist", ""))]
     assert max(sizes) < 1.5 * sizes[0], sizes  # O(change): no checkpoint carries the whole list
-    assert [m.endswith(f"key {key}") for m in store.get_state("relist")["messages"]] == [True] * 5
+    messages = pk.secrets.resolve(store.get_state("relist"))["messages"]
+    assert [m.endswith(f"key {key}") for m in messages] == [True] * 5
     store.close()

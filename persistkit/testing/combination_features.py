@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import os
 from functools import cache
 from typing import Annotated, Any
 
@@ -77,48 +78,85 @@ register_feature(
 )
 
 
-# -- a registered secret ------------------------------------------------------------------
+# -- secrets: registered, and from the process environment ---------------------------------
+#
+# Step 0 fetches the key; each later step is handed the previous step's result: the
+# key alone and an email body quoting it (a longer text, as tool-call arguments are).
+# What a live step is handed must be the key itself, never its handle as text; the
+# state keeps a log line quoting the key. No stored byte may hold the value.
 
 
-def _secret_setup(case: Case, version: int) -> None:
-    pk.secrets.register(SECRET_NAME, SECRET)
+def _secret_feature(name: str, doc: str, value: str, handle: str, setup: Any) -> Feature:
+    log, evidence = f"{name}_log", f"{name}-handed.log"
 
+    def step(case: Case, version: int, i: int, state: Any, handed: Any) -> dict[str, str]:
+        if handed is None:
+            key = value if i == 0 else "<nothing handed>"
+        else:
+            key = handed["key"]
+            ok = handed["key"] == value and value in handed["body"] and "$CRED{" not in handed["body"]
+            with open(case.path(evidence), "a") as f:
+                f.write(("ok" if ok else f"step {i} BAD {str(handed)[:80]!r}") + "\n")
+        getattr(state, log).append(f"tool call {i} with Authorization: Bearer {key} for user 7")
+        return {"key": key, "body": f"Dear user, step {i} used the key {key}; keep it safe."}
 
-def _secret_step(case: Case, version: int, i: int, state: Any, handed: Any) -> str:
-    if i == 0 or handed is None:
-        key = SECRET  # step 0 fetches the key; later steps are handed it by the previous step's result
-    else:
-        # What a live step is handed must be the key itself, never its handle as text.
-        with open(case.path("secret-handed.log"), "a") as f:
-            f.write(("ok" if handed == SECRET else f"BAD {handed[:40]!r}") + "\n")
-        key = handed
-    state.sec_log.append(f"tool call {i} with Authorization: Bearer {key} for user 7")
-    return key
+    def summary(v: Any) -> Any:
+        if isinstance(v, dict) and v.get("key") == value and value in v.get("body", ""):
+            return "<the key and a text quoting it>"
+        return repr(v)
 
+    def check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+        problems = []
+        where = data.contains(value)
+        if where:
+            problems.append(f"the secret's value is in the stored bytes ({', '.join(where)})")
+        if not data.contains(handle):
+            problems.append(f"no {handle} in the opened records: the secret was not stored as that handle")
+        p = case.path(evidence)
+        bad = [h for h in (p.read_text().splitlines() if p.exists() else []) if h != "ok"]
+        if bad:
+            problems.append(f"a live step was handed something else than the key: {bad}")
+        if len(final.get(log, [])) != case.steps + 1:
+            problems.append(f"{log} holds {len(final.get(log, []))} lines after a later run")
+        return problems
 
-def _secret_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
-    problems = []
-    where = data.contains(SECRET)
-    if where:
-        problems.append(f"the secret's value is in the stored bytes ({', '.join(where)})")
-    if not data.contains("$CRED{" + SECRET_NAME + "}"):
-        problems.append("no $CRED handle in the opened records: the secret was not stored as a handle")
-    handed = case.path("secret-handed.log").read_text().split("\n") if case.path("secret-handed.log").exists() else []
-    bad = [h for h in handed if h and h != "ok"]
-    if bad:
-        problems.append(f"a live step was handed something else than the key: {bad}")
-    return problems
+    return Feature(
+        name=name,
+        doc=doc,
+        setup=setup,
+        fields=lambda version: {log: (Annotated[list[str], pk.append], [])},
+        step=step,
+        summary=summary,
+        check=check,
+    )
 
 
 register_feature(
-    Feature(
-        name="secret",
-        doc="a registered secret returned by a step, handed to the next steps, written into state text",
-        setup=_secret_setup,
-        fields=lambda version: {"sec_log": (Annotated[list[str], pk.append], [])},
-        step=_secret_step,
-        summary=lambda v: "<the secret>" if v == SECRET else v,
-        check=_secret_check,
+    _secret_feature(
+        "secret",
+        "a registered secret (pk.secrets.register) returned by a step, handed on, quoted in state",
+        SECRET,
+        "$CRED{" + SECRET_NAME + "}",
+        lambda case, version: pk.secrets.register(SECRET_NAME, SECRET),
+    )
+)
+
+#: An environment variable a deployment sets in every process; nothing registers it.
+ENV_VARIABLE = "PK_MATRIX_OPENAI_API_KEY"
+ENV_SECRET = "sk-proj-EnvQ81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7mTrx"
+
+
+def _env_setup(case: Case, version: int) -> None:
+    os.environ[ENV_VARIABLE] = ENV_SECRET  # what the process manager gives each process
+
+
+register_feature(
+    _secret_feature(
+        "env_secret",
+        "a key from the process environment, zero configuration, resolved in the new process",
+        ENV_SECRET,
+        "$CRED{env:" + ENV_VARIABLE + "}",
+        _env_setup,
     )
 )
 

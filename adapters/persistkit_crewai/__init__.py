@@ -23,7 +23,7 @@ from typing import Annotated, Any, cast
 from crewai import Crew, CrewOutput, Task
 from crewai.flow.async_feedback.types import PendingFeedbackContext
 from crewai.flow.persistence.base import FlowPersistence
-from crewai.flow.runtime import Flow
+from crewai.flow.runtime import Flow, FlowState
 from crewai.flow.types import FlowExecutionData
 from crewai.tasks.task_output import TaskOutput
 from pydantic import BaseModel, Field, PrivateAttr
@@ -40,18 +40,44 @@ _CONFLICT_RETRIES = 16
 class FlowRecord(pk.State, name="persistkit_crewai.FlowRecord", version=1):
     """What one persistkit thread holds for one CrewAI flow id."""
 
-    state: dict[str, Any] = {}
+    # The flow's state: its pydantic model as the object (persistkit's codec stores its class and
+    # version, so ``pk.register(Model, version=n)`` + ``@pk.migration`` upgrade it on load, and a
+    # shape change without a migration is a SchemaVersionError), or the dict of a dict state.
+    # Records written before flow states carried a version hold the model's JSON dict: see ``_legacy``.
+    state: Any = None
     # Every persisted method completion, in order (append-only: O(1) per save).
     methods: Annotated[list[str], pk.append] = []
     pending: dict[str, Any] | None = None
 
 
-def _as_dict(state_data: dict[str, Any] | BaseModel) -> dict[str, Any]:
+def _user_model(cls: type[BaseModel]) -> type[BaseModel]:
+    """The user's state model behind CrewAI's ``StateWithId(FlowState, Model)``: a class made
+    per flow instance, which a new process cannot name and the user cannot version."""
+    if "<locals>" in cls.__qualname__ and FlowState in cls.__bases__:
+        bases = [b for b in cls.__bases__ if b is not FlowState and issubclass(b, BaseModel)]
+        if len(bases) == 1:
+            return bases[0]
+    return cls
+
+
+def _stored(state_data: dict[str, Any] | BaseModel) -> dict[str, Any] | BaseModel:
     if isinstance(state_data, BaseModel):
-        return state_data.model_dump(mode="json")
+        model = _user_model(type(state_data))
+        if model is type(state_data):
+            return state_data  # encoded before save_state returns: later mutations are not seen
+        # Stored as the user's model (its class and version): the id CrewAI added is the flow id.
+        fields = {k: v for k, v in state_data.__dict__.items() if k in model.model_fields}
+        return model.model_construct(**fields)
     if isinstance(state_data, dict):
         return dict(state_data)
     raise TypeError(f"flow state must be a dict or a pydantic model, got {type(state_data).__name__}")
+
+
+def _as_dict(state: Any, flow_uuid: str) -> dict[str, Any]:
+    """The dict CrewAI restores a flow's state from (``Flow._restore_state`` needs its id)."""
+    data = state.model_dump() if isinstance(state, BaseModel) else dict(state or {})
+    data.setdefault("id", flow_uuid)
+    return data
 
 
 class PersistkitFlowPersistence(FlowPersistence):
@@ -89,6 +115,17 @@ class PersistkitFlowPersistence(FlowPersistence):
             rec: FlowRecord = self._store.get_state(self.thread_id(flow_uuid), state=FlowRecord)
         except pk.NotFoundError:
             return None
+        except pk.SerializationError as exc:
+            if "not registered in this process" not in str(exc):
+                raise
+            # A new process that calls kickoff(inputs={"id": ...}) without restore() first: the
+            # state's model was never named here, and decoding imports nothing by itself.
+            raise pk.SerializationError(
+                f"CrewAI flow {flow_uuid!r}: its state model is not known to this process. Call "
+                f"persistence.restore(flow, {flow_uuid!r}) before flow.kickoff (it registers the "
+                f"flow's state model), or pk.register(YourStateModel) at import. ({exc})",
+                path=exc.path,
+            ) from exc
         return rec
 
     def _write(self, flow_uuid: str, changes: dict[str, Any], method: str) -> None:
@@ -104,12 +141,12 @@ class PersistkitFlowPersistence(FlowPersistence):
 
     def save_state(self, flow_uuid: str, method_name: str, state_data: dict[str, Any] | BaseModel) -> None:
         """Record that ``method_name`` completed, with the flow's state after it."""
-        self._write(flow_uuid, {"state": _as_dict(state_data), "methods": [method_name]}, method_name)
+        self._write(flow_uuid, {"state": _stored(state_data), "methods": [method_name]}, method_name)
 
     def load_state(self, flow_uuid: str) -> dict[str, Any] | None:
-        """The state saved last for ``flow_uuid``, or None."""
+        """The state saved last for ``flow_uuid`` (a model's upgraded by its migrations), or None."""
         rec = self._record(flow_uuid)
-        return dict(rec.state) if rec is not None and rec.state else None
+        return _as_dict(rec.state, flow_uuid) if rec is not None and rec.state else None
 
     def completed_methods(self, flow_uuid: str) -> list[str]:
         """Names of the persisted methods that completed, in order (repeats for cycles)."""
@@ -124,9 +161,15 @@ class PersistkitFlowPersistence(FlowPersistence):
         them. Routers are not marked: they run again, so that the listeners of
         the route they pick fire. Returns False when nothing was recorded.
         """
-        done = set(self.completed_methods(flow_id))
+        model = _user_model(type(flow.state)) if isinstance(flow.state, BaseModel) else None
+        if model is not None:
+            pk.register(model)  # revivable in this new process before the flow saves anything
+        rec = self._record(flow_id)  # decoding runs the model's migrations, or refuses a changed shape
+        done = set(rec.methods) if rec is not None else set()
         if not done:
             return False
+        if rec is not None and isinstance(rec.state, dict) and model is not None:
+            _legacy(model, rec.state, flow_id, self.thread_id(flow_id))
         methods = type(flow).flow_definition().methods
         done = {m for m in done if not (m in methods and methods[m].router)}
         if flow.persistence is None:
@@ -143,18 +186,38 @@ class PersistkitFlowPersistence(FlowPersistence):
         self, flow_uuid: str, context: PendingFeedbackContext, state_data: dict[str, Any] | BaseModel
     ) -> None:
         """Store the state and the context of a flow paused for human feedback."""
-        changes = {"state": _as_dict(state_data), "pending": context.to_dict()}
+        changes = {"state": _stored(state_data), "pending": context.to_dict()}
         self._write(flow_uuid, changes, context.method_name)
 
     def load_pending_feedback(self, flow_uuid: str) -> tuple[dict[str, Any], PendingFeedbackContext] | None:
         rec = self._record(flow_uuid)
         if rec is None or rec.pending is None:
             return None
-        return dict(rec.state), PendingFeedbackContext.from_dict(rec.pending)
+        return _as_dict(rec.state, flow_uuid), PendingFeedbackContext.from_dict(rec.pending)
 
     def clear_pending_feedback(self, flow_uuid: str) -> None:
         if self._record(flow_uuid) is not None:
             self._write(flow_uuid, {"pending": None}, "clear_pending_feedback")
+
+
+def _legacy(model: type[BaseModel], data: dict[str, Any], flow_id: str, thread: str) -> None:
+    """A state stored as the model's JSON dict (by an earlier persistkit-crewai) carries no
+    version: refuse one that no longer fits the model, rather than CrewAI's raw ValidationError."""
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e.get('loc') or ())) or '(value)'}: {e['msg']}" for e in exc.errors(include_url=False)[:3]
+        )
+        raise pk.SchemaVersionError(
+            f"CrewAI flow {flow_id!r} (persistkit thread {thread!r}): its state was stored as a plain "
+            f"dict by an earlier persistkit-crewai, which records no model version, and no longer "
+            f"validates as {model.__qualname__} ({detail}). Finish the flow with the code that "
+            "stored it; flows saved from now on carry their model's version and migrate "
+            f"(pk.register({model.__qualname__}, version=2) + @pk.migration)"
+        ) from exc
 
 
 # -- crews ---------------------------------------------------------------------------------

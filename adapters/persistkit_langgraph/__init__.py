@@ -30,7 +30,7 @@ loop).
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -50,6 +50,15 @@ from langgraph.types import Command, StateSnapshot
 
 import persistkit as pk
 
+from ._migrate import (
+    CHANNELS_KEY,
+    VERSION_KEY,
+    Migration,
+    Migrations,
+    ModelCheck,
+    migrate_checkpoint,
+    remedy,
+)
 from ._values import from_tree, to_tree
 
 __all__ = ["PersistkitSaver", "adurable_invoke", "durable_invoke"]
@@ -72,6 +81,12 @@ def _wns(ns: str, checkpoint_id: str) -> str:
     return f"{_WR}{checkpoint_id}:{ns}"
 
 
+def _known(config: RunnableConfig) -> frozenset[str] | None:
+    """The running graph's channel names, when ``durable_invoke`` put them in the config."""
+    known = config["configurable"].get(CHANNELS_KEY)
+    return frozenset(known) if known is not None else None
+
+
 def _ids(config: RunnableConfig) -> tuple[str, str]:
     conf = config["configurable"]
     return str(conf["thread_id"]), str(conf.get("checkpoint_ns") or "")
@@ -84,17 +99,31 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
     last in the namespace, which is the newest id for LangGraph's time-ordered ids.
     """
 
-    def __init__(self, store: pk.Store, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(self, store: pk.Store, *, serde: SerializerProtocol | None = None, version: int = 1) -> None:
         super().__init__(serde=serde)
         self.store = store
         self._owns_store = False
+        self._migrations = Migrations(version)
+        self._models = ModelCheck(lambda tree: self.serde.loads_typed(("msgpack", from_tree(tree))))
 
     @classmethod
-    def from_url(cls, url: str | None = None, *, serde: SerializerProtocol | None = None, **options: Any) -> PersistkitSaver:
+    def from_url(
+        cls, url: str | None = None, *, serde: SerializerProtocol | None = None, version: int = 1, **options: Any
+    ) -> PersistkitSaver:
         """Open ``pk.connect(url, **options)``; the saver closes it in :meth:`close`."""
-        saver = cls(pk.connect(url, **options), serde=serde)
+        saver = cls(pk.connect(url, **options), serde=serde, version=version)
         saver._owns_store = True
         return saver
+
+    @property
+    def version(self) -> int:
+        """The graph-state version this saver stamps on the checkpoints it writes."""
+        return self._migrations.version
+
+    def migration(self, *, from_version: int) -> Callable[[Migration], Migration]:
+        """Register ``fn(channels) -> channels`` upgrading a checkpoint's channel values from
+        graph-state version ``from_version`` to the next (see docs/adapters-langgraph.md)."""
+        return self._migrations.register(from_version)
 
     def close(self) -> None:
         if self._owns_store:
@@ -137,13 +166,31 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 
     # -- plans (one copy of each operation) -------------------------------------------------
 
-    def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any]) -> Plan[CheckpointTuple]:
+    def _tuple(self, cp: pk.Checkpoint, lg: dict[str, Any], known: frozenset[str] | None) -> Plan[CheckpointTuple]:
         checkpoint, ns, thread_id = lg["checkpoint"], cp.namespace[len(_CP) :], cp.thread_id
+        where = f"LangGraph thread {thread_id!r}{f' namespace {ns!r}' if ns else ''} checkpoint {checkpoint['id']}"
+        stored_version = cp.metadata.get(VERSION_KEY, 1)
+        steps = [] if stored_version == self.version else self._migrations.plan(int(stored_version), where)
         state = yield _call("get_state", thread_id, cp.checkpoint_id, namespace=cp.namespace)
-        checkpoint["channel_values"] = {
-            k: self._load(state[k]) for k in checkpoint["channel_versions"] if state.get(k) is not None
+        stored_writes = yield from self._writes(thread_id, ns, checkpoint["id"])
+        # Subgraphs inherit the root's config: only the root namespace is checked against its channels.
+        known = None if ns else known
+        if not steps:  # a renamed field first: it explains the values that no longer fit, too
+            names = [k for k in checkpoint["channel_versions"] if state.get(k) is not None]
+            self._migrations.unknown([*names, *(w["c"] for w in stored_writes.values())], known, where)
+        values = {
+            k: self._load_checked(state[k], f"{where} channel {k!r}", bool(steps))
+            for k in checkpoint["channel_versions"]
+            if state.get(k) is not None
         }
-        writes = yield from self._writes(thread_id, ns, checkpoint["id"])
+        writes = [
+            (w["k"], w["c"], self._load_checked(w, f"{where} pending write of task {w['k']} to {w['c']!r}", bool(steps)))
+            for w in sorted(stored_writes.values(), key=lambda w: (w["p"], w["k"], w["i"]))
+        ]
+        if steps:
+            values, writes = migrate_checkpoint(self._migrations, checkpoint, values, writes, steps, where)
+            self._migrations.unknown([*values, *(c for _, c, _ in writes)], known, where)
+        checkpoint["channel_values"] = values
         parent = cp.metadata.get("langgraph_parent")
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}},
@@ -154,11 +201,24 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                 if parent
                 else None
             ),
-            pending_writes=[
-                (w["k"], w["c"], self._load(w))
-                for w in sorted(writes.values(), key=lambda w: (w["p"], w["k"], w["i"]))
-            ],
+            pending_writes=writes,
         )
+
+    def _load_checked(self, stored: Any, where: str, plain: bool) -> Any:
+        """A stored channel value or write, refusing (or, before a migration, handing over as
+        dicts) pydantic values that no longer fit their class, which LangGraph would build unvalidated."""
+        if isinstance(stored, list):
+            return [self._load_checked(item, f"{where}[{i}]", plain) for i, item in enumerate(stored)]
+        if "m" not in stored:
+            return self._load(stored)
+
+        def fail(path: str, problem: str) -> Exception:
+            return pk.SchemaVersionError(
+                f"{where}{path}: {problem}. Nothing was loaded. {remedy(self.version)}"
+            )
+
+        tree = self._models.walk(stored["m"], "", plain, fail)
+        return self.serde.loads_typed((stored["t"], from_tree(tree)))
 
     def _writes(self, thread_id: str, ns: str, checkpoint_id: str) -> Plan[dict[str, Any]]:
         try:
@@ -192,7 +252,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
         if not cps:
             return None
-        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]))
+        result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), _known(config))
         return result
 
     def _list(
@@ -219,7 +279,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
                         lg = self._load_lg(cp.metadata["langgraph"])
                         if filter and any(lg["metadata"].get(k) != v for k, v in filter.items()):
                             continue
-                        tup = yield from self._tuple(cp, lg)
+                        tup = yield from self._tuple(cp, lg, _known(config) if config else None)
                         yield _call("emit", tup)
                         count += 1
                         if limit is not None and count >= limit:
@@ -243,6 +303,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
             "langgraph_id": checkpoint["id"],
             "langgraph_parent": config["configurable"].get("checkpoint_id"),
             "langgraph": lg,
+            VERSION_KEY: self.version,
         }
         cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns)
         if cp.parent_id is None:  # first checkpoint of this namespace: register it
@@ -399,6 +460,14 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
 # -- running a turn durably ----------------------------------------------------------------------
 
 
+def _with_channels(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> RunnableConfig:
+    """``config`` telling the saver the graph's channels, so that stored channels the graph no
+    longer has (a renamed state field) are refused instead of dropped. A dunder key: LangGraph
+    keeps it out of checkpoint metadata."""
+    names = frozenset(graph.channels) | frozenset(getattr(graph, "managed", None) or ())
+    return {**config, "configurable": {**config.get("configurable", {}), CHANNELS_KEY: names}}
+
+
 def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any:
     """What to invoke the graph with: None continues the thread's unfinished run."""
     if isinstance(input, Command):
@@ -433,6 +502,7 @@ def durable_invoke(graph: Pregel[Any, Any, Any, Any], input: Any, config: Runnab
     arguments go to ``graph.invoke``.
     """
     kwargs.setdefault("durability", "sync")
+    config = _with_channels(graph, config)
     return graph.invoke(_turn_input(graph.get_state(config), input, config), config, **kwargs)
 
 
@@ -441,5 +511,6 @@ async def adurable_invoke(
 ) -> Any:
     """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
     kwargs.setdefault("durability", "sync")
+    config = _with_channels(graph, config)
     state = await graph.aget_state(config)
     return await graph.ainvoke(_turn_input(state, input, config), config, **kwargs)

@@ -226,6 +226,8 @@ def register_feature(feature: Feature) -> Feature:
     """Add ``feature`` to the matrix (by name; registering the same name again replaces it)."""
     if not isinstance(feature, Feature):
         raise ConfigurationError(f"register_feature takes a persistkit.testing.combination.Feature, got {feature!r}")
+    from . import combination_features  # noqa: F401 - the built-in features first: a stable design order
+
     _FEATURES[feature.name] = feature
     return feature
 

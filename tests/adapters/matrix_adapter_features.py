@@ -17,8 +17,9 @@ step leaves the turn committed by version 1, replayed, not run again.
 from __future__ import annotations
 
 import operator
+import os
 from functools import cache
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, ClassVar, TypedDict
 
 from pydantic import BaseModel, create_model
 
@@ -145,3 +146,107 @@ register_feature(
         requires=("langgraph", "persistkit_langgraph"),
     )
 )
+
+
+# -- CrewAI ---------------------------------------------------------------------------------
+#
+# Each step kicks off a one-method flow on the case's flow id: CrewAI's @persist loads
+# the flow's saved state (through PersistkitFlowPersistence on the matrix's store) and
+# ``turn`` appends to it. Version 1's ``Report`` keeps ``steps: list[str]`` and
+# ``score: str``; version 2 renames ``steps`` to ``done`` and makes ``score`` an int,
+# registered as version 2 with its class migration (docs/adapters-crewai.md).
+
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+try:
+    import crewai.flow.flow
+    import crewai.flow.persistence  # noqa: F401
+
+    import persistkit_crewai  # noqa: F401
+except ImportError:  # the feature drops out of the design (requires=)
+    pass
+
+
+@cache
+def report_class(version: int) -> type[BaseModel]:
+    if version == 1:
+        cls = create_model("Report", __module__=__name__, id=(str, ""), steps=(list[str], []), score=(str, "s0"))
+        pk.register(cls)
+    else:
+        cls = create_model("Report", __module__=__name__, id=(str, ""), done=(list[str], []), score=(int, 0))
+        pk.register(cls, version=2)
+
+        @pk.migration(cls, from_version=1)
+        def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+            data["done"] = data.pop("steps", [])
+            data["score"] = int(str(data.get("score", "s0")).lstrip("s"))
+            return data
+
+    globals()["Report"] = cls
+    return cls
+
+
+def _flow_class(version: int) -> Any:
+    """A new class each time: ``@persist`` binds the class to one persistence (one store)."""
+    from crewai.flow.flow import Flow, start
+
+    report = report_class(version)
+    field = "steps" if version == 1 else "done"
+
+    class Turns(Flow[report]):  # type: ignore[valid-type, misc]
+        _skip_auto_memory: ClassVar[bool] = True  # no (lancedb) Memory
+
+        @start()
+        def turn(self) -> str:
+            done = getattr(self.state, field)
+            done.append(f"t{len(done)}")
+            self.state.score = f"s{len(done)}" if version == 1 else len(done)
+            return done[-1]
+
+    return Turns
+
+
+def _cw_run(case: Case, store: pk.Store, version: int) -> Any:
+    from crewai.flow.persistence import persist
+
+    from persistkit_crewai import PersistkitFlowPersistence
+
+    persistence = PersistkitFlowPersistence(store)
+    flow = persist(persistence)(_flow_class(version))(suppress_flow_events=True)
+    flow.kickoff(inputs={"id": f"{case.thread}-cw"})
+    return flow.state
+
+
+def _cw_step(case: Case, version: int, i: int, state: Any, handed: Any) -> list[str]:
+    run = pk.current_run()
+    assert run is not None
+    done = _cw_run(case, run.store, version)
+    return list(done.steps if version == 1 else done.done)
+
+
+def _cw_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    from persistkit_crewai import PersistkitFlowPersistence
+
+    loaded = PersistkitFlowPersistence(store).load_state(f"{case.thread}-cw") or {}
+    want = {"done": [f"t{k}" for k in range(case.steps + 1)], "score": case.steps + 1}
+    got = {k: loaded.get(k) for k in want}
+    return [] if got == want else [f"flow state after a later run: {loaded}"]
+
+
+register_feature(
+    Feature(
+        name="crewai_migration",
+        doc="each step kicks off a CrewAI flow whose state model is renamed/retyped between the versions",
+        setup=lambda case, version: _define(report_class, version),
+        step=_cw_step,
+        check=_cw_check,
+        changes_schema=True,
+        requires=("crewai", "persistkit_crewai"),
+    )
+)
+
+
+def _define(make: Any, version: int) -> None:
+    make(version)

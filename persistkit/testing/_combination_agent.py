@@ -1,6 +1,7 @@
 """The combination matrix's driver, run as its own process by the suite.
 
     python -m persistkit.testing._combination_agent PLAN_JSON
+    python -m persistkit.testing._combination_agent --serve MODULES_JSON   (see ``serve``)
 
 PLAN_JSON: ``{"modules": [...], "cases": [Case as JSON, ...], "inline": bool,
 "parallel": int, "timeout": seconds}``. The driver imports persistkit, the
@@ -17,6 +18,7 @@ It prints one JSON object: ``{case id: {phase: status}}``, status ``ok``,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -95,12 +97,8 @@ def _pool(jobs: list[tuple[Case, str]], parallel: int, timeout: float) -> dict[t
     return out
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "--job":
-        case = Case.from_json(json.loads(argv[1]))
-        return {"ok": 0, "crashed": 0}.get(run_job(case, argv[2]), 3)
-    with open(argv[0]) as f:
-        plan = json.load(f)
+def run_plan(plan: dict[str, Any], log: Any = sys.stderr) -> dict[str, dict[str, str]]:
+    """Every job of ``plan``, phase by phase: ``{case id: {phase: status}}``."""
     for module in plan.get("modules", []):
         importlib.import_module(module)
     registered_features()
@@ -113,18 +111,68 @@ def main(argv: list[str]) -> int:
     results: dict[str, dict[str, str]] = {c.id: {} for c in cases}
     for phase in PHASES:
         started = time.monotonic()
-        jobs = [(c, phase) for c in cases if _wants(c, phase) and all(
-            s in ("ok", "killed", "crashed") for s in results[c.id].values()
-        )]
+        jobs = [
+            (c, phase)
+            for c in cases
+            if _wants(c, phase) and all(s in ("ok", "killed", "crashed") for s in results[c.id].values())
+        ]
         if plan.get("inline"):
             for case, ph in jobs:
                 results[case.id][ph] = run_job(case, ph)
         else:
-            for (cid, ph), status in _pool(jobs, int(plan.get("parallel", 4)), float(plan.get("timeout", 180))).items():
+            done = _pool(jobs, int(plan.get("parallel", 4)), float(plan.get("timeout", 180)))
+            for (cid, ph), status in done.items():
                 results[cid][ph] = status
-        # the suite shows stderr when the driver fails; the timings help keep the matrix in budget
-        print(f"matrix {phase}: {len(jobs)} jobs in {time.monotonic() - started:.1f} s", file=sys.stderr)
-    print(json.dumps(results))
+        # shown when the suite fails; the timings help keep the matrix in its CI budget
+        print(f"matrix {phase}: {len(jobs)} jobs in {time.monotonic() - started:.1f} s", file=log, flush=True)
+    return results
+
+
+def serve(modules: list[str]) -> int:
+    """A fork server: import everything once, then run each plan named on stdin in a forked
+    child (a store that lives in one process, memory://, lives in that child), answering
+    ``done PATH`` on stdout when ``PATH.out`` (results) and ``PATH.log`` (timings) are written.
+    The suite starts one per test class, so the frameworks are imported once, not per store."""
+    for module in modules:
+        importlib.import_module(module)
+    registered_features()
+    for driver in ("psycopg", "redis", "boto3", "botocore.session"):
+        with contextlib.suppress(ImportError):  # the stores' drivers, imported before forking
+            importlib.import_module(driver)
+    for line in sys.stdin:
+        path = line.strip()
+        if not path:
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with open(path) as f, open(path + ".log", "w") as log:
+                    results = run_plan(json.load(f), log)
+                with open(path + ".out", "w") as out:
+                    json.dump(results, out)
+                code = 0
+            except BaseException:
+                import traceback
+
+                with open(path + ".log", "a") as log:
+                    log.write(traceback.format_exc())
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"done {path} {status}", flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "--job":
+        case = Case.from_json(json.loads(argv[1]))
+        return {"ok": 0, "crashed": 0}.get(run_job(case, argv[2]), 3)
+    if len(argv) >= 2 and argv[0] == "--serve":
+        return serve(json.loads(argv[1]))
+    with open(argv[0]) as f:
+        plan = json.load(f)
+    print(json.dumps(run_plan(plan)))
     return 0
 
 

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -116,6 +117,41 @@ def _judge(case: Case, status: dict[str, str], ref: Case | None) -> list[str]:
     return problems
 
 
+class _Server:
+    """The fork server of ``_combination_agent`` (one per test class: frameworks imported once)."""
+
+    def __init__(self, modules: list[str], log: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cmd = [sys.executable, "-m", "persistkit.testing._combination_agent", "--serve", json.dumps(modules)]
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env
+        )
+
+    def run(self, plan_path: Path) -> tuple[dict[str, dict[str, str]] | None, str]:
+        """The plan's results (None if its process failed) and its log."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{plan_path}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        log_path, out_path = Path(f"{plan_path}.log"), Path(f"{plan_path}.out")
+        log = log_path.read_text() if log_path.exists() else ""
+        if not line.startswith("done ") or not out_path.exists():
+            return None, log + f"\n(server answered {line!r}, exit {self.proc.poll()})"
+        results: dict[str, dict[str, str]] = json.loads(out_path.read_text())
+        return results, log
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
 class CombinationConformance:
     """Features in combination, crashed at every position, resumed in a new process.
 
@@ -139,6 +175,15 @@ class CombinationConformance:
             return f"memory://matrix-blobs-{uuid.uuid4().hex[:10]}"
         return f"sqlite:///{tmp_path}/matrix-blobs.db"
 
+    @pytest.fixture(scope="class")
+    def _combination_server(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server | None]:
+        if not hasattr(os, "fork"):
+            yield None  # each plan in its own interpreter instead
+            return
+        server = _Server(list(self.combination_modules), tmp_path_factory.mktemp("matrix") / "server.log")
+        yield server
+        server.close()
+
     def combination_names(self) -> list[str]:
         import importlib
         import importlib.util
@@ -161,6 +206,7 @@ class CombinationConformance:
         persistkit_blob_url: str,
         persistkit_crosses_processes: bool,
         tmp_path: Path,
+        _combination_server: _Server | None,
     ) -> None:
         combos = design(self.combination_names())
         cases = _cases(
@@ -175,12 +221,17 @@ class CombinationConformance:
         }
         plan_path = tmp_path / "plan.json"
         plan_path.write_text(json.dumps(plan))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        cmd = [sys.executable, "-m", "persistkit.testing._combination_agent", str(plan_path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-        print(proc.stderr)  # the driver's phase timings (shown by pytest -s or on failure)
-        assert proc.returncode == 0, f"the matrix driver failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
-        statuses: dict[str, dict[str, str]] = json.loads(proc.stdout.strip().splitlines()[-1])
+        if _combination_server is not None:
+            found, log = _combination_server.run(plan_path)
+        else:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            cmd = [sys.executable, "-m", "persistkit.testing._combination_agent", str(plan_path)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+            found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+            log = proc.stderr
+        print(log)  # the phases' timings (shown by pytest -s or on failure)
+        assert found is not None, f"the matrix driver failed:\n{log[-4000:]}"
+        statuses = found
         by_id = {c.id: c for c in cases}
         failures: list[str] = []
         for case in cases:

@@ -181,6 +181,7 @@ class Codec:
             plain = copy.copy(self.serializer)
             plain.reveal = hold_text if self.redactor.enabled else None
             plain._plain_twin = None  # its own, that does not reveal either
+            plain._solid = plain
             self._plain_serializer = plain
         return plain
 

@@ -11,7 +11,7 @@
     │   └── ConflictError             another writer moved the thread head first
     ├── NotFoundError             no such thread / checkpoint / run (also a LookupError)
     ├── SerializationError        a value cannot be encoded, or stored bytes cannot be decoded
-    ├── SchemaVersionError        stored state version newer than the code, or no migration path
+    ├── SchemaVersionError        stored version newer than the code, no migration path, or a stored value its class no longer fits
     ├── NonDeterminismError       on replay, the step at a position is not the recorded one
     ├── IntegrityError            a stored record failed authentication or its chain is broken
     ├── SecretResolutionError     a secret handle ($CRED{name}) that no resolver or vault knows
@@ -177,7 +177,10 @@ class SerializationError(PersistkitError):
 
 
 class SchemaVersionError(PersistkitError):
-    """The stored state version is newer than the code, or no migration reaches the code's version."""
+    """A stored state or value cannot become what the code declares: its version is newer
+    than the code's, no migration reaches the code's version, a migration failed, or its
+    class changed shape since it was stored (the message names the field, where it sits,
+    and the migration to register)."""
 
 
 class NonDeterminismError(PersistkitError):

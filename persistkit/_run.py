@@ -377,9 +377,7 @@ class Run:
             raise
         name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
         failed = rec.body.get("s") == "failed"
-        what = "error" if failed else "result"
-        where = f"{what} of step {name!r} at {pos}"
-        at = f"thread {self.thread_id!r} run {self.run_id}, step {name!r} at {pos}: recorded {what}"
+        at = f"thread {self.thread_id!r} run {self.run_id}, step {name!r} at {pos}: recorded {'error' if failed else 'result'}"
         try:
             if failed:
                 recorded = self.codec.decode_exception(rec.body.get("e"), at)
@@ -392,9 +390,7 @@ class Run:
             raise
         except SecretResolutionError as exc:  # never hand a handle's text to the caller as the value
             raise SecretResolutionError(
-                f"thread {self.thread_id!r} run {self.run_id}: the recorded {where} is a secret "
-                f"stored as a handle, and it cannot be given back: {exc}",
-                handle=exc.handle,
+                f"{at} is a secret stored as a handle, and it cannot be given back: {exc}", handle=exc.handle
             ) from exc
         if migrations_ran() != ran:
             self.migrated = True

@@ -78,7 +78,16 @@ from ._registry import (
 )
 from ._secrets import Redactor, Secret, default_redactor
 from ._stdtypes import DECODERS, ENCODERS, NO_TZ, TAG, payload, payload_bytes, tz_spec
-from ._versions import ON_CHANGE, VERSIONS, Plain, ShapeError, chain, revive, validate
+from ._versions import (
+    ON_CHANGE,
+    VERSIONS,
+    Plain,
+    ShapeError,
+    chain,
+    revive,
+    validate_dataclass,
+    validate_model,
+)
 
 __all__ = [
     "Serializer",
@@ -119,11 +128,12 @@ class _Fail(Exception):
         self.parts: list[str] = []
 
     def error(self, root: str) -> SerializationError | SchemaVersionError:
-        path = root + "".join(reversed(self.parts))
+        below = "".join(reversed(self.parts))
+        if self.render is not None:  # the root names thread, run and step: keep it whole
+            return SchemaVersionError(self.render(root + (below if len(below) <= 200 else below[:200] + "...")))
+        path = root + below
         if len(path) > 200:
             path = path[:200] + "..."
-        if self.render is not None:
-            return SchemaVersionError(self.render(path))
         return SerializationError(self.msg, path=path)
 
 
@@ -232,6 +242,9 @@ class Serializer:
         #: Decode models and dataclasses as :class:`Plain` dicts (what migrations are handed).
         self.plain = False
         self._plain_twin: Serializer | None = None
+        # What decodes set items, dict keys and exception arguments: never Plain (they
+        # must be hashable, or nothing revives them), so objects even in plain mode.
+        self._solid = self
 
     # -- public API ---------------------------------------------------------
 
@@ -310,6 +323,7 @@ class Serializer:
             twin = copy.copy(self)
             twin.plain = True
             twin._plain_twin = twin
+            twin._solid = self
             self._plain_twin = twin
         return twin
 
@@ -588,7 +602,7 @@ class Serializer:
         type_name = name.replace(":", ".").removeprefix("builtins.")
         try:
             cls = _find_exception(self, name)
-            exc = cls(*_items(self._dec, args, depth + 3))
+            exc = cls(*_items(self._solid._dec, args, depth + 3))
         except Exception as why:
             if isinstance(why, _Fail) and why.render is not None:
                 why.parts.append(".args")
@@ -605,12 +619,14 @@ class Serializer:
         return exc
 
     def _dec_model(self, node: dict[str, Any], depth: int) -> Any:
-        return self._dec_object(node, depth, _is_model, "pydantic model")
+        return self._dec_object(node, depth, _is_model, "pydantic model", validate_model)
 
     def _dec_dataclass(self, node: dict[str, Any], depth: int) -> Any:
-        return self._dec_object(node, depth, dataclasses.is_dataclass, "dataclass")
+        return self._dec_object(node, depth, dataclasses.is_dataclass, "dataclass", validate_dataclass)
 
-    def _dec_object(self, node: dict[str, Any], depth: int, check: Callable[[Any], bool], kind: str) -> Any:
+    def _dec_object(
+        self, node: dict[str, Any], depth: int, check: Callable[[Any], bool], kind: str, make: Callable[..., Any]
+    ) -> Any:
         """A stored model or dataclass, upgraded by its class's migrations if it is older."""
         stored = _stamp(node)
         fields = payload(node, dict, True) if len(node) == 3 else node["v"]
@@ -627,12 +643,12 @@ class Serializer:
             return Plain(data, cls, str(node.get("c")))
         cls = self._resolve(node, check, kind)
         if stored == VERSIONS.get(cls, 1):  # the commonest case: one dict lookup more than before
-            return validate(cls, _fields(self._dec, fields.items(), depth + 2), stored)
+            return make(cls, _fields(self._dec, fields.items(), depth + 2))
         # Older (or newer: chain() refuses it): the migrations get plain data, nested
         # values already at their classes' versions; what they leave in place is revived.
         data = _fields(self._twin()._dec, fields.items(), depth + 2)
         data, ran = chain(cls, stored, data)
-        return validate(cls, revive(data), stored, ran)
+        return make(cls, revive(data), stored, ran)
 
 
 def _is_model(cls: Any) -> bool:
@@ -641,10 +657,10 @@ def _is_model(cls: Any) -> bool:
 
 def _stamp(node: dict[str, Any]) -> int:
     """The version stamped on a model or dataclass node (``"r"``); 1 when absent."""
-    if len(node) != 4:
+    if len(node) == 3:
         return 1
     r = node.get("r")
-    if type(r) is not int or r < 1 or "v" not in node or "c" not in node:
+    if len(node) != 4 or type(r) is not int or r < 1 or "v" not in node or "c" not in node:
         raise ValueError("unexpected keys " + repr(sorted(node)))
     return r
 
@@ -708,7 +724,7 @@ def _dec_pairs(self: Serializer, node: dict[str, Any], depth: int) -> dict[Any, 
         if type(pair) is not list or len(pair) != 2:
             raise ValueError(f"item {i} is not a [key, value] pair")
         try:
-            k = self._dec(pair[0], depth + 3)
+            k = self._solid._dec(pair[0], depth + 3)  # a key must be hashable: never a Plain dict
             out[k] = self._dec(pair[1], depth + 3)
         except _Fail as fail:
             fail.parts.append(f"[<pair {i}>]")
@@ -717,7 +733,7 @@ def _dec_pairs(self: Serializer, node: dict[str, Any], depth: int) -> dict[Any, 
 
 
 def _dec_set(self: Serializer, node: dict[str, Any], depth: int) -> Any:
-    items = _items(self._dec, payload(node, list), depth + 2)
+    items = _items(self._solid._dec, payload(node, list), depth + 2)  # hashable: never a Plain dict
     return set(items) if node[TAG] == "s" else frozenset(items)
 
 

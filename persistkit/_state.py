@@ -343,7 +343,8 @@ class StateSpec:
                 out[name] = revive(value)
             except ShapeError as exc:
                 after = f" (after {ran[-1]})" if ran else ""
-                raise SchemaVersionError(exc.render(f"{where}{after}: state.{name}")) from exc.__cause__
+                also = ". The state migration, which is handed the value as a dict, may convert it instead" if ran else ""
+                raise SchemaVersionError(exc.render(f"{where}{after}: state.{name}") + also) from exc.__cause__
         return out
 
     def migrate(

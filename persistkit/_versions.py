@@ -247,61 +247,81 @@ def _unfit(cls: type, stored: int, ran: str, loc: str, detail: str) -> ShapeErro
     return ShapeError(render)
 
 
-@functools.lru_cache(maxsize=4096)
-def _model_fields(cls: type) -> frozenset[str] | None:
-    """Field names a stored model may hold, or None if it keeps extra fields (``extra="allow"``)."""
-    if cls.model_config.get("extra") == "allow":  # type: ignore[attr-defined]
-        return None
-    return frozenset(cls.model_fields)  # type: ignore[attr-defined]
+#: Per class, what decoding one of its values needs, found once: a model's
+#: (field names or None if it keeps extras, whether it is a RootModel, validate
+#: keywords); a dataclass's ({field: init?}, required init fields).
+_PLANS: dict[type, Any] = {}
+
+
+def _plan(cls: Any) -> Any:
+    if issubclass(cls, _base_model()):
+        from pydantic import RootModel
+
+        known = None if cls.model_config.get("extra") == "allow" else frozenset(cls.model_fields)
+        plan: Any = (known, issubclass(cls, RootModel), validate_kw())
+    else:
+        fields = dataclasses.fields(cls)
+        required = frozenset(
+            f.name for f in fields
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        plan = ({f.name: f.init for f in fields}, required)
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    _PLANS[cls] = plan
+    return plan
 
 
 def validate(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> Any:
-    """A ``cls`` from its stored fields: unknown, missing or invalid fields are a :class:`ShapeError`."""
+    """A ``cls`` (model or dataclass) from its stored fields: unknown, missing or invalid
+    fields are a :class:`ShapeError`."""
     if issubclass(cls, _base_model()):
-        from pydantic import RootModel, ValidationError
+        return validate_model(cls, data, stored, ran)
+    return validate_dataclass(cls, data, stored, ran)
 
-        if issubclass(cls, RootModel):
-            try:
-                return cls.model_validate(data["root"], **validate_kw())
-            except (ValidationError, KeyError) as exc:
-                raise _unfit(cls, stored, ran, "root", _detail(exc)) from exc
-        known = _model_fields(cls)
-        if known is not None and not known.issuperset(data):
-            unknown = sorted(set(data) - known)
-            missing = sorted(n for n, f in cls.model_fields.items() if f.is_required() and n not in data)
-            lacks = f", and lacks required field(s) {missing}" if missing else ""
-            raise _unfit(
-                cls, stored, ran, unknown[0],
-                f"stored field(s) {unknown} that {_label(cls)} does not declare{lacks}; loading "
-                f"would drop their data (its fields: {sorted(known)})",
-            )
+
+def validate_model(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> Any:
+    known, root, kw = _PLANS.get(cls) or _plan(cls)
+    if root:
         try:
-            return cls.model_validate(data, **validate_kw())
-        except ValidationError as exc:
-            errors = exc.errors(include_url=False)
-            loc = _loc(errors[0].get("loc")) if errors else ""
-            raise _unfit(cls, stored, ran, loc, _detail(exc)) from exc
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
+            return cls.model_validate(data["root"], **kw)
+        except (ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            raise _unfit(cls, stored, ran, "root", _detail(exc)) from exc
+    if known is not None and not known.issuperset(data):
+        unknown = sorted(set(data) - known)
+        missing = sorted(n for n, f in cls.model_fields.items() if f.is_required() and n not in data)
+        lacks = f", and lacks required field(s) {missing}" if missing else ""
+        raise _unfit(
+            cls, stored, ran, unknown[0],
+            f"stored field(s) {unknown} that {_label(cls)} does not declare{lacks}; loading "
+            f"would drop their data (its fields: {sorted(known)})",
+        )
+    try:
+        return cls.model_validate(data, **kw)
+    except ValueError as exc:  # pydantic's ValidationError (also a validator's own ValueError)
+        errors = exc.errors(include_url=False) if hasattr(exc, "errors") else []
+        loc = _loc(errors[0].get("loc")) if errors else ""
+        raise _unfit(cls, stored, ran, loc, _detail(exc)) from exc
+
+
+def validate_dataclass(cls: Any, data: dict[str, Any], stored: int = 1, ran: str = "") -> Any:
+    fields, required = _PLANS.get(cls) or _plan(cls)
+    if not fields.keys() >= data.keys():
+        unknown = sorted(set(data) - set(fields))
         raise _unfit(
             cls, stored, ran, unknown[0],
             f"stored field(s) {unknown} that {_label(cls)} does not declare; loading would drop "
             f"their data (its fields: {sorted(fields)})",
         )
-    missing = sorted(
-        n for n, f in fields.items()
-        if f.init and n not in data
-        and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
-    if missing:
+    if not required <= data.keys():
+        missing = sorted(required - data.keys())
         raise _unfit(cls, stored, ran, missing[0], f"required field(s) {missing} were not stored")
     try:
-        obj = cls(**{k: v for k, v in data.items() if fields[k].init})
+        obj = cls(**{k: v for k, v in data.items() if fields[k]})
     except Exception as exc:  # the class's own checks (__post_init__) refusing the stored fields
         raise _unfit(cls, stored, ran, "", f"{_label(cls)}(...) raised {type(exc).__name__}: {exc}") from exc
     for k, v in data.items():
-        if not fields[k].init:
+        if not fields[k]:
             object.__setattr__(obj, k, v)  # non-init fields, also on frozen dataclasses
     return obj
 

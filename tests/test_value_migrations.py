@@ -428,3 +428,75 @@ def test_registration_errors_say_what_to_do() -> None:
         pk.register(42)  # type: ignore[call-overload]
     pk.register(M)  # without version=: the version stays
     assert json.loads(SER.dumps(M(a=1)))["r"] == 3
+
+
+def test_the_cli_prints_versioned_values_as_stored_without_their_classes(tmp_path: Any) -> None:
+    """The CLI never imports the user's classes, so it runs no migration: it shows what is stored."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"sqlite:///{tmp_path}/cli.db"
+
+    @named("CliMsg")
+    class Old(BaseModel):
+        text: str
+
+    with pk.connect(url) as store, pk.resume("cli-thread", store=store) as run:
+        run.state["messages"] = [Old(text="old")]
+
+    @named("CliMsg")
+    class New(BaseModel):
+        content: str
+
+    pk.register(New, version=2)
+    pk.migration(New, from_version=1)(lambda d: {"content": d["text"]})
+    with pk.connect(url) as store, pk.resume("cli-thread", store=store) as run:
+        assert run.state["messages"] == [New(content="old")]
+        run.state["messages"].append(New(content="new"))
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'adapters'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "persistkit", "state", "cli-thread", "--url", url, "--json"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["messages"] == [{"text": "old"}, {"content": "new"}]
+
+
+def test_hashable_values_stay_objects_in_plain_data_and_malformed_stamps_are_refused() -> None:
+    """Set items and dict keys must stay hashable, so a migration gets them as objects."""
+
+    @named("Key")
+    @dataclasses.dataclass(frozen=True)
+    class Key:
+        k: str
+
+    @named("Holder")
+    class H1(BaseModel):
+        keys: set[Key]
+        by: dict[Key, int]
+        text: str
+
+    stored = SER.dumps(H1(keys={Key("a")}, by={Key("b"): 1}, text="t"))
+
+    @named("Holder")
+    class H2(BaseModel):
+        keys: set[Key]
+        by: dict[Key, int]
+        body: str
+
+    pk.register(H2, version=2)
+
+    @pk.migration(H2, from_version=1)
+    def up(data: dict[str, Any]) -> dict[str, Any]:
+        assert data["keys"] == {Key("a")} and data["by"] == {Key("b"): 1}
+        data["body"] = data.pop("text")
+        return data
+
+    assert SER.loads(stored) == H2(keys={Key("a")}, by={Key("b"): 1}, body="t")
+    node = json.loads(SER.dumps(H2(keys=set(), by={}, body="")))
+    for bad in ({**node, "r": 0}, {**node, "r": "2"}, {**node, "r": True}, {**node, "x": 1}):
+        with pytest.raises(pk.SerializationError, match="unexpected keys"):
+            SER.decode(bad)

@@ -110,7 +110,7 @@ class PersistkitFlowPersistence(FlowPersistence):
     def init_db(self) -> None:
         """Nothing to do: persistkit backends create their schema on first use."""
 
-    def _record(self, flow_uuid: str) -> FlowRecord | None:
+    def _record(self, flow_uuid: str, model: type[BaseModel] | None = None) -> FlowRecord | None:
         try:
             rec: FlowRecord = self._store.get_state(self.thread_id(flow_uuid), state=FlowRecord)
         except pk.NotFoundError:
@@ -118,6 +118,14 @@ class PersistkitFlowPersistence(FlowPersistence):
         except pk.SerializationError as exc:
             if "not registered in this process" not in str(exc):
                 raise
+            if model is not None:  # restore() registered the flow's model: the stored one is another
+                raise pk.SchemaVersionError(
+                    f"CrewAI flow {flow_uuid!r}: its state was stored as a model class this process "
+                    f"does not have, not as the flow's {model.__qualname__} (was the state model "
+                    "renamed or moved?). Nothing was loaded. Keep the old class importable and "
+                    "registered under its old name and convert in a migration, or finish the flow with "
+                    f"the code that stored it. ({exc})"
+                ) from exc
             # A new process that calls kickoff(inputs={"id": ...}) without restore() first: the
             # state's model was never named here, and decoding imports nothing by itself.
             raise pk.SerializationError(
@@ -164,12 +172,19 @@ class PersistkitFlowPersistence(FlowPersistence):
         model = _user_model(type(flow.state)) if isinstance(flow.state, BaseModel) else None
         if model is not None:
             pk.register(model)  # revivable in this new process before the flow saves anything
-        rec = self._record(flow_id)  # decoding runs the model's migrations, or refuses a changed shape
+        rec = self._record(flow_id, model)  # decoding runs the model's migrations, or refuses a changed shape
         done = set(rec.methods) if rec is not None else set()
         if not done:
             return False
         if rec is not None and isinstance(rec.state, dict) and model is not None:
             _legacy(model, rec.state, flow_id, self.thread_id(flow_id))
+        elif rec is not None and model is not None and isinstance(rec.state, BaseModel) and type(rec.state) is not model:
+            raise pk.SchemaVersionError(
+                f"CrewAI flow {flow_id!r}: its state is a stored {type(rec.state).__qualname__}, but the "
+                f"flow's state model is {model.__qualname__}; loading it would drop or misread fields. "
+                "Nothing was loaded. Finish the flow with the code that stored it, or keep one model "
+                "class and change it through versions (pk.register(Model, version=n) + @pk.migration)"
+            )
         methods = type(flow).flow_definition().methods
         done = {m for m in done if not (m in methods and methods[m].router)}
         if flow.persistence is None:

@@ -310,6 +310,32 @@ def test_crewai_legacy_dict_state_that_no_longer_fits_is_a_schema_version_error(
     assert p.restore(Counting(suppress_flow_events=True), fid2) is True  # a dict that fits: restored
 
 
+def test_crewai_state_stored_as_another_model_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("crewai")
+    from typing import ClassVar
+
+    from crewai.flow.flow import Flow, start
+
+    from persistkit_crewai import PersistkitFlowPersistence
+
+    class Summary(BaseModel):  # the flow's model after a rename of the class (Report before)
+        id: str = ""
+        steps: list[str] = []
+
+    class Summarizing(Flow[Summary]):
+        _skip_auto_memory: ClassVar[bool] = True
+
+        @start()
+        def go(self) -> None:
+            self.state.steps.append("go")
+
+    p = PersistkitFlowPersistence(pk.connect(f"sqlite:///{tmp_path}/flow.db"))
+    fid = uid("flow")
+    p.save_state(fid, "go", Report(id=fid, steps=["go"]))
+    with pytest.raises(pk.SchemaVersionError, match=r"stored Report, but the flow's state model is .*Summary"):
+        p.restore(Summarizing(suppress_flow_events=True), fid)
+
+
 def test_crewai_new_process_without_restore_names_the_fix(tmp_path: Path) -> None:
     """A state model only restore() (or pk.register) names in a new process: a clear error, then it works."""
     pytest.importorskip("crewai")

@@ -46,8 +46,10 @@ of features in all four on/off settings* (a covering array of strength 2), plus
 feature off (the baseline); with m rows more, feature j is on in the rows of
 its own (m//2+1)-subset of those m rows. Two distinct subsets of that size
 intersect (both on), neither contains the other (one on, the other off, both
-ways), and row 0 has both off. For up to 10 features m = 5: 7 combinations,
-each crashed at 2*steps positions on each store. ``design()`` checks the pair
+ways), and row 0 has both off. For 5-10 features m = 5 (7 combinations with
+all on), for 11-15 m = 6 (8): today's 11 (nine built in, the LangGraph and
+CrewAI adapter states) make 8 combinations, each crashed at 2*steps positions
+on each store, against 2048 for the power set. ``design()`` checks the pair
 coverage it promises.
 
 **Adding a feature** is one :class:`Feature` entry, registered with

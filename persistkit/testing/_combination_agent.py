@@ -148,6 +148,9 @@ def serve(modules: list[str]) -> int:
             code = 1
             try:
                 with open(path) as f, open(path + ".log", "w") as log:
+                    # What the frameworks print goes to the log: stdout is the server's protocol.
+                    sys.stdout.flush()
+                    os.dup2(log.fileno(), 1)
                     results = run_plan(json.load(f), log)
                 with open(path + ".out", "w") as out:
                     json.dump(results, out)

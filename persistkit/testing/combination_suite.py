@@ -176,11 +176,12 @@ class CombinationConformance:
         return f"sqlite:///{tmp_path}/matrix-blobs.db"
 
     @pytest.fixture(scope="class")
-    def _combination_server(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server | None]:
+    @classmethod
+    def _combination_server(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server | None]:
         if not hasattr(os, "fork"):
             yield None  # each plan in its own interpreter instead
             return
-        server = _Server(list(self.combination_modules), tmp_path_factory.mktemp("matrix") / "server.log")
+        server = _Server(list(cls.combination_modules), tmp_path_factory.mktemp("matrix") / "server.log")
         yield server
         server.close()
 

@@ -129,7 +129,8 @@ def run_plan(plan: dict[str, Any], log: Any = sys.stderr) -> dict[str, dict[str,
 
 
 def serve(modules: list[str]) -> int:
-    """A fork server: import everything once, then run each plan named on stdin in a forked
+    """A fork server: import everything once, then run each plan named on stdin (a JSON line
+    ``{"plan": PATH, "env": {...}}``) in a forked
     child (a store that lives in one process, memory://, lives in that child), answering
     ``done PATH`` on stdout when ``PATH.out`` (results) and ``PATH.log`` (timings) are written.
     The suite starts one per test class, so the frameworks are imported once, not per store."""
@@ -140,13 +141,18 @@ def serve(modules: list[str]) -> int:
         with contextlib.suppress(ImportError):  # the stores' drivers, imported before forking
             importlib.import_module(driver)
     for line in sys.stdin:
-        path = line.strip()
-        if not path:
+        if not line.strip():
             continue
+        request = json.loads(line)
+        path = request["plan"]
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                # The test's environment now (fixtures set some after the server started,
+                # e.g. S3 credentials); through the pipe, never written to a file.
+                os.environ.clear()
+                os.environ.update(request["env"])
                 with open(path) as f, open(path + ".log", "w") as log:
                     # What the frameworks print goes to the log: stdout is the server's protocol.
                     sys.stdout.flush()

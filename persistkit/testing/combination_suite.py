@@ -131,7 +131,7 @@ class _Server:
     def run(self, plan_path: Path) -> tuple[dict[str, dict[str, str]] | None, str]:
         """The plan's results (None if its process failed) and its log."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{plan_path}\n")
+        self.proc.stdin.write(json.dumps({"plan": str(plan_path), "env": dict(os.environ)}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         log_path, out_path = Path(f"{plan_path}.log"), Path(f"{plan_path}.out")

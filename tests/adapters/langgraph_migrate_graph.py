@@ -13,9 +13,10 @@ Four nodes ``a b c d`` in a chain, each appending one note and one log entry.
 
 Each node run is appended to LOG as ``<variant>:<node>``. With KILL a node name,
 the process SIGKILLs itself inside that node (before its writes); ``put:<node>``
-kills it after that node's writes are committed, before the next checkpoint; ``-``
-never kills. On success the final state is printed as JSON; a persistkit error
-is printed as ``ERROR <class> <message>`` with exit code 2.
+kills it after that node's writes are committed, in the ``put`` of the checkpoint
+after it (before the next node starts); ``-`` never kills. On success the final
+state is printed as JSON; a persistkit error is printed as ``ERROR <class>
+<message>`` with exit code 2.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import operator
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
@@ -91,7 +93,11 @@ else:
 
 
 class Saver(PersistkitSaver):
-    """Dies right after a node's writes are committed when KILL is ``put:<node>``."""
+    """With KILL ``put:<node>``: dies in the ``put`` of the checkpoint after that node, once the
+    node's writes are committed (LangGraph saves them from a background thread; under
+    ``durability="sync"`` that ``put`` runs before the next node starts)."""
+
+    written = threading.Event()
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
@@ -100,7 +106,14 @@ class Saver(PersistkitSaver):
         if KILL.startswith("put:") and any(
             c == "log" and v and str(getattr(v[0], "content", v[0])).startswith(KILL[4:] + " ") for c, v in writes
         ):
+            self.written.set()
+
+    def put(self, config: RunnableConfig, checkpoint: Any, metadata: Any, new_versions: Any) -> RunnableConfig:
+        if KILL.startswith("put:") and metadata.get("step") == NODES.index(KILL[4:]) + 1:
+            if not self.written.wait(20):
+                sys.exit(3)  # the scenario did not happen: fail loudly rather than kill
             os.kill(os.getpid(), signal.SIGKILL)
+        return super().put(config, checkpoint, metadata, new_versions)
 
 
 def upgrade_notes(channels: dict[str, Any]) -> dict[str, Any]:

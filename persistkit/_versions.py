@@ -202,6 +202,15 @@ def described(cls: type, v: int) -> str:
 _OLD_CODE = "or finish the runs that stored it with the code that stored it"
 
 
+_ran = threading.local()
+
+
+def migrations_ran() -> int:
+    """How many class-migration chains this thread has run (compared before and after a decode)."""
+    n: int = getattr(_ran, "n", 0)
+    return n
+
+
 def chain(cls: type, stored: int, data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """``data`` (plain fields of a value stored at ``stored``) upgraded to the code's version of
     ``cls``, and the last migration that ran ("" if none). Raises :class:`ShapeError`."""
@@ -238,6 +247,8 @@ def chain(cls: type, stored: int, data: dict[str, Any]) -> tuple[dict[str, Any],
                 "Nothing was written; return the dict and resume again"
             ))
         data, last = out, what
+    if stored < code:
+        _ran.n = migrations_ran() + 1
     return data, last
 
 

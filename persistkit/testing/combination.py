@@ -228,15 +228,14 @@ def register_feature(feature: Feature) -> Feature:
     """Add ``feature`` to the matrix (by name; registering the same name again replaces it)."""
     if not isinstance(feature, Feature):
         raise ConfigurationError(f"register_feature takes a persistkit.testing.combination.Feature, got {feature!r}")
-    from . import combination_features  # noqa: F401 - the built-in features first: a stable design order
-
     _FEATURES[feature.name] = feature
     return feature
 
 
 def registered_features() -> dict[str, Feature]:
-    from . import combination_features  # noqa: F401 - registers the built-in features
-
+    """Every feature registered so far: the built-in ones first (``persistkit.testing``
+    imports ``combination_features`` before anything else can register one), so the
+    design's order is the same in every process."""
     return dict(_FEATURES)
 
 

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from . import combination_features  # noqa: F401 - registers the built-in features
 from .combination import Case, case_to_json, design, registered_features
 
 __all__ = ["CombinationConformance"]

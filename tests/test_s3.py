@@ -283,6 +283,22 @@ def test_requests_per_write(s3_endpoint: str, client: Any) -> None:
     b.close()
 
 
+def test_requests_of_a_new_holder(s3_endpoint: str, client: Any) -> None:
+    """Taking a thread's lease seals its head (a placeholder when it has none) and keeps
+    what it wrote, so the holder's first write reads neither the head nor the lease."""
+    b = open_backend(f"s3://{BUCKET}/count/{uuid.uuid4().hex[:8]}", client=client)
+    counter = _Counter(client)
+    assert b.lease_swap("new", "", 0, 1, b"")
+    assert counter.take() == {"GetObject": 2, "PutObject": 2}  # lease, head; lease, placeholder
+    b.write_fenced(_row("new", 1), {}, 0, 1)
+    assert counter.take() == {"PutObject": 2}  # row, head
+    assert b.lease_swap("new", "", 1, 2, b"")  # a new holder of a written thread
+    assert counter.take() == {"GetObject": 2, "PutObject": 2}  # lease, head; lease, sealed head
+    b.write_fenced(_row("new", 2), {}, 1, 2)
+    assert counter.take() == {"PutObject": 2}
+    b.close()
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 

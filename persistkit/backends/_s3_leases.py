@@ -28,6 +28,7 @@ from .._errors import BackendUnavailableError, LeaseLostError
 from ._protocol import CheckpointRow, LeaseRecord
 from ._s3_keys import (
     _CONFLICT_CODES,
+    _decode_head,
     _is_client_error,
     _map_error,
     _placeholder_body,
@@ -97,7 +98,9 @@ def _seal(b: _S3, thread_id: str, namespace: str, token: int) -> None:
             h["f"] = token
             body, condition = json.dumps(h).encode("ascii"), {"IfMatch": got[1]}
         try:
-            b._client.put_object(Bucket=b._bucket, Key=key, Body=body, **condition)
+            resp = b._client.put_object(Bucket=b._bucket, Key=key, Body=body, **condition)
+            # the holder's next write builds on this head: spare it the GET
+            b._remember_head(thread_id, namespace, _decode_head(body, str(resp.get("ETag", ""))))
             return
         except Exception as exc:
             if not _is_client_error(exc, _CONFLICT_CODES):

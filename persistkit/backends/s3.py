@@ -14,7 +14,10 @@ Layout under ``<prefix>/``
     ``If-Match: <etag read>`` (``If-None-Match: *`` for a new head), so
     compare-and-swap holds without a lock service. A lost condition (412
     ``PreconditionFailed``, 409 ``ConditionalRequestConflict``, or 404 because
-    the head vanished) is a ``ConflictError``.
+    the head vanished) is a ``ConflictError``. A *placeholder* head
+    (``{"v": 0, "f": <lease token>}``, at most 64 bytes) marks a thread whose new
+    lease holder has not written yet (``_s3_leases``); it is no thread to any
+    reader, and listings skip it by its size.
 ``r/<T>!<N>!<C>!<R>!<token>!<prev>``
     One checkpoint row (small JSON header + payload), written BEFORE the head.
     ``token`` is random per write attempt and ``prev`` is the token of the
@@ -273,9 +276,12 @@ class S3Backend(ThreadedAsync):
                 self._heads.pop(cache_key, None)
             return None
         state = _decode_head(*got)
-        with self._lock:
-            self._heads[cache_key] = state
+        self._remember_head(thread_id, namespace, state)
         return state
+
+    def _remember_head(self, thread_id: str, namespace: str, state: _HeadState) -> None:
+        with self._lock:
+            self._heads[(thread_id, namespace)] = state
 
     def head(self, thread_id: str, namespace: str) -> Head | None:
         self._check_open()

@@ -443,3 +443,17 @@ def test_placeholder_heads_are_told_apart_by_size(s3_endpoint: str, client: Any)
     finally:
         b.delete_thread(t)
         b.close()
+
+
+def test_placeholders_of_long_ids_and_namespaces_are_no_thread(backend: S3Backend) -> None:
+    """Ids over 240 bytes and long namespaces have hashed keys, which listings resolve
+    by reading heads: a placeholder must be skipped before that."""
+    base = f"long-{uuid.uuid4().hex}-" + "x" * 300
+    ns = "n" * 200
+    assert backend.lease_swap(base + "a", ns, 0, 1, b"")
+    assert backend.lease_swap(base + "b", "", 0, 1, b"")
+    backend.write_fenced(_row(base + "b", 1), {}, 0, 1)
+    assert backend.lease_swap(base + "b", ns, 0, 1, b"")
+    assert backend.threads(prefix=base) == [base + "b"]
+    assert backend.namespaces(base + "a") == [] and backend.namespaces(base + "b") == [""]
+    assert backend.delete_thread(base + "a") is False

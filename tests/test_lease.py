@@ -236,3 +236,47 @@ def test_wrappers_forward_leases(tmp_path: Any) -> None:
         assert rec is not None and store.backend.lease_swap(t, "", rec.version, rec.token + 1, rec.data)
         step(2)
     assert store.verify(t).ok
+
+
+class _WatchedCondition(threading.Condition):
+    """Counts notifies, and tells when the lease thread has gone back to waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+        self.waiting = threading.Event()
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_blocks_after_an_idle_spell_never_wake_the_lease_thread() -> None:
+    """Waking the lease thread costs the block a GIL hand-over: a block with the default
+    TTL must not need it, also right after the thread found nothing to renew."""
+    from persistkit.coordination import DEFAULT_TTL
+    from persistkit.coordination._drive import _Beater
+    from persistkit.coordination._lease import Lease
+
+    backend = MemoryBackend()
+    beater = _Beater()
+    cond = beater._cond = _WatchedCondition()
+    held = Lease("idle", "", "me", None, 1, DEFAULT_TTL)
+    key = beater.add(backend, held)  # starts the thread, which waits for this renewal
+    assert cond.waiting.wait(timeout=60)
+    beater.remove(key)
+    cond.waiting.clear()
+    with cond:
+        cond.notify()  # the thread wakes, finds nothing to renew: the idle spell
+    assert cond.waiting.wait(timeout=60)
+    cond.notified = 0
+    for _ in range(20):  # short blocks, each ending before its renewal is due
+        beater.remove(beater.add(backend, held))
+    assert cond.notified == 0
+    short = Lease("idle", "", "me", None, 1, 0.3)  # due before the thread's next wake-up: wake it
+    beater.remove(beater.add(backend, short))
+    assert cond.notified == 1

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from persistkit import BackendError, BackendUnavailableError, ConfigurationError, ConflictError
+from persistkit import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConflictError,
+    LeaseLostError,
+)
 from persistkit.backends import CheckpointRow, Head, open_backend
 from persistkit.backends import _s3_keys as s3mod
 from persistkit.backends.s3 import S3Backend
@@ -277,6 +283,22 @@ def test_requests_per_write(s3_endpoint: str, client: Any) -> None:
     b.close()
 
 
+def test_requests_of_a_new_holder(s3_endpoint: str, client: Any) -> None:
+    """Taking a thread's lease seals its head (a placeholder when it has none) and keeps
+    what it wrote, so the holder's first write reads neither the head nor the lease."""
+    b = open_backend(f"s3://{BUCKET}/count/{uuid.uuid4().hex[:8]}", client=client)
+    counter = _Counter(client)
+    assert b.lease_swap("new", "", 0, 1, b"")
+    assert counter.take() == {"GetObject": 2, "PutObject": 2}  # lease, head; lease, placeholder
+    b.write_fenced(_row("new", 1), {}, 0, 1)
+    assert counter.take() == {"PutObject": 2}  # row, head
+    assert b.lease_swap("new", "", 1, 2, b"")  # a new holder of a written thread
+    assert counter.take() == {"GetObject": 2, "PutObject": 2}  # lease, head; lease, sealed head
+    b.write_fenced(_row("new", 2), {}, 1, 2)
+    assert counter.take() == {"PutObject": 2}
+    b.close()
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 
@@ -321,3 +343,117 @@ def test_list_pages_past_one_thousand_keys(s3_endpoint: str, client: Any) -> Non
     assert len(keys) == 1100 and counter.take() == {"ListObjectsV2": 2}
     assert len(b.scan_blobs(t, "k1050", "k1100")) == 50
     b.close()
+
+
+# -- leases: a holder paused at its first write ------------------------------------------------
+
+
+class _PausingClient:
+    """A boto3 client that holds one chosen head write until released: the holder is
+    paused between its fence checks (all made before it writes anything) and the head
+    creation, the window a takeover must close. Coordinated by events, never by time."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.armed = False
+        self.paused = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def put_object(self, **kwargs: Any) -> Any:
+        if self.armed and "/h/" in kwargs["Key"]:
+            self.armed = False
+            self.paused.set()
+            assert self.release.wait(timeout=120), "the test never released the paused holder"
+        return self._client.put_object(**kwargs)
+
+
+def _write_while_taken_over(holder: Any, pausing: _PausingClient, other: Any, t: str, version: int) -> BaseException:
+    """The holder (token 1) writes; paused before its head write, ``other`` takes the lease
+    over (token 2) and its swap returns; then the holder goes on. Returns what it raised."""
+    raised: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            holder.write_fenced(_row(t, version + 1), {"k": b"v"}, version, 1)
+        except BaseException as exc:
+            raised.append(exc)
+
+    pausing.armed = True
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert pausing.paused.wait(timeout=120)
+        assert other.lease_swap(t, "", 1, 2, b"")  # the takeover has returned
+    finally:
+        pausing.release.set()
+        writer.join(timeout=120)
+    assert not writer.is_alive() and len(raised) == 1, raised
+    return raised[0]
+
+
+@pytest.fixture
+def pausing(client: Any) -> _PausingClient:
+    return _PausingClient(client)
+
+
+def test_a_takeover_fences_a_holder_paused_at_its_first_write(
+    url: str, pausing: _PausingClient, backend: S3Backend
+) -> None:
+    holder = open_backend(url, client=pausing)
+    t = f"paused-{uuid.uuid4().hex}"
+    assert holder.lease_swap(t, "", 0, 1, b"")
+    err = _write_while_taken_over(holder, pausing, backend, t, 0)
+    assert isinstance(err, LeaseLostError) and (err.token, err.found) == (1, 2)
+    assert backend.head(t, "") is None and backend.list(t, "") == []
+    assert backend.threads(prefix=t) == []
+    assert backend.write_fenced(_row(t, 1), {}, 0, 2) == Head("000001", 1)  # the new holder goes on
+    assert [r.payload for r in backend.list(t, "")] == [b"p"]
+    holder.close()
+
+
+def test_a_takeover_fences_a_holder_paused_after_its_thread_was_deleted(
+    url: str, pausing: _PausingClient, backend: S3Backend
+) -> None:
+    """No head at all (``delete_thread`` removed it under a live lease): the holder checks
+    the lease object, then pauses before creating the head; the takeover seals a placeholder."""
+    holder = open_backend(url, client=pausing)
+    t = f"deleted-{uuid.uuid4().hex}"
+    assert holder.lease_swap(t, "", 0, 1, b"")
+    holder.write_fenced(_row(t, 1), {}, 0, 1)
+    assert holder.delete_thread(t) is True
+    err = _write_while_taken_over(holder, pausing, backend, t, 0)
+    assert isinstance(err, LeaseLostError) and (err.token, err.found) == (1, 2)
+    assert backend.head(t, "") is None and backend.threads(prefix=t) == []
+    holder.close()
+
+
+def test_placeholder_heads_are_told_apart_by_size(s3_endpoint: str, client: Any) -> None:
+    """``threads`` and ``namespaces`` skip placeholders by the listed size: the largest
+    placeholder must stay under the limit and the smallest real head above it."""
+    assert len(s3mod._placeholder_body(2**63)) <= s3mod._PLACEHOLDER_MAX_BYTES
+    b = open_backend(f"s3://{BUCKET}?endpoint_url={s3_endpoint}")  # no prefix: the shortest keys
+    t = f"{uuid.uuid4().hex[:1]}"
+    try:
+        b.write(CheckpointRow(t, "", "1", None, None, b""), {}, 0)
+        size = client.head_object(Bucket=BUCKET, Key=b._head_key(t, ""))["ContentLength"]
+        assert size > s3mod._PLACEHOLDER_MAX_BYTES
+    finally:
+        b.delete_thread(t)
+        b.close()
+
+
+def test_placeholders_of_long_ids_and_namespaces_are_no_thread(backend: S3Backend) -> None:
+    """Ids over 240 bytes and long namespaces have hashed keys, which listings resolve
+    by reading heads: a placeholder must be skipped before that."""
+    base = f"long-{uuid.uuid4().hex}-" + "x" * 300
+    ns = "n" * 200
+    assert backend.lease_swap(base + "a", ns, 0, 1, b"")
+    assert backend.lease_swap(base + "b", "", 0, 1, b"")
+    backend.write_fenced(_row(base + "b", 1), {}, 0, 1)
+    assert backend.lease_swap(base + "b", ns, 0, 1, b"")
+    assert backend.threads(prefix=base) == [base + "b"]
+    assert backend.namespaces(base + "a") == [] and backend.namespaces(base + "b") == [""]
+    assert backend.delete_thread(base + "a") is False

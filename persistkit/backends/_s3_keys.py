@@ -80,12 +80,38 @@ def _prefix_seg(prefix: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _HeadState:
-    version: int
+    version: int  # 0: a placeholder (see below), which every reader takes for "no thread"
     checkpoint_id: str
     token: str
     row_key: str
     etag: str
     fence: int = 0  # the lease token the head was sealed with (persistkit.coordination)
+
+    @property
+    def placeholder(self) -> bool:
+        return self.version == 0
+
+
+# A placeholder head, ``{"v": 0, "f": <lease token>}``, is what a new lease holder seals
+# when the thread has no head yet (``_s3_leases``): it exists only so that the old
+# holder's ``If-None-Match: *`` head creation fails. Its body is at most 64 bytes and a
+# real head's is over 100 (two 16-hex tokens, a row key, the ids), so a listing tells
+# them apart by ``Size`` without reading each head (``threads``, ``namespaces``).
+_PLACEHOLDER_MAX_BYTES = 64
+
+
+def _placeholder_body(fence: int) -> bytes:
+    body = json.dumps({"v": 0, "f": fence}).encode("ascii")
+    if len(body) > _PLACEHOLDER_MAX_BYTES:  # a token of 50 digits: nothing issues those
+        raise BackendError(f"S3 store: lease token {fence} is too large to seal a head with")
+    return body
+
+
+def _decode_head(data: bytes, etag: str) -> _HeadState:
+    h = json.loads(data)
+    if int(h["v"]) == 0:
+        return _HeadState(0, "", "0", "", etag, int(h["f"]))
+    return _HeadState(int(h["v"]), str(h["c"]), str(h["t"]), str(h["k"]), etag, int(h.get("f", 0)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,15 @@ after its swap, seals the head (rewrites it with ``"f": <its token>``, If-Match)
 which changes the head's ETag. A replaced holder's next conditional head write
 then fails, and the head it reads back names a newer token: ``LeaseLostError``.
 Renewals do not touch the head, so a holder's steps cost what they cost without
-a lease. A thread's very first write has no head to seal: it reads the lease just
-before creating the head (a window of one request; see docs/coordination.md).
+a lease.
+
+A thread with no head yet is sealed too: the new holder creates a placeholder
+head (``{"v": 0, "f": <token>}``, If-None-Match: *), so the old holder's own head
+creation (If-None-Match: *) fails the same way, however long it paused between
+its checks and that request. Every reader takes a placeholder for "no thread"
+(``_s3_keys``); ``delete_thread`` removes it. A writer that finds no head at all
+(the thread was deleted under a live lease) also reads the lease first, so a
+holder replaced before the delete writes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendUnavailableError, LeaseLostError
 from ._protocol import CheckpointRow, LeaseRecord
-from ._s3_keys import _CONFLICT_CODES, _is_client_error, _map_error, _prefix_seg, _seg, _thread_seg
+from ._s3_keys import (
+    _CONFLICT_CODES,
+    _decode_head,
+    _is_client_error,
+    _map_error,
+    _placeholder_body,
+    _prefix_seg,
+    _seg,
+    _thread_seg,
+)
 
 if TYPE_CHECKING:
     from ._s3_keys import _HeadState
@@ -67,19 +83,24 @@ def swap(b: _S3, thread_id: str, namespace: str, expected: int, token: int, data
 
 
 def _seal(b: _S3, thread_id: str, namespace: str, token: int) -> None:
-    """Rewrite the head with the new holder's token (its ETag changes: see the module docstring)."""
+    """Rewrite the head with the new holder's token, or create a placeholder head sealed
+    with it when there is none (its ETag changes or it appears: see the module docstring)."""
 
     key = b._head_key(thread_id, namespace)
     for _ in range(20):
         got = b._get_object(key, f"reading head of {thread_id!r}")
         if got is None:
-            return  # no head yet: the first fenced write checks the lease itself
-        h = json.loads(got[0])
-        if int(h.get("f", 0)) >= token:
-            return
-        h["f"] = token
+            body, condition = _placeholder_body(token), {"IfNoneMatch": "*"}
+        else:
+            h = json.loads(got[0])
+            if int(h.get("f", 0)) >= token:
+                return
+            h["f"] = token
+            body, condition = json.dumps(h).encode("ascii"), {"IfMatch": got[1]}
         try:
-            b._client.put_object(Bucket=b._bucket, Key=key, Body=json.dumps(h).encode("ascii"), IfMatch=got[1])
+            resp = b._client.put_object(Bucket=b._bucket, Key=key, Body=body, **condition)
+            # the holder's next write builds on this head: spare it the GET
+            b._remember_head(thread_id, namespace, _decode_head(body, str(resp.get("ETag", ""))))
             return
         except Exception as exc:
             if not _is_client_error(exc, _CONFLICT_CODES):
@@ -94,7 +115,8 @@ def check_fence(row: CheckpointRow, fence: int, head: _HeadState | None) -> None
 
 
 def check_first_fence(b: _S3, row: CheckpointRow, fence: int) -> None:
-    """The first write of a thread (no head to seal): read the lease right before creating the head."""
+    """A write that finds no head at all (not even a placeholder: the thread was deleted
+    under the lease) reads the lease, so a holder replaced before the delete writes nothing."""
     found = read(b, row.thread_id, row.namespace)
     if found is None or found[0].token != fence:
         raise LeaseLostError(

@@ -40,7 +40,7 @@ class _Data:
     """The storage behind one private or named store; every access holds ``lock``."""
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()  # reentrant: write_fenced checks the lease, then writes
+        self.lock = threading.Lock()
         self.leases: dict[tuple[str, str], LeaseRecord] = {}
         self.heads: dict[tuple[str, str], Head] = {}
         self.rows: dict[tuple[str, str], dict[str, CheckpointRow]] = {}
@@ -89,13 +89,29 @@ class MemoryBackend(ThreadedAsync):
     # -- writes ----------------------------------------------------------------
 
     def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        return self._write(row, blobs, expected_version, None)
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return self._write(row, blobs, expected_version, fence)
+
+    def _write(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None
+    ) -> Head:
         d = self._open()
         # Copy before taking the lock: bytearray/memoryview inputs become bytes
         # the caller can no longer mutate.
         row = dataclasses.replace(row, payload=bytes(row.payload))
         copied = {k: bytes(v) for k, v in blobs.items()}
         key = (row.thread_id, row.namespace)
-        with d.lock:
+        with d.lock:  # the lease check and the write: one atomic step
+            if fence is not None:
+                lease = d.leases.get(key)
+                if lease is None or lease.token != fence:
+                    raise LeaseLostError(
+                        thread_id=row.thread_id, namespace=row.namespace, token=fence, found=lease.token if lease else 0
+                    )
             current = d.heads.get(key)
             found = current.version if current else 0
             if found != expected_version:
@@ -251,14 +267,3 @@ class MemoryBackend(ThreadedAsync):
         with d.lock:
             return sorted((t, ns, rec) for (t, ns), rec in d.leases.items() if t.startswith(prefix))
 
-    def write_fenced(
-        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
-    ) -> Head:
-        d = self._open()
-        with d.lock:  # held across the check and the write: one atomic step
-            current = d.leases.get((row.thread_id, row.namespace))
-            if current is None or current.token != fence:
-                raise LeaseLostError(
-                    thread_id=row.thread_id, namespace=row.namespace, token=fence, found=current.token if current else 0
-                )
-            return self.write(row, blobs, expected_version)

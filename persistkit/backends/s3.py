@@ -14,7 +14,10 @@ Layout under ``<prefix>/``
     ``If-Match: <etag read>`` (``If-None-Match: *`` for a new head), so
     compare-and-swap holds without a lock service. A lost condition (412
     ``PreconditionFailed``, 409 ``ConditionalRequestConflict``, or 404 because
-    the head vanished) is a ``ConflictError``.
+    the head vanished) is a ``ConflictError``. A *placeholder* head
+    (``{"v": 0, "f": <lease token>}``, at most 64 bytes) marks a thread whose new
+    lease holder has not written yet (``_s3_leases``); it is no thread to any
+    reader, and listings skip it by its size.
 ``r/<T>!<N>!<C>!<R>!<token>!<prev>``
     One checkpoint row (small JSON header + payload), written BEFORE the head.
     ``token`` is random per write attempt and ``prev`` is the token of the
@@ -86,7 +89,9 @@ from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync
 from ._s3_keys import (
     _CONFLICT_CODES,
     _MAX_ID_BYTES,
+    _PLACEHOLDER_MAX_BYTES,
     _b64,
+    _decode_head,
     _decode_row,
     _encode_row,
     _HeadState,
@@ -205,16 +210,27 @@ class S3Backend(ThreadedAsync):
 
     def _list(self, prefix: str, start_after: str = "") -> Iterator[str]:
         """Keys under ``prefix`` in ascending order, page by page (continuation tokens)."""
+        for key, _ in self._list_sized(prefix, start_after):
+            yield key
+
+    def _list_sized(self, prefix: str, start_after: str = "") -> Iterator[tuple[str, int]]:
+        """``_list`` with each object's size."""
         kwargs: dict[str, Any] = {"Prefix": prefix}
         if start_after:
             kwargs["StartAfter"] = start_after
         while True:
             resp = self._call(f"listing {prefix!r}", "list_objects_v2", **kwargs)
             for item in resp.get("Contents", ()):
-                yield str(item["Key"])
+                yield str(item["Key"]), int(item.get("Size", 0))
             if not resp.get("IsTruncated"):
                 return
             kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+
+    def _list_heads(self, prefix: str, start_after: str = "") -> Iterator[str]:
+        """Keys of the real heads under ``prefix``: placeholders (``_s3_keys``) are no thread."""
+        for key, size in self._list_sized(prefix, start_after):
+            if size > _PLACEHOLDER_MAX_BYTES:
+                yield key
 
     def _put_new(self, key: str, body: bytes, what: str) -> bool:
         """Create ``key`` unless it exists. True when this call created it."""
@@ -259,23 +275,26 @@ class S3Backend(ThreadedAsync):
             with self._lock:
                 self._heads.pop(cache_key, None)
             return None
-        data, etag = got
-        h = json.loads(data)
-        state = _HeadState(int(h["v"]), str(h["c"]), str(h["t"]), str(h["k"]), etag, int(h.get("f", 0)))
-        with self._lock:
-            self._heads[cache_key] = state
+        state = _decode_head(*got)
+        self._remember_head(thread_id, namespace, state)
         return state
+
+    def _remember_head(self, thread_id: str, namespace: str, state: _HeadState) -> None:
+        with self._lock:
+            self._heads[(thread_id, namespace)] = state
 
     def head(self, thread_id: str, namespace: str) -> Head | None:
         self._check_open()
         state = self._read_head(thread_id, namespace)
-        return None if state is None else Head(state.checkpoint_id, state.version)
+        return None if state is None or state.placeholder else Head(state.checkpoint_id, state.version)
 
     # -- writes ---------------------------------------------------------------------------
 
     def _conflict(
         self, row: CheckpointRow, expected: int, found: _HeadState | None
     ) -> ConflictError:
+        if found is not None and found.placeholder:
+            found = None
         return ConflictError(
             thread_id=row.thread_id,
             namespace=row.namespace,
@@ -298,7 +317,7 @@ class S3Backend(ThreadedAsync):
                 if fence is not None:
                     _s3_leases.check_fence(row, fence, base)
                 raise self._conflict(row, expected_version, base)
-        if base is not None and row.checkpoint_id <= base.checkpoint_id:
+        if base is not None and not base.placeholder and row.checkpoint_id <= base.checkpoint_id:
             # Row keys are unique per write, so a reused id is not refused by the put: refuse
             # any id that does not sort after the head (a reused one never does), as SQLite.
             raise BackendError(
@@ -308,6 +327,8 @@ class S3Backend(ThreadedAsync):
             )
         if fence is not None:
             _s3_leases.check_fence(row, fence, base)
+            if base is None:
+                _s3_leases.check_first_fence(self, row, fence)
         self._write_blobs(t, blobs)
         token = secrets.token_hex(8)
         prev = base.token if base else "0"
@@ -326,8 +347,6 @@ class S3Backend(ThreadedAsync):
         ).encode("ascii")
         condition = {"IfMatch": base.etag} if base else {"IfNoneMatch": "*"}
         head_key = self._head_key(t, ns)
-        if fence is not None and base is None:
-            _s3_leases.check_first_fence(self, row, fence)
         try:
             resp = self._client.put_object(
                 Bucket=self._bucket, Key=head_key, Body=body, **condition
@@ -380,7 +399,7 @@ class S3Backend(ThreadedAsync):
     def _chain(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]:
         """The head and its committed rows (newest version first): orphans are skipped."""
         head = self._read_head(thread_id, namespace)
-        if head is None:
+        if head is None or head.placeholder:
             return None, []
         prefix = self._rows_prefix(thread_id, namespace)
         by_token: dict[str, _RowRef] = {}
@@ -413,7 +432,7 @@ class S3Backend(ThreadedAsync):
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         self._check_open()
         head = self._read_head(thread_id, namespace)
-        if head is None:
+        if head is None or head.placeholder:
             return None
         if head.checkpoint_id == checkpoint_id:  # the common case: resume reads the head
             return self._fetch_rows([head.row_key])[0]
@@ -512,7 +531,7 @@ class S3Backend(ThreadedAsync):
                         return True
             return False
 
-        for key in self._list(heads + _prefix_seg(prefix), start):
+        for key in self._list_heads(heads + _prefix_seg(prefix), start):
             rel = key[len(heads) :]
             tseg = rel.split("!", 1)[0]
             if group and not tseg.startswith(group[0].split(".", 1)[0] + "."):
@@ -542,7 +561,7 @@ class S3Backend(ThreadedAsync):
         self._check_open()
         prefix = f"{self._root}h/{_thread_seg(thread_id)}!"
         found: set[str] = set()
-        for key in self._list(prefix):
+        for key in self._list_heads(prefix):
             seg = key[len(prefix) :]
             if seg.startswith("n"):
                 found.add(_unb64(seg[1:]).decode("utf-8", "surrogatepass"))
@@ -619,10 +638,11 @@ class S3Backend(ThreadedAsync):
         found = False
         # heads first: the thread stops being listed before its rows go
         for kind in ("h", "r", "b"):
-            keys = list(self._list(f"{self._root}{kind}/{tseg}!"))
-            if keys:
-                found = True
-                self._delete_keys(keys, f"deleting thread {thread_id!r}")
+            listed = list(self._list_sized(f"{self._root}{kind}/{tseg}!"))
+            if listed:
+                # a placeholder head (a lease taken, nothing written) goes too, but is no thread
+                found = found or kind != "h" or any(size > _PLACEHOLDER_MAX_BYTES for _, size in listed)
+                self._delete_keys([k for k, _ in listed], f"deleting thread {thread_id!r}")
         with self._lock:
             for cache_key in [k for k in self._heads if k[0] == thread_id]:
                 del self._heads[cache_key]

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .._errors import LeaseLostError
 from .._io import run_async, run_sync
 from ..backends import Backend
-from ._lease import Lease, renew
+from ._lease import DEFAULT_TTL, Lease, renew
 
 __all__ = ["AsyncHeartbeat", "Heartbeat"]
 
@@ -43,7 +43,11 @@ class _Beater:
 
     Starting and joining a thread per block cost ~1 ms, more than a short run's
     steps; this thread starts once (again after a fork) and sleeps until the next
-    renewal is due.
+    renewal is due. With nothing to renew it still wakes every ``DEFAULT_TTL / 3``:
+    a block with the default TTL (or a longer one) then never has to wake it, since
+    its renewal falls after the thread's next wake-up anyway. Sleeping longer made
+    the first block after an idle spell wake it (a GIL hand-over, and the thread,
+    late, often found that short block gone and slept long again: so did the next).
     """
 
     def __init__(self) -> None:
@@ -77,7 +81,7 @@ class _Beater:
                 now = time.monotonic()
                 due = [(k, b, r) for k, (at, b, r) in self._due.items() if at <= now]
                 if not due:
-                    self._wake_at = min((at for at, _, _ in self._due.values()), default=now + 60.0)
+                    self._wake_at = min((at for at, _, _ in self._due.values()), default=now + DEFAULT_TTL / 3)
                     self._cond.wait(self._wake_at - now)
                     continue
             for key, backend, ref in due:

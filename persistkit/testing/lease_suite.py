@@ -129,6 +129,28 @@ class LeaseConformance:
             backend.write_fenced(_row(t, 1), {}, 0, 1)
         assert other.head(t, "") is None
 
+    def test_a_lease_without_a_write_is_no_thread(self, backend: Backend, other: Backend) -> None:
+        """Taking a lease (or having it taken over) on a thread never written creates no
+        thread: a store may mark the thread for fencing (S3's placeholder head), but no
+        reader shows it, and ``delete_thread`` finds nothing to delete."""
+        t = self.tid("bare")
+        assert backend.lease_swap(t, "", 0, 1, b"")
+        assert other.lease_swap(t, "", 1, 2, b"")  # a takeover seals whatever is there
+        for b in (backend, other):
+            assert b.head(t, "") is None
+            assert b.list(t, "") == []
+            assert b.get(t, "", f"{1:024x}") is None
+            assert b.namespaces(t) == []
+            assert b.threads(prefix=t) == []
+        assert other.delete_thread(t) is False
+        other.write_fenced(_row(t, 1), {}, 0, 2)  # the holder's first write is an ordinary one
+        assert backend.threads(prefix=t) == [t]
+        assert backend.namespaces(t) == [""]
+        assert backend.delete_thread(t) is True
+        assert backend.threads(prefix=t) == []
+        rec = backend.lease_get(t, "")
+        assert rec is not None and rec.token == 2
+
     def test_no_stale_write_lands_after_the_takeover(self, backend: Backend, other: Backend) -> None:
         """A holder keeps writing while another instance takes the lease over: every write
         that starts after the takeover returned is refused, and the chain has no gap."""

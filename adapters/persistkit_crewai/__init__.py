@@ -135,7 +135,8 @@ class PersistkitFlowPersistence(FlowPersistence):
             raise pk.SerializationError(
                 f"CrewAI flow {flow_uuid!r}: its state model is not known to this process. Call "
                 f"persistence.restore(flow, {flow_uuid!r}) before flow.kickoff (it registers the "
-                f"flow's state model), or pk.register(YourStateModel) at import. ({exc})",
+                f"flow's state model), persistence.inspect_state({flow_uuid!r}, model=YourStateModel) "
+                f"to read it, or pk.register(YourStateModel) at import. ({exc})",
                 path=exc.path,
             ) from exc
         return rec
@@ -167,9 +168,13 @@ class PersistkitFlowPersistence(FlowPersistence):
         state: dict[str, Any] = pk.secrets.live(_as_dict(rec.state, flow_uuid), where=self._where(flow_uuid))
         return state
 
-    def inspect_state(self, flow_uuid: str) -> dict[str, Any] | None:
+    def inspect_state(self, flow_uuid: str, model: type[BaseModel] | None = None) -> dict[str, Any] | None:
         """The state saved last for ``flow_uuid``, or None, for reading only: secrets stay
-        handles (``$CRED{env:OPENAI_API_KEY}``), so it never needs a secret's value."""
+        handles (``$CRED{env:OPENAI_API_KEY}``), so it never needs a secret's value. In a
+        process that never ran the flow, name its state ``model`` (as ``restore`` does with
+        the flow's): the stored state is revived as that class, migrated."""
+        if model is not None:
+            pk.register(model)
         rec = self._record(flow_uuid)
         return _as_dict(rec.state, flow_uuid) if rec is not None and rec.state else None
 

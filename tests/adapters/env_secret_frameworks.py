@@ -147,7 +147,7 @@ def crewai() -> dict[str, Any]:
             log("send", self.state.body, self.state.api_key)
 
     if INSPECT:
-        shown = persistence.inspect_state(THREAD)
+        shown = persistence.inspect_state(THREAD, model=Deploy)  # a new process names the model
         assert shown is not None
         return {"api_key": shown["api_key"], "texts": [shown["body"]], "methods": persistence.completed_methods(THREAD)}
     flow = DeployFlow(suppress_flow_events=True)

@@ -25,6 +25,7 @@ from ._errors import (
     SerializationError,
     StepFailedError,
     StoreClosedError,
+    StoreOptionsError,
     ThreadBusyError,
 )
 from ._keys import KeyRing, generate_key
@@ -76,6 +77,7 @@ __all__ = [
     "StepInfo",
     "Store",
     "StoreClosedError",
+    "StoreOptionsError",
     "ThreadBusyError",
     "TrackedList",
     "Witness",

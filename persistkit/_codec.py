@@ -26,7 +26,7 @@ import threading
 import zlib
 from typing import Any
 
-from ._errors import SerializationError
+from ._errors import SerializationError, StoreOptionsError
 from ._secrets import PEOPLE_KEYS, Redactor, hold_text
 from ._serde import Serializer
 
@@ -247,19 +247,19 @@ class Codec:
             except zlib.error as exc:
                 raise SerializationError(f"compressed record is corrupt ({exc})", path=path) from exc
         if blob[0] == 0xE1:  # persistkit.wrappers._encryption.MAGIC (not imported: no crypto here)
-            raise SerializationError(
+            raise StoreOptionsError(
                 "the record is encrypted (envelope 0xe1) but the store was opened without its "
                 "keys: open it with pk.connect(url, encryption=...)",
                 path=path,
             )
         if blob[0] == 0xA1:  # persistkit.wrappers._integrity: a sealed (tagged) record
-            raise SerializationError(
+            raise StoreOptionsError(
                 "the record is sealed with an integrity tag: open the store with "
                 "pk.connect(url, integrity=...) and the integrity key",
                 path=path,
             )
         if blob.startswith(b"\x00PKREF1:"):  # persistkit.wrappers._offload._MARKER
-            raise SerializationError(
+            raise StoreOptionsError(
                 "the record was offloaded to a blob store (the store holds only a pointer to it): "
                 "open the store with pk.connect(url, blobs=<the blob store's URL>), as it was written",
                 path=path,

@@ -114,9 +114,24 @@ def configure(environment: bool | Iterable[str]) -> None:
     _snapshot[0] = -1  # read the environment again at the next first pass
 
 
+#: Variables SDKs read by these names: when one value sits in several variables, the
+#: handle names one of these, which a resuming process most likely sets as well.
+_WELL_KNOWN = frozenset(
+    {
+        "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GOOGLE_API_KEY",
+        "GEMINI_API_KEY", "MISTRAL_API_KEY", "COHERE_API_KEY", "GROQ_API_KEY", "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GITHUB_TOKEN", "SLACK_BOT_TOKEN",
+    }
+)  # fmt: skip
+
+
+def _preference(variable: str) -> tuple[bool, int, str]:
+    return (variable not in _WELL_KNOWN, len(variable), variable)
+
+
 def secrets() -> dict[str, str]:
-    """``{value: variable}`` of the environment's secrets as last read (longest value wins
-    a tie by variable name order)."""
+    """``{value: variable}`` of the environment's secrets as last read; a value held by
+    several variables is named by a well-known one, else the shortest, else the first."""
     return _snapshot[2]  # type: ignore[return-value]
 
 
@@ -134,7 +149,9 @@ def sync() -> bool:
                 pairs = sorted(os.environ.items())
             except RuntimeError:  # another thread is changing the environment: next time
                 return False
-            for variable, value in pairs:
+            # One value in several variables: the handle names the one other processes most
+            # likely have too (a provider's own name first, then the shortest name).
+            for variable, value in sorted(pairs, key=lambda p: _preference(p[0])):
                 if value and value not in found and eligible(variable, value):
                     found[value] = variable
         changed = found != _snapshot[2]

@@ -11,6 +11,8 @@
     │   └── ConflictError             another writer moved the thread head first
     ├── NotFoundError             no such thread / checkpoint / run (also a LookupError)
     ├── SerializationError        a value cannot be encoded, or stored bytes cannot be decoded
+    │   └── StoreOptionsError         a record needs an option the store was opened without
+    │                                 (encryption or integrity keys, blobs=); also a ConfigurationError
     ├── SchemaVersionError        stored version newer than the code, no migration path, or a stored value its class no longer fits
     ├── NonDeterminismError       on replay, the step at a position is not the recorded one
     ├── IntegrityError            a stored record failed authentication or its chain is broken
@@ -52,6 +54,7 @@ __all__ = [
     "SerializationError",
     "StepFailedError",
     "StoreClosedError",
+    "StoreOptionsError",
     "ThreadBusyError",
 ]
 
@@ -174,6 +177,11 @@ class SerializationError(PersistkitError):
     def __init__(self, message: str, *, path: str = "") -> None:
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+class StoreOptionsError(SerializationError, ConfigurationError):
+    """A stored record needs an option the store was opened without (its encryption or
+    integrity keys, its blob store): the record is fine, the ``pk.connect`` call is not."""
 
 
 class SchemaVersionError(PersistkitError):
@@ -302,8 +310,11 @@ def damaged_record_advice(
             "the store from a trusted backup. Nothing was written."
         )
     return (
-        f"Ways forward: {fork}; or restore the store from a trusted backup. To have damage and "
-        "edits caught by an authentication tag and listed by `persistkit verify`, turn integrity "
-        "on: copy the threads into a store opened with pk.connect(url, integrity=True) (keys in "
-        "$PERSISTKIT_INTEGRITY_KEYS) with store.copy_from(old_url). Nothing was written."
+        f"Ways forward: {fork}; or restore the store from a trusted backup. Nothing was written. "
+        "Without integrity, damage that still decodes goes unnoticed: to have every damaged or "
+        "edited record caught by an authentication tag and listed by `persistkit verify`, keep "
+        "agent state in a store opened with pk.connect(url, integrity=True) (keys in "
+        "$PERSISTKIT_INTEGRITY_KEYS); store.copy_from(old_url) moves threads there, but copies "
+        "records as they are, so repair or fork this thread first (a copied damaged record is "
+        "then sealed as if it were sound)"
     )

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._codec import Codec
-from ._errors import SerializationError, damaged_record_advice
+from ._errors import SerializationError, StoreOptionsError, damaged_record_advice
 from .backends import CheckpointRow
 
 __all__ = ["Checkpoint", "Record"]
@@ -75,6 +75,8 @@ class Record:
         # A resume decodes every row of the run: the error's path is made only on error.
         try:
             body = codec.unpack_tree(row.payload, "")
+        except StoreOptionsError as exc:  # the record is fine: the store needs its options, not a fork
+            raise StoreOptionsError(str(exc), path=_where(row)) from exc
         except SerializationError as exc:
             raise SerializationError(f"{exc}. {_damaged(row)}", path=_where(row)) from exc
         problem = _check_body(body)

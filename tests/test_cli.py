@@ -289,7 +289,7 @@ def test_thread_ids_that_are_not_plain_text_are_escaped_in_tables(tmp_path: Path
     import persistkit as pk
 
     url = f"sqlite:///{tmp_path}/odd.db"
-    odd = ["two\nlines", "tab\there", "back\\slash", " padded", "'quoted'", "plain-id"]
+    odd = ["two\nlines", "tab\there", "back\\slash", " padded", "'quoted'", "quote'", 'dq"', "plain-id"]
     with pk.connect(url) as store:
         for tid in odd:
             with pk.resume(tid, store=store):

@@ -36,6 +36,7 @@ from agents import (
     RunState,
     TResponseInputItem,
 )
+from agents.exceptions import AgentsException
 from agents.items import TResponseOutputItem
 from agents.memory import Session
 from agents.usage import deserialize_usage, serialize_usage
@@ -350,13 +351,30 @@ async def durable_run(
     token = _CHECK_INPUT.set(check_input)
     try:
         async with pk.resume(thread_id, store=store, run_id=run_id) as run:
-            result = await Runner.run(agent, input, run_config=config, **kwargs)
+            try:
+                result = await Runner.run(agent, input, run_config=config, **kwargs)
+            except AgentsException as exc:  # the SDK wraps a tool's error in its UserError
+                refused = _secret_refusal(exc)
+                if refused is None:
+                    raise
+                raise refused from exc
             pending = result.to_state().to_json() if result.interruptions else None
             if run.state.get(RUN_STATE_CHANNEL) != pending:
                 run.state[RUN_STATE_CHANNEL] = pending  # committed with the run's end record
     finally:
         _CHECK_INPUT.reset(token)
     return result
+
+
+def _secret_refusal(exc: AgentsException) -> pk.SecretResolutionError | None:
+    """The ``pk.SecretResolutionError`` of a tool refused before it ran (a secret handle
+    nothing resolves) inside the SDK's wrapper, raised as the docs promise; or None."""
+    cause: BaseException | None = exc.__cause__
+    for _ in range(4):  # a short chain: the SDK wraps once or twice
+        if cause is None or isinstance(cause, pk.SecretResolutionError):
+            return cause
+        cause = cause.__cause__
+    return None
 
 
 async def load_run_state(

@@ -134,10 +134,11 @@ class PersistkitSession:
         """The newest ``limit`` items, oldest first; without ``limit``, ``session_settings.limit``
         of them (all items when that is None too)."""
         items = _window(await self._all_items(), limit if limit is not None else self.session_settings.limit)
-        # Read back from the store, the items hold secrets as handles: resolved here where
-        # something knows them (they go to the model); the rest stay handles, and a durable
-        # model turn refuses to send those (SecretResolutionError before the call).
-        live: list[TResponseInputItem] = pk.secrets.live(items, partial=True)
+        # Read back from the store, the items hold secrets as handles. The Runner sends what
+        # get_items returns to the model, so a handle nothing resolves here is refused
+        # (SecretResolutionError naming what to configure), never sent as text; reading a
+        # session with handles shown is store.get_state(session_id, namespace=SESSION_NAMESPACE).
+        live: list[TResponseInputItem] = pk.secrets.live(items, where=f"session {self.session_id!r}: items for the model")
         return live
 
     async def _edit(self, edit: _Edit) -> _Edit:
@@ -177,6 +178,6 @@ class PersistkitSession:
 
 
 def _window(items: list[TResponseInputItem], limit: int | None) -> list[TResponseInputItem]:
-    if limit is None:
+    if limit is None or limit < 0:  # SQLiteSession: a negative limit is no limit (SQLite's LIMIT -1)
         return items
     return items[-limit:] if limit > 0 else []

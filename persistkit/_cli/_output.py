@@ -32,7 +32,7 @@ def cell(value: Any) -> str:
     if isinstance(value, Shown):
         return str(value)
     text = "" if value is None else str(value)
-    if text.isprintable() and "\\" not in text and text == text.strip() and not text.startswith(_QUOTES):
+    if text.isprintable() and "\\" not in text and text == text.strip() and not text.startswith(_QUOTES) and not text.endswith(_QUOTES):
         return text
     return repr(text)
 

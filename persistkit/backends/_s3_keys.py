@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._errors import BackendError, BackendUnavailableError
+from .._errors import BackendError, BackendUnavailableError, ConfigurationError
 from ._protocol import CheckpointRow
 
 _STD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -182,8 +182,9 @@ _FIXES = {
 }
 
 
-def _map_error(exc: Exception, what: str) -> BackendError:
-    """The persistkit error for a botocore failure while doing ``what``."""
+def _map_error(exc: Exception, what: str) -> BackendError | ConfigurationError:
+    """The persistkit error for a botocore failure while doing ``what``: a bucket that does
+    not exist is a wrong URL (``ConfigurationError``), as a missing PostgreSQL database is."""
     from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
     if isinstance(exc, ConnectionError | HTTPClientError):
@@ -193,6 +194,8 @@ def _map_error(exc: Exception, what: str) -> BackendError:
         if _status(exc) >= 500 or code in _TRANSIENT_CODES:
             return BackendUnavailableError(f"S3 is unavailable ({code}) while {what}: {exc}")
         fix = _FIXES.get(code, "")
+        if code == "NoSuchBucket":
+            return ConfigurationError(f"S3 failed ({code}) while {what}: {exc}. {fix}")
         return BackendError(f"S3 failed ({code}) while {what}: {exc}" + (f". {fix}" if fix else ""))
     return BackendError(f"S3 failed while {what}: {exc}")
 

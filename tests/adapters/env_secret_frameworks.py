@@ -212,9 +212,13 @@ def main() -> None:
     try:
         result = {"langgraph": langgraph, "crewai": crewai, "openai": openai}[FRAMEWORK]()
     except Exception as exc:
-        cause: BaseException | None = exc  # a framework may wrap it (the SDK: UserError from a tool)
-        while cause is not None and not isinstance(cause, pk.PersistkitError):
+        cause: BaseException | None = exc
+        # LangGraph and CrewAI may wrap it; durable_run raises it as itself (it unwraps the
+        # SDK's UserError around a refused tool call), as the OpenAI Agents page promises.
+        while FRAMEWORK != "openai" and cause is not None and not isinstance(cause, pk.PersistkitError):
             cause = cause.__cause__
+        if not isinstance(cause, pk.PersistkitError):
+            cause = None
         if cause is None:
             raise
         result = {"error": type(cause).__name__, "message": str(cause)}

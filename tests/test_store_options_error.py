@@ -1,0 +1,67 @@
+"""A store opened without an option its records need is a configuration mistake, not damage.
+
+Encrypted, integrity-sealed and offloaded records read through a store opened
+without ``encryption=``, ``integrity=`` or ``blobs=`` are a ``pk.StoreOptionsError``
+(a ``SerializationError`` and a ``ConfigurationError``) naming the option, with none
+of the damaged-record advice (fork, delete, restore a backup): following that advice
+on a healthy thread loses data. Also here: an S3 bucket that does not exist is a
+``ConfigurationError``, as a missing PostgreSQL database is; and one secret held by
+several environment variables is stored under the name other processes most likely
+have too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import make_url, uid
+
+import persistkit as pk
+
+KEY = bytes(range(32))
+SECRET = "sk-proj-Zq81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7Jk"
+
+
+@pytest.mark.parametrize("option", ["integrity", "encryption", "blobs"])
+def test_a_store_opened_without_its_options_names_the_option(
+    option: str, store_url: str, tmp_path: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    kwargs: dict[str, object] = {
+        "integrity": {"integrity": {"m": KEY}},
+        "encryption": {"encryption": {"k": KEY}},
+        "blobs": {"blobs": make_url("sqlite", request, tmp_path_factory), "blob_threshold": 64},
+    }[option]
+    tid = uid("opts")
+    with pk.connect(store_url, **kwargs) as writer, pk.resume(tid, store=writer) as run:  # type: ignore[arg-type]
+        run.state["text"] = "x" * 4096
+    with pk.connect(store_url) as bare:
+        with pytest.raises(pk.StoreOptionsError) as info:
+            bare.get_state(tid)
+        assert isinstance(info.value, pk.ConfigurationError) and isinstance(info.value, pk.SerializationError)
+        message = str(info.value)
+        assert f"{option}=" in message and tid in message, message
+        assert "Ways forward" not in message and "fork" not in message and "delete" not in message, message
+    with pk.connect(store_url, **kwargs) as writer:  # type: ignore[arg-type]
+        assert writer.get_state(tid)["text"] == "x" * 4096  # nothing was damaged
+
+
+def test_a_missing_s3_bucket_is_a_configuration_error(s3_endpoint: str) -> None:
+    store = pk.connect(f"s3://persistkit-no-such-bucket-{uid('b').lower()[-12:]}/p?endpoint_url={s3_endpoint}")
+    with pytest.raises(pk.ConfigurationError, match="bucket does not exist"):
+        store.threads()
+    store.close()
+
+
+def test_one_value_in_several_variables_is_named_by_the_usual_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("AA_OPENAI_KEY", "LLM_API_KEY", "OPENAI_API_KEY", "ZZ_OPENAI_KEY"):
+        monkeypatch.setenv(variable, SECRET)
+    tid = uid("dup")
+    with pk.connect(f"sqlite:///{tmp_path}/dup.db") as store, pk.resume(tid, store=store) as run:
+        run.state["note"] = f"key {SECRET} here"
+    raw = (tmp_path / "dup.db").read_bytes()
+    assert SECRET.encode() not in raw
+    with pk.connect(f"sqlite:///{tmp_path}/dup.db") as store:
+        assert store.get_state(tid)["note"] == "key $CRED{env:OPENAI_API_KEY} here"

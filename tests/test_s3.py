@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from persistkit import (
-    BackendError,
     BackendUnavailableError,
     ConfigurationError,
     ConflictError,
@@ -322,14 +321,16 @@ def test_closed_port_is_backend_unavailable() -> None:
             b.write(_row("t", 1), {"k": b"v"}, 0)
 
 
-def test_missing_bucket_is_a_backend_error(s3_endpoint: str) -> None:
+def test_missing_bucket_is_a_configuration_error(s3_endpoint: str) -> None:
+    """A wrong bucket is a wrong URL (docs/backends.md), as a missing PostgreSQL database is:
+    not an empty store, and nothing to retry."""
     b = open_backend(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/p?endpoint_url={s3_endpoint}")
-    with pytest.raises(BackendError, match="NoSuchBucket"):
+    with pytest.raises(ConfigurationError, match="NoSuchBucket"):
         b.head("t", "")  # a missing bucket is not an empty store
-    with pytest.raises(BackendError) as info:
+    with pytest.raises(ConfigurationError) as info:
         b.threads()
     assert not isinstance(info.value, BackendUnavailableError)
-    assert "NoSuchBucket" in str(info.value)
+    assert "bucket does not exist" in str(info.value)
     b.close()
 
 

@@ -4,10 +4,8 @@ Encrypted, integrity-sealed and offloaded records read through a store opened
 without ``encryption=``, ``integrity=`` or ``blobs=`` are a ``pk.StoreOptionsError``
 (a ``SerializationError`` and a ``ConfigurationError``) naming the option, with none
 of the damaged-record advice (fork, delete, restore a backup): following that advice
-on a healthy thread loses data. Also here: an S3 bucket that does not exist is a
-``ConfigurationError``, as a missing PostgreSQL database is; and one secret held by
-several environment variables is stored under the name other processes most likely
-have too.
+on a healthy thread loses data. Also here: one secret held by several environment
+variables is stored under the name other processes most likely have too.
 """
 
 from __future__ import annotations
@@ -44,13 +42,6 @@ def test_a_store_opened_without_its_options_names_the_option(
         assert "Ways forward" not in message and "fork" not in message and "delete" not in message, message
     with pk.connect(store_url, **kwargs) as writer:  # type: ignore[arg-type]
         assert writer.get_state(tid)["text"] == "x" * 4096  # nothing was damaged
-
-
-def test_a_missing_s3_bucket_is_a_configuration_error(s3_endpoint: str) -> None:
-    store = pk.connect(f"s3://persistkit-no-such-bucket-{uid('b').lower()[-12:]}/p?endpoint_url={s3_endpoint}")
-    with pytest.raises(pk.ConfigurationError, match="bucket does not exist"):
-        store.threads()
-    store.close()
 
 
 def test_one_value_in_several_variables_is_named_by_the_usual_one(

@@ -249,6 +249,9 @@ def _lazy_secret_str(kind: str, name: str, redactor: Redactor) -> Any:
             def __len__(self) -> int:
                 return len(self.get_secret_value())
 
+            def _display(self) -> Any:  # repr/str: masked as a set secret, not as an empty one
+                return ("**********" if kind == "str" else b"**********") if self._pk_handle else super()._display()
+
         Lazy.__name__ = Lazy.__qualname__ = base.__name__
         cls = _LAZY[kind] = Lazy
     obj = cls("" if kind == "str" else b"")

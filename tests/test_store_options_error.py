@@ -56,3 +56,12 @@ def test_one_value_in_several_variables_is_named_by_the_usual_one(
     assert SECRET.encode() not in raw
     with pk.connect(f"sqlite:///{tmp_path}/dup.db") as store:
         assert store.get_state(tid)["note"] == "key $CRED{env:OPENAI_API_KEY} here"
+
+
+def test_an_unresolved_secret_str_reads_as_set_not_empty() -> None:
+    from persistkit._secrets import _lazy_secret_str, default_redactor
+
+    lazy = _lazy_secret_str("str", "env:PK_TEST_NOWHERE_API_KEY", default_redactor())
+    assert repr(lazy) == "SecretStr('**********')" and str(lazy) == "**********"
+    with pytest.raises(pk.SecretResolutionError):
+        lazy.get_secret_value()

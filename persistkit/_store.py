@@ -44,6 +44,15 @@ DEFAULT_URL = "sqlite:///.persistkit/persistkit.db"
 MAX_ID_LENGTH = 512
 
 
+def _plain_spec(state: Any, plain: bool) -> StateSpec:
+    if plain and state is not None:
+        raise ConfigurationError(
+            "get_state(..., plain=True) reads the state as stored, without classes; it takes no "
+            "state= (pass one or the other)"
+        )
+    return StateSpec(state)
+
+
 def check_thread_id(thread_id: object, what: str = "thread_id") -> str:
     if not isinstance(thread_id, str):
         raise ConfigurationError(f"{what} must be a str, got {type(thread_id).__name__}")
@@ -237,11 +246,13 @@ class Store:
             raise NotFoundError(f"thread {thread_id!r} has no checkpoint {checkpoint_id!r}")
         return Record.decode(self.codec, row)
 
-    def load_state(self, rec: Record, spec: StateSpec, loader: Loader | None = None) -> Plan[Any]:
+    def load_state(
+        self, rec: Record, spec: StateSpec, loader: Loader | None = None, *, plain: bool = False
+    ) -> Plan[Any]:
         loader = loader or Loader(self.codec, rec.row.thread_id, rec.row.namespace)
         loader.add([rec])
         yield from loader.fetch([rec.refs])
-        plain = spec.plain(rec.schema)  # a migration may run: it gets nested values as dicts
+        plain = plain or spec.plain(rec.schema)  # a migration may run: it gets nested values as dicts
         channels = {name: loader.value(name, ref, plain) for name, ref in rec.refs.items()}
         where = f"thread {rec.row.thread_id!r} checkpoint {rec.id}"
         return spec.build(channels, rec.schema, where)
@@ -271,11 +282,14 @@ class Store:
                 return out
             cursor = rows[-1].checkpoint_id
 
-    def _get_state(self, thread_id: str, checkpoint_id: str | None, spec: StateSpec, namespace: str) -> Plan[Any]:
+    def _get_state(
+        self, thread_id: str, checkpoint_id: str | None, spec: StateSpec, namespace: str, plain: bool = False
+    ) -> Plan[Any]:
         rec = yield from self.read_record(thread_id, namespace, checkpoint_id)
         # Inspection never needs a secret's value: handles stay handle text (a Secret field
         # stays a lazy Secret), so a thread can be read in a process that cannot resolve them.
-        state = yield from self.load_state(rec, spec, Loader(self._inspecting(), thread_id, namespace))
+        loader = Loader(self._inspecting(), thread_id, namespace)
+        state = yield from self.load_state(rec, spec, loader, plain=plain)
         return state
 
     def _inspecting(self) -> Codec:
@@ -414,12 +428,21 @@ class Store:
         return rec.public(self.codec)
 
     def get_state(
-        self, thread_id: str, checkpoint_id: str | None = None, *, state: Any = None, namespace: str = ""
+        self,
+        thread_id: str,
+        checkpoint_id: str | None = None,
+        *,
+        state: Any = None,
+        namespace: str = "",
+        plain: bool = False,
     ) -> Any:
         """The state at a checkpoint (the head when ``checkpoint_id`` is None), as ``state``
-        (a pk.State class, migrated) or as a dict."""
+        (a pk.State class, migrated) or as a dict. ``plain=True`` (dict state only): nested
+        models and dataclasses as dicts of their stored fields, so reading needs none of
+        their classes (tools, dashboards, a process that never ran the agent)."""
         check_thread_id(thread_id)
-        return self.run_sync(self._get_state(thread_id, checkpoint_id, StateSpec(state), check_namespace(namespace)))
+        spec = _plain_spec(state, plain)
+        return self.run_sync(self._get_state(thread_id, checkpoint_id, spec, check_namespace(namespace), plain))
 
     def fork(
         self,
@@ -581,11 +604,18 @@ class Store:
         return rec.public(self.codec)
 
     async def aget_state(
-        self, thread_id: str, checkpoint_id: str | None = None, *, state: Any = None, namespace: str = ""
+        self,
+        thread_id: str,
+        checkpoint_id: str | None = None,
+        *,
+        state: Any = None,
+        namespace: str = "",
+        plain: bool = False,
     ) -> Any:
         check_thread_id(thread_id)
+        spec = _plain_spec(state, plain)
         return await self.run_async(
-            self._get_state(thread_id, checkpoint_id, StateSpec(state), check_namespace(namespace))
+            self._get_state(thread_id, checkpoint_id, spec, check_namespace(namespace), plain)
         )
 
     async def afork(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
 import pytest
@@ -500,3 +501,25 @@ def test_hashable_values_stay_objects_in_plain_data_and_malformed_stamps_are_ref
     for bad in ({**node, "r": 0}, {**node, "r": "2"}, {**node, "r": True}, {**node, "x": 1}):
         with pytest.raises(pk.SerializationError, match="unexpected keys"):
             SER.decode(bad)
+
+
+def test_get_state_plain_reads_stored_fields_without_classes(tmp_path: Path) -> None:
+    """``plain=True``: nested models and dataclasses as dicts of their stored fields, so a
+    process that never imported their classes (a dashboard) can read the thread."""
+    from pydantic import BaseModel
+
+    class Shape(BaseModel):
+        kind: str
+        sides: int
+
+    tid = "plain-read"
+    with pk.connect(f"sqlite:///{tmp_path}/p.db") as store:
+        with pk.resume(tid, store=store) as run:
+            run.state["shapes"] = [Shape(kind="tri", sides=3)]
+            run.state["one"] = {"s": Shape(kind="sq", sides=4)}
+        shown = store.get_state(tid, plain=True)
+        assert shown == {"shapes": [{"kind": "tri", "sides": 3}], "one": {"s": {"kind": "sq", "sides": 4}}}
+        assert not isinstance(shown["shapes"][0], BaseModel)
+        assert isinstance(store.get_state(tid)["shapes"][0], Shape)  # without plain: revived
+        with pytest.raises(pk.ConfigurationError, match="plain=True"):
+            store.get_state(tid, state=dict, plain=True)

@@ -130,15 +130,11 @@ class PersistkitFlowPersistence(FlowPersistence):
                     "registered under its old name and convert in a migration, or finish the flow with "
                     f"the code that stored it. ({exc})"
                 ) from exc
-            # A new process that calls kickoff(inputs={"id": ...}) without restore() first: the
-            # state's model was never named here, and decoding imports nothing by itself.
-            raise pk.SerializationError(
-                f"CrewAI flow {flow_uuid!r}: its state model is not known to this process. Call "
-                f"persistence.restore(flow, {flow_uuid!r}) before flow.kickoff (it registers the "
-                f"flow's state model), persistence.inspect_state({flow_uuid!r}, model=YourStateModel) "
-                f"to read it, or pk.register(YourStateModel) at import. ({exc})",
-                path=exc.path,
-            ) from exc
+            # A process that never named the flow's model (a dashboard, or kickoff(inputs={"id":
+            # ...}) without restore() first) reads the stored fields: what load_state returns and
+            # CrewAI restores from is a dict anyway. restore() / inspect_state(model=) migrate.
+            data = self._store.get_state(self.thread_id(flow_uuid), plain=True)
+            return FlowRecord.model_validate({k: data[k] for k in ("state", "methods", "pending") if k in data})
         return rec
 
     def _write(self, flow_uuid: str, changes: dict[str, Any], method: str) -> None:

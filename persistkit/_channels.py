@@ -42,6 +42,7 @@ from ._errors import IntegrityError, SchemaVersionError, SerializationError
 from ._ids import next_checkpoint_id
 from ._io import Plan, call
 from ._records import Record
+from ._secret_registry import _generation
 from ._state import TrackedList
 from .backends import CheckpointRow
 from .backends._protocol import new_row
@@ -90,6 +91,12 @@ class _ValuePrev:
     ref: dict[str, Any]
     digest: str
     obj: Any = _NO_OBJ  # the committed value, when its type is in _IMMUTABLE
+    gen: int = -1  # the secret registry's generation it was redacted under
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is the immutable value committed last, stored as redaction
+        would store it now: a secret registered since then must be redacted from it."""
+        return self.obj is value and self.gen == _generation[0]
 
 
 @dataclass(slots=True)
@@ -217,7 +224,7 @@ class Tracker:
                 if start < len(value) and not _plain(value[start:]):
                     for i in range(start, len(value)):
                         self.codec.serializer.encode(value[i], path=f"state.{name}[{i}]")
-            elif not (isinstance(p, _ValuePrev) and p.obj is value) and not _plain(value):
+            elif not (isinstance(p, _ValuePrev) and p.holds(value)) and not _plain(value):
                 self.codec.encode(value, f"state.{name}")
 
     def checkpoint(
@@ -268,7 +275,7 @@ class Tracker:
 
     def _diff_value(self, name: str, value: Any, d: Diff) -> None:
         p = self.prev.get(name)
-        if isinstance(p, _ValuePrev) and p.obj is value:  # the immutable value committed last
+        if isinstance(p, _ValuePrev) and p.holds(value):  # the immutable value committed last
             d.refs[name], d.prev[name] = p.ref, p
             return
         tree = self.codec.encode(value, f"state.{name}")
@@ -276,7 +283,7 @@ class Tracker:
         digest = content_hash(text)
         obj = value if type(value) in _IMMUTABLE else _NO_OBJ
         if isinstance(p, _ValuePrev) and p.digest == digest:
-            d.refs[name], d.prev[name] = p.ref, _ValuePrev(p.ref, digest, obj)
+            d.refs[name], d.prev[name] = p.ref, _ValuePrev(p.ref, digest, obj, _generation[0])
             return
         if len(text) <= INLINE_LIMIT:
             ref: dict[str, Any] = {"i": tree}
@@ -285,7 +292,7 @@ class Tracker:
             ref = {"b": key}
             if key not in self.known:
                 d.blobs[key] = self.codec.seal(text)
-        d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest, obj)
+        d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest, obj, _generation[0])
 
     def _diff_list(self, name: str, value: list[Any], d: Diff, cid: str) -> None:
         p = self.prev.get(name)

@@ -165,7 +165,10 @@ def test_async_graph_with_parallel_branches_and_subgraph(saver: PersistkitSaver)
         assert "__interrupt__" in out
         state = await graph.aget_state(config, subgraphs=True)
         assert state.tasks[0].state is not None  # the subgraph's own checkpoint (child namespace)
-        namespaces = {t.config["configurable"]["checkpoint_ns"] async for t in saver.alist(None)}
+        # This thread's every namespace (no checkpoint_ns): alist(None) would read every thread
+        # of the shared test schema, other tests' newer graph-state versions included.
+        this_thread = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
+        namespaces = {t.config["configurable"]["checkpoint_ns"] async for t in saver.alist(this_thread)}
         assert "" in namespaces and any(ns.startswith("inner:") for ns in namespaces)
         result: dict[str, Any] = await graph.ainvoke(Command(resume="ok"), config)
         return result

@@ -49,6 +49,7 @@ __all__ = [
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
+    "RetryableError",
     "SchemaVersionError",
     "SecretResolutionError",
     "SerializationError",
@@ -64,6 +65,20 @@ class PersistkitError(Exception):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*(_scrub(a) if isinstance(a, str) else a for a in args))
+
+    @property
+    def retryable(self) -> bool:
+        """True when calling again later can succeed with nothing changed (a busy thread, a
+        lost lease, a store briefly unavailable): a job queue should retry the message rather
+        than ack it as failed. The same as ``isinstance(err, pk.RetryableError)``."""
+        return isinstance(self, RetryableError)
+
+
+class RetryableError(PersistkitError):
+    """Base of the errors after which the same call, made again later, can succeed unchanged:
+    ``ThreadBusyError``, ``LeaseLostError`` and ``BackendUnavailableError``. Nothing of the
+    failed attempt is lost (committed steps replay). On a job queue, retry on it (Celery:
+    ``autoretry_for=(pk.RetryableError,)``) instead of acking the message as failed."""
 
 
 _scrub: Callable[[str], str] = str
@@ -92,7 +107,7 @@ class BackendError(PersistkitError):
     """The storage backend failed. The driver's exception is ``__cause__``."""
 
 
-class BackendUnavailableError(BackendError):
+class BackendUnavailableError(BackendError, RetryableError):
     """A transient backend failure (connection lost, timeout, lock busy). Safe to retry."""
 
 
@@ -230,7 +245,7 @@ class StepFailedError(PersistkitError):
         super().__init__(message)
 
 
-class ThreadBusyError(PersistkitError):
+class ThreadBusyError(RetryableError):
     """Another live run holds the thread's lease (``busy="reject"``, or a wait that timed out).
 
     ``holder`` names the lease's owner (host, process and a tag), ``expires_at``
@@ -255,7 +270,7 @@ def _rebuild_busy(message: str, thread_id: str, holder: str, expires_at: float, 
     return ThreadBusyError(message, thread_id=thread_id, holder=holder, expires_at=expires_at, waiting=waiting)
 
 
-class LeaseLostError(PersistkitError):
+class LeaseLostError(RetryableError):
     """This run's lease expired and another holder took over: the store refused the write.
 
     Nothing this run writes lands any more; stop. ``token`` is this run's

@@ -34,9 +34,9 @@ import redact_corpus
 from bench_sqlite import messages
 
 import persistkit as pk
-from persistkit._codec import Codec
-from persistkit._entropy import random_spans
-from persistkit._secrets import Redactor
+from persistkit.codec._pipeline import Codec
+from persistkit.secrets._entropy import random_spans
+from persistkit.secrets._redact import Redactor
 
 STEPS = 200
 

@@ -8,7 +8,6 @@ storage; a retry or a later invocation resumes at the first unfinished step.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import secrets
-from ._api import checkpointed, current_run, current_step, resume
 from ._errors import (
     BackendError,
     BackendNotFoundError,
@@ -29,18 +28,19 @@ from ._errors import (
     StoreOptionsError,
     ThreadBusyError,
 )
-from ._keys import KeyRing, generate_key
-from ._records import Checkpoint
 from ._retry import Retry, set_testing
-from ._run import Run, StepEvent, StepInfo
-from ._secrets import Secret
-from ._serde import register
-from ._state import Reducer, TrackedList, add, append, merge, migration, replace
-from ._store import Store, connect, default_store
+from .codec._serde import register
+from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._run import Run, StepEvent, StepInfo
+from .engine._store import Store, connect, default_store
+from .secrets._redact import Secret
+from .state._records import Checkpoint
+from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
+from .wrappers._keys import KeyRing, generate_key
 
 if _TYPE_CHECKING:
-    from ._model import State
     from .coordination import LeaseInfo
+    from .state._model import State
     from .wrappers._encryption import RotationReport
     from .wrappers._verify import IntegrityProblem, IntegrityReport
     from .wrappers._witness import FileWitness, Witness, WitnessEntry
@@ -105,7 +105,7 @@ __all__ = [
 # Names whose modules only a store with encryption or integrity needs: imported on
 # first use, so that `import persistkit` stays cheap (pk.State: pydantic, likewise).
 _LAZY = {
-    "State": "._model",
+    "State": ".state._model",
     "IntegrityProblem": ".wrappers._verify",
     "IntegrityReport": ".wrappers._verify",
     "RotationReport": ".wrappers._encryption",

@@ -206,7 +206,7 @@ def test_async_steps_store_once(local_store: pk.Store) -> None:
 def test_threads_written_before_references_load_and_continue(
     local_store: pk.Store, monkeypatch: pytest.MonkeyPatch, big: bool
 ) -> None:
-    from persistkit import _dedupe
+    from persistkit.state import _dedupe
 
     tid, tag = uid("old"), uuid.uuid4().hex[:8]
     with monkeypatch.context() as m:

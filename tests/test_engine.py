@@ -191,7 +191,7 @@ def test_thread_id_keyword_opens_a_block(tmp_path: Path) -> None:
         calls.append(x)
         return x * 2
 
-    import persistkit._store as store_mod
+    import persistkit.engine._store as store_mod
 
     previous, store_mod._default = store_mod._default, store
     try:
@@ -203,7 +203,7 @@ def test_thread_id_keyword_opens_a_block(tmp_path: Path) -> None:
 
 
 def test_async_thread_id_keyword(local_store: pk.Store) -> None:
-    import persistkit._store as store_mod
+    import persistkit.engine._store as store_mod
 
     @pk.checkpointed
     async def twice(x: int) -> int:

@@ -23,7 +23,8 @@ from env_secret_agent import STEPS, VARIABLE, crash_and_resume, handed, run_agen
 from pydantic import SecretStr
 
 import persistkit as pk
-from persistkit import _envsecrets, _secrets
+from persistkit.secrets import _env as _envsecrets
+from persistkit.secrets import _redact as _secrets
 
 sys.path.insert(0, str(Path(__file__).with_name("adapters")))
 from planted import raw_bytes

@@ -75,9 +75,9 @@ def test_atheris_bounded_run(tmp_path: Path) -> None:
 def test_out_of_range_creation_time_is_a_serialization_error() -> None:
     """Found by the random mutations: a stored time far outside datetime's range."""
     import persistkit as pk
-    from persistkit._codec import Codec
-    from persistkit._records import Record
     from persistkit.backends import CheckpointRow
+    from persistkit.codec._pipeline import Codec
+    from persistkit.state._records import Record
 
     codec = Codec()
     row = CheckpointRow("t", "", "0" * 24, None, None, codec.pack_tree({"k": "update", "t": 1e20, "ch": {}}))
@@ -88,9 +88,9 @@ def test_out_of_range_creation_time_is_a_serialization_error() -> None:
 def test_list_ref_without_its_tip_is_refused_on_decode() -> None:
     """Found by atheris: a list ref that lost its "l" key reached the loader (KeyError)."""
     import persistkit as pk
-    from persistkit._codec import Codec
-    from persistkit._records import Record
     from persistkit.backends import CheckpointRow
+    from persistkit.codec._pipeline import Codec
+    from persistkit.state._records import Record
 
     codec = Codec()
     for ref in ({"n": 1, "g": 1, "x": "0" * 24}, {"l": 3, "n": 1, "g": 1}, {"l": None, "n": -1, "g": 1}):
@@ -104,9 +104,9 @@ def test_list_ref_without_its_tip_is_refused_on_decode() -> None:
 def test_unhashable_or_unknown_kind_is_refused_on_decode(kind: object) -> None:
     """A stored kind that is a list or object raised TypeError (unhashable) instead of SerializationError."""
     import persistkit as pk
-    from persistkit._codec import Codec
-    from persistkit._records import Record
     from persistkit.backends import CheckpointRow
+    from persistkit.codec._pipeline import Codec
+    from persistkit.state._records import Record
 
     codec = Codec()
     row = CheckpointRow("t", "", "0" * 24, None, None, codec.pack_tree({"k": kind, "t": 1.0, "ch": {}}))

@@ -25,9 +25,9 @@ from conftest import make_url, uid
 
 import persistkit as pk
 from persistkit._ids import next_checkpoint_id
-from persistkit._keys import KeyRing
 from persistkit.backends import CheckpointRow
 from persistkit.wrappers._integrity import IntegrityBackend
+from persistkit.wrappers._keys import KeyRing
 from persistkit.wrappers._witness import FileWitness, WitnessEntry
 
 KEY = bytes(range(32))

@@ -10,11 +10,11 @@ import pytest
 from test_backend_conformance import mark_known_gaps
 
 import persistkit as pk
-from persistkit._keys import KeyRing
 from persistkit.backends import Backend, open_backend
 from persistkit.testing.backend_suite import BackendConformance
 from persistkit.testing.store_suite import StoreConformance
 from persistkit.wrappers._integrity import IntegrityBackend
+from persistkit.wrappers._keys import KeyRing
 
 KEY = bytes(range(32))
 

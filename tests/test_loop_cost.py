@@ -21,7 +21,8 @@ import pytest
 from conftest import uid
 
 import persistkit as pk
-from persistkit import _scan, _secrets
+from persistkit.secrets import _redact as _secrets
+from persistkit.secrets import _scan
 
 
 class _Counting:

@@ -77,7 +77,7 @@ def test_every_suggested_command_exists() -> None:
 
 def test_unregistered_class_message_names_real_options() -> None:
     # The message that once suggested persistkit.register_module (which never existed).
-    from persistkit._serde import Serializer
+    from persistkit.codec._serde import Serializer
 
     tree = {"__pk__": "dc", "c": "somewhere_else:Thing", "v": {}}
     with pytest.raises(persistkit.SerializationError) as info:

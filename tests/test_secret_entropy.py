@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from test_secret_scan import read_everything
 
 import persistkit as pk
-from persistkit import _detect, _secrets
-from persistkit._entropy import random_spans
+from persistkit.secrets import _detect
+from persistkit.secrets import _redact as _secrets
+from persistkit.secrets._entropy import random_spans
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import redact_corpus

@@ -22,8 +22,8 @@ from conftest import uid
 from pydantic import SecretBytes, SecretStr
 
 import persistkit as pk
-from persistkit import _secrets
-from persistkit._handlekey import HANDLE_BLOB, HANDLE_THREAD
+from persistkit.secrets import _redact as _secrets
+from persistkit.secrets._handlekey import HANDLE_BLOB, HANDLE_THREAD
 
 AGENT = Path(__file__).with_name("secret_crash_agent.py")
 KEY = "sk-proj-Hq7Kd9Lm2Np4Rs6Tv8Wx0Yz1Ab3Cd5Ef7Gh9JkQ2Zx"

@@ -17,7 +17,7 @@ import pytest
 from conftest import uid
 
 import persistkit as pk
-from persistkit import _secrets
+from persistkit.secrets import _redact as _secrets
 
 # One value per format. The secret part (what must never be stored) is the
 # second item; the first is the text it is planted as.

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import persistkit as pk
-from persistkit import _secrets
+from persistkit.secrets import _redact as _secrets
 
 
 @pytest.fixture(autouse=True)
@@ -379,7 +379,7 @@ def test_import_does_not_load_heavy_modules() -> None:
 
 @pytest.mark.parametrize(("kind", "text", "secret"), TRUE_POSITIVES)
 def test_first_pass_lets_every_true_positive_through(kind: str, text: str, secret: str) -> None:
-    from persistkit._secrets import _may_match_builtin
+    from persistkit.secrets._redact import _may_match_builtin
 
     for tree in ({"x": text}, [1, text, "tail"], {"k": "step", "r": {"nested": [text]}}):
         data = json.dumps(tree).encode()
@@ -392,7 +392,7 @@ def test_first_pass_lets_every_true_positive_through(kind: str, text: str, secre
 @given(st.sampled_from(TRUE_POSITIVES), st.text(max_size=60), st.text(max_size=60))
 @settings(max_examples=300, deadline=None)
 def test_first_pass_is_a_superset_of_the_detectors(case: tuple[str, str, str], before: str, after: str) -> None:
-    from persistkit._secrets import _may_match_builtin
+    from persistkit.secrets._redact import _may_match_builtin
 
     text = before + " " + case[1] + " " + after
     if red(text) != text:  # whatever the detectors would rewrite, the first pass must not skip
@@ -410,7 +410,7 @@ def test_every_builtin_detector_has_a_true_positive_here() -> None:
 def test_a_secret_right_after_an_escaped_character_is_redacted(kind: str, text: str, secret: str, before: str) -> None:
     """In JSON bytes a token after an escaped newline follows the letter "n" (found by a
     review: such keys were stored in the clear); the first pass must still let it through."""
-    from persistkit._secrets import _may_match_builtin
+    from persistkit.secrets._redact import _may_match_builtin
 
     value = "see" + before + secret + before + "done"
     if red(value) == value:
@@ -426,7 +426,7 @@ def test_a_secret_right_after_an_escaped_character_is_redacted(kind: str, text: 
                                  "Q" * 16, "0" * 20]), max_size=30))
 @settings(max_examples=400, deadline=None)
 def test_first_pass_is_a_superset_on_token_like_text(parts: list[str]) -> None:
-    from persistkit._secrets import _may_match_builtin
+    from persistkit.secrets._redact import _may_match_builtin
 
     text = "".join(parts)
     if red(text) != text:
@@ -435,7 +435,7 @@ def test_first_pass_is_a_superset_on_token_like_text(parts: list[str]) -> None:
 
 
 def test_first_pass_skips_ordinary_records() -> None:
-    from persistkit._secrets import _may_match_builtin
+    from persistkit.secrets._redact import _may_match_builtin
 
     body = {
         "k": "step", "p": "0/3", "n": "my_agent_module.research_step_with_a_long_name", "s": "completed",

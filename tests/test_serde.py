@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from persistkit import _serde
 from persistkit._errors import (
     ConfigurationError,
     SchemaVersionError,
     SerializationError,
     StepFailedError,
 )
-from persistkit._serde import (
+from persistkit.codec import _serde
+from persistkit.codec._serde import (
     Serializer,
     class_name,
     register,
@@ -327,7 +327,7 @@ def test_sets_are_deterministic_whatever_the_insertion_order() -> None:
 
 
 def test_sets_are_deterministic_across_hash_seeds() -> None:
-    code = "from persistkit._serde import Serializer; import sys; sys.stdout.buffer.write(Serializer().dumps({'a','bb','ccc',(1,'x'),frozenset({'y','z'})}))"
+    code = "from persistkit.codec._serde import Serializer; import sys; sys.stdout.buffer.write(Serializer().dumps({'a','bb','ccc',(1,'x'),frozenset({'y','z'})}))"
     outs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import persistkit as pk
-from persistkit._codec import Codec
+from persistkit.codec._pipeline import Codec
 
 
 class Doc(pk.State, name="tests.serialize_once.Doc"):

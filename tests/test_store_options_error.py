@@ -59,7 +59,7 @@ def test_one_value_in_several_variables_is_named_by_the_usual_one(
 
 
 def test_an_unresolved_secret_str_reads_as_set_not_empty() -> None:
-    from persistkit._secrets import _lazy_secret_str, default_redactor
+    from persistkit.secrets._redact import _lazy_secret_str, default_redactor
 
     lazy = _lazy_secret_str("str", "env:PK_TEST_NOWHERE_API_KEY", default_redactor())
     assert repr(lazy) == "SecretStr('**********')" and str(lazy) == "**********"

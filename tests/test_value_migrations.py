@@ -19,8 +19,8 @@ from conftest import uid
 from pydantic import BaseModel, ConfigDict
 
 import persistkit as pk
-from persistkit._serde import Serializer
-from persistkit._versions import Plain
+from persistkit.codec._serde import Serializer
+from persistkit.codec._versions import Plain
 
 SER = Serializer()
 

@@ -24,7 +24,7 @@ import os
 import sys
 
 from .._errors import NotFoundError, PersistkitError
-from .._secrets import scrub
+from ..secrets._redact import scrub
 from . import _keys, _leases, _schema, _threads
 from ._output import Output
 

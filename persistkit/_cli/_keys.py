@@ -68,7 +68,7 @@ def _rotate(ns: argparse.Namespace, out: Output) -> int:
 
 
 def _keygen(ns: argparse.Namespace, out: Output) -> int:
-    from .._keys import KeyRing, fingerprint_id, generate_key
+    from ..wrappers._keys import KeyRing, fingerprint_id, generate_key
 
     key = generate_key("encryption")
     kid = ns.key_id or fingerprint_id(key)

@@ -16,12 +16,12 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from .._codec import Codec
 from .._errors import ConfigurationError, NotFoundError
 from .._io import call
-from .._stdtypes import TAG
-from .._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 from ..backends import backend_class, mask_url, split_connect_options
+from ..codec._pipeline import Codec
+from ..codec._stdtypes import TAG
+from ..engine._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 
 __all__ = [
     "namespaces",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._secrets import scrub
 from ..backends import backend_class, mask_url
+from ..secrets._redact import scrub
 from ._open import require_store, resolve_url
 from ._output import Output
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from .._errors import NotFoundError
 from .._ids import is_checkpoint_id
-from .._store import check_thread_id
 from ..backends import mask_url
+from ..engine._store import check_thread_id
 from ._open import namespaces, open_store, require_thread, resolve_url, split_url, thread_not_found
 from ._output import Output, Shown, cell
 

@@ -13,8 +13,8 @@ from ._drive import AsyncHeartbeat, Heartbeat
 from ._lease import Lease, LeaseInfo, acquire, info, release
 
 if TYPE_CHECKING:
-    from .._run import Run
     from ..backends._protocol import Backend
+    from ..engine._run import Run
 
 
 class Store(Protocol):

@@ -65,8 +65,8 @@ def stack(
         backend = OffloadBackend(backend, blob_backend, threshold=blob_threshold)
     # -- encryption: wraps offload, so offloaded objects are sealed too ------------------
     if encryption is not None and encryption is not False:
-        from .._keys import KeyRing
         from ._encryption import EncryptedBackend
+        from ._keys import KeyRing
 
         keyring = KeyRing.coerce(encryption, purpose="encryption")
         backend = EncryptedBackend(backend, keyring, accept_plaintext=accept_plaintext)

@@ -43,8 +43,8 @@ from .._errors import (
     IntegrityError,
     damaged_record_advice,
 )
-from .._keys import KeyRing
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
+from ._keys import KeyRing
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM

@@ -64,9 +64,9 @@ from .._errors import (
     LeaseLostError,
     damaged_record_advice,
 )
-from .._keys import KeyRing
 from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
+from ._keys import KeyRing
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]

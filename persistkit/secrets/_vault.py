@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._errors import BackendNotFoundError, ConfigurationError, IntegrityError
+from .._errors import BackendNotFoundError, ConfigurationError, IntegrityError
 
 __all__ = ["FileVault"]
 

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from . import _serde
-from ._errors import ConfigurationError
+from .._errors import ConfigurationError
+from ..codec import _serde
 
 __all__ = ["State"]
 

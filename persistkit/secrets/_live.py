@@ -22,10 +22,10 @@ import dataclasses
 import re
 from typing import Any
 
-from ._errors import SecretResolutionError
-from ._secret_registry import _loaded, _unresolved_live
-from ._secrets import _HANDLE_RE, Redactor, Secret, _unresolved, default_redactor
-from ._secrets import resolve as _resolve_one
+from .._errors import SecretResolutionError
+from ._redact import _HANDLE_RE, Redactor, Secret, _unresolved, default_redactor
+from ._redact import resolve as _resolve_one
+from ._registry import _loaded, _unresolved_live
 
 __all__ = ["held", "live", "live_inputs", "pending", "resolve"]
 
@@ -185,7 +185,7 @@ def live_inputs(
 
 def _fingerprinted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether ``Run.arguments``' bytes hold a long list by its ends only (``_args.fingerprints``)."""
-    from ._args import FINGERPRINT_ITEMS
+    from ..engine._args import FINGERPRINT_ITEMS
 
     return any(
         isinstance(v, list | tuple) and len(v) > FINGERPRINT_ITEMS for v in (*args, *kwargs.values())

@@ -19,10 +19,10 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
-from . import _serde
-from ._errors import ConfigurationError, SchemaVersionError
-from ._registry import _base_model
-from ._versions import ShapeError, register_migration, revive
+from .._errors import ConfigurationError, SchemaVersionError
+from ..codec import _serde
+from ..codec._registry import _base_model
+from ..codec._versions import ShapeError, register_migration, revive
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -36,16 +36,16 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from ._codec import Codec, _orjson, content_hash
+from .._errors import IntegrityError, SchemaVersionError, SerializationError
+from .._ids import next_checkpoint_id
+from .._io import Plan, call
+from ..backends import CheckpointRow
+from ..backends._protocol import new_row
+from ..codec._pipeline import Codec, _orjson, content_hash
+from ..secrets._registry import _generation
 from ._dedupe import Result, refer, resolve, result_blob, wanted
-from ._errors import IntegrityError, SchemaVersionError, SerializationError
-from ._ids import next_checkpoint_id
-from ._io import Plan, call
 from ._records import Record
-from ._secret_registry import _generation
-from ._state import TrackedList
-from .backends import CheckpointRow
-from .backends._protocol import new_row
+from ._spec import TrackedList
 
 __all__ = ["INLINE_LIMIT", "Loader", "Tracker"]
 

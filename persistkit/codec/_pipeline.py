@@ -1,7 +1,7 @@
 """The codec pipeline between Python values and the bytes a backend stores.
 
-value → serialize (type-tagged JSON, :mod:`persistkit._serde`) → redact
-secrets into handles (:mod:`persistkit._secrets`, inside ``dump_tree``) →
+value → serialize (type-tagged JSON, :mod:`persistkit.codec._serde`) → redact
+secrets into handles (:mod:`persistkit.secrets._redact`, inside ``dump_tree``) →
 compress above a size threshold → envelope. Reading runs it backwards and fails
 closed: bytes that are not a known envelope raise ``SerializationError``.
 
@@ -26,8 +26,8 @@ import threading
 import zlib
 from typing import Any
 
-from ._errors import SerializationError, StoreOptionsError
-from ._secrets import PEOPLE_KEYS, Redactor, hold_text
+from .._errors import SerializationError, StoreOptionsError
+from ..secrets._redact import PEOPLE_KEYS, Redactor, hold_text
 from ._serde import Serializer
 
 try:  # 5-20x faster than the json module on the per-step path; optional

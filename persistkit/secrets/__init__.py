@@ -28,20 +28,11 @@ before the body, an adapter's tool and model calls (:func:`live`) — or that ca
 fails before it runs with ``SecretResolutionError``.
 """
 
+from .._errors import SecretResolutionError
 from ._detect import BUILTIN as DETECTORS
 from ._detect import Detector
-from ._errors import SecretResolutionError
 from ._live import live, resolve
-from ._secrets import (
-    Redactor,
-    Secret,
-    Vault,
-    configure,
-    from_env,
-    register,
-    scrub,
-    unregister,
-)
+from ._redact import Redactor, Secret, Vault, configure, from_env, register, scrub, unregister
 from ._vault import FileVault
 
 __all__ = [

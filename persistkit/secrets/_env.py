@@ -103,7 +103,7 @@ def configure(environment: bool | Iterable[str]) -> None:
         names = [environment] if isinstance(environment, str) else list(environment)
         for name in names:
             if not isinstance(name, str) or not _VAR_NAME.match(name):
-                from ._errors import ConfigurationError
+                from .._errors import ConfigurationError
 
                 raise ConfigurationError(
                     "configure(environment=...) takes True, False or names of environment variables "

@@ -29,10 +29,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-from ._errors import PersistkitError
+from .._errors import PersistkitError
 
 if TYPE_CHECKING:
-    from .backends import Backend
+    from ..backends import Backend
 
 __all__ = ["HANDLE_BLOB", "HANDLE_THREAD", "store_key"]
 

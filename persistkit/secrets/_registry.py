@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from . import _envsecrets
+from .._errors import ConfigurationError
+from . import _env as _envsecrets
 from ._detect import BUILTIN, Detector
-from ._errors import ConfigurationError
 
 __all__ = ["Vault", "configure", "from_env", "register", "unregister"]
 

@@ -13,9 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._channels import Loader, Tracker
-from ._codec import Codec
-from ._errors import (
+from .._errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConflictError,
@@ -23,19 +21,21 @@ from ._errors import (
     PersistkitError,
     StoreClosedError,
 )
-from ._ids import is_checkpoint_id
-from ._io import Call, Plan, call, call_async, call_sync, checked, run_async, run_sync
-from ._records import Checkpoint, Record
-from ._secrets import Redactor, Vault, scrub
-from ._serde import Serializer
-from ._state import StateSpec
-from .backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
-from .wrappers import stack
+from .._ids import is_checkpoint_id
+from .._io import Call, Plan, call, call_async, call_sync, checked, run_async, run_sync
+from ..backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
+from ..codec._pipeline import Codec
+from ..codec._serde import Serializer
+from ..secrets._redact import Redactor, Vault, scrub
+from ..state._channels import Loader, Tracker
+from ..state._records import Checkpoint, Record
+from ..state._spec import StateSpec
+from ..wrappers import stack
 
 if TYPE_CHECKING:
-    from .coordination import Lease, LeaseInfo
-    from .wrappers._encryption import RotationReport
-    from .wrappers._verify import IntegrityReport
+    from ..coordination import Lease, LeaseInfo
+    from ..wrappers._encryption import RotationReport
+    from ..wrappers._verify import IntegrityReport
 
 __all__ = ["DEFAULT_URL", "Store", "connect", "default_store"]
 
@@ -195,13 +195,13 @@ class Store:
 
     def leases(self, *, prefix: str = "") -> list[LeaseInfo]:
         """Who holds which thread's lease: one ``pk.LeaseInfo`` per thread that ever had one."""
-        from .coordination._hooks import leases_sync
+        from ..coordination._hooks import leases_sync
 
         self._check_open()
         return leases_sync(self, prefix)
 
     async def aleases(self, *, prefix: str = "") -> list[LeaseInfo]:
-        from .coordination._hooks import leases_async
+        from ..coordination._hooks import leases_async
 
         self._check_open()
         return await leases_async(self, prefix)
@@ -519,7 +519,7 @@ class Store:
         self, thread_id: str | None, batch_size: int, after: str | None, encrypt_plaintext: bool
     ) -> tuple[Backend, Plan[RotationReport]]:
         """The backend under the encryption layer and the plan that rotates (rotate_keys, arotate_keys)."""
-        from .wrappers._encryption import find_encrypted
+        from ..wrappers._encryption import find_encrypted
 
         enc = find_encrypted(self.backend)
         if enc is None:
@@ -536,8 +536,8 @@ class Store:
     def verify(self, thread_id: str | None = None) -> IntegrityReport:
         """Check every record of one thread (or of the whole store) offline and report
         every broken one. Needs a store opened with ``integrity=``."""
-        from .wrappers._integrity import IntegrityBackend
-        from .wrappers._verify import verify_backend
+        from ..wrappers._integrity import IntegrityBackend
+        from ..wrappers._verify import verify_backend
 
         self._check_open()
         if not isinstance(self.backend, IntegrityBackend):
@@ -553,8 +553,8 @@ class Store:
         """Copy one thread (or every thread) of another store into this integrity store,
         sealing every record (history, ids and blobs kept). The way to move an existing
         store under ``integrity=``. Returns the number of checkpoints copied."""
-        from .wrappers._integrity import IntegrityBackend
-        from .wrappers._verify import copy_into
+        from ..wrappers._integrity import IntegrityBackend
+        from ..wrappers._verify import copy_into
 
         self._check_open()
         if not isinstance(self.backend, IntegrityBackend):

@@ -19,11 +19,14 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from ._codec import _orjson, raw_digest  # without orjson every digest takes the typed path
-from ._errors import SerializationError
+from .._errors import SerializationError
+from ..codec._pipeline import (  # without orjson every digest takes the typed path
+    _orjson,
+    raw_digest,
+)
 
 if TYPE_CHECKING:
-    from ._codec import Codec
+    from ..codec._pipeline import Codec
 
 #: Lists longer than this enter an args digest by length and first and last item.
 FINGERPRINT_ITEMS = 16

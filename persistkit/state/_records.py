@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ._codec import Codec
-from ._errors import SerializationError, StoreOptionsError, damaged_record_advice
-from .backends import CheckpointRow
+from .._errors import SerializationError, StoreOptionsError, damaged_record_advice
+from ..backends import CheckpointRow
+from ..codec._pipeline import Codec
 
 __all__ = ["Checkpoint", "Record"]
 

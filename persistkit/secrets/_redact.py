@@ -43,15 +43,11 @@ from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _envsecrets
+from .._errors import ConfigurationError, SecretResolutionError, install_scrubber
+from . import _env as _envsecrets
 from ._detect import BUILTIN, TOKEN_KINDS, matches
 from ._entropy import random_spans
-from ._errors import ConfigurationError, SecretResolutionError, install_scrubber
-from ._scan import _may_match_builtin  # noqa: F401 - the first pass, checked by the tests from here
-from ._scan import candidates as _candidates
-from ._scan import extra_match as _extra_match
-from ._scan import has_access_key_id as _has_access_key_id
-from ._secret_registry import (
+from ._registry import (
     _MIN_REGISTERED,
     Vault,
     _check_name,
@@ -72,12 +68,16 @@ from ._secret_registry import (
     register,
     unregister,
 )
+from ._scan import _may_match_builtin  # noqa: F401 - the first pass, checked by the tests from here
+from ._scan import candidates as _candidates
+from ._scan import extra_match as _extra_match
+from ._scan import has_access_key_id as _has_access_key_id
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
     from pydantic_core import CoreSchema
 
-    from .backends import Backend
+    from ..backends import Backend
 
 __all__ = [
     "Redactor",

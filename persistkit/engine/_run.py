@@ -23,11 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _args
-from ._channels import Diff, Loader, Tracker
-from ._codec import _dump, content_hash
-from ._dedupe import Result, result
-from ._errors import (
+from .._errors import (
     ConflictError,
     LeaseLostError,
     NonDeterminismError,
@@ -36,17 +32,21 @@ from ._errors import (
     SecretResolutionError,
     SerializationError,
 )
-from ._ids import new_run_id
-from ._io import Plan, call
-from ._records import Record
-from ._state import StateSpec, TrackedList
-from ._versions import migrations_ran
-from .backends import CheckpointRow, Head
+from .._ids import new_run_id
+from .._io import Plan, call
+from ..backends import CheckpointRow, Head
+from ..codec._pipeline import _dump, content_hash
+from ..codec._versions import migrations_ran
+from ..state._channels import Diff, Loader, Tracker
+from ..state._dedupe import Result, result
+from ..state._records import Record
+from ..state._spec import StateSpec, TrackedList
+from . import _args
 
 if TYPE_CHECKING:
     import asyncio
 
-    from .coordination import Lease
+    from ..coordination import Lease
 
 __all__ = ["Run", "StepEvent", "StepInfo"]
 

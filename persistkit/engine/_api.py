@@ -17,15 +17,15 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
-from . import _serde
-from ._errors import ConfigurationError, PersistkitError, SchemaVersionError, SerializationError
-from ._live import live_inputs
-from ._retry import Retry
+from .._errors import ConfigurationError, PersistkitError, SchemaVersionError, SerializationError
+from .._retry import Retry
+from ..codec import _serde
+from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
+from ..secrets._live import live_inputs
+from ..secrets._registry import _loaded
+from ..state._spec import StateSpec
 from ._run import Run, StepInfo
-from ._secret_registry import _loaded
-from ._state import StateSpec
 from ._store import Store, check_namespace, check_thread_id, default_store
-from .coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
 
 __all__ = ["checkpointed", "current_run", "current_step", "resume"]
 
@@ -149,7 +149,7 @@ class resume:
         return self._run
 
     def __enter__(self) -> Run:
-        from .coordination._hooks import hold_sync, let_go_sync
+        from ..coordination._hooks import hold_sync, let_go_sync
 
         run = self._new_run()
         self._holding = hold_sync(run.store, self.thread_id, self.namespace, *self._busy, current_run())
@@ -163,7 +163,7 @@ class resume:
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        from .coordination._hooks import let_go_sync
+        from ..coordination._hooks import let_go_sync
 
         run = self._run
         assert run is not None and self._token is not None
@@ -186,7 +186,7 @@ class resume:
             let_go_sync(run.store, self._holding)
 
     async def __aenter__(self) -> Run:
-        from .coordination._hooks import hold_async, let_go_async
+        from ..coordination._hooks import hold_async, let_go_async
 
         run = self._new_run()
         self._holding = await hold_async(run.store, self.thread_id, self.namespace, *self._busy, current_run())
@@ -200,7 +200,7 @@ class resume:
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        from .coordination._hooks import let_go_async
+        from ..coordination._hooks import let_go_async
 
         run = self._run
         assert run is not None and self._token is not None

@@ -58,13 +58,14 @@ from typing import Any
 if typing.TYPE_CHECKING:
     pass
 
-from ._errors import (
+from .._errors import (
     ConfigurationError,
     SchemaVersionError,
     SecretResolutionError,
     SerializationError,
     StepFailedError,
 )
+from ..secrets._redact import Redactor, Secret, default_redactor
 from ._registry import (
     _MODULE_RE,
     _MODULES,
@@ -75,7 +76,6 @@ from ._registry import (
     register_module,
     register_type_hints,
 )
-from ._secrets import Redactor, Secret, default_redactor
 from ._stdtypes import DECODERS, ENCODERS, NO_TZ, TAG, payload, payload_bytes, tz_spec
 from ._versions import (
     ON_CHANGE,

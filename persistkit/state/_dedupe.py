@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._codec import _dump
-from ._errors import IntegrityError, SerializationError
-from ._stdtypes import TAG
+from .._errors import IntegrityError, SerializationError
+from ..codec._pipeline import _dump
+from ..codec._stdtypes import TAG
 
 __all__ = ["Result", "refer", "resolve", "result", "result_blob", "wanted"]
 

@@ -2,7 +2,7 @@
 
 These tags stand for a fixed stdlib type and hold no other value inside, so
 they need neither the class registry nor the recursion of
-:class:`~persistkit._serde.Serializer`: big ints (``i``), nan/inf (``f``),
+:class:`~persistkit.codec._serde.Serializer`: big ints (``i``), nan/inf (``f``),
 bytes (``b``, ``ba``), datetimes and times with their timezones (``dt``,
 ``tm``), dates (``da``), timedeltas (``td``), UUIDs (``u``), decimals
 (``dec``) and paths (``pa``). ``_serde`` merges :data:`ENCODERS` and

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigurationError, IntegrityError
+from .._errors import ConfigurationError, IntegrityError
 
 __all__ = ["KeyRing", "generate_key"]
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from ._errors import ConfigurationError
+from .._errors import ConfigurationError
 from ._registry import _base_model, _is_namedtuple, class_name
 from ._registry import register as _register_class
 

@@ -15,7 +15,7 @@ import typing
 from enum import Enum
 from typing import Any
 
-from ._errors import ConfigurationError
+from .._errors import ConfigurationError
 
 if typing.TYPE_CHECKING:
     from pydantic import BaseModel

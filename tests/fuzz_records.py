@@ -92,7 +92,7 @@ def build() -> tuple[dict[tuple[str, str], dict[str, CheckpointRow]], dict[str, 
         mock.patch.object(time, "time", lambda: next(clock) / 1000),
         mock.patch.object(ids, "_time_ns", lambda: next(clock) * 1_000_000),
         mock.patch.object(ids, "_getrandbits", lambda n: 0),
-        mock.patch("persistkit.engine._run.new_run_id", lambda: next(runs)),
+        mock.patch("persistkit.engine._cursor.new_run_id", lambda: next(runs)),
     ):
         return _build()
 

@@ -21,9 +21,9 @@ from .._errors import ConfigurationError, PersistkitError, SchemaVersionError, S
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
-from ..secrets._live import live_inputs
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
+from ._inputs import live_inputs
 from ._run import Run, StepInfo
 from ._store import Store, check_namespace, check_thread_id, default_store
 

@@ -1,0 +1,345 @@
+"""Committing: the checkpoint a step or a run's end writes, and what happens when it lands.
+
+A checkpoint goes straight to the backend (no plan generator in between: the per-step
+path is the one whose microseconds matter). What to write and what to remember is
+decided once (``_step_body``/``_end_body``, ``_prepare``, ``_landed``); the sync and
+async twins differ only in how they call the backend. A commit refused by the head's
+compare-and-swap becomes a ``ConflictError`` whose advice is safe to follow (``_conflict``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import (
+    ConflictError,
+    LeaseLostError,
+    PersistkitError,
+    SerializationError,
+)
+from .._io import Plan, call
+from ..backends import CheckpointRow, Head
+from ..codec._pipeline import _dump, content_hash
+from ..state._channels import Diff
+from ..state._dedupe import result
+from ..state._records import Record
+from ._cursor import COMPLETED, FAILED, RUNNING, ReplayCursor
+
+if TYPE_CHECKING:
+    import asyncio
+
+
+
+#: Results whose serialized form is larger than this are stored as a blob, not in the record.
+RESULT_INLINE_LIMIT = 64 * 1024
+
+
+class Commits(ReplayCursor):
+    """Writing a run's checkpoints (part of :class:`Run`)."""
+
+    # -- commits ---------------------------------------------------------------------------
+    # A checkpoint goes straight to the backend (no plan generator in between: the
+    # per-step path is the one whose microseconds matter). What to write and what
+    # to remember is decided once, in _step_body/_end_body, _prepare and _landed;
+    # the sync and async twins only differ in how they call the backend.
+
+    def step_sync(
+        self, position: str, name: str, digest: bytes | str | None, *, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Commit the checkpoint of a step that ran (its result, or the error it raised).
+
+        ``digest``: what :meth:`arguments` returned when the step was called, or None.
+        A result or state that cannot be stored is recorded as an unstorable failure
+        (see :meth:`_unstorable`), which is then raised.
+        """
+        with self._lock:
+            args = digest if type(digest) is bytes else None
+            try:
+                body, extra = self._step_body(position, name, digest, result, error)
+                self._write_sync(body, extra, args, error)
+                return
+            except SerializationError as exc:
+                if error is not None:
+                    raise
+                cause, failure = exc, self._unstorable(position, name, exc)
+            body, extra = self._step_body(position, name, digest, None, failure)
+            body["u"] = 1
+            self._write_sync(body, extra, args, failure)
+        raise failure from cause
+
+    async def step_async(
+        self, position: str, name: str, digest: bytes | str | None, *, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        async with self.async_lock():
+            args = digest if type(digest) is bytes else None
+            try:
+                body, extra = self._step_body(position, name, digest, result, error)
+                await self._write_async(body, extra, args, error)
+                return
+            except SerializationError as exc:
+                if error is not None:
+                    raise
+                cause, failure = exc, self._unstorable(position, name, exc)
+            body, extra = self._step_body(position, name, digest, None, failure)
+            body["u"] = 1
+            await self._write_async(body, extra, args, failure)
+        raise failure from cause
+
+    def _unstorable(self, position: str, name: str, exc: SerializationError) -> SerializationError:
+        """The failure recorded for a step that ran but whose result or state cannot be stored.
+
+        Its side effects happened, so it must not run again: the record (flag ``u``)
+        replays as this error on every resume of the run, and its checkpoint keeps
+        the last stored value of each channel that cannot be stored."""
+        return SerializationError(
+            f"step {name!r} at position {position} of thread {self.thread_id!r} (run {self.run_id}) ran, "
+            f"but what it left cannot be stored: {exc}. The step is recorded as failed with this error, "
+            "so resuming this run replays the error and does not run the step (and its side effects) "
+            "again. Fix the value (JSON-like data, pydantic models, dataclasses, namedtuples and enums "
+            "can be stored), then re-run only this step: "
+            f"pk.resume({self.thread_id!r}, run_id={self.run_id!r}, retry_failed=True) replays the "
+            "committed steps before it and runs this one again (its side effects happen a second time). "
+            "Do not use a new run_id for this: a new run runs the steps before it again"
+        )
+
+    def precheck(self, position: str, name: str) -> None:
+        """Before a live step's body runs: fail if the state as it is now cannot be stored
+        (only what changed since the last checkpoint is checked)."""
+        try:
+            self._tracker.precheck(self.spec.channels(self.state))
+        except SerializationError as exc:
+            raise SerializationError(
+                f"step {name!r} at position {position} of thread {self.thread_id!r} was not run: "
+                f"run.state cannot be stored ({exc}). Keep functions, locks, clients and other live "
+                "objects out of run.state; store the data they stand for"
+            ) from exc
+
+    def end_sync(self, error: BaseException | None) -> None:
+        """Commit the run's end: completed, or failed with ``error``."""
+        with self._lock:
+            if self._lost is not None and _caused_by(error, self._lost):
+                self.status = FAILED  # the block ends on its own conflict: that error said it all
+                return
+            body = self._end_body(error)
+            self._write_sync(body, {}, None, None)
+            self.status = body["rs"]
+
+    async def end_async(self, error: BaseException | None) -> None:
+        async with self.async_lock():
+            if self._lost is not None and _caused_by(error, self._lost):
+                self.status = FAILED
+                return
+            body = self._end_body(error)
+            await self._write_async(body, {}, None, None)
+            self.status = body["rs"]
+
+    def _write_sync(
+        self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
+    ) -> None:
+        row, blobs, diff = self._prepare(body, extra, args)
+        lease, version = self.lease, self._head.version if self._head else 0
+        try:
+            if lease is None:
+                head = self.store.write_sync(row, blobs, version)
+            else:
+                head = self.store.write_fenced_sync(row, blobs, version, lease)
+        except BaseException as exc:
+            self._tracker.failed(diff)
+            if not isinstance(exc, ConflictError):
+                raise
+            lost = self.store.run_sync(self._conflict(body, diff, exc))
+            if lost is None:
+                return  # an end record that changes nothing: skipped (see _conflict)
+            self._lost = lost
+            raise lost from exc
+        self._landed(row, body, diff, head, error)
+
+    async def _write_async(
+        self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
+    ) -> None:
+        row, blobs, diff = self._prepare(body, extra, args)
+        lease, version = self.lease, self._head.version if self._head else 0
+        try:
+            if lease is None:
+                head = await self.store.write_async(row, blobs, version)
+            else:
+                head = await self.store.write_fenced_async(row, blobs, version, lease)
+        except BaseException as exc:
+            self._tracker.failed(diff)
+            if not isinstance(exc, ConflictError):
+                raise
+            lost = await self.store.run_async(self._conflict(body, diff, exc))
+            if lost is None:
+                return
+            self._lost = lost
+            raise lost from exc
+        self._landed(row, body, diff, head, error)
+
+    def _step_body(
+        self, position: str, name: str, digest: bytes | str | None, result: Any, error: BaseException | None
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        body: dict[str, Any] = {"k": "step", "p": position, "n": name, "rs": RUNNING}
+        extra: dict[str, bytes] = {}
+        self._result_raw = self._result_tree = None
+        if digest and type(digest) is str:
+            body["a"] = digest
+        if error is not None:
+            body["s"] = "failed"
+            body["e"] = self.codec.serializer.encode_exception(error)
+            return body, extra
+        body["s"] = "completed"
+        if result is None:
+            body["r"] = None
+            return body, extra
+        tree = self.codec.encode(result, f"result of step {name!r}")  # a SerializationError: see step_sync
+        # Sized unredacted: an inline result is redacted once, with the whole row.
+        raw = _dump(tree)
+        self._result_raw, self._result_tree = raw, tree  # a list item may refer to it, inline or blob
+        if len(raw) > RESULT_INLINE_LIMIT:
+            text = self.codec.dump_tree(tree)
+            key = "v:" + content_hash(text)
+            extra[key] = self.codec.seal(text)
+            body["rb"] = key
+            self._loader.blobs[key] = extra[key]
+        else:
+            body["r"] = tree
+        return body, extra
+
+    def _end_body(self, error: BaseException | None) -> dict[str, Any]:
+        if error is not None:
+            self.mark_escaped(error)
+        body: dict[str, Any] = {"k": "end", "rs": FAILED if error is not None else COMPLETED}
+        if error is not None:
+            body["e"] = self.codec.serializer.encode_exception(error)
+            body["x"] = sorted(self._escaped)
+        return body
+
+    def _prepare(
+        self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None
+    ) -> tuple[CheckpointRow, dict[str, bytes], Diff]:
+        """The row and blobs that commit ``body`` with the state as it is now."""
+        head = self._head
+        if self.metadata:
+            body["m"] = self.codec.encode(self.metadata, "metadata")
+        where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
+        lenient = body.get("s") == "failed" or body["rs"] == FAILED  # a failure is always recorded
+        row, diff = self._tracker.checkpoint(
+            self.spec.channels(self.state), body, where, self._schema, args, self._result, lenient
+        )
+        return row, ({**diff.blobs, **extra} if extra else diff.blobs), diff
+
+    def _landed(
+        self, row: CheckpointRow, body: dict[str, Any], diff: Diff, head: Head, error: BaseException | None
+    ) -> None:
+        """``row`` is the thread's head now; a step's row is remembered for replay in this run."""
+        self._head = head
+        self._tracker.committed(diff)
+        self._loader.rows[row.checkpoint_id] = body  # later replays in this run may read its segments
+        if body["k"] != "step":
+            self._result = None
+            return
+        self._result = result(row.checkpoint_id, self._result_tree, self._result_raw)
+        rec = Record(row, body)
+        if error is not None:
+            self._failures[id(error)] = (error, row.checkpoint_id)
+        pos = body["p"]
+        self._remember(pos, rec)
+        self._events.append((pos, body["n"], False, body["s"]))
+
+    # -- another writer moved the head ------------------------------------------------------
+    # Without leases (a later layer) two runs may write one thread; the head CAS
+    # refuses the second writer's commit. What the error says must be true and
+    # its advice safe to follow: the same run_id never runs a committed step again.
+
+    def _conflict(self, body: dict[str, Any], diff: Diff, exc: ConflictError) -> Plan[ConflictError | None]:
+        """The error for a commit of ``body`` refused by the head CAS, or None when
+        it is the end record of a run whose committed steps already hold its
+        outcome: the run completes without it (resuming its run_id replays it)."""
+        t, ns, r = self.thread_id, self.namespace, self.run_id
+        try:
+            mine = yield call("list", t, ns, run_id=r, limit=1)
+            last: str | None = mine[0].checkpoint_id if mine else None
+            top = (yield call("get", t, ns, exc.found_checkpoint)) if exc.found_checkpoint else None
+            by = f", written by run {top.run_id}" if top is not None and top.run_id else ""
+            known = True
+        except PersistkitError:  # cannot tell what committed: say so, and give the advice that always holds
+            last, by, known = None, "", False
+        prev = self._tracker.prev  # the channels as this run last committed (or opened) them
+        changed = sorted(
+            {n for n, ref in diff.refs.items() if n not in prev or prev[n].ref != ref}
+            | (prev.keys() - diff.refs.keys())
+        )
+        failed = body["k"] == "end" and body["rs"] == FAILED
+        if body["k"] == "end" and last is not None and not changed and not failed:
+            return None
+        moved = (
+            f"the thread's head moved from version {exc.expected} to {exc.found}"
+            + (f" (checkpoint {exc.found_checkpoint}{by})" if exc.found_checkpoint else "")
+            + " before it was written"
+        )
+        if body["k"] == "step":
+            what = f"step {body['n']!r} at position {body['p']} of run {r} ran, but its checkpoint was not written"
+        elif failed:
+            what = f"run {r} failed, and its failure record was not written"
+        else:
+            what = f"run {r} ended, but its end record was not written"
+        if changed and body["k"] == "end":
+            what += f" (nor the changes to state.{', state.'.join(changed)} made after its last step)"
+        again = f"pk.resume({t!r}, run_id={r!r})"
+        if not known:
+            tail = (
+                f"It could not be read back what of run {r} is committed. {again} replays whatever "
+                "it committed without running it again; do not run the block under a new run_id."
+            )
+        elif last is None:
+            tail = (
+                f"Nothing of run {r} is stored. Run the block again with {again}: it starts the run "
+                "from the new head"
+                + (" and runs this step again (its side effects happened once already: pass "
+                   "pk.current_step().key to external calls, the key stays the same)." if body["k"] == "step" else ".")
+            )
+        else:
+            tail = (
+                f"Run {r}'s checkpoints up to {last} are committed and stay. {again} replays them without "
+                "running them again (and writes nothing); do not run the block under a new run_id, "
+                "or its committed steps run twice."
+            )
+            if body["k"] == "step" or failed:
+                tail += (
+                    " The run cannot go on on this thread: the replay raises ConflictError at the first "
+                    f"step it did not record. To go on from its state, fork it: store.fork({t!r}, {last!r})."
+                )
+            else:
+                tail += (
+                    " To keep those changes, make them inside a step (they commit with it), or apply them "
+                    f"to the new head: store.update_state({t!r}, {{...}})."
+                )
+        return ConflictError(
+            f"thread {t!r}: {what}: {moved}. {tail}",
+            thread_id=t, namespace=ns, expected=exc.expected, found=exc.found, found_checkpoint=exc.found_checkpoint,
+        )
+
+    def lease_lost(self, exc: BaseException | None) -> bool:
+        """Whether this run lost its lease (it must write nothing more, not even its end)."""
+        return isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost is not None)
+
+    # -- locks serializing commits of concurrent steps -------------------------------------
+
+    def async_lock(self) -> asyncio.Lock:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        lock = self._alocks.get(id(loop))
+        if lock is None:
+            lock = self._alocks[id(loop)] = asyncio.Lock()
+        return lock
+
+
+def _caused_by(error: BaseException | None, lost: ConflictError) -> bool:
+    """Whether ``error`` is ``lost`` or was raised while handling it."""
+    seen = 0
+    while error is not None and seen < 100:
+        if error is lost:
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False

@@ -1,0 +1,245 @@
+"""The replay cursor: which run a block continues, and what each step call replays.
+
+Opening a run (:meth:`ReplayCursor.open`) reads the head and the run's records and
+restores the state it starts from. Each step call then asks :meth:`~ReplayCursor.lookup`
+for the record at its position: a recorded, completed step replays its result
+(:meth:`~ReplayCursor.replay`, which also restores the state committed with it); None
+means the step runs for real. Recorded failures replay, or run again when they ended an
+attempt (:meth:`~ReplayCursor.mark_escaped`). No writes here: committing is ``_commit``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import (
+    ConflictError,
+    NonDeterminismError,
+    PersistkitError,
+    SchemaVersionError,
+    SecretResolutionError,
+)
+from .._ids import new_run_id
+from .._io import Plan, call
+from ..backends import Head
+from ..codec._versions import migrations_ran
+from ..state._records import Record
+from . import _args
+from ._restore import StateRestore
+
+if TYPE_CHECKING:
+
+    pass
+
+
+#: Run statuses.
+RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
+
+
+class ReplayCursor(StateRestore):
+    """Matching step calls to a run's records, and replaying them (part of :class:`Run`)."""
+
+    # -- opening -------------------------------------------------------------------------
+
+    def open(self, run_id: str | None) -> Plan[None]:
+        store, t, ns = self.store, self.thread_id, self.namespace
+        head: Head | None = yield call("head", t, ns)
+        head_rec = (yield from store.read_record(t, ns, head.checkpoint_id)) if head else None
+        rows: list[Record] = []
+        if run_id is not None:
+            rows = yield from self._rows_of(run_id)
+            if rows:
+                if rows[-1].run_status == COMPLETED:
+                    self.replay_only = True
+                elif head_rec is None or head_rec.row.run_id != run_id:
+                    # Another run built on this one's checkpoints (or its end record was
+                    # skipped, see _conflict): replay what it recorded, run nothing.
+                    self.replay_only = True
+                    self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
+        elif (
+            head_rec is not None
+            and head_rec.kind in ("step", "end")
+            and head_rec.run_status in (RUNNING, FAILED)
+            and head_rec.row.run_id
+        ):
+            run_id = head_rec.row.run_id
+            rows = yield from self._rows_of(run_id)
+        self.run_id = run_id or new_run_id()
+        self.status = COMPLETED if self.replay_only else RUNNING
+        self._head = head
+
+        base_id = rows[0].row.parent_id if rows else (head.checkpoint_id if head else None)
+        if base_id is None:
+            base_rec = None
+        elif head_rec is not None and base_id == head_rec.id:
+            base_rec = head_rec
+        else:
+            base_rec = yield from store.read_record(t, ns, base_id)
+        self._loader.add([base_rec, head_rec, *rows])
+        wanted = [r.refs for r in (base_rec, head_rec, *rows) if r is not None]
+        big = [r.body["rb"] for r in rows if "rb" in r.body]
+        if big:
+            wanted.append({f"result{i}": {"b": key} for i, key in enumerate(big)})
+        yield from self._loader.fetch(wanted)
+        if base_rec is None:
+            self.state = self.spec.empty()
+        else:
+            self.state = yield from store.load_state(base_rec, self.spec, self._loader)
+        self._check_rows(base_rec, rows)
+        if head_rec is not None:
+            # Lists of a head written under another schema version are written anew by the
+            # first checkpoint of this code: a chain never mixes items of two versions.
+            migrated = self.spec.cls is not None and head_rec.schema != self.spec.schema
+            self.migrated = self.migrated or migrated
+            self._tracker.reset(head_rec.refs, self._loader, new_lists=migrated)
+        for rec in rows:
+            if rec.kind == "step":
+                self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
+            elif rec.kind == "end":
+                self._escaped.update(rec.body.get("x") or ())
+
+    def _rows_of(self, run_id: str) -> Plan[list[Record]]:
+        out: list[Record] = []
+        before = None
+        while True:
+            page = yield call("list", self.thread_id, self.namespace, run_id=run_id, before=before, limit=500)
+            out.extend(Record.decode(self.codec, row) for row in page)
+            if len(page) < 500:
+                break
+            before = page[-1].checkpoint_id
+        out.reverse()
+        return out
+
+    def _remember(self, pos: str, rec: Record) -> None:
+        """``rec``, the step at ``pos``, replays in this run."""
+        self._index[pos] = rec
+        parent, _, seq = pos.rpartition("/")
+        if seq.isdigit() and seq.isascii() and int(seq) > self._max_child.get(parent, -1):
+            self._max_child[parent] = int(seq)
+
+    # -- replay decisions (no I/O) ------------------------------------------------------
+
+    def lookup(self, position: str, name: str) -> Record | None:
+        """The record to replay at ``position``, or None to run the step for real."""
+        rec = self._index.get(position)
+        if rec is None:
+            if self._moved_on is not None:
+                raise self._unfinished(position, name, "was never recorded")
+            if self.replay_only:
+                raise NonDeterminismError(
+                    f"thread {self.thread_id!r} run {self.run_id}: the run completed without a step "
+                    f"at position {position}, but the code now calls {name!r} there. The run is "
+                    "being replayed because its run_id was reused; use a new run_id to run new code."
+                )
+            return None
+        recorded = rec.body.get("n")
+        if recorded != name:
+            raise NonDeterminismError(
+                f"thread {self.thread_id!r} run {self.run_id}: at step position {position} the run "
+                f"recorded {recorded!r}, but the code now calls {name!r}. The code changed (or is not "
+                "deterministic between steps) since the run started. Finish this run with the old "
+                "code, start a new run (a new run_id), or fork the thread from a checkpoint before "
+                f"the change: store.fork({self.thread_id!r}, <checkpoint_id>)"
+            )
+        # "u": it ran but could not be stored; replay it unless the user asked to retry it
+        if rec.body.get("s") == "failed" and (self.retry_failed or not rec.body.get("u")):
+            parent, _, seq = position.rpartition("/")
+            went_on = self._max_child.get(parent, -1) > int(seq)
+            if rec.id in self._escaped or not went_on:
+                if self._moved_on is not None:
+                    raise self._unfinished(position, name, "failed, and its failure ended the attempt")
+                return None
+        return rec
+
+    def check_args(
+        self, rec: Record, position: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Refuse to replay ``rec`` for a call with other arguments than it recorded."""
+        recorded = rec.body.get("a")
+        # After a migration in this run, older code recorded the digest of arguments made from
+        # values in their old shape (a step's result handed to the next step, a state field)
+        # and this code hands them migrated: nothing to compare them with, replay as recorded.
+        if recorded and not self.migrated and not _args.matches(self.codec, recorded, args, kwargs):
+            raise NonDeterminismError(
+                f"thread {self.thread_id!r} run {self.run_id}: step {name!r} at position {position} "
+                "is called with different arguments than the run recorded, so its recorded result "
+                "may not apply. Make the code before it deterministic, start a new run (a new "
+                "run_id), or decorate the step with check_args=False if the arguments may differ"
+            )
+
+    def digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The digest a step called with these arguments records (see :meth:`arguments`)."""
+        snap = self.arguments(args, kwargs)
+        return self.codec.args_digest(snap) if isinstance(snap, bytes) else snap
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | str:
+        """What a step call's digest is made from (``_args``: O(1) in big containers, and
+        never a hash of a secret)."""
+        return _args.arguments(self.codec, args, kwargs)
+
+    def _typed_digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return _args.typed_digest(self.codec, args, kwargs)
+
+    def replay(self, rec: Record) -> Any:
+        """Return (or raise) what ``rec`` recorded, with the state set to its checkpoint."""
+        ran = migrations_ran()
+        try:
+            self._restore(rec)
+        except PersistkitError as error:  # e.g. a failed migration: this run must write nothing
+            self.load_error = error
+            raise
+        name, pos = str(rec.body.get("n")), str(rec.body.get("p"))
+        failed = rec.body.get("s") == "failed"
+        at = f"thread {self.thread_id!r} run {self.run_id}, step {name!r} at {pos}: recorded {'error' if failed else 'result'}"
+        try:
+            if failed:
+                recorded = self.codec.decode_exception(rec.body.get("e"), at)
+            elif "rb" in rec.body:
+                value = self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], at), at)
+            else:
+                value = self.codec.decode(rec.body.get("r"), at)
+        except SchemaVersionError as error:  # a recorded value's class changed shape: write nothing
+            self.load_error = error
+            raise
+        except SecretResolutionError as exc:  # never hand a handle's text to the caller as the value
+            raise SecretResolutionError(
+                f"{at} is a secret stored as a handle, and it cannot be given back: {exc}", handle=exc.handle
+            ) from exc
+        if migrations_ran() != ran:
+            self.migrated = True
+        self._events.append((pos, name, True, "failed" if failed else "completed"))
+        if failed:
+            self._failures[id(recorded)] = (recorded, rec.id)
+            raise recorded
+        return value
+
+    def mark_escaped(self, exc: BaseException) -> None:
+        """Failures recorded in this run that ``exc`` carries ended an attempt: run them again next time."""
+        seen: set[int] = set()
+        stack: list[BaseException | None] = [exc]
+        while stack:
+            e = stack.pop()
+            if e is None or id(e) in seen or len(seen) > 1000:
+                continue
+            seen.add(id(e))
+            hit = self._failures.get(id(e))
+            if hit is not None and hit[0] is e:
+                self._escaped.add(hit[1])
+            stack.extend((e.__cause__, e.__context__))
+            if isinstance(e, BaseExceptionGroup):
+                stack.extend(e.exceptions)
+
+    def _unfinished(self, position: str, name: str, why: str) -> ConflictError:
+        """A step the run did not record, replaying a run whose thread moved on (see open)."""
+        assert self._moved_on is not None
+        last, head, by = self._moved_on
+        t, r = self.thread_id, self.run_id
+        return ConflictError(
+            f"thread {t!r}: run {r} did not finish before the thread moved on (its head is checkpoint "
+            f"{head.checkpoint_id if head else None}" + (f" of run {by}" if by else "") + "): its "
+            f"recorded steps replayed without running, but step {name!r} at position {position} {why} "
+            "and cannot run on this thread now. Do not run the block under a new run_id (the recorded "
+            f"steps would run twice); to go on from the run's state, fork it: store.fork({t!r}, {last!r}).",
+            thread_id=t, namespace=self.namespace, expected=0,
+            found=head.version if head else 0, found_checkpoint=head.checkpoint_id if head else None,
+        )

@@ -21,6 +21,7 @@ adapters (stdlib, drivers, frameworks).
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from collections import deque
 from dataclasses import dataclass
@@ -196,6 +197,110 @@ def _allowed(target: str, allowed: tuple[str, ...]) -> bool:
     )
 
 
+# -- the floors of the house (docs/architecture.md, Layers) -----------------------------------
+
+# Lowest first. A module may import modules of its own floor and of the floors below it,
+# never above. An entry names a module or a package (and everything under it);
+# "persistkit" names the root package's __init__ alone.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("ground floor", ("persistkit._errors", "persistkit._ids")),
+    ("backends", ("persistkit.backends",)),
+    ("driver", ("persistkit._io", "persistkit._retry")),
+    ("wrappers", ("persistkit.wrappers",)),
+    ("secrets", ("persistkit.secrets",)),
+    ("codec", ("persistkit.codec",)),
+    ("state", ("persistkit.state",)),
+    ("coordination", ("persistkit.coordination",)),
+    ("engine", ("persistkit.engine",)),
+    ("surface", ("persistkit", "persistkit.__main__", "persistkit._cli", "persistkit.testing")),
+]
+
+# The imports that run up a floor, each with why it may. Only under TYPE_CHECKING: a
+# type named in an annotation, never code run.
+UPWARD: dict[tuple[str, str], str] = {
+    ("persistkit.coordination._hooks", "persistkit.engine._run"): "the hooks are handed the enclosing Run",
+}
+
+
+def floor_of(name: str) -> int | None:
+    """The index in FLOORS of the floor that holds module ``name`` (the longest entry wins)."""
+    best: tuple[int, int] | None = None
+    for i, (_, entries) in enumerate(FLOORS):
+        for entry in entries:
+            if name == entry or (entry != "persistkit" and name.startswith(entry + ".")):
+                if best is None or len(entry) > best[1]:
+                    best = (i, len(entry))
+    return None if best is None else best[0]
+
+
+def _ours(name: str) -> bool:
+    return name == "persistkit" or name.startswith("persistkit.")
+
+
+def test_every_module_is_on_a_floor() -> None:
+    lost = sorted(n for n in GRAPH if _ours(n) and floor_of(n) is None)
+    assert not lost, (
+        "modules on no floor of tests/test_imports.py FLOORS: put each into the package of its "
+        "concern (docs/architecture.md, Layers), or add its package to FLOORS and the diagram:\n"
+        + "\n".join(lost)
+    )
+
+
+def upward_imports(g: dict[str, list[Edge]]) -> list[str]:
+    bad = []
+    for name, edges in sorted(g.items()):
+        if not _ours(name):
+            continue
+        mine = floor_of(name)
+        for e in edges:
+            theirs = floor_of(e.target)
+            if mine is None or theirs is None or theirs <= mine:
+                continue
+            if (name, e.target) in UPWARD and e.where == "under TYPE_CHECKING":
+                continue
+            bad.append(
+                f"{name} (floor {FLOORS[mine][0]!r}) imports {e.target} (floor {FLOORS[theirs][0]!r}, "
+                f"above it) at line {e.line}, {e.where}"
+            )
+    return bad
+
+
+def test_a_floor_imports_only_its_own_and_the_floors_below() -> None:
+    bad = upward_imports(GRAPH)
+    assert not bad, (
+        "imports up a floor (docs/architecture.md, Layers: move what both need down, or let the "
+        "lower module accept a callable):\n" + "\n".join(bad)
+    )
+
+
+def test_every_upward_exception_is_still_needed_and_type_only() -> None:
+    for (a, b), why in UPWARD.items():
+        edges = [e for e in GRAPH.get(a, []) if e.target == b]
+        assert edges, f"UPWARD lists {a} -> {b} ({why}), but {a} no longer imports it: remove the entry"
+        assert all(e.where == "under TYPE_CHECKING" for e in edges), (a, b, edges)
+
+
+def test_an_upward_import_is_named_with_its_line(tmp_path: Path) -> None:
+    g = _package(
+        tmp_path,
+        {
+            "persistkit/_errors.py": "",
+            "persistkit/codec/__init__.py": "",
+            "persistkit/codec/_serde.py": "def f():\n    from ..engine import _run\n",
+            "persistkit/engine/__init__.py": "",
+            "persistkit/engine/_run.py": "from ..codec import _serde\n",
+        },
+    )
+    bad = upward_imports(g)
+    assert bad == [
+        "persistkit.codec._serde (floor 'codec') imports persistkit.engine._run (floor 'engine', above it) "
+        "at line 2, inside a function"
+    ]
+
+
+# -- narrower rules for some floors --------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("layer", "allowed"),
     [
@@ -206,7 +311,7 @@ def _allowed(target: str, allowed: tuple[str, ...]) -> bool:
         # Wrappers stack on the store protocol; the runtime (Run, Store, api) is above them.
         (
             "persistkit.wrappers",
-            ("persistkit._errors", "persistkit.wrappers._keys", "persistkit._io", "persistkit.backends.*", "persistkit.wrappers.*"),
+            ("persistkit._errors", "persistkit._io", "persistkit.backends.*", "persistkit.wrappers.*"),
         ),
         # Adapters are built on what a user can import (DESIGN.md, Layers), and their own modules.
         ("persistkit_langgraph", ("persistkit", "persistkit_langgraph.*")),
@@ -233,6 +338,61 @@ def test_no_module_is_oversized(name: str) -> None:
         f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}): split it along a "
         "seam into its own module (docs/architecture.md, Layout)"
     )
+
+
+# -- docs/architecture.md's folder map is the tree -----------------------------------------
+
+
+def folder_map(text: str) -> dict[str, set[str]]:
+    """Package (``persistkit/engine``) -> the ``.py`` names the map lists under it.
+
+    The map is the code block of the Layout section that starts with ``persistkit/``; a
+    line ``  name/`` opens a package (its depth is its indentation), every ``x.py`` on the
+    deeper lines below belongs to it; words after ``(planned)`` on a line are not the tree.
+    """
+    section = text.split("\n## Layout", 1)[1]
+    block = section.split("```\n", 2)[1]
+    found: dict[str, set[str]] = {}
+    stack: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        words = line.split("(planned)", 1)[0]
+        if indent == 0 and not line.startswith("persistkit/"):
+            break  # adapters/: another map
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        first = words.split()[0] if words.split() else ""
+        if re.fullmatch(r"[a-z_]+/", first):
+            path = (stack[-1][1] + "/" if stack else "") + first[:-1]
+            stack.append((indent, path))
+            found.setdefault(path, set())
+            words = words[len(line) - len(line.lstrip()) + len(first):]
+        if stack:
+            found[stack[-1][1]].update(re.findall(r"\b[A-Za-z_0-9]+\.py\b", words))
+    return found
+
+
+def test_the_folder_map_lists_exactly_the_tree() -> None:
+    listed = folder_map((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    tree: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "persistkit").rglob("*.py")):
+        tree.setdefault(path.parent.relative_to(ROOT).as_posix(), set()).add(path.name)
+    problems = [f"{p}/ is not in the map" for p in sorted(tree.keys() - listed.keys())]
+    problems += [f"{p}/ is in the map but not in the tree" for p in sorted(listed.keys() - tree.keys())]
+    for p in sorted(tree.keys() & listed.keys()):
+        problems += [f"{p}/{m} is not in the map" for m in sorted(tree[p] - listed[p])]
+        problems += [f"{p}/{m} is in the map but not in the tree" for m in sorted(listed[p] - tree[p])]
+    assert not problems, "docs/architecture.md's folder map (Layout) is not the tree:\n" + "\n".join(problems)
+
+
+def test_the_folder_map_reader_nests_and_skips_what_is_planned() -> None:
+    text = (
+        "intro\n## Layout\n\n```\npersistkit/\n  __init__.py  x\n  a/   y.py z.py\n    b/  c.py (planned) d.py\n"
+        "  (planned) e/   f.py\nadapters/x/  g.py\n```\n"
+    )
+    assert folder_map(text) == {"persistkit": {"__init__.py"}, "persistkit/a": {"y.py", "z.py"}, "persistkit/a/b": {"c.py"}}
 
 
 # -- the walk itself finds what it must ------------------------------------------------------

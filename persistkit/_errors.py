@@ -29,7 +29,7 @@ the error is created: registered values and detected secrets become handles,
 so no secret value reaches a log line or a traceback through persistkit.
 
 This module is the ground floor: it imports nothing of persistkit's, so every
-other module can raise these errors. The scrubber lives above it (``_secrets``
+other module can raise these errors. The scrubber lives above it (``_redact``
 raises these errors) and installs itself with :func:`install_scrubber` when it
 is imported, which ``import persistkit`` does first, before anything can raise.
 """
@@ -82,7 +82,7 @@ class RetryableError(PersistkitError):
 
 
 _scrub: Callable[[str], str] = str
-"""What every message passes through: ``pk.secrets.scrub`` once ``_secrets`` is imported."""
+"""What every message passes through: ``pk.secrets.scrub`` once ``_redact`` is imported."""
 
 
 def install_scrubber(scrub: Callable[[str], str]) -> None:

@@ -7,7 +7,7 @@ an edge from module A to module B:
 * every ``import`` / ``from ... import`` statement anywhere in A: at the top,
   inside functions and methods, in ``try`` blocks and under ``if
   TYPE_CHECKING:``. A lazy import postpones a dependency, it does not remove
-  it (the ``_errors`` <-> ``_secrets`` cycle hid behind one), and a type-only
+  it (the ``_errors`` <-> ``_redact`` cycle hid behind one), and a type-only
   import still makes the lower module know the upper one's names;
 * relative imports resolved against A's package; ``from pkg import name``
   counts as an edge to ``pkg.name`` when that is a module, else to ``pkg``.
@@ -227,9 +227,9 @@ def floor_of(name: str) -> int | None:
     best: tuple[int, int] | None = None
     for i, (_, entries) in enumerate(FLOORS):
         for entry in entries:
-            if name == entry or (entry != "persistkit" and name.startswith(entry + ".")):
-                if best is None or len(entry) > best[1]:
-                    best = (i, len(entry))
+            inside = name == entry or (entry != "persistkit" and name.startswith(entry + "."))
+            if inside and (best is None or len(entry) > best[1]):
+                best = (i, len(entry))
     return None if best is None else best[0]
 
 
@@ -455,7 +455,7 @@ def test_parent_packages_and_other_libraries_are_not_edges(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("first", ["persistkit._errors", "persistkit.backends", "persistkit.wrappers._offload"])
 def test_error_messages_are_scrubbed_whatever_is_imported_first(first: str) -> None:
-    """``_secrets`` installs the scrubber into the error tree as ``import persistkit`` starts."""
+    """``_redact`` installs the scrubber into the error tree as ``import persistkit`` starts."""
     import subprocess
     import sys
 

@@ -138,7 +138,7 @@ BUILTIN: tuple[Detector, ...] = (
     ),
 )
 
-# The first pass (``_secrets._may_match_builtin``) finds candidates without the
+# The first pass (``_redact._may_match_builtin``) finds candidates without the
 # regex engine: keyword anchors — ``secret``, ``bearer``, ``authorization`` (any
 # case), ``PRIVATE KEY``, ``eyJ`` (JWTs) and ``://`` with ``@`` — and, for the
 # token detectors below, their whole fixed prefixes (``sk-``, ``gh[pousr]_``, ``github_pat_``,

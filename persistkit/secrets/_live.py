@@ -2,7 +2,7 @@
 
 Loading never needs a secret's value: a handle that nothing resolves when a value
 is read back (a resume, a replayed step's result, an inspection) stays as its
-text and is remembered as read back unresolved (``_secrets._hold``). Where a
+text and is remembered as read back unresolved (``_redact._hold``). Where a
 value enters a live call — a step's arguments and the run's state before its
 body, an adapter's tool and model calls (:func:`live`) — such handles are
 resolved now (the environment, a registration or a vault may know them by then)

@@ -1,5 +1,5 @@
 """The process-wide secret registry and configuration (``pk.secrets.register``,
-``from_env``, ``unregister``, ``configure``): what redaction (``_secrets``) looks for
+``from_env``, ``unregister``, ``configure``): what redaction (``_redact``) looks for
 and what resolves a handle. Every change bumps ``_generation``, which keys the
 redaction's scan cache.
 """
@@ -77,7 +77,7 @@ def _order() -> None:
 
 def _env_sync() -> None:
     """Bring the environment's secrets into ``_search`` when the environment changed
-    (cheap when it did not: see ``_envsecrets.sync``)."""
+    (cheap when it did not: see ``_env.sync``)."""
     if not _envsecrets.sync():
         return
     with _lock:

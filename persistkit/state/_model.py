@@ -1,6 +1,6 @@
 """``pk.State``: the base class of typed, versioned run state (imports pydantic).
 
-Kept apart from ``_state`` so that ``import persistkit`` does not import
+Kept apart from ``_spec`` so that ``import persistkit`` does not import
 pydantic; ``persistkit.State`` loads this module on first use.
 """
 

@@ -20,7 +20,12 @@ from typing import Any
 import pytest
 
 from .._api import checkpointed, current_run, resume
-from .._errors import BackendUnavailableError, ConfigurationError, RunAbandonedError, ThreadBusyError
+from .._errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    RunAbandonedError,
+    ThreadBusyError,
+)
 from .._store import Store, connect
 
 __all__ = ["TurnConformance"]
@@ -158,18 +163,16 @@ class TurnConformance:
     def test_abandon_refuses_a_run_held_by_a_live_holder(self, stores: tuple[Store, Store]) -> None:
         one, two = stores
         thread = self.crashed(one)
-        with resume(thread, store=one, run_id="A"):
-            with pytest.raises(ThreadBusyError, match="live run holds"):
-                two.abandon(thread, "A")
+        with resume(thread, store=one, run_id="A"), pytest.raises(ThreadBusyError, match="live run holds"):
+            two.abandon(thread, "A")
 
     def test_a_retryable_error_leaves_the_run_unfinished(self, stores: tuple[Store, Store]) -> None:
         one, two = stores
         thread = f"turns-{uuid.uuid4().hex}"
-        with pytest.raises(BackendUnavailableError):
-            with resume(thread, store=one, run_id="A"):
-                _item("A.0")
-                _item("A.1")
-                raise BackendUnavailableError("the store went away for a moment")
+        with pytest.raises(BackendUnavailableError), resume(thread, store=one, run_id="A"):
+            _item("A.0")
+            _item("A.1")
+            raise BackendUnavailableError("the store went away for a moment")
         assert [c.kind for c in one.history(thread)] == ["step", "step"]  # no FAILED end
         with pytest.raises(ThreadBusyError):
             _turn(two, thread, "B", 1, busy="reject")

@@ -115,11 +115,12 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
 
     # 1. A worker is killed mid-turn; the broker redelivers; the run continues.
     thread, turn = f"cel-{uuid.uuid4().hex[:8]}", f"turn-{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{turn}@before-2").touch()  # the turn pauses there until {turn}@before-2.go exists
     app.send_task("agent_turn", args=[thread, "hello", turn])
     _until(lambda: len([c for c in store.history(thread) if c.kind == "step"]) == 2, "steps 0 and 1", workers)
     [victim] = effects.pids(turn, 1)
     os.kill(victim, signal.SIGKILL)  # the pool process running the turn, waiting before step 2
-    (tmp_path / f"{turn}.go").touch()
+    (tmp_path / f"{turn}@before-2.go").touch()
     _until(lambda: effects.done(turn) == ["ran"], "the redelivered turn to finish", workers)
     assert effects.steps(turn) == {0: 1, 1: 1, 2: 1, 3: 1}  # every committed step ran once
     assert effects.pids(turn, 2) != [victim]
@@ -129,6 +130,7 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
 
     # 2. The same message delivered twice at once: the lease runs them one after the other.
     turn2 = f"turn-{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{turn2}@before-2").touch()
     for _ in range(2):
         app.send_task("agent_turn", args=[thread, "again", turn2])
 
@@ -137,7 +139,7 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
         return bool(leases) and len(leases[0].waiting) == 1 and effects.steps(turn2) == {0: 1, 1: 1}
 
     _until(queued, "one delivery at the gate and the other queued on the lease", workers)
-    (tmp_path / f"{turn2}.go").touch()
+    (tmp_path / f"{turn2}@before-2.go").touch()
     _until(lambda: sorted(effects.done(turn2)) == ["ran", "replayed"], "both deliveries", workers)
     assert effects.steps(turn2) == {0: 1, 1: 1, 2: 1, 3: 1}
     ends = [c for c in store.history(thread) if c.kind == "end" and c.run_id == turn2]

@@ -94,13 +94,15 @@ class Workers:
     def stop(self) -> None:
         for w in self.live:
             if w.poll() is None:
-                os.killpg(w.pid, signal.SIGTERM)
+                w.send_signal(signal.SIGTERM)  # warm shutdown: the master stops its pool
         for w in self.live:
             try:
                 w.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(w.pid, signal.SIGKILL)
+                w.kill()
                 w.wait(timeout=30)
+            for pid in _group_pids(w.pid):  # a pool process its master left behind
+                os.kill(pid, signal.SIGKILL)
 
 
 class Effects:

@@ -123,7 +123,8 @@ def retry_turn(retries: int, exc: BaseException) -> bool:
 if dramatiq is not None:
     dramatiq.set_broker(RedisBroker(url=REDIS, namespace=f"dramatiq-{QUEUE}"))
 
-    @dramatiq.actor(queue_name=QUEUE, retry_when=retry_turn, min_backoff=1_000, max_backoff=60_000)
+    @dramatiq.actor(queue_name=QUEUE, retry_when=retry_turn, throws=(pk.RunAbandonedError,),
+                    min_backoff=1_000, max_backoff=60_000)
     def dramatiq_agent_turn(thread_id: str, message: str, turn_id: str) -> None:
         with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT):
             for n in range(STEPS):

@@ -7,7 +7,7 @@ each. A seeded plan picks victim turns and a point in each (``before-<n>``: n st
 ``in-<n>``: step n ran, not committed); the turn pauses there (examples/celery_worker.py's
 AGENT_GATE), and the test SIGKILLs the pool process running it, or the whole worker (master and
 pool: a node dying) and starts a replacement. Meanwhile the thread's next turns are queued
-behind it on the lease.
+behind it on the lease. A few turns are delivered twice (a webhook retried by its sender).
 
 Every turn must finish; each thread's state holds each turn's messages exactly once, contiguous
 and in step order; the turns of a thread are in the order they ran their first step; every run
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ import persistkit as pk
 ROOT = Path(__file__).resolve().parent.parent
 THREADS, TURNS, STEPS = 5, 40, 4  # several turns of each thread in flight together
 PROCESS_KILLS, WORKER_KILLS = 6, 2
+DUPLICATES = 5  # turns delivered twice (a webhook retried by its sender)
 CONCURRENCY = 2  # pool processes per worker
 DEADLINE = 240.0  # for everything to settle; a healthy run takes far less
 
@@ -138,13 +139,13 @@ def env(rabbitmq_url: str, postgres_url: str, tmp_path: Path) -> Iterator[dict[s
         pg.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-def _plan(seed: int, turns: list[tuple[str, str]]) -> dict[str, tuple[str, str]]:
-    """Victim turn -> (point, "process" | "worker"), drawn from ``seed``."""
+def _plan(seed: int, turns: list[tuple[str, str]]) -> tuple[dict[str, tuple[str, str]], list[tuple[str, str]]]:
+    """Victim turn -> (point, "process" | "worker"), and the turns delivered twice, drawn from ``seed``."""
     rng = random.Random(seed)
     victims = rng.sample([turn for _, turn in turns], PROCESS_KILLS + WORKER_KILLS)
     points = [f"before-{n}" for n in range(STEPS)] + [f"in-{n}" for n in range(STEPS)]
-    return {turn: (rng.choice(points), "worker" if i < WORKER_KILLS else "process")
-            for i, turn in enumerate(victims)}
+    plan = {turn: (rng.choice(points), "worker" if i < WORKER_KILLS else "process") for i, turn in enumerate(victims)}
+    return plan, rng.sample(turns, DUPLICATES)
 
 
 @pytest.mark.slow
@@ -152,7 +153,8 @@ def _plan(seed: int, turns: list[tuple[str, str]]) -> dict[str, tuple[str, str]]
 def test_turns_of_threads_survive_killed_workers_in_order_and_once(env: dict[str, str], tmp_path: Path) -> None:
     seed = int(os.environ.get("PK_STRESS_SEED") or random.randrange(1 << 32))
     print(f"\nPK_STRESS_SEED={seed}: {TURNS} turns over {THREADS} threads, {STEPS} steps each, 2 workers x "
-          f"{CONCURRENCY} processes, {PROCESS_KILLS} pool processes and {WORKER_KILLS} workers killed")
+          f"{CONCURRENCY} processes, {PROCESS_KILLS} pool processes and {WORKER_KILLS} workers killed, "
+          f"{DUPLICATES} turns delivered twice")
     sys.path.insert(0, str(ROOT))
     from examples.celery_worker import Conversation, app
 
@@ -161,10 +163,12 @@ def test_turns_of_threads_survive_killed_workers_in_order_and_once(env: dict[str
     tag = uuid.uuid4().hex[:6]
     threads = [f"stress-{tag}-{t}" for t in range(THREADS)]
     turns = [(threads[i % THREADS], f"turn-{tag}-{i:02d}") for i in range(TURNS)]  # interleaved threads
-    plan = _plan(seed, turns)
+    plan, duplicates = _plan(seed, turns)
+    deliveries = Counter(turn for _, turn in [*turns, *duplicates])
     for turn, (point, _) in plan.items():
         (tmp_path / f"{turn}@{point}").touch()
-    print("plan:", " ".join(f"{turn}@{point}:{kind}" for turn, (point, kind) in sorted(plan.items())))
+    print("plan:", " ".join(f"{turn}@{point}:{kind}" for turn, (point, kind) in sorted(plan.items())),
+          "; twice:", " ".join(turn for _, turn in duplicates))
 
     effects = Effects(Path(env["AGENT_EFFECTS"]))
     workers = Workers(env)
@@ -173,14 +177,16 @@ def test_turns_of_threads_survive_killed_workers_in_order_and_once(env: dict[str
         for _ in range(2):
             workers.start()
         with app.producer_or_acquire() as producer:
-            for thread, turn in turns:
+            for thread, turn in [*turns, *duplicates]:
                 app.send_task("agent_turn", args=[thread, f"message {turn}", turn, STEPS], producer=producer)
 
         pending = dict(plan)
         deadline = time.monotonic() + DEADLINE
         while True:
             lines = effects.read()
-            settled = {w[0] for w in lines if w[1] in ("done", "failed")}
+            done = Counter(w[0] for w in lines if w[1] == "done")
+            settled = {turn for turn, n in deliveries.items() if done[turn] >= n}
+            settled |= {w[0] for w in lines if w[1] == "failed"}
             if settled >= {turn for _, turn in turns} and not pending:
                 break
             for w in lines:
@@ -208,6 +214,10 @@ def test_turns_of_threads_survive_killed_workers_in_order_and_once(env: dict[str
     assert not failed, f"seed {seed}: turns acked as failed (lost): {failed}"
     retried = [(w[0], w[2]) for w in lines if w[1] == "retry"]
     print(f"retries: {retried}")
+
+    # No turn ran twice: its other deliveries (a duplicate, a redelivery after it ended) replayed it.
+    ran = Counter(w[0] for w in lines if w[1] == "done" and w[2] == "ran")
+    assert max(ran.values()) <= 1, f"seed {seed}: turns that ran more than once: {ran.most_common(3)}"
 
     # No step body ran twice, except the one in flight in a process we killed.
     runs: dict[tuple[str, int], list[int]] = defaultdict(list)

@@ -145,3 +145,39 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
     ends = [c for c in store.history(thread) if c.kind == "end" and c.run_id == turn2]
     assert len(ends) == 1
     store.close()
+
+
+def test_the_recipe_retries_a_retryable_error_and_fails_any_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Celery task of the recipe (run eagerly: Celery's retry runs it again at once) retries a
+    ``pk.RetryableError`` instead of failing the turn, with no bound, and fails any other error once."""
+    sys.path.insert(0, str(ROOT))
+    from examples import celery_worker as recipe
+
+    assert recipe.agent_turn.autoretry_for == (pk.RetryableError,)
+    assert recipe.agent_turn.max_retries is None and recipe.agent_turn.retry_backoff
+    store = pk.connect(f"sqlite:///{tmp_path}/turns.db")
+    monkeypatch.setattr(recipe, "_store", store)
+    real_resume = pk.resume
+    calls: list[dict[str, object]] = []
+    refusals: list[pk.PersistkitError] = [pk.ThreadBusyError("busy", thread_id="t"), pk.LeaseLostError("lost"),
+                                          pk.BackendUnavailableError("down")]
+
+    def resume(thread_id: str, **options: object) -> object:  # refuses the first attempts as persistkit would
+        calls.append(options)
+        if refusals:
+            raise refusals.pop(0)
+        return real_resume(thread_id, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pk, "resume", resume)
+    result = recipe.agent_turn.apply(args=["t", "hello", "turn-1"])
+    assert result.successful(), result.traceback
+    assert len(calls) == 4 and not refusals
+    assert calls[-1] == dict(store=store, state=recipe.Conversation, run_id="turn-1", busy="queue", lease_ttl=10,
+                             busy_timeout=120)
+    assert [c.kind for c in store.history("t")].count("end") == 1
+
+    refusals.append(pk.ConflictError(thread_id="t"))  # not retryable: the turn fails for good, once
+    calls.clear()
+    result = recipe.agent_turn.apply(args=["t", "again", "turn-2"])
+    assert result.failed() and isinstance(result.result, pk.ConflictError) and len(calls) == 1
+    store.close()

@@ -68,7 +68,11 @@ def celery_env(rabbitmq_url: str, postgres_url: str, tmp_path: Path) -> Iterator
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     yield env, env["PERSISTKIT_URL"]
+    import kombu
     import psycopg
+
+    with kombu.Connection(rabbitmq_url) as conn:  # this test's queue, gone with it
+        conn.default_channel.queue_delete(env["CELERY_QUEUE"])
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

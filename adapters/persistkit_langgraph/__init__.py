@@ -45,11 +45,10 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.pregel import Pregel
-from langgraph.types import Command, StateSnapshot
 
 import persistkit as pk
 
+from ._invoke import RUN_KEY, adurable_invoke, durable_invoke
 from ._migrate import (
     CHANNELS_KEY,
     VERSION_KEY,
@@ -71,6 +70,11 @@ Plan = Generator[Request, Any, T]
 _CP, _WR, _REG = "lg:c:", "lg:w:", "lg:n"
 _PAGE = 50  # checkpoints per history page when listing
 _RETRIES = 20  # compare-and-swap retries for writes shared by parallel tasks
+#: In the config a run loads with when it was asked for a checkpoint_id (time travel): the
+#: LangGraph id it branches from. A dunder key: LangGraph keeps it out of checkpoint metadata.
+_BRANCH_KEY = "__persistkit_branch__"
+_UNCHECKED = object()  # a put written on top of whatever the head is
+_KNOWN_IDS = 4096  # LangGraph id -> persistkit checkpoint id, remembered per saver
 
 
 def _call(name: str, *args: Any, **kwargs: Any) -> Request:
@@ -85,6 +89,27 @@ def _known(config: RunnableConfig) -> frozenset[str] | None:
     """The running graph's channel names, when ``durable_invoke`` put them in the config."""
     known = config["configurable"].get(CHANNELS_KEY)
     return frozenset(known) if known is not None else None
+
+
+def _running(config: RunnableConfig) -> bool:
+    """Whether LangGraph's run loop makes this call (it adds its own keys to the config;
+    ``get_state``, ``update_state`` and direct saver calls do not)."""
+    return any(str(k).startswith("__pregel_") for k in config["configurable"])
+
+
+def _lost_race(thread_id: str, ns: str, checkpoint_id: str, parent: str | None, exc: pk.ConflictError) -> pk.ConflictError:
+    where = f"LangGraph thread {thread_id!r}{f' namespace {ns!r}' if ns else ''}"
+    return pk.ConflictError(
+        f"{where}: checkpoint {checkpoint_id} was not written: the run read the thread at "
+        f"{f'checkpoint {parent}' if parent else 'no checkpoint'}, and another run of this thread "
+        "wrote a newer checkpoint meanwhile (two invokes of one thread at once). Writing on top "
+        "would drop that run's turn, so nothing of this step was written; the other run's "
+        "checkpoints stay. Run the turns of a thread one at a time: durable_invoke(graph, input, "
+        "config, run_id=<event id>) takes the thread's lease and queues them; or invoke again "
+        "to apply this input on top of the new head",
+        thread_id=thread_id, namespace=_CP + ns, expected=exc.expected, found=exc.found,
+        found_checkpoint=exc.found_checkpoint,
+    )
 
 
 def _ids(config: RunnableConfig) -> tuple[str, str]:
@@ -104,6 +129,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         self.store = store
         self._owns_store = False
         self._migrations = Migrations(version)
+        self._pk_ids: dict[str, str] = {}  # LangGraph id -> persistkit id (insertion order: oldest first)
         self._models = ModelCheck(lambda tree: self.serde.loads_typed(("msgpack", from_tree(tree, live=False))))
 
     @classmethod
@@ -261,10 +287,37 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
         if not cps:
             return None
-        # LangGraph's run loop reads with its own keys in the config; get_state / update_state do not
-        live = any(str(k).startswith("__pregel_") for k in config["configurable"])
+        live = _running(config)
+        self._remember(cps[0])
         result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), _known(config), live)
+        if live and cid:  # a run asked for this checkpoint (time travel): its first write branches from it
+            conf = {**result.config["configurable"], _BRANCH_KEY: cid}
+            result = result._replace(config={**result.config, "configurable": conf})
         return result
+
+    def _remember(self, cp: pk.Checkpoint) -> None:
+        known = self._pk_ids
+        known[cp.metadata["langgraph_id"]] = cp.checkpoint_id
+        while len(known) > _KNOWN_IDS:
+            known.pop(next(iter(known)))
+
+    def _expected_head(self, thread_id: str, ns: str, config: RunnableConfig) -> Plan[Any]:
+        """What a put must find at the head of its namespace: the persistkit checkpoint of its
+        parent (None: an empty namespace). Only a running graph's puts are checked, and not the
+        first put of a run asked to start from an older checkpoint (time travel: a branch)."""
+        conf = config["configurable"]
+        parent = conf.get("checkpoint_id")
+        if not _running(config) or (parent and conf.get(_BRANCH_KEY) == parent):
+            return _UNCHECKED
+        if not parent:
+            return None
+        known = self._pk_ids.get(parent)
+        if known is None:
+            cps = yield _call("history", thread_id, limit=1, metadata={"langgraph_id": parent}, namespace=_CP + ns)
+            if not cps:
+                return _UNCHECKED  # a parent this store never had (a copied config): nothing to compare
+            known = cps[0].checkpoint_id
+        return known
 
     def _list(
         self, config: RunnableConfig | None, filter: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
@@ -309,14 +362,24 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         # run metadata is text for people, where persistkit's high-entropy rule may rewrite ids.
         # LangGraph's metadata (the caller's included) is a tree, redacted like any value.
         kind, data = self.serde.dumps_typed(rest)
-        lg = {"c": {"t": kind, "v": data}, "m": self._dump_one(get_checkpoint_metadata(config, metadata))}
+        lg_meta = get_checkpoint_metadata(config, metadata)
+        lg = {"c": {"t": kind, "v": data}, "m": self._dump_one(lg_meta)}
         meta = {
             "langgraph_id": checkpoint["id"],
             "langgraph_parent": config["configurable"].get("checkpoint_id"),
             "langgraph": lg,
             VERSION_KEY: self.version,
         }
-        cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns)
+        run = lg_meta.get(RUN_KEY)
+        if isinstance(run, str):  # durable_invoke's turn id, for its lookups (see _invoke)
+            meta["langgraph_run"] = run
+        expected = yield from self._expected_head(thread_id, ns, config)
+        check = {} if expected is _UNCHECKED else {"expected_head": expected}
+        try:
+            cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns, **check)
+        except pk.ConflictError as exc:
+            raise _lost_race(thread_id, ns, checkpoint["id"], meta["langgraph_parent"], exc) from exc
+        self._remember(cp)
         if cp.parent_id is None:  # first checkpoint of this namespace: register it
             yield from self._update(thread_id, {"ns:" + ns: True}, _REG)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
@@ -466,62 +529,3 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         # Same scheme as LangGraph's own savers: monotonic counter + random tie-breaker.
         n = 0 if current is None else current if isinstance(current, int) else int(str(current).split(".")[0])
         return f"{n + 1:032}.{random.random():016}"
-
-
-# -- running a turn durably ----------------------------------------------------------------------
-
-
-def _with_channels(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> RunnableConfig:
-    """``config`` telling the saver the graph's channels, so that stored channels the graph no
-    longer has (a renamed state field) are refused instead of dropped. A dunder key: LangGraph
-    keeps it out of checkpoint metadata."""
-    names = frozenset(graph.channels) | frozenset(getattr(graph, "managed", None) or ())
-    return {**config, "configurable": {**config.get("configurable", {}), CHANNELS_KEY: names}}
-
-
-def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any:
-    """What to invoke the graph with: None continues the thread's unfinished run."""
-    if isinstance(input, Command):
-        return input  # an answer to interrupt(): LangGraph's own resume
-    # Tasks of the latest checkpoint: still to run, or done with their writes saved but no
-    # checkpoint after them yet (``state.next`` leaves those out). A finished run has none.
-    if state.tasks and not state.interrupts:
-        return None  # a run stopped mid-way (a crash, or a node that raised): continue it
-    if input is None and not state.config.get("configurable", {}).get("checkpoint_id"):
-        thread_id, ns = _ids(config)
-        raise pk.NotFoundError(
-            f"thread {thread_id!r}{f' namespace {ns!r}' if ns else ''} has no committed checkpoint "
-            "to continue: the run that should have written one was never started, or died before "
-            "its first checkpoint was committed (durability \"exit\" writes only when a run ends, "
-            "\"async\" in the background). Call durable_invoke(graph, input, config) with the "
-            "run's input to start it again"
-        )
-    return input
-
-
-def durable_invoke(graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any) -> Any:
-    """``graph.invoke`` for one turn, safe to call again with the same arguments after a crash.
-
-    If the thread's latest checkpoint has tasks (the process died mid-run, or a
-    node raised), the run continues from it and ``input`` is not applied again (pass
-    the input the run started with). Otherwise ``input`` starts a run: the first,
-    the next turn, or the same turn again when a crash left nothing committed.
-    ``input=None`` on a thread with no checkpoint is a ``pk.NotFoundError``
-    (LangGraph's own ``invoke(None)`` raises ``EmptyInputError``). A
-    ``Command(resume=...)`` is passed as is. ``durability`` defaults to
-    ``"sync"`` (each super-step committed before the next starts); other keyword
-    arguments go to ``graph.invoke``.
-    """
-    kwargs.setdefault("durability", "sync")
-    config = _with_channels(graph, config)
-    return graph.invoke(_turn_input(graph.get_state(config), input, config), config, **kwargs)
-
-
-async def adurable_invoke(
-    graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig, **kwargs: Any
-) -> Any:
-    """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
-    kwargs.setdefault("durability", "sync")
-    config = _with_channels(graph, config)
-    state = await graph.aget_state(config)
-    return await graph.ainvoke(_turn_input(state, input, config), config, **kwargs)

@@ -378,7 +378,7 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
         try:
             cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns, **check)
         except pk.ConflictError as exc:
-            raise _lost_race(thread_id, ns, checkpoint["id"], meta["langgraph_parent"], exc) from exc
+            raise _lost_race(thread_id, ns, checkpoint["id"], config["configurable"].get("checkpoint_id"), exc) from exc
         self._remember(cp)
         if cp.parent_id is None:  # first checkpoint of this namespace: register it
             yield from self._update(thread_id, {"ns:" + ns: True}, _REG)

@@ -19,8 +19,6 @@ message). What ``pk.resume`` gives a block, a turn gets here:
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,14 +30,18 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command, StateSnapshot
 
 import persistkit as pk
+from persistkit._io import Plan, run_async, run_sync
 from persistkit.coordination import (
     DEFAULT_BUSY,
     DEFAULT_BUSY_TIMEOUT,
     DEFAULT_TTL,
+    Lease,
     check_options,
     fenced,
 )
+from persistkit.coordination._drive import AsyncHeartbeat, Heartbeat
 from persistkit.coordination._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
+from persistkit.coordination._lease import acquire, step_aside, unfinished_error
 
 from ._migrate import CHANNELS_KEY
 
@@ -49,6 +51,8 @@ __all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
 #: ``graph.get_state(config).metadata`` shows it; the saver indexes it as ``langgraph_run``).
 RUN_KEY = "persistkit_run_id"
 _CP = "lg:c:"  # the saver's checkpoint namespaces (see the package docstring)
+#: What the lease is reserved for while a crashed turn that had no run_id keeps its place.
+_NO_RUN_ID = "(a turn without run_id)"
 
 
 def _ids(config: RunnableConfig) -> tuple[str, str]:
@@ -115,7 +119,8 @@ def _crashed(state: StateSnapshot) -> bool:
 
 
 def _decide(state: StateSnapshot, input: Any, run_id: str | None, config: RunnableConfig) -> _Step:
-    head_run = (state.metadata or {}).get(RUN_KEY) if state.config.get("configurable", {}).get("checkpoint_id") else None
+    found = (state.metadata or {}).get(RUN_KEY) if state.config.get("configurable", {}).get("checkpoint_id") else None
+    head_run = found if isinstance(found, str) else None  # the turn that wrote the latest checkpoint
     if run_id is None:
         # No identity: continue whatever stopped mid-way (keeping its identity), else start.
         inherited = head_run if state.tasks and not state.interrupts else None
@@ -143,21 +148,8 @@ def _output(graph: Pregel[Any, Any, Any, Any], state: StateSnapshot) -> Any:
     return result
 
 
-def _busy_error(thread_id: str, ns: str, crashed: str | None, policy: str, waited: float) -> pk.ThreadBusyError:
-    who = f"turn {crashed!r}" if crashed else "a turn without run_id"
-    where = f"thread {thread_id!r}{f' namespace {ns!r}' if ns else ''}"
-    why = "busy='reject'" if policy == "reject" else f"waited {waited:.1f} s (busy_timeout)"
-    return pk.ThreadBusyError(
-        f"{where}: {who} stopped mid-way (its process died) and has not been continued ({why}). "
-        "A crashed turn keeps its place, so this turn did not start on top of it. Redeliver the "
-        f"crashed turn (durable_invoke with run_id={crashed!r}), or continue it with "
-        "durable_invoke(graph, None, config) without run_id; then this turn runs",
-        thread_id=thread_id,
-    )
-
-
 class _Turn:
-    """One call of ``durable_invoke``: its options, checked, and the waiting between tries."""
+    """One call of ``durable_invoke``: its options, checked, and its hold on the thread's lease."""
 
     def __init__(
         self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
@@ -179,20 +171,54 @@ class _Turn:
         self.config = _with_channels(graph, config)
         self.run_id, self.busy, self.ttl, self.timeout = run_id, busy, float(lease_ttl), busy_timeout
         self.explicit = busy is not DEFAULT_BUSY
-        self.started = time.monotonic()
-        self.tries = 0
+        self.since = time.monotonic()
+        self.lease_ns = _CP + self.ns  # the lease of the thread's (root) checkpoint namespace
 
-    def remaining(self) -> float | None:
-        return None if self.timeout is None else max(self.timeout - (time.monotonic() - self.started), 0.0)
+    def _hold(self) -> tuple[Any, str, str, str | None, bool, float, float | None, None, str | None]:
+        assert self.saver is not None
+        return (self.saver.store, self.thread_id, self.lease_ns, self.busy, self.explicit, self.ttl, self.timeout,
+                None, self.run_id)
 
-    def pause(self, crashed: str | None) -> float:
-        """Seconds to wait before trying again, or ``ThreadBusyError`` when the wait is over."""
-        remaining = self.remaining()
-        if self.busy == "reject" or remaining == 0.0:
-            raise _busy_error(self.thread_id, self.ns, crashed, str(self.busy), time.monotonic() - self.started)
-        self.tries += 1
-        delay = min(0.05 * 2 ** min(self.tries, 5), 1.0) * (0.5 + random.random())
-        return delay if remaining is None else min(delay, remaining)
+    def _again(self, holding: Holding, crashed: str) -> tuple[Any, Plan[None], Plan[Lease] | None]:
+        """Plans giving the lease up reserved for the crashed turn (``busy="queue"``: keeping
+        this turn's place at the front) and taking it again once that turn was continued."""
+        assert self.saver is not None and self.busy is not None
+        lease = holding.lease
+        aside = step_aside(lease, crashed, self.busy)
+        if self.busy == "reject":
+            return self.saver.store.backend, aside, None
+        me = (lease.owner, lease.probe)
+        again = acquire(self.thread_id, self.lease_ns, self.busy, self.ttl, self.timeout, self.run_id, me=me, since=self.since)
+        return self.saver.store.backend, aside, again
+
+    def hold_sync(self) -> Holding | None:
+        return hold_sync(*self._hold()) if self.saver is not None else None
+
+    async def hold_async(self) -> Holding | None:
+        return await hold_async(*self._hold()) if self.saver is not None else None
+
+    def wait_sync(self, holding: Holding | None, crashed: str | None) -> Holding:
+        """Wait, off the lease, until the crashed turn was continued; the lease again."""
+        if holding is None or holding.beat is None:  # no lease: nothing to wait on
+            raise self.refused(crashed, "durable_invoke(busy=None) takes no lease, so it cannot wait for it")
+        holding.beat.stop()
+        backend, aside, again = self._again(holding, self.label(crashed))
+        run_sync(backend, aside)
+        if again is None:
+            raise self.refused(crashed, "busy='reject'")
+        lease = run_sync(backend, again)
+        return Holding(lease, Heartbeat(backend, lease))
+
+    async def wait_async(self, holding: Holding | None, crashed: str | None) -> Holding:
+        if holding is None or holding.beat is None:
+            raise self.refused(crashed, "durable_invoke(busy=None) takes no lease, so it cannot wait for it")
+        await holding.beat.stop()
+        backend, aside, again = self._again(holding, self.label(crashed))
+        await run_async(backend, aside)
+        if again is None:
+            raise self.refused(crashed, "busy='reject'")
+        lease = await run_async(backend, again)
+        return Holding(lease, AsyncHeartbeat(backend, lease))
 
     def earlier(self, graph: Pregel[Any, Any, Any, Any]) -> RunnableConfig | None:
         """The config of this turn's last checkpoint further back in the thread, if any."""
@@ -216,11 +242,21 @@ class _Turn:
     def _query(self) -> dict[str, Any]:
         # The saver copies the turn's id into persistkit's metadata (``langgraph_run``): the
         # history is scanned newest first without decoding LangGraph's checkpoints.
-        return {"namespace": _CP + self.ns, "limit": 1, "metadata": {"langgraph_run": self.run_id}}
+        return {"namespace": self.lease_ns, "limit": 1, "metadata": {"langgraph_run": self.run_id}}
 
     def _at(self, checkpoint_id: str) -> RunnableConfig:
         return {**self.config, "configurable": {**self.config["configurable"], "checkpoint_id": checkpoint_id}}
 
+    @staticmethod
+    def label(crashed: str | None) -> str:
+        # A crashed turn started without run_id is continued by a durable_invoke without one.
+        return crashed if crashed is not None else _NO_RUN_ID
+
+    def refused(self, crashed: str | None, why: str) -> pk.ThreadBusyError:
+        return unfinished_error(
+            self.thread_id, self.label(crashed),
+            f"In LangGraph: durable_invoke(graph, None, config, run_id={crashed!r}) continues it ({why})",
+        )
 
 @contextmanager
 def _fencing(holding: Holding | None) -> Iterator[None]:
@@ -263,13 +299,9 @@ def durable_invoke(
     """
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
-    while True:
-        holding = None
-        if turn.saver is not None:
-            holding = hold_sync(
-                turn.saver.store, turn.thread_id, _CP + turn.ns, busy, turn.explicit, turn.ttl, turn.remaining(), None
-            )
-        try:
+    holding = turn.hold_sync()
+    try:
+        while True:
             with _fencing(holding):
                 step = _decide(graph.get_state(turn.config), input, run_id, turn.config)
                 if step.kind == "lookup":
@@ -282,10 +314,11 @@ def durable_invoke(
                     return _output(graph, step.state)
                 if step.kind == "run":
                     return graph.invoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
-        finally:
-            if turn.saver is not None:
-                let_go_sync(turn.saver.store, holding)
-        time.sleep(turn.pause(step.run_id))  # "wait": a crashed turn goes first
+            waiting, holding = holding, None  # "wait": a crashed turn goes first
+            holding = turn.wait_sync(waiting, step.run_id)
+    finally:
+        if turn.saver is not None:
+            let_go_sync(turn.saver.store, holding)
 
 
 async def adurable_invoke(
@@ -302,13 +335,9 @@ async def adurable_invoke(
     """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
-    while True:
-        holding = None
-        if turn.saver is not None:
-            holding = await hold_async(
-                turn.saver.store, turn.thread_id, _CP + turn.ns, busy, turn.explicit, turn.ttl, turn.remaining(), None
-            )
-        try:
+    holding = await turn.hold_async()
+    try:
+        while True:
             with _fencing(holding):
                 step = _decide(await graph.aget_state(turn.config), input, run_id, turn.config)
                 if step.kind == "lookup":
@@ -321,7 +350,8 @@ async def adurable_invoke(
                     return _output(graph, step.state)
                 if step.kind == "run":
                     return await graph.ainvoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
-        finally:
-            if turn.saver is not None:
-                await let_go_async(turn.saver.store, holding)
-        await asyncio.sleep(turn.pause(step.run_id))
+            waiting, holding = holding, None
+            holding = await turn.wait_async(waiting, step.run_id)
+    finally:
+        if turn.saver is not None:
+            await let_go_async(turn.saver.store, holding)

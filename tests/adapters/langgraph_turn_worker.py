@@ -95,7 +95,7 @@ def main() -> None:
             else:
                 out = durable_invoke(graph, event, config, run_id=RUN, **options)
         except pk.PersistkitError as exc:
-            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc), "unfinished_run": getattr(exc, "unfinished_run", None)}))
             return
     print(json.dumps({"ok": out}))
 

@@ -138,12 +138,15 @@ def test_a_worker_killed_mid_turn_keeps_its_place_while_the_next_turn_waits(pg: 
     a.communicate(timeout=60)
     assert a.returncode == -9  # died at the start of act, think committed
     time.sleep(1.0)  # B takes the dead holder's lease, finds A crashed, and waits for it
-    assert b.poll() is None, b.communicate()
+    c = start(pg, thread, "C", tmp_path, mode, "timeout=50")  # the thread's next event queues behind B
+    time.sleep(1.0)
+    assert b.poll() is None and c.poll() is None, (b.communicate(), c.communicate())
     redelivered = finish(start(pg, thread, "A", tmp_path, mode))  # the queue redelivers A
     assert redelivered["ok"]["messages"] == [f"A:{n}" for n in NODES]
     assert finish(b)["ok"]["messages"][-1] == "B:reply"
-    assert turns(messages(pg, thread)) == ["A", "B"]
-    ran_once(tmp_path, "A", "B")  # think ran once: the redelivery continued after it
+    assert finish(c)["ok"]["messages"][-1] == "C:reply"
+    assert turns(messages(pg, thread)) == ["A", "B", "C"]  # arrival order, the crashed turn first
+    ran_once(tmp_path, "A", "B", "C")  # think ran once: the redelivery continued after it
 
 
 @pytest.mark.slow
@@ -155,7 +158,7 @@ def test_a_crashed_turn_makes_reject_and_timeout_raise_thread_busy(pg: str, tmp_
     for options in (("busy=reject",), ("busy=wait", "timeout=0.5"), ("timeout=0.5",)):
         out = finish(start(pg, thread, "B", tmp_path, "sync", *options))
         assert out["error"] == "ThreadBusyError", out
-        assert "turn 'A' stopped mid-way" in out["message"]
+        assert out["unfinished_run"] == "A", out
     # durable_invoke without run_id continues the crashed turn (keeping its identity) ...
     with PersistkitSaver.from_url(pg) as saver:
         graph = _worker_graph(saver)

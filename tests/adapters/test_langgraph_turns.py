@@ -250,3 +250,27 @@ def test_bad_options_are_configuration_errors(pg: str) -> None:
                 durable_invoke(graph, {"messages": ["A:user"]}, config, **kwargs)
         with pytest.raises(pk.ConfigurationError, match="thread_id"):
             durable_invoke(graph, {"messages": ["A:user"]}, {"configurable": {}})
+
+
+def test_a_replaced_holder_writes_nothing(pg: str) -> None:
+    """The saver's checkpoint writes inside durable_invoke carry the lease's fencing token:
+    once another holder took the thread over, the old holder's next write is refused."""
+    thread = uid("lg")
+    with PersistkitSaver.from_url(pg) as saver:
+        backend = saver.store.backend
+        builder: StateGraph[Any] = StateGraph(Chat)
+
+        def think(state: Chat) -> dict[str, Any]:  # meanwhile the lease is taken over
+            rec = backend.lease_get(thread, "lg:c:")
+            assert rec is not None
+            thief = json.dumps({"o": "thief", "e": time.time() + 3600, "p": None, "q": []}).encode()
+            assert backend.lease_swap(thread, "lg:c:", rec.version, rec.token + 1, thief)
+            return {"messages": ["A:think"]}
+
+        builder.add_node("think", think)
+        builder.add_edge(START, "think")
+        builder.add_edge("think", END)
+        graph = builder.compile(checkpointer=saver)
+        with pytest.raises(pk.LeaseLostError):
+            durable_invoke(graph, {"messages": ["A:user"]}, {"configurable": {"thread_id": thread}}, run_id="A")
+        assert messages(pg, thread) == ["A:user"]  # think's checkpoint was refused

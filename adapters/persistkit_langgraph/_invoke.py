@@ -44,12 +44,10 @@ from persistkit.coordination._hooks import Holding, hold_async, hold_sync, let_g
 from persistkit.coordination._lease import acquire, step_aside, unfinished_error
 
 from ._migrate import CHANNELS_KEY
+from ._saver import RUN_KEY, PersistkitSaver
 
 __all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
 
-#: The checkpoint metadata key holding the turn's ``run_id`` (LangGraph's metadata, so
-#: ``graph.get_state(config).metadata`` shows it; the saver indexes it as ``langgraph_run``).
-RUN_KEY = "persistkit_run_id"
 _CP = "lg:c:"  # the saver's checkpoint namespaces (see the package docstring)
 #: What the lease is reserved for while a crashed turn that had no run_id keeps its place.
 _NO_RUN_ID = "(a turn without run_id)"
@@ -155,8 +153,6 @@ class _Turn:
         self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
         busy: str | None, lease_ttl: float, busy_timeout: float | None,
     ) -> None:
-        from . import PersistkitSaver  # the package imports this module
-
         check_options(busy, lease_ttl, busy_timeout)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise pk.ConfigurationError(f"run_id={run_id!r}: give the turn's event id as a non-empty str")

@@ -23,6 +23,7 @@ from ._errors import (
     PersistkitError,
     StoreClosedError,
 )
+from ._heads import ANY_HEAD, AnyHead, check_head
 from ._ids import is_checkpoint_id
 from ._io import Call, Plan, call, call_async, call_sync, checked, run_async, run_sync
 from ._records import Checkpoint, Record
@@ -30,7 +31,7 @@ from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
-from .coordination._fence import fence_for
+from .coordination._fence import write_call
 from .wrappers import stack
 
 if TYPE_CHECKING:
@@ -90,16 +91,6 @@ def _check_limit(limit: object) -> int | None:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigurationError(f"limit must be a positive int or None, got {limit!r}")
     return limit
-
-
-class _AnyHead:
-    """``update_state(expected_head=...)``'s default: write on top of whatever the head is."""
-
-    def __repr__(self) -> str:
-        return "ANY_HEAD"
-
-
-ANY_HEAD = _AnyHead()
 
 
 class Store:
@@ -327,13 +318,7 @@ class Store:
         where = (thread_id, namespace, parent.id if parent else None, None)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
         try:
-            lease = fence_for(thread_id, namespace)
-            if lease is None:
-                yield call("write", row, diff.blobs, expected)
-            else:  # written inside a block holding the thread's lease (see coordination.fenced)
-                if lease.lost is not None:
-                    raise lease.lost
-                yield call("write_fenced", row, diff.blobs, expected, lease.token)
+            yield write_call(thread_id, namespace, row, diff.blobs, expected)  # fenced under coordination.fenced
         except ConflictError as exc:
             if body["k"] == "fork":
                 what = (
@@ -393,18 +378,10 @@ class Store:
         changes: Mapping[str, Any],
         spec: StateSpec,
         namespace: str,
-        metadata: Mapping[str, Any] | None,
-        expected_head: str | _AnyHead | None = ANY_HEAD,
+        metadata: Mapping[str, Any] | None, expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Plan[Checkpoint]:
         head: Head | None = yield call("head", thread_id, namespace)
-        if not isinstance(expected_head, _AnyHead) and (head.checkpoint_id if head else None) != expected_head:
-            found = head.checkpoint_id if head else None
-            raise ConflictError(
-                f"thread {thread_id!r}{f' namespace {namespace!r}' if namespace else ''}: update_state "
-                f"wrote nothing: expected_head={expected_head!r} but the head is {found!r} (another "
-                "writer moved it). Read the new head and apply the changes to it",
-                thread_id=thread_id, namespace=namespace, found=head.version if head else 0, found_checkpoint=found,
-            )
+        check_head(thread_id, namespace, head, expected_head)
         tracker = Tracker(self.codec)
         if head is None:
             rec, state = None, spec.empty()
@@ -498,15 +475,11 @@ class Store:
         *,
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        namespace: str = "",
-        expected_head: str | _AnyHead | None = ANY_HEAD,
+        namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Checkpoint:
         """Edit a thread's state outside a run: ``changes`` go through the reducers and are
-        written as a new head checkpoint (compare-and-swap like any write).
-
-        ``expected_head``: the checkpoint id the changes were computed against; unless the
-        head is still that checkpoint (``None``: unless the thread has no checkpoint yet),
-        nothing is written and ``ConflictError`` is raised (optimistic concurrency)."""
+        written as a new head checkpoint (compare-and-swap like any write); with ``expected_head``
+        only if the head is still that checkpoint id (None: no head yet), else ``ConflictError``."""
         check_thread_id(thread_id)
         result: Checkpoint = self.run_sync(
             self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
@@ -686,8 +659,7 @@ class Store:
         *,
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        namespace: str = "",
-        expected_head: str | _AnyHead | None = ANY_HEAD,
+        namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Checkpoint:
         check_thread_id(thread_id)
         result: Checkpoint = await self.run_async(
@@ -708,7 +680,6 @@ class Store:
 
 
 _MISSING = object()
-
 
 
 def _fresh_id(thread_id: str) -> str:

@@ -19,9 +19,7 @@ message). What ``pk.resume`` gives a block, a turn gets here:
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,18 +28,6 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command, StateSnapshot
 
 import persistkit as pk
-from persistkit._io import Plan, run_async, run_sync
-from persistkit.coordination import (
-    DEFAULT_BUSY,
-    DEFAULT_BUSY_TIMEOUT,
-    DEFAULT_TTL,
-    Lease,
-    check_options,
-    fenced,
-)
-from persistkit.coordination._drive import AsyncHeartbeat, Heartbeat
-from persistkit.coordination._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
-from persistkit.coordination._lease import acquire, step_aside, unfinished_error
 
 from ._migrate import CHANNELS_KEY
 from ._saver import RUN_KEY, PersistkitSaver
@@ -51,6 +37,9 @@ __all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
 _CP = "lg:c:"  # the saver's checkpoint namespaces (see the package docstring)
 #: What the lease is reserved for while a crashed turn that had no run_id keeps its place.
 _NO_RUN_ID = "(a turn without run_id)"
+_HOW = "In LangGraph, durable_invoke(graph, None, config) with that run_id (or none) continues it"
+_DEFAULT_BUSY = pk.ThreadLease.DEFAULT_BUSY  # "queue", asked of a store only if it has leases
+_DEFAULT_TTL, _DEFAULT_TIMEOUT = 30.0, 300.0  # pk.resume's lease_ttl and busy_timeout
 
 
 def _ids(config: RunnableConfig) -> tuple[str, str]:
@@ -147,74 +136,46 @@ def _output(graph: Pregel[Any, Any, Any, Any], state: StateSnapshot) -> Any:
 
 
 class _Turn:
-    """One call of ``durable_invoke``: its options, checked, and its hold on the thread's lease."""
+    """One call of ``durable_invoke``: its options, checked, and its lease (``pk.ThreadLease``
+    on the thread's root checkpoint namespace, the same record ``pk.resume`` would take)."""
 
     def __init__(
         self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
         busy: str | None, lease_ttl: float, busy_timeout: float | None,
     ) -> None:
-        check_options(busy, lease_ttl, busy_timeout)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise pk.ConfigurationError(f"run_id={run_id!r}: give the turn's event id as a non-empty str")
         self.thread_id, self.ns = _ids(config)
         saver = graph.checkpointer
         self.saver = saver if isinstance(saver, PersistkitSaver) else None
-        if self.saver is None and busy is not DEFAULT_BUSY and busy is not None:
+        self.config = _with_channels(graph, config)
+        self.run_id = run_id
+        self.lease_ns = _CP + self.ns
+        pk.ThreadLease.check_options(busy, lease_ttl, busy_timeout)
+        self.lease: pk.ThreadLease | None = None
+        if self.saver is not None:
+            self.lease = pk.ThreadLease(
+                self.saver.store, self.thread_id, self.lease_ns, run_id=run_id, busy=busy,
+                lease_ttl=lease_ttl, busy_timeout=busy_timeout,
+            )
+        elif busy is not _DEFAULT_BUSY and busy is not None:
             raise pk.ConfigurationError(
                 f"busy={busy!r} needs the graph compiled with checkpointer=PersistkitSaver(...): the "
                 f"lease lives in the persistkit store (this graph's checkpointer is {type(saver).__name__})"
             )
-        self.config = _with_channels(graph, config)
-        self.run_id, self.busy, self.ttl, self.timeout = run_id, busy, float(lease_ttl), busy_timeout
-        self.explicit = busy is not DEFAULT_BUSY
-        self.since = time.monotonic()
-        self.lease_ns = _CP + self.ns  # the lease of the thread's (root) checkpoint namespace
 
-    def _hold(self) -> tuple[Any, str, str, str | None, bool, float, float | None, None, str | None]:
-        assert self.saver is not None
-        return (self.saver.store, self.thread_id, self.lease_ns, self.busy, self.explicit, self.ttl, self.timeout,
-                None, self.run_id)
+    def crashed(self, crashed: str | None) -> str:
+        # A crashed turn started without run_id is continued by a durable_invoke without one.
+        return crashed if crashed is not None else _NO_RUN_ID
 
-    def _again(self, holding: Holding, crashed: str) -> tuple[Any, Plan[None], Plan[Lease] | None]:
-        """Plans giving the lease up reserved for the crashed turn (``busy="queue"``: keeping
-        this turn's place at the front) and taking it again once that turn was continued."""
-        assert self.saver is not None and self.busy is not None
-        lease = holding.lease
-        aside = step_aside(lease, crashed, self.busy)
-        if self.busy == "reject":
-            return self.saver.store.backend, aside, None
-        me = (lease.owner, lease.probe)
-        again = acquire(self.thread_id, self.lease_ns, self.busy, self.ttl, self.timeout, self.run_id, me=me, since=self.since)
-        return self.saver.store.backend, aside, again
-
-    def hold_sync(self) -> Holding | None:
-        return hold_sync(*self._hold()) if self.saver is not None else None
-
-    async def hold_async(self) -> Holding | None:
-        return await hold_async(*self._hold()) if self.saver is not None else None
-
-    def wait_sync(self, holding: Holding | None, crashed: str | None) -> Holding:
-        """Wait, off the lease, until the crashed turn was continued; the lease again."""
-        if holding is None or holding.beat is None:  # no lease: nothing to wait on
-            raise self.refused(crashed, "durable_invoke(busy=None) takes no lease, so it cannot wait for it")
-        holding.beat.stop()
-        backend, aside, again = self._again(holding, self.label(crashed))
-        run_sync(backend, aside)
-        if again is None:
-            raise self.refused(crashed, "busy='reject'")
-        lease = run_sync(backend, again)
-        return Holding(lease, Heartbeat(backend, lease))
-
-    async def wait_async(self, holding: Holding | None, crashed: str | None) -> Holding:
-        if holding is None or holding.beat is None:
-            raise self.refused(crashed, "durable_invoke(busy=None) takes no lease, so it cannot wait for it")
-        await holding.beat.stop()
-        backend, aside, again = self._again(holding, self.label(crashed))
-        await run_async(backend, aside)
-        if again is None:
-            raise self.refused(crashed, "busy='reject'")
-        lease = await run_async(backend, again)
-        return Holding(lease, AsyncHeartbeat(backend, lease))
+    def no_lease(self, crashed: str | None) -> pk.ThreadBusyError:
+        return pk.ThreadBusyError(
+            f"LangGraph thread {self.thread_id!r}: its latest turn {self.crashed(crashed)} stopped mid-way (its "
+            "process died), and this turn takes no lease (busy=None, or a checkpointer other than "
+            "PersistkitSaver), so it cannot wait for it. Continue it first: "
+            f"durable_invoke(graph, None, config, run_id={crashed!r})",
+            thread_id=self.thread_id, unfinished_run=self.crashed(crashed),
+        )
 
     def earlier(self, graph: Pregel[Any, Any, Any, Any]) -> RunnableConfig | None:
         """The config of this turn's last checkpoint further back in the thread, if any."""
@@ -243,25 +204,6 @@ class _Turn:
     def _at(self, checkpoint_id: str) -> RunnableConfig:
         return {**self.config, "configurable": {**self.config["configurable"], "checkpoint_id": checkpoint_id}}
 
-    @staticmethod
-    def label(crashed: str | None) -> str:
-        # A crashed turn started without run_id is continued by a durable_invoke without one.
-        return crashed if crashed is not None else _NO_RUN_ID
-
-    def refused(self, crashed: str | None, why: str) -> pk.ThreadBusyError:
-        return unfinished_error(
-            self.thread_id, self.label(crashed),
-            f"In LangGraph: durable_invoke(graph, None, config, run_id={crashed!r}) continues it ({why})",
-        )
-
-@contextmanager
-def _fencing(holding: Holding | None) -> Iterator[None]:
-    if holding is None:
-        yield
-    else:
-        with fenced(holding.lease):
-            yield
-
 
 def durable_invoke(
     graph: Pregel[Any, Any, Any, Any],
@@ -269,9 +211,9 @@ def durable_invoke(
     config: RunnableConfig,
     *,
     run_id: str | None = None,
-    busy: str | None = DEFAULT_BUSY,
-    lease_ttl: float = DEFAULT_TTL,
-    busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
+    busy: str | None = _DEFAULT_BUSY,
+    lease_ttl: float = _DEFAULT_TTL,
+    busy_timeout: float | None = _DEFAULT_TIMEOUT,
     **kwargs: Any,
 ) -> Any:
     """``graph.invoke`` for one turn of a thread, safe to call again with the same arguments.
@@ -295,10 +237,12 @@ def durable_invoke(
     """
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
-    holding = turn.hold_sync()
+    lease = turn.lease
+    if lease is not None:
+        lease.acquire()
     try:
         while True:
-            with _fencing(holding):
+            with lease.fenced() if lease is not None else nullcontext():
                 step = _decide(graph.get_state(turn.config), input, run_id, turn.config)
                 if step.kind == "lookup":
                     earlier = turn.earlier(graph)
@@ -310,11 +254,12 @@ def durable_invoke(
                     return _output(graph, step.state)
                 if step.kind == "run":
                     return graph.invoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
-            waiting, holding = holding, None  # "wait": a crashed turn goes first
-            holding = turn.wait_sync(waiting, step.run_id)
+            if lease is None or not lease.held:  # "wait": a crashed turn goes first
+                raise turn.no_lease(step.run_id)
+            lease.wait_for(turn.crashed(step.run_id), _HOW)
     finally:
-        if turn.saver is not None:
-            let_go_sync(turn.saver.store, holding)
+        if lease is not None:
+            lease.release()
 
 
 async def adurable_invoke(
@@ -323,18 +268,20 @@ async def adurable_invoke(
     config: RunnableConfig,
     *,
     run_id: str | None = None,
-    busy: str | None = DEFAULT_BUSY,
-    lease_ttl: float = DEFAULT_TTL,
-    busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
+    busy: str | None = _DEFAULT_BUSY,
+    lease_ttl: float = _DEFAULT_TTL,
+    busy_timeout: float | None = _DEFAULT_TIMEOUT,
     **kwargs: Any,
 ) -> Any:
     """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
-    holding = await turn.hold_async()
+    lease = turn.lease
+    if lease is not None:
+        await lease.aacquire()
     try:
         while True:
-            with _fencing(holding):
+            with lease.fenced() if lease is not None else nullcontext():
                 step = _decide(await graph.aget_state(turn.config), input, run_id, turn.config)
                 if step.kind == "lookup":
                     earlier = await turn.aearlier(graph)
@@ -346,8 +293,9 @@ async def adurable_invoke(
                     return _output(graph, step.state)
                 if step.kind == "run":
                     return await graph.ainvoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
-            waiting, holding = holding, None
-            holding = await turn.wait_async(waiting, step.run_id)
+            if lease is None or not lease.held:
+                raise turn.no_lease(step.run_id)
+            await lease.await_for(turn.crashed(step.run_id), _HOW)
     finally:
-        if turn.saver is not None:
-            await let_go_async(turn.saver.store, holding)
+        if lease is not None:
+            await lease.arelease()

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
+from .._io import Call, call
 from ._lease import Lease
 
-__all__ = ["fence_for", "fenced"]
+__all__ = ["fence_for", "fenced", "write_call"]
 
 _FENCES: ContextVar[tuple[Lease, ...]] = ContextVar("persistkit_fences", default=())
 
@@ -34,3 +36,15 @@ def fence_for(thread_id: str, namespace: str) -> Lease | None:
         if lease.thread_id == thread_id and lease.namespace == namespace:
             return lease
     return None
+
+
+def write_call(thread_id: str, namespace: str, *args: Any) -> Call:
+    """The store request writing ``args`` (row, blobs, expected version) to ``(thread_id,
+    namespace)``: ``write_fenced`` with the token of the lease fencing it in this context (its
+    ``LeaseLostError`` if the heartbeat found it taken over), else a plain ``write``."""
+    lease = fence_for(thread_id, namespace)
+    if lease is None:
+        return call("write", *args)
+    if lease.lost is not None:
+        raise lease.lost
+    return call("write_fenced", *args, lease.token)

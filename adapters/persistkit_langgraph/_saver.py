@@ -278,8 +278,11 @@ class PersistkitSaver(BaseCheckpointSaver[str]):
     def _remember(self, cp: pk.Checkpoint) -> None:
         known = self._pk_ids
         known[cp.metadata["langgraph_id"]] = cp.checkpoint_id
-        while len(known) > _KNOWN_IDS:
-            known.pop(next(iter(known)))
+        while len(known) > _KNOWN_IDS:  # forget the oldest (tasks of one graph share the saver)
+            try:
+                known.pop(next(iter(known)), None)
+            except (RuntimeError, StopIteration):  # another thread changed it meanwhile
+                break
 
     def _expected_head(self, thread_id: str, ns: str, config: RunnableConfig) -> Plan[Any]:
         """What a put must find at the head of its namespace: the persistkit checkpoint of its

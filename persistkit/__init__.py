@@ -42,6 +42,7 @@ from ._store import Store, connect, default_store
 if _TYPE_CHECKING:
     from ._model import State
     from .coordination import LeaseInfo
+    from .coordination._thread_lease import ThreadLease
     from .wrappers._encryption import RotationReport
     from .wrappers._verify import IntegrityProblem, IntegrityReport
     from .wrappers._witness import FileWitness, Witness, WitnessEntry
@@ -83,6 +84,7 @@ __all__ = [
     "StoreClosedError",
     "StoreOptionsError",
     "ThreadBusyError",
+    "ThreadLease",
     "TrackedList",
     "Witness",
     "WitnessEntry",
@@ -115,6 +117,7 @@ _LAZY = {
     "Witness": ".wrappers._witness",
     "WitnessEntry": ".wrappers._witness",
     "LeaseInfo": ".coordination",
+    "ThreadLease": ".coordination._thread_lease",
 }
 
 

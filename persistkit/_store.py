@@ -23,6 +23,7 @@ from ._errors import (
     PersistkitError,
     StoreClosedError,
 )
+from ._heads import ANY_HEAD, AnyHead, check_head
 from ._ids import is_checkpoint_id
 from ._io import Call, Plan, call, call_async, call_sync, checked, run_async, run_sync
 from ._records import Checkpoint, Record
@@ -30,6 +31,7 @@ from ._secrets import Redactor, Vault, scrub
 from ._serde import Serializer
 from ._state import StateSpec
 from .backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
+from .coordination._fence import write_call
 from .wrappers import stack
 
 if TYPE_CHECKING:
@@ -316,7 +318,7 @@ class Store:
         where = (thread_id, namespace, parent.id if parent else None, None)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
         try:
-            yield call("write", row, diff.blobs, expected)
+            yield write_call(thread_id, namespace, row, diff.blobs, expected)  # fenced under coordination.fenced
         except ConflictError as exc:
             if body["k"] == "fork":
                 what = (
@@ -376,9 +378,10 @@ class Store:
         changes: Mapping[str, Any],
         spec: StateSpec,
         namespace: str,
-        metadata: Mapping[str, Any] | None,
+        metadata: Mapping[str, Any] | None, expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Plan[Checkpoint]:
         head: Head | None = yield call("head", thread_id, namespace)
+        check_head(thread_id, namespace, head, expected_head)
         tracker = Tracker(self.codec)
         if head is None:
             rec, state = None, spec.empty()
@@ -472,13 +475,14 @@ class Store:
         *,
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        namespace: str = "",
+        namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Checkpoint:
         """Edit a thread's state outside a run: ``changes`` go through the reducers and are
-        written as a new head checkpoint (compare-and-swap like any write)."""
+        written as a new head checkpoint (compare-and-swap like any write); with ``expected_head``
+        only if the head is still that checkpoint id (None: no head yet), else ``ConflictError``."""
         check_thread_id(thread_id)
         result: Checkpoint = self.run_sync(
-            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata)
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
         )
         return result
 
@@ -655,11 +659,11 @@ class Store:
         *,
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        namespace: str = "",
+        namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Checkpoint:
         check_thread_id(thread_id)
         result: Checkpoint = await self.run_async(
-            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata)
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
         )
         return result
 

@@ -10,7 +10,6 @@ from agents.exceptions import AgentsException
 from agents.memory import Session
 
 import persistkit as pk
-from persistkit.coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL
 
 from ._digest import _CHECK_INPUT
 from ._durable import _durable_config, _Thunk, durable
@@ -18,6 +17,23 @@ from ._session import PersistkitSession, _session_settings
 
 #: State channel of a durable run's thread holding the RunState of a run awaiting approval.
 RUN_STATE_CHANNEL = "openai_agents_run_state"
+
+
+class _Default:
+    """An option not given: ``pk.resume``'s own default applies (``busy="queue"``,
+    ``lease_ttl=30``, ``busy_timeout=300``; a store without leases runs without one)."""
+
+    def __repr__(self) -> str:
+        return "<pk.resume's default>"
+
+
+_DEFAULT: Any = _Default()
+
+
+def _lease_options(busy: str | None, lease_ttl: float, busy_timeout: float | None) -> dict[str, Any]:
+    """The busy-policy options given, for ``pk.resume`` (an option not given is left to it)."""
+    given = {"busy": busy, "lease_ttl": lease_ttl, "busy_timeout": busy_timeout}
+    return {name: value for name, value in given.items() if value is not _DEFAULT}
 
 
 @pk.checkpointed(name="openai-agents.session.read", check_args=False)
@@ -79,9 +95,9 @@ async def durable_run(
     thread_id: str,
     store: pk.Store | None = None,
     run_id: str | None = None,
-    busy: str | None = DEFAULT_BUSY,
-    lease_ttl: float = DEFAULT_TTL,
-    busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
+    busy: str | None = _DEFAULT,
+    lease_ttl: float = _DEFAULT,
+    busy_timeout: float | None = _DEFAULT,
     run_config: RunConfig | None = None,
     check_input: bool = True,
     **kwargs: Any,
@@ -116,7 +132,7 @@ async def durable_run(
     token = _CHECK_INPUT.set(check_input)
     try:
         async with pk.resume(
-            thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
+            thread_id, store=store, run_id=run_id, **_lease_options(busy, lease_ttl, busy_timeout)
         ) as run:
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)
@@ -136,15 +152,16 @@ async def durable_run(
 def _persistkit_cause(exc: AgentsException) -> pk.PersistkitError | None:
     """The persistkit error inside the SDK's wrapper of a tool's error, raised as itself; or None.
 
-    ``pk.SecretResolutionError``: a tool refused before it ran (a secret handle nothing
-    resolves), raised as the docs promise. ``pk.RetryableError`` (the turn lost its lease
-    at a tool's commit, the store was unavailable): a queue retries on its class, which
-    the SDK's ``UserError`` would hide."""
+    The SDK wraps whatever a tool raises in its ``UserError``; a durable tool's step
+    raises persistkit's own errors, which callers catch by class: a tool refused before
+    it ran (``pk.SecretResolutionError``, as the docs promise), a turn that lost its
+    lease or its store (``pk.RetryableError``: a queue retries on it), a run the
+    thread moved past (``pk.ConflictError``)."""
     cause: BaseException | None = exc.__cause__
     for _ in range(4):  # a short chain: the SDK wraps once or twice
         if cause is None:
             return None
-        if isinstance(cause, pk.SecretResolutionError | pk.RetryableError):
+        if isinstance(cause, pk.PersistkitError):
             return cause
         cause = cause.__cause__
     return None

@@ -41,6 +41,12 @@ def _revive(task: Task, data: dict[str, Any]) -> TaskOutput:
     return output
 
 
+def _recorded_calls(agent: Any, task: Task, tools: Any) -> Any:
+    """Tool calls and model calls of the task's agent as steps nested under the task's step."""
+    owner = agent or task.agent
+    return recorded_tools(tools, task.tools, getattr(owner, "tools", None), llm=getattr(owner, "llm", None))
+
+
 def _step_name(task: Task, index: int) -> str:
     return f"crewai.task[{index}]" + (f" {task.name}" if task.name else "")
 
@@ -54,7 +60,7 @@ def _sync_step(task: Task, index: int) -> Callable[..., TaskOutput]:
 
         @pk.checkpointed(name=name)
         def run_task(description: str, context: str | None) -> dict[str, Any]:
-            with recorded_tools(tools, task.tools, getattr(agent or task.agent, "tools", None)):
+            with _recorded_calls(agent, task, tools):
                 live.append(original(agent=agent, context=context, tools=tools))
             return live[0].model_dump(mode="json")
 
@@ -76,7 +82,7 @@ def _async_step(task: Task, index: int) -> Callable[..., Coroutine[Any, Any, Tas
 
         @pk.checkpointed(name=name)
         async def run_task(description: str, context: str | None) -> dict[str, Any]:
-            with recorded_tools(tools, task.tools, getattr(agent or task.agent, "tools", None)):
+            with _recorded_calls(agent, task, tools):
                 live.append(await original(agent=agent, context=context, tools=tools))
             return live[0].model_dump(mode="json")
 

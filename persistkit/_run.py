@@ -42,6 +42,7 @@ from ._records import Record
 from ._state import StateSpec, TrackedList
 from ._versions import migrations_ran
 from .backends import CheckpointRow, Head
+from .coordination._unfinished import ABANDONED, abandoned_error, check_turn
 
 if TYPE_CHECKING:
     import asyncio
@@ -169,6 +170,8 @@ class Run:
         if run_id is not None:
             rows = yield from self._rows_of(run_id)
             if rows:
+                if rows[-1].run_status == ABANDONED:
+                    raise abandoned_error(self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPLETED:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
@@ -176,6 +179,8 @@ class Run:
                     # skipped, see _conflict): replay what it recorded, run nothing.
                     self.replay_only = True
                     self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
+            elif self.lease is not None and head_rec is not None:
+                check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")

@@ -12,7 +12,9 @@ It checks the contract of ``lease_get`` / ``lease_swap`` / ``lease_list`` /
 ``write_fenced`` (see :class:`persistkit.backends.Backend`): the swap is a
 compare-and-swap on the version (one winner among racers), records survive
 ``delete_thread``, and a fenced write with a stale token writes nothing — also
-when it races the takeover, from another instance of the store.
+when it races the takeover, from another instance of the store; and, through
+``pk.resume``, that turns of one thread keep their order when one crashed
+(:mod:`persistkit.testing.turn_suite`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 
 from .._errors import ConflictError, LeaseLostError
 from ..backends import Backend, CheckpointRow, open_backend
+from .turn_suite import TurnConformance
 
 __all__ = ["LeaseConformance"]
 
@@ -36,8 +39,10 @@ def _row(thread_id: str, n: int, parent: int | None = None) -> CheckpointRow:
     return CheckpointRow(thread_id, "", f"{n:024x}", None if parent is None else f"{parent:024x}", "r", b"p%d" % n)
 
 
-class LeaseConformance:
-    """Mix into a test class that provides ``persistkit_url``."""
+class LeaseConformance(TurnConformance):
+    """Mix into a test class that provides ``persistkit_url``. Includes the turn-order
+    checks of :class:`~persistkit.testing.turn_suite.TurnConformance` (a crashed run keeps
+    its place, ``store.abandon``)."""
 
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:

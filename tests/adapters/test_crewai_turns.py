@@ -10,15 +10,23 @@ turn's checkpoints (its tasks, tool calls and model calls, its end) in order.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("crewai")
 
 from conftest import make_url, uid
+from crewai import Agent, Crew, Process, Task
+from crewai.llms.base_llm import BaseLLM
 from turn_cases import Turns, contiguous
+
+import persistkit as pk
+from persistkit_crewai import adurable_kickoff, durable_kickoff
 
 SCRIPT = Path(__file__).with_name("turns_crewai.py")
 
@@ -89,3 +97,62 @@ def test_a_worker_killed_mid_turn_while_the_next_turn_waits(turns: Turns) -> Non
     begun = turns.assert_done_once(finished("evA") | finished("evB"))
     assert {k for k, n in begun.items() if n > 1} == {"tool evA lookup"}
     assert [run for run, _ in turn_order(turns)] == ["evA", "evB"]
+
+
+# -- the busy options, in one process -------------------------------------------------------
+
+
+class Answers(BaseLLM):
+    calls: list[str] = []
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        self.calls.append("call")
+        return "Thought: done\nFinal Answer: ok"
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+
+def one_task_crew(llm: BaseLLM) -> Crew:
+    agent = Agent(role="bot", goal="answer", backstory="offline", llm=llm)
+    return Crew(agents=[agent], tasks=[Task(name="t", description="answer", expected_output="x", agent=agent)],
+                process=Process.sequential)
+
+
+@pytest.mark.parametrize("kickoff", ["sync", "async"])
+def test_busy_reject_raises_while_another_turn_holds_the_thread(kickoff: str, tmp_path: Path) -> None:
+    store, llm = pk.connect(f"sqlite:///{tmp_path}/turns.db"), Answers(model="fake", calls=[])
+    holding, done = threading.Event(), threading.Event()
+
+    def go() -> Any:
+        options: dict[str, Any] = {"thread_id": "t", "store": store, "run_id": "evA", "busy": "reject"}
+        if kickoff == "sync":
+            return durable_kickoff(one_task_crew(llm), **options)
+        return asyncio.run(adurable_kickoff(one_task_crew(llm), **options))
+
+    def other_turn() -> None:
+        with pk.resume("t", store=store, run_id="other"):
+            holding.set()
+            done.wait(30)
+
+    worker = threading.Thread(target=other_turn)
+    worker.start()
+    try:
+        assert holding.wait(30)
+        with pytest.raises(pk.ThreadBusyError) as info:
+            go()
+        assert info.value.retryable and llm.calls == []  # refused before any task ran
+    finally:
+        done.set()
+        worker.join()
+    assert go().raw == "ok" and llm.calls == ["call"]
+    store.close()
+
+
+@pytest.mark.parametrize(("option", "value"), [("busy", "sometimes"), ("lease_ttl", 0), ("busy_timeout", -1)])
+def test_a_bad_busy_option_is_a_configuration_error(option: str, value: Any, tmp_path: Path) -> None:
+    store, llm = pk.connect(f"sqlite:///{tmp_path}/turns.db"), Answers(model="fake", calls=[])
+    with pytest.raises(pk.ConfigurationError, match=option):
+        durable_kickoff(one_task_crew(llm), thread_id="t", store=store, **{option: value})
+    assert llm.calls == []
+    store.close()

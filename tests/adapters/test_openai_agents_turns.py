@@ -10,6 +10,8 @@ the thread's stored conversation is the session's items.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,10 @@ pytest.importorskip("agents", reason="openai-agents is not installed")
 
 from conftest import make_url, uid
 from turn_cases import Turns, contiguous
+from turns_openai_agents import make_agent
 
-from persistkit_openai_agents import SESSION_NAMESPACE
+import persistkit as pk
+from persistkit_openai_agents import SESSION_NAMESPACE, durable_run
 
 SCRIPT = Path(__file__).with_name("turns_openai_agents.py")
 ITEMS_PER_TURN = 6  # the message, two tool calls and their outputs, the reply
@@ -99,3 +103,44 @@ def test_a_worker_killed_mid_turn_while_the_next_turn_waits(turns: Turns) -> Non
     begun = turns.assert_done_once(finished("evA") | finished("evB"))
     assert {k for k, n in begun.items() if n > 1} == {"tool evA 2"}
     assert contiguous(conversation(turns)) == [("evA", ITEMS_PER_TURN), ("evB", ITEMS_PER_TURN)]
+
+
+# -- the busy options, in one process -------------------------------------------------------
+
+
+def _agent_and_store(tmp_path: Path) -> tuple[Any, pk.Store]:
+    return make_agent(tmp_path, 0, 0), pk.connect(f"sqlite:///{tmp_path}/turns.db")
+
+
+def test_busy_reject_raises_while_another_turn_holds_the_thread(tmp_path: Path) -> None:
+    agent, store = _agent_and_store(tmp_path)
+    holding, done = threading.Event(), threading.Event()
+
+    def other_turn() -> None:
+        with pk.resume("t", store=store, run_id="other"):
+            holding.set()
+            done.wait(30)
+
+    worker = threading.Thread(target=other_turn)
+    worker.start()
+    try:
+        assert holding.wait(30)
+        with pytest.raises(pk.ThreadBusyError) as info:
+            asyncio.run(durable_run(agent, "message evA", thread_id="t", store=store, run_id="evA", busy="reject"))
+        assert info.value.retryable
+    finally:
+        done.set()
+        worker.join()
+    assert not (tmp_path / "effects.log").exists()  # no model call, no tool
+    result = asyncio.run(durable_run(agent, "message evA", thread_id="t", store=store, run_id="evA", busy="reject"))
+    assert result.final_output == "reply to evA"
+    store.close()
+
+
+@pytest.mark.parametrize(("option", "value"), [("busy", "sometimes"), ("lease_ttl", 0), ("busy_timeout", -1)])
+def test_a_bad_busy_option_is_a_configuration_error(option: str, value: Any, tmp_path: Path) -> None:
+    agent, store = _agent_and_store(tmp_path)
+    with pytest.raises(pk.ConfigurationError, match=option):
+        asyncio.run(durable_run(agent, "message evA", thread_id="t", store=store, **{option: value}))
+    assert not (tmp_path / "effects.log").exists()
+    store.close()

@@ -29,6 +29,7 @@ import persistkit as pk
 from persistkit_crewai import adurable_kickoff, durable_kickoff
 
 SCRIPT = Path(__file__).with_name("turns_crewai.py")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:crewai")  # crewai's own, on every Crew
 
 
 def finished(message: str) -> set[str]:

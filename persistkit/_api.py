@@ -102,7 +102,11 @@ class resume:
     ``"wait"`` waits for it to be free, ``"reject"`` raises ``pk.ThreadBusyError``;
     waiting gives up after ``busy_timeout`` seconds. ``busy=None`` takes no lease.
     A run whose holder died is continued once its lease expired (at once when the
-    holder ran on this machine).
+    holder ran on this machine). A crashed run keeps its place: a block of another
+    ``run_id`` that finds the thread's newest run unfinished waits for that run to be
+    continued (its redelivery goes first) or ``store.abandon``-ed, within ``busy_timeout``;
+    then ``ThreadBusyError`` names it (``unfinished_run``). A block that ends with a
+    ``pk.RetryableError`` stays unfinished: retrying its ``run_id`` continues it.
 
     ``retry_failed=True`` re-runs a step that ran but whose result or state could
     not be stored (a recorded ``SerializationError``, which otherwise replays on

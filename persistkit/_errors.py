@@ -81,7 +81,9 @@ class RetryableError(PersistkitError):
     """Base of the errors after which the same call, made again later, can succeed unchanged:
     ``ThreadBusyError``, ``LeaseLostError`` and ``BackendUnavailableError``. Nothing of the
     failed attempt is lost (committed steps replay). On a job queue, retry on it (Celery:
-    ``autoretry_for=(pk.RetryableError,)``) instead of acking the message as failed."""
+    ``autoretry_for=(pk.RetryableError,)``) instead of acking the message as failed. A
+    ``resume`` block that ends with one writes no failed end: its run stays unfinished
+    (the thread's next turns wait for it) and the retry of its ``run_id`` continues it."""
 
 
 _scrub: Callable[[str], str] = str

@@ -132,6 +132,9 @@ class Run:
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
         self._result_tree: Any = None  # and its tree (the row holds it inline, or a blob its redacted bytes)
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
+        #: Set by resume() when this run holds its own lease: open() raises Unfinished (and
+        #: resume waits) rather than start on top of another turn's unfinished run.
+        self.keeps_turns = False
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -179,7 +182,7 @@ class Run:
                     # skipped, see _conflict): replay what it recorded, run nothing.
                     self.replay_only = True
                     self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
-            elif self.lease is not None and head_rec is not None:
+            elif self.keeps_turns and head_rec is not None:
                 check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
         elif (
             head_rec is not None

@@ -126,14 +126,16 @@ def test_two_turns_of_one_thread_at_once(url: str, files: Files, spawn: Spawn, t
 
 
 def test_a_killed_turn_keeps_its_place(url: str, files: Files, spawn: Spawn, tmp_path: Path) -> None:
-    """A worker SIGKILLed after step 2 of 4; the thread's next two turns arrive while it is
-    dead; the crashed turn's redelivery arrives last, goes first and finishes it."""
+    """A worker SIGKILLed after step 2 of 4 while the thread's next turn waits behind it;
+    a third turn arrives while it is dead; the crashed turn's redelivery arrives last, goes
+    first and finishes it; then the other two, in arrival order."""
     thread, go = f"kill-{uuid.uuid4().hex}", tmp_path / "never"
     crashed = spawn(url, thread, "A", steps=4, at=2, go=str(go))
     until(lambda: committed(url, thread) == ["A.0", "A.1"], "A committed two steps")
+    b = spawn(url, thread, "B", steps=4)
+    until(lambda: (i := lease(url, thread)) is not None and len(i.waiting) == 1, "B queues behind A")
     crashed.send_signal(signal.SIGKILL)
     crashed.wait(DEADLINE)
-    b = spawn(url, thread, "B", steps=4)
     until(lambda: (i := lease(url, thread)) is not None and i.reserved_for == "A" and len(i.waiting) == 1, "B waits for A")
     c = spawn(url, thread, "C", steps=4)
     until(lambda: (i := lease(url, thread)) is not None and len(i.waiting) == 2, "C queues behind B")

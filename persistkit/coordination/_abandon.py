@@ -8,9 +8,9 @@ it is, so the run's committed steps stay in the thread and the next turn starts
 from them. A redelivery of an abandoned run raises ``pk.RunAbandonedError``
 when it opens (not retryable: it runs nothing).
 
-It refuses (``ThreadBusyError``) while a live run holds the thread's lease: that
-may be the run itself, still going. It takes the lease ahead of the queue
-(abandoning is no turn) and writes with its fencing token.
+It refuses (``ThreadBusyError``) while a live run holds the thread's lease (after
+``_PATIENCE`` s): that may be the run itself, still going. It takes the lease
+ahead of the queue (abandoning is no turn) and writes with its fencing token.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ class Store(Protocol):
     def read_record(self, thread_id: str, namespace: str, checkpoint_id: str | None) -> Plan[Record]: ...
 
 __all__ = ["abandon_async", "abandon_sync"]
+
+#: Seconds abandon waits for a held lease (a waiting turn looks at the thread for a moment
+#: every second) before it refuses: a run that holds it longer is live.
+_PATIENCE = 2.0
+
 
 def _plan(store: Store, thread_id: str, namespace: str, run_id: str, lease: Lease | None) -> Plan[Checkpoint]:
     t, ns, codec = thread_id, namespace, store.codec
@@ -110,7 +115,7 @@ def abandon_sync(store: Store, thread_id: str, run_id: str, namespace: str) -> C
     lease = None
     if store.backend.supports_leases:
         try:
-            lease = run_sync(store.backend, acquire(thread_id, namespace, "reject", DEFAULT_TTL, 0, run_id, ahead=True))
+            lease = run_sync(store.backend, acquire(thread_id, namespace, "wait", DEFAULT_TTL, _PATIENCE, run_id, ahead=True))
         except ThreadBusyError as exc:
             raise _refused(thread_id, run_id, exc) from exc
     try:
@@ -127,7 +132,7 @@ async def abandon_async(store: Store, thread_id: str, run_id: str, namespace: st
     if store.backend.supports_leases:
         try:
             lease = await run_async(
-                store.backend, acquire(thread_id, namespace, "reject", DEFAULT_TTL, 0, run_id, ahead=True)
+                store.backend, acquire(thread_id, namespace, "wait", DEFAULT_TTL, _PATIENCE, run_id, ahead=True)
             )
         except ThreadBusyError as exc:
             raise _refused(thread_id, run_id, exc) from exc

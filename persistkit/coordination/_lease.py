@@ -370,7 +370,8 @@ def acquire(
             if (yield call("lease_swap", thread_id, namespace, version, rec.token if rec else 0, st.dump())):
                 queued = True
             continue
-        yield Sleep(_poll(ttl, first and mine is not None))
+        # waiting for an unfinished run's redelivery (which may take minutes): no fast polling
+        yield Sleep(_poll(ttl, first and mine is not None and st.reserved is None))
 
 
 def step_aside(lease: Lease, unfinished: str, busy: str) -> Plan[None]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from .._io import run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
-from ._lease import acquire, step_aside, unfinished_error
+from ._lease import acquire, step_aside
 from ._unfinished import Unfinished
 
 if TYPE_CHECKING:
@@ -35,24 +35,20 @@ if TYPE_CHECKING:
 __all__ = ["open_async", "open_sync"]
 
 
-def _nested(run: Run, blocked: Unfinished) -> Exception:
-    # A block nested in a block of the same thread shares its lease: it cannot give it up.
-    return unfinished_error(
-        run.thread_id, blocked.run_id,
-        "This block is nested in a block of the same thread, which holds the lease, so it cannot wait",
-    )
-
-
 def open_sync(
     run: Run, run_id: str | None, busy: str | None, explicit: bool, ttl: float,
     timeout: float | None, outer: Run | None,
 ) -> Holding | None:
     """Take the thread's lease and open ``run`` (``run_id``) under it, waiting while the
-    thread's newest run is another, unfinished one. Holds nothing when it raises."""
+    thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
+    could not give up, the store failing, expires by itself)."""
     store, since = run.store, time.monotonic()
     holding = hold_sync(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
     while True:
         run.lease = holding.lease if holding else None
+        # a block nested in a block of the same thread shares its lease: it cannot wait
+        # (the two runs meet at the head's compare-and-swap, as without leases)
+        run.keeps_turns = holding is not None and holding.beat is not None
         try:
             store.run_sync(run.open(run_id))
             return holding
@@ -61,9 +57,7 @@ def open_sync(
         except BaseException:
             let_go_sync(store, holding)
             raise
-        assert holding is not None and busy is not None  # open() raises Unfinished only under a lease
-        if holding.beat is None:
-            raise _nested(run, blocked)
+        assert holding is not None and busy is not None  # open() raises Unfinished only under its own lease
         holding.beat.stop()
         lease = holding.lease
         run_sync(store.backend, step_aside(lease, blocked.run_id, busy))
@@ -82,6 +76,9 @@ async def open_async(
     holding = await hold_async(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
     while True:
         run.lease = holding.lease if holding else None
+        # a block nested in a block of the same thread shares its lease: it cannot wait
+        # (the two runs meet at the head's compare-and-swap, as without leases)
+        run.keeps_turns = holding is not None and holding.beat is not None
         try:
             await store.run_async(run.open(run_id))
             return holding
@@ -91,8 +88,6 @@ async def open_async(
             await let_go_async(store, holding)
             raise
         assert holding is not None and busy is not None
-        if holding.beat is None:
-            raise _nested(run, blocked)
         await holding.beat.stop()
         lease = holding.lease
         await run_async(store.backend, step_aside(lease, blocked.run_id, busy))

@@ -11,6 +11,7 @@ store (two "processes") and waits on conditions it can observe in the store, nev
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import time
 import uuid
@@ -91,6 +92,8 @@ class TurnConformance:
         with pytest.raises(ThreadBusyError) as late:
             _turn(two, thread, "B", 1, busy_timeout=0)
         assert late.value.unfinished_run == "A" and "store.abandon" in str(late.value)
+        again = pickle.loads(pickle.dumps(late.value))  # a queue ships it to another process
+        assert (again.unfinished_run, again.thread_id, str(again)) == ("A", thread, str(late.value))
         # B queues; C arrives after it; A's redelivery arrives last and goes first.
         done: list[str] = []
 
@@ -155,6 +158,7 @@ class TurnConformance:
         with pytest.raises(RunAbandonedError) as gone:
             _turn(two, thread, "A", 3)
         assert not gone.value.retryable and gone.value.run_id == "A"
+        assert pickle.loads(pickle.dumps(gone.value)).run_id == "A"
         with pytest.raises(ConfigurationError, match="finished"):
             one.abandon(thread, "B")
         with pytest.raises(LookupError):

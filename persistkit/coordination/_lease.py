@@ -209,7 +209,7 @@ class Lease:
     raises it without writing (the store would refuse the write anyway).
     """
 
-    __slots__ = ("__weakref__", "lost", "namespace", "owner", "probe", "thread_id", "token", "ttl")
+    __slots__ = ("__weakref__", "known", "lost", "namespace", "owner", "probe", "thread_id", "token", "ttl")
 
     def __init__(self, thread_id: str, namespace: str, owner: str, probe: list[Any] | None, token: int, ttl: float) -> None:
         self.thread_id = thread_id
@@ -219,6 +219,10 @@ class Lease:
         self.token = token
         self.ttl = ttl
         self.lost: LeaseLostError | None = None
+        #: The record as this holder last swapped it in (its version and what it says): releasing
+        #: swaps against it without reading first; if anyone changed it since, the swap fails and
+        #: the release reads the record as before.
+        self.known: tuple[int, _State] | None = None
 
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
@@ -287,7 +291,9 @@ def acquire(
             st.owner, st.expires, st.probe = owner, now + ttl, probe
             st.queue = [w for w in st.queue if w[0] != owner]
             if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
-                return Lease(thread_id, namespace, owner, probe, token, ttl)
+                lease = Lease(thread_id, namespace, owner, probe, token, ttl)
+                lease.known = (version + 1, st)
+                return lease
             continue  # the record changed under us: look again
         if busy == "reject":
             raise _busy(thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it')
@@ -331,16 +337,29 @@ def renew(lease: Lease) -> Plan[None]:
             )
         st.expires = time.time() + lease.ttl
         if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+            lease.known = (rec.version + 1, st)
             return
 
 
 def release(lease: Lease) -> Plan[None]:
-    """Give the lease up (the next in line takes it); nothing if another holder has it already."""
+    """Give the lease up (the next in line takes it); nothing if another holder has it already.
+
+    First a swap against the record as this holder last wrote it (one round trip, no
+    read): it fails if anyone changed the record since (a waiter queued, a renewal
+    raced it, another holder took over), and then the release reads it and goes on."""
+    if lease.known is not None:
+        version, last = lease.known
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, version, lease.token, _freed(last).dump())):
+            return
     while True:
         rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
         st = _State.load(rec)
         if rec is None or rec.token != lease.token or st.owner != lease.owner:
             return
-        st.owner, st.expires, st.probe = None, 0.0, None
-        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, _freed(st).dump())):
             return
+
+
+def _freed(st: _State) -> _State:
+    """``st`` with nobody holding the lease (its waiters stay, in their order)."""
+    return _State(None, 0.0, None, st.queue)

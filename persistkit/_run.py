@@ -163,8 +163,8 @@ class Run:
 
     def open(self, run_id: str | None) -> Plan[None]:
         store, t, ns = self.store, self.thread_id, self.namespace
-        head: Head | None = yield call("head", t, ns)
-        head_rec = (yield from store.read_record(t, ns, head.checkpoint_id)) if head else None
+        found: tuple[Head, CheckpointRow] | None = yield call("head_row", t, ns)
+        head, head_rec = (found[0], Record.decode(self.codec, found[1])) if found else (None, None)
         rows: list[Record] = []
         if run_id is not None:
             rows = yield from self._rows_of(run_id)

@@ -505,6 +505,17 @@ class AsyncCore:
 
         return await self._run("reading the head", thread_id, op, read=True)
 
+    async def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        async def op(cur: Cur) -> tuple[Head, CheckpointRow] | None:
+            found = await _fetch(cur, self._q.head_row, {"t": thread_id, "ns": namespace})
+            if not found:
+                return None
+            checkpoint_id, version, parent_id, run_id, payload = found[0]
+            row = CheckpointRow(thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
+            return Head(checkpoint_id, int(version)), row
+
+        return await self._run("reading the head", thread_id, op, read=True)
+
     async def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         params = {"t": thread_id, "ns": namespace, "cid": checkpoint_id}
 

@@ -229,6 +229,9 @@ _SQL = {
     "head": """SELECT checkpoint_id, version FROM {s}.checkpoints
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
     ORDER BY version DESC LIMIT 1""",
+    "head_row": """SELECT checkpoint_id, version, parent_id, run_id, payload FROM {s}.checkpoints
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
+    ORDER BY version DESC LIMIT 1""",
     "get": """SELECT parent_id, run_id, payload FROM {s}.checkpoints
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND checkpoint_id = %(cid)s::text""",
     "get_blobs": """SELECT key, data FROM {s}.blobs
@@ -322,6 +325,7 @@ class Queries:
         self.put_blobs = render(_SQL["put_blobs"])
         self.head = render(_SQL["head"])
         self.get = render(_SQL["get"])
+        self.head_row = render(_SQL["head_row"])
         self.get_blobs = render(_SQL["get_blobs"])
         self.scan_blobs = render(_SQL["scan_blobs"])
         self.threads = render(_SQL["threads"])

@@ -505,6 +505,17 @@ class Core:
 
         return self._run("reading the head", thread_id, op, read=True)
 
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        def op(cur: Cur) -> tuple[Head, CheckpointRow] | None:
+            found = _fetch(cur, self._q.head_row, {"t": thread_id, "ns": namespace})
+            if not found:
+                return None
+            checkpoint_id, version, parent_id, run_id, payload = found[0]
+            row = CheckpointRow(thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
+            return Head(checkpoint_id, int(version)), row
+
+        return self._run("reading the head", thread_id, op, read=True)
+
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         params = {"t": thread_id, "ns": namespace, "cid": checkpoint_id}
 

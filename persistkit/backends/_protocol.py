@@ -188,6 +188,18 @@ class Backend(abc.ABC):
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         """One checkpoint row, or ``None``."""
 
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        """The head of ``(thread_id, namespace)`` and its row, or ``None`` if there is no head.
+
+        What opening a run reads first. Not abstract: the default is ``head`` then ``get``
+        (two round trips; the head's row never changes, so the pair is consistent unless
+        the thread is deleted in between, and then this returns None). A store that can
+        read both in one statement overrides it.
+        """
+        head = self.head(thread_id, namespace)
+        row = self.get(thread_id, namespace, head.checkpoint_id) if head is not None else None
+        return (head, row) if head is not None and row is not None else None
+
     @abc.abstractmethod
     def list(
         self,
@@ -336,6 +348,11 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:
         raise NotImplementedError
 
+    async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        head = await self.ahead(thread_id, namespace)
+        row = await self.aget(thread_id, namespace, head.checkpoint_id) if head is not None else None
+        return (head, row) if head is not None and row is not None else None
+
     # Not abstract: by default the sync method runs in a worker thread.
     async def anamespaces(self, thread_id: str) -> builtins.list[str]:
         return await _in_thread(self.namespaces, thread_id)
@@ -408,6 +425,9 @@ class ThreadedAsync(Backend):
         self, thread_id: str, namespace: str, checkpoint_id: str
     ) -> CheckpointRow | None:
         return await _in_thread(self.get, thread_id, namespace, checkpoint_id)
+
+    async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        return await _in_thread(self.head_row, thread_id, namespace)
 
     async def alist(
         self,

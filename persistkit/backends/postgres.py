@@ -316,6 +316,9 @@ class PostgresBackend(Backend):
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         return self._sync_core().get(thread_id, namespace, checkpoint_id)
 
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        return self._sync_core().head_row(thread_id, namespace)
+
     def list(
         self,
         thread_id: str,
@@ -372,6 +375,12 @@ class PostgresBackend(Backend):
         if core is None:
             return await asyncio.to_thread(self.head, thread_id, namespace)
         return await core.head(thread_id, namespace)
+
+    async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.head_row, thread_id, namespace)
+        return await core.head_row(thread_id, namespace)
 
     async def aget(
         self, thread_id: str, namespace: str, checkpoint_id: str

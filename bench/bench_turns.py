@@ -101,9 +101,10 @@ class Counting:
 
 
 def worker(
-    side: str, url: str, floor_url: str, name: str, threads: int, per_thread: int, steps: int, start: float, seconds: float
+    side: str, url: str, floor_url: str, name: str, threads: int, per_thread: int, steps: int, seconds: float
 ) -> None:
-    """Runs turns (or the floor's inserts) from ``start`` for ``seconds``; prints what it did."""
+    """Warms up, says so, reads the start time from stdin, runs turns (or the floor's
+    inserts) from then for ``seconds``; prints what it did."""
     texts = [message() for _ in range(64)]
     counter = None
     if side == "persistkit":
@@ -117,6 +118,8 @@ def worker(
     do_turn(f"{name}-warmup")  # connections, schema, statement caches: outside the timed window
     if counter is not None:
         counter.calls.clear()
+    print("ready", flush=True)
+    start = float(sys.stdin.readline())
     time.sleep(max(start - time.time(), 0.0))
     done = turns = 0
     end = start + seconds
@@ -207,20 +210,24 @@ def measure(
     side: str, url: str, floor: str, processes: int, threads: int, per_thread: int, steps: int, seconds: float
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
-    start = time.time() + 1.5 + 0.15 * processes  # every worker imported, connected and warmed up by then
     procs = [
         subprocess.Popen(
             [sys.executable, str(HERE), "--worker", side, url, floor, f"{side[0]}{tag}p{i}", str(threads), str(per_thread), str(steps),
-             repr(start), repr(seconds)],
-            stdout=subprocess.PIPE, text=True,
+             repr(seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         for i in range(processes)
     ]
-    outs = [p.communicate()[0] for p in procs]
+    for p in procs:  # every worker imported, connected and warmed up
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit(f"a {side} worker failed before it was ready (exit code {p.wait()})")
+    start = repr(time.time() + 0.2)
+    outs = [p.communicate(start + "\n")[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"a {side} worker failed (exit codes {[p.returncode for p in procs]})")
     got = [json.loads(o.strip().splitlines()[-1]) for o in outs]
-    late = [g for g in got if g["elapsed"] > seconds * 1.5 + 1]
+    late = [g for g in got if g["elapsed"] > seconds * 1.5 + 0.5]
     if late:
         print(f"   (note: {len(late)} worker(s) overran the window: the machine is loaded)")
     calls: dict[str, int] = {}
@@ -236,8 +243,8 @@ def measure(
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        side, url, floor, name, threads, per_thread, steps, start, seconds = sys.argv[2:11]
-        worker(side, url, floor, name, int(threads), int(per_thread), int(steps), float(start), float(seconds))
+        side, url, floor, name, threads, per_thread, steps, seconds = sys.argv[2:10]
+        worker(side, url, floor, name, int(threads), int(per_thread), int(steps), float(seconds))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=8)

@@ -42,6 +42,7 @@ from ._records import Record
 from ._state import StateSpec, TrackedList
 from ._versions import migrations_ran
 from .backends import CheckpointRow, Head
+from .coordination._lease import freeing
 
 if TYPE_CHECKING:
     import asyncio
@@ -131,6 +132,8 @@ class Run:
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
         self._result_tree: Any = None  # and its tree (the row holds it inline, or a blob its redacted bytes)
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
+        #: Set by resume() when the block owns its lease: the end record gives it up with it.
+        self.release_at_end = False
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -526,8 +529,11 @@ class Run:
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version = self.lease, self._head.version if self._head else 0
         try:
+            swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
                 head = self.store.write_sync(row, blobs, version)
+            elif swap is not None:  # the end record gives the lease up with it: one round trip
+                head, lease.released = self.store.write_fenced_swap_sync(row, blobs, version, lease, swap)
             else:
                 head = self.store.write_fenced_sync(row, blobs, version, lease)
         except BaseException as exc:
@@ -547,8 +553,11 @@ class Run:
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version = self.lease, self._head.version if self._head else 0
         try:
+            swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
                 head = await self.store.write_async(row, blobs, version)
+            elif swap is not None:  # the end record gives the lease up with it: one round trip
+                head, lease.released = await self.store.write_fenced_swap_async(row, blobs, version, lease, swap)
             else:
                 head = await self.store.write_fenced_async(row, blobs, version, lease)
         except BaseException as exc:

@@ -302,6 +302,23 @@ class Backend(abc.ABC):
         and writes nothing (a wrong version is still a ``ConflictError``)."""
         raise _missing(self, "write_fenced", _LEASES)
 
+    def write_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        """``write_fenced``, then ``lease_swap(row.thread_id, row.namespace, lease_version, fence,
+        lease_data)``: a run's end record that gives its lease up with it. Returns the new head
+        and whether the swap happened.
+
+        The write is exactly ``write_fenced`` (it raises as that does, and then swaps nothing).
+        The swap is a compare-and-swap as ``lease_swap``: it may fail (the record changed since
+        ``lease_version``) while the write stands; the caller then releases the usual way. Not
+        abstract: the default makes the two calls (two round trips); a store that can do both
+        in one atomic operation overrides it (PostgreSQL: one statement).
+        """
+        head = self.write_fenced(row, blobs, expected_version, fence)
+        return head, self.lease_swap(row.thread_id, row.namespace, lease_version, fence, lease_data)
+
     # -- async twins (overridden by native-async backends) -------------------
 
     async def awrite(
@@ -375,6 +392,13 @@ class Backend(abc.ABC):
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
     ) -> Head:
         return await _in_thread(self.write_fenced, row, blobs, expected_version, fence)
+
+    async def awrite_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        head = await self.awrite_fenced(row, blobs, expected_version, fence)
+        return head, await self.alease_swap(row.thread_id, row.namespace, lease_version, fence, lease_data)
 
 
 _MAINTENANCE = "key rotation and store-wide maintenance need; implement it (see persistkit.backends.Backend) or rotate on a store that has it"

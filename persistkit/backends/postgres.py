@@ -472,6 +472,12 @@ class PostgresBackend(Backend):
     ) -> Head:
         return self._sync_core().write_fenced(row, blobs, expected_version, fence)
 
+    def write_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        return self._sync_core().write_fenced_swap(row, blobs, expected_version, fence, lease_version, lease_data)
+
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return self._sync_core().lease_get(thread_id, namespace)
 
@@ -488,6 +494,17 @@ class PostgresBackend(Backend):
         if core is None:
             return await asyncio.to_thread(self.write_fenced, row, blobs, expected_version, fence)
         return await core.write_fenced(row, blobs, expected_version, fence)
+
+    async def awrite_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(
+                self.write_fenced_swap, row, blobs, expected_version, fence, lease_version, lease_data
+            )
+        return await core.write_fenced_swap(row, blobs, expected_version, fence, lease_version, lease_data)
 
     async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         core = self._async_core()

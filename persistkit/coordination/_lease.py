@@ -30,6 +30,7 @@ The record's ``data`` (JSON)::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -51,6 +52,7 @@ __all__ = [
     "LeaseInfo",
     "acquire",
     "check_options",
+    "freeing",
     "info",
     "release",
     "renew",
@@ -209,7 +211,9 @@ class Lease:
     raises it without writing (the store would refuse the write anyway).
     """
 
-    __slots__ = ("__weakref__", "known", "lost", "namespace", "owner", "probe", "thread_id", "token", "ttl")
+    __slots__ = (
+        "__weakref__", "known", "lost", "namespace", "owner", "probe", "released", "thread_id", "token", "ttl",
+    )
 
     def __init__(self, thread_id: str, namespace: str, owner: str, probe: list[Any] | None, token: int, ttl: float) -> None:
         self.thread_id = thread_id
@@ -223,6 +227,8 @@ class Lease:
         #: swaps against it without reading first; if anyone changed it since, the swap fails and
         #: the release reads the record as before.
         self.known: tuple[int, _State] | None = None
+        #: Set when the run's end record gave the lease up with it (``freeing``): nothing to release.
+        self.released = False
 
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
@@ -347,9 +353,12 @@ def release(lease: Lease) -> Plan[None]:
     First a swap against the record as this holder last wrote it (one round trip, no
     read): it fails if anyone changed the record since (a waiter queued, a renewal
     raced it, another holder took over), and then the release reads it and goes on."""
-    if lease.known is not None:
-        version, last = lease.known
-        if (yield call("lease_swap", lease.thread_id, lease.namespace, version, lease.token, _freed(last).dump())):
+    if lease.released:
+        return
+    freed = freeing(lease)
+    if freed is not None:
+        version, data = freed
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, version, lease.token, data)):
             return
     while True:
         rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
@@ -360,6 +369,16 @@ def release(lease: Lease) -> Plan[None]:
             return
 
 
+def freeing(lease: Lease) -> tuple[int, bytes] | None:
+    """The swap that gives ``lease`` up, if the record is as its holder last wrote it: that
+    version, and the record's data with nobody holding it. None if not known. A run's end
+    record carries it (``Backend.write_fenced_swap``), or ``release`` swaps it alone."""
+    if lease.known is None:
+        return None
+    version, last = lease.known
+    return version, _freed(last).dump()
+
+
 def _freed(st: _State) -> _State:
     """``st`` with nobody holding the lease (its waiters stay, in their order)."""
-    return _State(None, 0.0, None, st.queue)
+    return dataclasses.replace(st, owner=None, expires=0.0, probe=None)

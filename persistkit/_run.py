@@ -42,6 +42,7 @@ from ._records import Record
 from ._state import StateSpec, TrackedList
 from ._versions import migrations_ran
 from .backends import CheckpointRow, Head
+from .coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
 from .coordination._lease import freeing
 
 if TYPE_CHECKING:
@@ -533,7 +534,7 @@ class Run:
             if lease is None:
                 head = self.store.write_sync(row, blobs, version)
             elif swap is not None:  # the end record gives the lease up with it: one round trip
-                head, lease.released = self.store.write_fenced_swap_sync(row, blobs, version, lease, swap)
+                head, lease.released = write_fenced_swap_sync(self.store, row, blobs, version, lease, swap)
             else:
                 head = self.store.write_fenced_sync(row, blobs, version, lease)
         except BaseException as exc:
@@ -557,7 +558,7 @@ class Run:
             if lease is None:
                 head = await self.store.write_async(row, blobs, version)
             elif swap is not None:  # the end record gives the lease up with it: one round trip
-                head, lease.released = await self.store.write_fenced_swap_async(row, blobs, version, lease, swap)
+                head, lease.released = await write_fenced_swap_async(self.store, row, blobs, version, lease, swap)
             else:
                 head = await self.store.write_fenced_async(row, blobs, version, lease)
         except BaseException as exc:

@@ -193,43 +193,6 @@ class Store:
         except Exception as exc:
             raise checked("write_fenced", exc) from exc
 
-    def write_fenced_swap_sync(
-        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, lease: Lease, swap: tuple[int, bytes]
-    ) -> tuple[Head, bool]:
-        """``write_fenced_sync`` that swaps ``lease``'s record to ``swap`` (its version, new data)
-        with the write (``Backend.write_fenced_swap``): (the new head, whether it swapped). After a
-        transient failure the write is resolved as ``write_fenced_sync`` does, and not swapped."""
-        if lease.lost is not None:
-            raise lease.lost
-        if self._closed:
-            self._check_open()
-        try:
-            return self.backend.write_fenced_swap(row, blobs, expected, lease.token, *swap)
-        except BackendUnavailableError as exc:
-            req = Call("write_fenced", (row, blobs, expected, lease.token))
-            return call_sync(self.backend, req, exc), False
-        except PersistkitError:
-            raise
-        except Exception as exc:
-            raise checked("write_fenced_swap", exc) from exc
-
-    async def write_fenced_swap_async(
-        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, lease: Lease, swap: tuple[int, bytes]
-    ) -> tuple[Head, bool]:
-        if lease.lost is not None:
-            raise lease.lost
-        if self._closed:
-            self._check_open()
-        try:
-            return await self.backend.awrite_fenced_swap(row, blobs, expected, lease.token, *swap)
-        except BackendUnavailableError as exc:
-            req = Call("write_fenced", (row, blobs, expected, lease.token))
-            return await call_async(self.backend, req, exc), False
-        except PersistkitError:
-            raise
-        except Exception as exc:
-            raise checked("write_fenced_swap", exc) from exc
-
     def leases(self, *, prefix: str = "") -> list[LeaseInfo]:
         """Who holds which thread's lease: one ``pk.LeaseInfo`` per thread that ever had one."""
         from .coordination._hooks import leases_sync

@@ -44,6 +44,7 @@ from ._versions import migrations_ran
 from .backends import CheckpointRow, Head
 from .coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
 from .coordination._lease import freeing
+from .coordination._unfinished import ABANDONED, abandoned_error, check_turn
 
 if TYPE_CHECKING:
     import asyncio
@@ -135,6 +136,9 @@ class Run:
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
         #: Set by resume() when the block owns its lease: the end record gives it up with it.
         self.release_at_end = False
+        #: Set by resume() when this run holds its own lease: open() raises Unfinished (and
+        #: resume waits) rather than start on top of another turn's unfinished run.
+        self.keeps_turns = False
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -173,6 +177,8 @@ class Run:
         if run_id is not None:
             rows = yield from self._rows_of(run_id)
             if rows:
+                if rows[-1].run_status == ABANDONED:
+                    raise abandoned_error(self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPLETED:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
@@ -180,6 +186,8 @@ class Run:
                     # skipped, see _conflict): replay what it recorded, run nothing.
                     self.replay_only = True
                     self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
+            elif self.keeps_turns and head_rec is not None:
+                check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")

@@ -572,7 +572,19 @@ class Store:
         result: bool = self.run_sync(_delete_plan(thread_id))
         return result
 
+    def abandon(self, thread_id: str, run_id: str, *, namespace: str = "") -> Checkpoint:
+        """Give up an unfinished run that will never be redelivered (docs/coordination.md): its
+        committed steps stay, the thread's waiting turns go on, a redelivery raises RunAbandonedError."""
+        from .coordination._abandon import abandon_sync
+
+        return abandon_sync(self, check_thread_id(thread_id), check_thread_id(run_id, "run_id"), check_namespace(namespace))
+
     # -- public API (async twins) ------------------------------------------------------
+
+    async def aabandon(self, thread_id: str, run_id: str, *, namespace: str = "") -> Checkpoint:
+        from .coordination._abandon import abandon_async
+
+        return await abandon_async(self, check_thread_id(thread_id), check_thread_id(run_id, "run_id"), check_namespace(namespace))
 
     async def athreads(self, *, prefix: str = "", after: str | None = None, limit: int | None = None) -> list[str]:
         result: list[str] = await self.run_async(_threads_plan(prefix, after, limit))

@@ -12,8 +12,10 @@ It checks the contract of ``lease_get`` / ``lease_swap`` / ``lease_list`` /
 ``write_fenced`` / ``write_fenced_swap`` (see :class:`persistkit.backends.Backend`):
 the swap is a compare-and-swap on the version (one winner among racers), records
 survive ``delete_thread``, a fenced write with a stale token writes nothing — also
-when it races the takeover, from another instance of the store — and a write that
-swaps the lease too swaps it only when the write lands and the version matches.
+when it races the takeover, from another instance of the store —, a write that
+swaps the lease too swaps it only when the write lands and the version matches;
+and, through ``pk.resume``, that turns of one thread keep their order when one
+crashed (:mod:`persistkit.testing.turn_suite`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 
 from .._errors import ConflictError, LeaseLostError
 from ..backends import Backend, CheckpointRow, open_backend
+from .turn_suite import TurnConformance
 
 __all__ = ["LeaseConformance"]
 
@@ -37,8 +40,10 @@ def _row(thread_id: str, n: int, parent: int | None = None) -> CheckpointRow:
     return CheckpointRow(thread_id, "", f"{n:024x}", None if parent is None else f"{parent:024x}", "r", b"p%d" % n)
 
 
-class LeaseConformance:
-    """Mix into a test class that provides ``persistkit_url``."""
+class LeaseConformance(TurnConformance):
+    """Mix into a test class that provides ``persistkit_url``. Includes the turn-order
+    checks of :class:`~persistkit.testing.turn_suite.TurnConformance` (a crashed run keeps
+    its place, ``store.abandon``)."""
 
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:

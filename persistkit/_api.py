@@ -168,7 +168,7 @@ class resume:
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        from .coordination._hooks import let_go_sync
+        from .coordination._hooks import let_go_sync, owns_lease
 
         run = self._run
         assert run is not None and self._token is not None
@@ -176,6 +176,7 @@ class resume:
         try:
             if _writes_nothing(run, exc):
                 return
+            run.release_at_end = owns_lease(self._holding)
             try:
                 run.end_sync(exc)
             except PersistkitError as end_exc:
@@ -199,7 +200,7 @@ class resume:
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        from .coordination._hooks import let_go_async
+        from .coordination._hooks import let_go_async, owns_lease
 
         run = self._run
         assert run is not None and self._token is not None
@@ -207,6 +208,7 @@ class resume:
         try:
             if _writes_nothing(run, exc):
                 return
+            run.release_at_end = owns_lease(self._holding)
             try:
                 await run.end_async(exc)
             except PersistkitError as end_exc:

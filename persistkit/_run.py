@@ -42,6 +42,8 @@ from ._records import Record
 from ._state import StateSpec, TrackedList
 from ._versions import migrations_ran
 from .backends import CheckpointRow, Head
+from .coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
+from .coordination._lease import freeing
 from .coordination._unfinished import ABANDONED, abandoned_error, check_turn
 
 if TYPE_CHECKING:
@@ -132,6 +134,8 @@ class Run:
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
         self._result_tree: Any = None  # and its tree (the row holds it inline, or a blob its redacted bytes)
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
+        #: Set by resume() when the block owns its lease: the end record gives it up with it.
+        self.release_at_end = False
         #: Set by resume() when this run holds its own lease: open() raises Unfinished (and
         #: resume waits) rather than start on top of another turn's unfinished run.
         self.keeps_turns = False
@@ -167,8 +171,8 @@ class Run:
 
     def open(self, run_id: str | None) -> Plan[None]:
         store, t, ns = self.store, self.thread_id, self.namespace
-        head: Head | None = yield call("head", t, ns)
-        head_rec = (yield from store.read_record(t, ns, head.checkpoint_id)) if head else None
+        found: tuple[Head, CheckpointRow] | None = yield call("head_row", t, ns)
+        head, head_rec = (found[0], Record.decode(self.codec, found[1])) if found else (None, None)
         rows: list[Record] = []
         if run_id is not None:
             rows = yield from self._rows_of(run_id)
@@ -534,8 +538,11 @@ class Run:
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version = self.lease, self._head.version if self._head else 0
         try:
+            swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
                 head = self.store.write_sync(row, blobs, version)
+            elif swap is not None:  # the end record gives the lease up with it: one round trip
+                head, lease.released = write_fenced_swap_sync(self.store, row, blobs, version, lease, swap)
             else:
                 head = self.store.write_fenced_sync(row, blobs, version, lease)
         except BaseException as exc:
@@ -555,8 +562,11 @@ class Run:
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version = self.lease, self._head.version if self._head else 0
         try:
+            swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
                 head = await self.store.write_async(row, blobs, version)
+            elif swap is not None:  # the end record gives the lease up with it: one round trip
+                head, lease.released = await write_fenced_swap_async(self.store, row, blobs, version, lease, swap)
             else:
                 head = await self.store.write_fenced_async(row, blobs, version, lease)
         except BaseException as exc:

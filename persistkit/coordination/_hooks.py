@@ -26,7 +26,7 @@ class Store(Protocol):
 
     def _check_open(self) -> None: ...
 
-__all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync"]
+__all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync", "owns_lease"]
 
 log = logging.getLogger("persistkit.coordination")
 
@@ -75,6 +75,12 @@ def hold_sync(
     store._check_open()
     lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id))
     return Holding(lease, Heartbeat(store.backend, lease))
+
+
+def owns_lease(holding: Holding | None) -> bool:
+    """Whether the block took its lease itself (not an enclosing block's): its end record
+    may then give the lease up with it (``Run.release_at_end``)."""
+    return holding is not None and holding.beat is not None
 
 
 def let_go_sync(store: Store, holding: Holding | None) -> None:

@@ -37,6 +37,7 @@ The record's ``data`` (JSON)::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -58,6 +59,7 @@ __all__ = [
     "LeaseInfo",
     "acquire",
     "check_options",
+    "freeing",
     "info",
     "release",
     "renew",
@@ -231,7 +233,9 @@ class Lease:
     raises it without writing (the store would refuse the write anyway).
     """
 
-    __slots__ = ("__weakref__", "lost", "namespace", "owner", "probe", "thread_id", "token", "ttl")
+    __slots__ = (
+        "__weakref__", "known", "lost", "namespace", "owner", "probe", "released", "thread_id", "token", "ttl",
+    )
 
     def __init__(self, thread_id: str, namespace: str, owner: str, probe: list[Any] | None, token: int, ttl: float) -> None:
         self.thread_id = thread_id
@@ -241,6 +245,12 @@ class Lease:
         self.token = token
         self.ttl = ttl
         self.lost: LeaseLostError | None = None
+        #: The record as this holder last swapped it in (its version and what it says): releasing
+        #: swaps against it without reading first; if anyone changed it since, the swap fails and
+        #: the release reads the record as before.
+        self.known: tuple[int, _State] | None = None
+        #: Set when the run's end record gave the lease up with it (``freeing``): nothing to release.
+        self.released = False
 
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
@@ -348,7 +358,9 @@ def acquire(
             st.owner, st.expires, st.probe, st.reserved = owner, now + ttl, probe, None
             st.queue = [w for w in st.queue if w[0] != owner]
             if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
-                return Lease(thread_id, namespace, owner, probe, token, ttl)
+                lease = Lease(thread_id, namespace, owner, probe, token, ttl)
+                lease.known = (version + 1, st)
+                return lease
             continue  # the record changed under us: look again
         if busy == "reject":
             raise _busy(
@@ -415,16 +427,42 @@ def renew(lease: Lease) -> Plan[None]:
             )
         st.expires = time.time() + lease.ttl
         if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+            lease.known = (rec.version + 1, st)
             return
 
 
 def release(lease: Lease) -> Plan[None]:
-    """Give the lease up (the next in line takes it); nothing if another holder has it already."""
+    """Give the lease up (the next in line takes it); nothing if another holder has it already.
+
+    First a swap against the record as this holder last wrote it (one round trip, no
+    read): it fails if anyone changed the record since (a waiter queued, a renewal
+    raced it, another holder took over), and then the release reads it and goes on."""
+    if lease.released:
+        return
+    freed = freeing(lease)
+    if freed is not None:
+        version, data = freed
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, version, lease.token, data)):
+            return
     while True:
         rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
         st = _State.load(rec)
         if rec is None or rec.token != lease.token or st.owner != lease.owner:
             return
-        st.owner, st.expires, st.probe = None, 0.0, None
-        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, _freed(st).dump())):
             return
+
+
+def freeing(lease: Lease) -> tuple[int, bytes] | None:
+    """The swap that gives ``lease`` up, if the record is as its holder last wrote it: that
+    version, and the record's data with nobody holding it. None if not known. A run's end
+    record carries it (``Backend.write_fenced_swap``), or ``release`` swaps it alone."""
+    if lease.known is None:
+        return None
+    version, last = lease.known
+    return version, _freed(last).dump()
+
+
+def _freed(st: _State) -> _State:
+    """``st`` with nobody holding the lease (its waiters stay, in their order)."""
+    return dataclasses.replace(st, owner=None, expires=0.0, probe=None)

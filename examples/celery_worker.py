@@ -19,15 +19,33 @@ Why this is safe with a queue that redelivers:
   and two messages of one conversation, across workers: the second waits, then
   replays or continues. A worker that paused past ``lease_ttl`` is fenced out
   (``pk.LeaseLostError``) and the message is not acked: the broker redelivers it.
+* A turn whose worker died keeps its place: the thread's next turns wait for
+  its redelivery to finish it (``busy="queue"``), so turns of one thread finish
+  in the order they took the lease, each one's messages together.
+* persistkit's retryable errors (``pk.RetryableError``: ``ThreadBusyError``
+  after ``busy_timeout``, ``LeaseLostError``, ``BackendUnavailableError``) are
+  retried, never acked as failed: ``autoretry_for=(pk.RetryableError,)`` with an
+  exponential backoff and ``max_retries=None``. Celery's retry publishes a copy
+  of the message (with a countdown) and then acks the original, so the turn is
+  never lost (a worker dying in between delivers it twice: ``run_id`` makes
+  that harmless). The copy goes to the back of the queue: a retried turn that
+  had committed steps keeps its place in its thread (the next turns wait for
+  it); one that had not started yet arrives again, after the turns that
+  overtook it. A turn that can never go on (its crashed run was given up)
+  retries until you remove it; any other error is the turn failing for good and
+  is acked as failed, as Celery does.
 * The one thing that can happen twice is the side effect of the step that was
   in flight when a worker died: pass ``pk.current_step().key`` to the API you
   call as its idempotency key.
 
 Environment: ``CELERY_BROKER_URL`` (default ``amqp://guest:guest@127.0.0.1:5672//``),
 ``PERSISTKIT_URL`` (default ``postgresql://127.0.0.1:5432/test``), ``CELERY_QUEUE``.
-The test (``tests/test_celery.py``) also sets ``AGENT_EFFECTS`` (a file each step
-appends its side effect to) and ``AGENT_GATE`` (a directory: between steps a turn
-waits for ``<turn_id>.go`` there, so the test can kill a worker mid-turn).
+The tests (``tests/test_celery.py``, ``tests/test_celery_stress.py``) also set
+``AGENT_EFFECTS`` (a file each turn appends what it did to) and ``AGENT_GATE``
+(a directory: a turn pauses at a point named by a file ``<turn_id>@<point>``
+there until ``<turn_id>@<point>.go`` exists, so a test can kill a worker at
+that point; points are ``before-<n>``, n steps committed, and ``in-<n>``, step
+n ran and is not committed yet).
 """
 
 from __future__ import annotations
@@ -35,8 +53,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 import persistkit as pk
 
@@ -44,7 +63,7 @@ app = Celery("persistkit_agents", broker=os.environ.get("CELERY_BROKER_URL", "am
 app.conf.update(
     task_acks_late=True,  # ack when the task returned, not when it started
     task_reject_on_worker_lost=True,  # a killed worker's message goes back to the queue
-    worker_prefetch_multiplier=1,  # a worker holds one unacked message at a time
+    worker_prefetch_multiplier=1,  # a worker holds one unacked message per process
     task_default_queue=os.environ.get("CELERY_QUEUE", "persistkit-agents"),
     broker_connection_retry_on_startup=True,
 )
@@ -60,6 +79,13 @@ def store() -> pk.Store:
     return _store
 
 
+class Conversation(pk.State):
+    messages: list[dict[str, Any]] = []
+
+
+# -- test hooks (no-ops unless AGENT_EFFECTS / AGENT_GATE are set) ------------------------------
+
+
 def _effect(*words: object) -> None:
     """A side effect outside persistkit (an API call, an e-mail...): here, a line in a file."""
     path = os.environ.get("AGENT_EFFECTS")
@@ -70,30 +96,56 @@ def _effect(*words: object) -> None:
             os.fsync(f.fileno())
 
 
-def _gate(turn_id: str) -> None:
+def _gate(turn_id: str, point: str) -> None:
     gate = os.environ.get("AGENT_GATE")
-    while gate and not os.path.exists(os.path.join(gate, f"{turn_id}.go")):
-        time.sleep(0.05)
+    if not gate or not os.path.exists(os.path.join(gate, f"{turn_id}@{point}")):
+        return
+    _effect(turn_id, "gate", point)
+    while not os.path.exists(os.path.join(gate, f"{turn_id}@{point}.go")):
+        time.sleep(0.02)
+
+
+@signals.task_failure.connect
+def _failed(task_id: str, exception: BaseException, args: tuple[Any, ...], **_: Any) -> None:
+    _effect(args[2], "failed", type(exception).__name__)  # acked as failed: the turn is lost
+
+
+@signals.task_retry.connect
+def _retried(request: Any, reason: BaseException, **_: Any) -> None:
+    _effect(request.args[2], "retry", type(reason).__name__)
+
+
+# -- the agent --------------------------------------------------------------------------------
 
 
 @pk.checkpointed(name="agent.think")
 def think(turn_id: str, n: int, message: str) -> str:
     key = pk.current_step().key  # type: ignore[union-attr]  # the idempotency key for the API call
     _effect(turn_id, "step", n, key)
+    _gate(turn_id, f"in-{n}")
     return f"thought {n} about {message!r}"
 
 
-@app.task(name="agent_turn")
+@app.task(
+    name="agent_turn",
+    autoretry_for=(pk.RetryableError,),  # a busy thread, a lost lease, a store briefly down: retry
+    retry_backoff=True,  # 1 s, 2 s, 4 s, ... (with jitter)
+    retry_backoff_max=60,
+    max_retries=None,  # never ack a turn as failed for a retryable error
+)
 def agent_turn(thread_id: str, message: str, turn_id: str, steps: int = 4) -> list[str]:
     """One turn of the agent: ``steps`` checkpointed steps; idempotent per ``turn_id``."""
-    with pk.resume(thread_id, store=store(), run_id=turn_id, busy="queue", lease_ttl=10) as run:
+    with pk.resume(thread_id, store=store(), state=Conversation, run_id=turn_id, busy="queue",
+                   lease_ttl=10, busy_timeout=120) as run:
         if run.lease is not None:
             _effect(turn_id, "holding", run.lease.token)
+        run.state.messages.append({"role": "user", "turn": turn_id, "content": message})
         thoughts = []
         for n in range(steps):
-            if n >= 2:
-                _gate(turn_id)
-            thoughts.append(think(turn_id, n, message))
+            _gate(turn_id, f"before-{n}")
+            thought = think(turn_id, n, message)
+            run.state.messages.append({"role": "assistant", "turn": turn_id, "step": n, "content": thought})
+            thoughts.append(thought)
     _effect(turn_id, "done", "replayed" if run.replay_only else "ran")
     return thoughts
 

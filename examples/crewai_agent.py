@@ -86,7 +86,8 @@ class ReportFlow(Flow[Report]):
         crew = Crew(agents=[writer], tasks=tasks, process=Process.sequential)
         # run_id: if this method runs again after the crew finished, the crew replays whole.
         out = durable_kickoff(
-            crew, {"topic": "durable agents"}, thread_id=f"{self.state.id}:crew", run_id=self.state.id, store=store
+            crew, {"topic": "durable agents"}, thread_id=f"{self.state.id}:crew", run_id=self.state.id, store=store,
+            busy="queue", lease_ttl=30, busy_timeout=300,  # the thread's lease: pk.resume's defaults
         )
         self.state.notes = [t.raw for t in out.tasks_output]
 

@@ -7,7 +7,9 @@ the tool runs, and on the model's next call the child kills itself with
 SIGKILL (a real process death, no cleanup). The script then starts the child
 again with the same thread id: LangGraph loads the last checkpoint from the
 persistkit store, so the first model call and the tool call are not repeated;
-only the model call that was in flight runs again.
+only the model call that was in flight runs again. A third start is the same
+event delivered again (Slack retries an event it did not see acknowledged):
+the turn finished, so it returns the answer without running a node.
 """
 
 from __future__ import annotations
@@ -67,9 +69,13 @@ def agent(workdir: str, thread_id: str, url: str) -> None:
         config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
         if graph.get_state(config).next:
             print("child: resuming from the last checkpoint", flush=True)
-        # The same call after a crash continues the unfinished run (the input is not applied
-        # again); durability="sync" (its default) commits each step before the next starts.
-        out = durable_invoke(graph, {"messages": [HumanMessage("What is the weather in Paris?")]}, config)
+        # One turn per event: run_id is the event id. The turn holds the thread's lease (turns of
+        # one thread run one at a time, in arrival order, across processes; busy="queue" waits
+        # up to busy_timeout s). The same call after a crash continues the unfinished turn (the
+        # input is not applied again); called again after it finished, it returns its result
+        # without running a node. durability="sync" commits each step before the next starts.
+        event = {"messages": [HumanMessage("What is the weather in Paris?")]}
+        out = durable_invoke(graph, event, config, run_id="evt-1", busy="queue", busy_timeout=300)
         print("answer:", out["messages"][-1].content)
 
 
@@ -85,10 +91,15 @@ def main() -> None:
     second = subprocess.run(child)
     if second.returncode != 0:
         sys.exit(f"the resumed run failed with status {second.returncode}")
+    redelivered = subprocess.run(child)  # the same event again
+    if redelivered.returncode != 0:
+        sys.exit(f"the redelivered event failed with status {redelivered.returncode}")
     with open(os.path.join(workdir, "calls.log")) as f:
         calls = f.read().split()
     print(f"model calls: {calls.count('model')} (one was in flight at the crash and ran again)")
     print(f"tool calls: {calls.count('tool')}")
+    if calls.count("model") != 3 or calls.count("tool") != 1:
+        sys.exit(f"a node ran more often than it should have: {calls}")
 
 
 if __name__ == "__main__":

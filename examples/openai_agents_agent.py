@@ -98,6 +98,9 @@ async def handle(message: dict[str, str], agent: Agent[Any], store: pk.Store) ->
     result = await durable_run(
         agent, message["text"], thread_id=message["conversation_id"], store=store,
         run_id=message["id"],
+        # The thread's lease (pk.resume's defaults): turns of one conversation run one at a
+        # time, in arrival order; a turn whose worker died keeps its place until redelivered.
+        busy="queue", lease_ttl=30, busy_timeout=300,
     )
     return str(result.final_output)
 

@@ -20,6 +20,7 @@ from ._errors import (
     NotFoundError,
     PersistkitError,
     RetryableError,
+    RunAbandonedError,
     SchemaVersionError,
     SecretResolutionError,
     SerializationError,
@@ -40,6 +41,7 @@ from .wrappers._keys import KeyRing, generate_key
 
 if _TYPE_CHECKING:
     from .coordination import LeaseInfo
+    from .coordination._thread_lease import ThreadLease
     from .state._model import State
     from .wrappers._encryption import RotationReport
     from .wrappers._verify import IntegrityProblem, IntegrityReport
@@ -69,6 +71,7 @@ __all__ = [
     "RetryableError",
     "RotationReport",
     "Run",
+    "RunAbandonedError",
     "SchemaVersionError",
     "Secret",
     "SecretResolutionError",
@@ -81,6 +84,7 @@ __all__ = [
     "StoreClosedError",
     "StoreOptionsError",
     "ThreadBusyError",
+    "ThreadLease",
     "TrackedList",
     "Witness",
     "WitnessEntry",
@@ -113,6 +117,7 @@ _LAZY = {
     "Witness": ".wrappers._witness",
     "WitnessEntry": ".wrappers._witness",
     "LeaseInfo": ".coordination",
+    "ThreadLease": ".coordination._thread_lease",
 }
 
 

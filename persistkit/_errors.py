@@ -18,7 +18,9 @@
     ├── IntegrityError            a stored record failed authentication or its chain is broken
     ├── SecretResolutionError     a secret handle ($CRED{name}) that no resolver or vault knows
     ├── StepFailedError           a recorded failure whose exception class cannot be revived
-    ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry)
+    ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry),
+    │                             or the thread's newest run is unfinished (``unfinished_run``)
+    ├── RunAbandonedError         the run was given up with ``store.abandon``: it never runs again
     └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
@@ -50,6 +52,7 @@ __all__ = [
     "NotFoundError",
     "PersistkitError",
     "RetryableError",
+    "RunAbandonedError",
     "SchemaVersionError",
     "SecretResolutionError",
     "SerializationError",
@@ -78,7 +81,9 @@ class RetryableError(PersistkitError):
     """Base of the errors after which the same call, made again later, can succeed unchanged:
     ``ThreadBusyError``, ``LeaseLostError`` and ``BackendUnavailableError``. Nothing of the
     failed attempt is lost (committed steps replay). On a job queue, retry on it (Celery:
-    ``autoretry_for=(pk.RetryableError,)``) instead of acking the message as failed."""
+    ``autoretry_for=(pk.RetryableError,)``) instead of acking the message as failed. A
+    ``resume`` block that ends with one writes no failed end: its run stays unfinished
+    (the thread's next turns wait for it) and the retry of its ``run_id`` continues it."""
 
 
 _scrub: Callable[[str], str] = str
@@ -251,23 +256,54 @@ class ThreadBusyError(RetryableError):
     ``holder`` names the lease's owner (host, process and a tag), ``expires_at``
     when its lease runs out unless renewed (seconds since the epoch), and
     ``waiting`` how many runs queue before this one.
+
+    ``unfinished_run`` is set (a run id) when the thread's newest run did not finish
+    (its holder died or was interrupted) and this run, another turn, waited for it to
+    be continued first: redeliver that run (``pk.resume(thread_id, run_id=...)``), or
+    give it up with ``store.abandon(thread_id, run_id)`` if it never will be.
     """
 
     def __init__(
-        self, message: str, *, thread_id: str = "", holder: str = "", expires_at: float = 0.0, waiting: int = 0
+        self, message: str, *, thread_id: str = "", holder: str = "", expires_at: float = 0.0, waiting: int = 0,
+        unfinished_run: str = "",
     ) -> None:
         self.thread_id = thread_id
         self.holder = holder
         self.expires_at = expires_at
         self.waiting = waiting
+        self.unfinished_run = unfinished_run
         super().__init__(message)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_busy, (str(self), self.thread_id, self.holder, self.expires_at, self.waiting))
+        args = (str(self), self.thread_id, self.holder, self.expires_at, self.waiting, self.unfinished_run)
+        return (_rebuild_busy, args)
 
 
-def _rebuild_busy(message: str, thread_id: str, holder: str, expires_at: float, waiting: int) -> ThreadBusyError:
-    return ThreadBusyError(message, thread_id=thread_id, holder=holder, expires_at=expires_at, waiting=waiting)
+def _rebuild_busy(
+    message: str, thread_id: str, holder: str, expires_at: float, waiting: int, unfinished_run: str = ""
+) -> ThreadBusyError:
+    return ThreadBusyError(
+        message, thread_id=thread_id, holder=holder, expires_at=expires_at, waiting=waiting,
+        unfinished_run=unfinished_run,
+    )
+
+
+class RunAbandonedError(PersistkitError):
+    """The run was given up with ``store.abandon(thread_id, run_id)``: a redelivery of it
+    runs nothing (not retryable: drop the message). Its committed steps stay in the thread.
+    """
+
+    def __init__(self, message: str, *, thread_id: str = "", run_id: str = "") -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_abandoned, (str(self), self.thread_id, self.run_id))
+
+
+def _rebuild_abandoned(message: str, thread_id: str, run_id: str) -> RunAbandonedError:
+    return RunAbandonedError(message, thread_id=thread_id, run_id=run_id)
 
 
 class LeaseLostError(RetryableError):

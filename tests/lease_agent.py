@@ -53,6 +53,7 @@ def agent(store: pk.Store, thread: str, name: str, path: str, opts: dict[str, ob
             if i and isinstance(go, str):
                 wait_for(go)
             work(i)
+        log(path, name, "leave")  # the last thing done holding the lease ("exit" comes after it is given up)
     log(path, name, "exit", json.dumps(run.state["done"]))
 
 

@@ -68,7 +68,11 @@ def celery_env(rabbitmq_url: str, postgres_url: str, tmp_path: Path) -> Iterator
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     yield env, env["PERSISTKIT_URL"]
+    import kombu
     import psycopg
+
+    with kombu.Connection(rabbitmq_url) as conn:  # this test's queue, gone with it
+        conn.default_channel.queue_delete(env["CELERY_QUEUE"])
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -115,11 +119,12 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
 
     # 1. A worker is killed mid-turn; the broker redelivers; the run continues.
     thread, turn = f"cel-{uuid.uuid4().hex[:8]}", f"turn-{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{turn}@before-2").touch()  # the turn pauses there until {turn}@before-2.go exists
     app.send_task("agent_turn", args=[thread, "hello", turn])
     _until(lambda: len([c for c in store.history(thread) if c.kind == "step"]) == 2, "steps 0 and 1", workers)
     [victim] = effects.pids(turn, 1)
     os.kill(victim, signal.SIGKILL)  # the pool process running the turn, waiting before step 2
-    (tmp_path / f"{turn}.go").touch()
+    (tmp_path / f"{turn}@before-2.go").touch()
     _until(lambda: effects.done(turn) == ["ran"], "the redelivered turn to finish", workers)
     assert effects.steps(turn) == {0: 1, 1: 1, 2: 1, 3: 1}  # every committed step ran once
     assert effects.pids(turn, 2) != [victim]
@@ -129,6 +134,7 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
 
     # 2. The same message delivered twice at once: the lease runs them one after the other.
     turn2 = f"turn-{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{turn2}@before-2").touch()
     for _ in range(2):
         app.send_task("agent_turn", args=[thread, "again", turn2])
 
@@ -137,9 +143,45 @@ def test_redelivered_turn_resumes_and_duplicates_are_serialized(
         return bool(leases) and len(leases[0].waiting) == 1 and effects.steps(turn2) == {0: 1, 1: 1}
 
     _until(queued, "one delivery at the gate and the other queued on the lease", workers)
-    (tmp_path / f"{turn2}.go").touch()
+    (tmp_path / f"{turn2}@before-2.go").touch()
     _until(lambda: sorted(effects.done(turn2)) == ["ran", "replayed"], "both deliveries", workers)
     assert effects.steps(turn2) == {0: 1, 1: 1, 2: 1, 3: 1}
     ends = [c for c in store.history(thread) if c.kind == "end" and c.run_id == turn2]
     assert len(ends) == 1
+    store.close()
+
+
+def test_the_recipe_retries_a_retryable_error_and_fails_any_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Celery task of the recipe (run eagerly: Celery's retry runs it again at once) retries a
+    ``pk.RetryableError`` instead of failing the turn, with no bound, and fails any other error once."""
+    sys.path.insert(0, str(ROOT))
+    from examples import celery_worker as recipe
+
+    assert recipe.agent_turn.autoretry_for == (pk.RetryableError,)
+    assert recipe.agent_turn.max_retries is None and recipe.agent_turn.retry_backoff
+    store = pk.connect(f"sqlite:///{tmp_path}/turns.db")
+    monkeypatch.setattr(recipe, "_store", store)
+    real_resume = pk.resume
+    calls: list[dict[str, object]] = []
+    refusals: list[pk.PersistkitError] = [pk.ThreadBusyError("busy", thread_id="t"), pk.LeaseLostError("lost"),
+                                          pk.BackendUnavailableError("down")]
+
+    def resume(thread_id: str, **options: object) -> object:  # refuses the first attempts as persistkit would
+        calls.append(options)
+        if refusals:
+            raise refusals.pop(0)
+        return real_resume(thread_id, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pk, "resume", resume)
+    result = recipe.agent_turn.apply(args=["t", "hello", "turn-1"])
+    assert result.successful(), result.traceback
+    assert len(calls) == 4 and not refusals
+    assert calls[-1] == dict(store=store, state=recipe.Conversation, run_id="turn-1", busy="queue", lease_ttl=10,
+                             busy_timeout=120)
+    assert [c.kind for c in store.history("t")].count("end") == 1
+
+    refusals.append(pk.ConflictError(thread_id="t"))  # not retryable: the turn fails for good, once
+    calls.clear()
+    result = recipe.agent_turn.apply(args=["t", "again", "turn-2"])
+    assert result.failed() and isinstance(result.result, pk.ConflictError) and len(calls) == 1
     store.close()

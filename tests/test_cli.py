@@ -277,6 +277,66 @@ def test_leases_shows_the_holder_while_a_run_is_live(tmp_path: Path) -> None:
     after = json.loads(cli("leases", "--url", url, "--json", cwd=tmp_path).stdout)
     assert after[0]["holder"] is None  # released with the block
     assert json.loads(cli("leases", "--url", url, "--json", "--held", cwd=tmp_path).stdout) == []
+
+
+def test_abandon_ends_a_crashed_run_and_says_why_it_cannot(tmp_path: Path) -> None:
+    import json
+    import threading
+
+    import persistkit as pk
+
+    url = f"sqlite:///{tmp_path}/abandon.db"
+    store = pk.connect(url)
+
+    class Crash(BaseException):
+        pass
+
+    @pk.checkpointed(name="cli.item")
+    def item(name: str) -> None:
+        run = pk.current_run()
+        assert run is not None
+        run.state["items"] = [*run.state.get("items", []), name]
+
+    try:
+        with pk.resume("t", store=store, run_id="A"):
+            item("A.0")
+            raise Crash
+    except Crash:
+        pass
+    unknown = cli("abandon", "t", "Z", "--url", url, cwd=tmp_path)
+    assert unknown.returncode == 3 and "no checkpoint of that run" in unknown.stderr
+    assert cli("abandon", "nope", "A", "--url", url, cwd=tmp_path).returncode == 3
+    inside, leave = threading.Event(), threading.Event()
+
+    def holder() -> None:  # the run's own redelivery, live
+        with pk.resume("t", store=store, run_id="A"):
+            item("A.0")  # replayed, not run
+            inside.set()
+            leave.wait(30)
+
+    th = threading.Thread(target=holder)
+    th.start()
+    try:
+        assert inside.wait(30)
+        live = cli("abandon", "t", "A", "--url", url, cwd=tmp_path)
+    finally:
+        leave.set()
+        th.join(30)
+    assert live.returncode == 1 and "ThreadBusyError" in live.stderr and "live run holds" in live.stderr
+    finished = cli("abandon", "t", "A", "--url", url, cwd=tmp_path)  # the redelivery completed it
+    assert finished.returncode == 1 and "it finished (completed)" in finished.stderr
+    try:
+        with pk.resume("t", store=store, run_id="B"):
+            item("B.0")
+            raise Crash
+    except Crash:
+        pass
+    done = cli("abandon", "t", "B", "--url", url, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["run_status"] == "abandoned"
+    assert "abandoned" in cli("history", "t", "--url", url, cwd=tmp_path).stdout
+    assert store.get_state("t") == {"items": ["A.0", "B.0"]}
+    store.close()
     store.close()
 
 

@@ -95,6 +95,12 @@ def test_a_live_run_is_never_joined(store: pk.Store) -> None:
     assert kinds == [("step", "running"), ("step", "running"), ("end", "completed"), ("step", "running"), ("end", "completed")]
 
 
+def _take_over(store: pk.Store, thread_id: str) -> bool:
+    rec = store.backend.lease_get(thread_id, "")
+    assert rec is not None
+    return store.backend.lease_swap(thread_id, "", rec.version, rec.token + 1, rec.data)
+
+
 def test_the_heartbeat_renews_and_a_lost_lease_stops_the_run(store: pk.Store) -> None:
     t = uid("beat")
     with pytest.raises(pk.LeaseLostError) as lost, pk.resume(t, store=store, lease_ttl=0.3) as run:
@@ -102,9 +108,10 @@ def test_the_heartbeat_renews_and_a_lost_lease_stops_the_run(store: pk.Store) ->
         first = _lease(store, t).expires_at
         _until(lambda: _lease(store, t).expires_at > first, "a renewal")
         assert run.lease is not None
-        # another holder takes over (as after an expiry): the next commit is refused
-        rec = store.backend.lease_get(t, "")
-        assert rec is not None and store.backend.lease_swap(t, "", rec.version, rec.token + 1, rec.data)
+        # another holder takes over (as after an expiry): the next commit is refused. The
+        # heartbeat renews every 0.1 s, so it may move the record between this read and swap
+        # (a slow store): read again until the takeover's swap lands.
+        _until(lambda: _take_over(store, t), "a takeover")
         step(2)
     assert lost.value.token == 1 and lost.value.found == 2
     history = store.history(t)

@@ -18,21 +18,17 @@ Built on the public ``persistkit`` API only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any, cast
 
-from crewai import Crew, CrewOutput, Task
 from crewai.flow.async_feedback.types import PendingFeedbackContext
 from crewai.flow.persistence.base import FlowPersistence
 from crewai.flow.runtime import Flow, FlowState
 from crewai.flow.types import FlowExecutionData
-from crewai.tasks.task_output import TaskOutput
 from pydantic import BaseModel, Field, PrivateAttr
 
 import persistkit as pk
 
-from ._tools import recorded_tools
+from ._crew import adurable_kickoff, durable_kickoff
 
 __all__ = ["PersistkitFlowPersistence", "adurable_kickoff", "durable_kickoff"]
 
@@ -258,123 +254,3 @@ def _legacy(model: type[BaseModel], data: dict[str, Any], flow_id: str, thread: 
             "stored it; flows saved from now on carry their model's version and migrate "
             f"(pk.register({model.__qualname__}, version=2) + @pk.migration)"
         ) from exc
-
-
-# -- crews ---------------------------------------------------------------------------------
-
-
-def _revive(task: Task, data: dict[str, Any]) -> TaskOutput:
-    output = TaskOutput.model_validate(data)
-    if task.output_pydantic is not None and isinstance(output.pydantic, dict):
-        output.pydantic = task.output_pydantic.model_validate(output.pydantic)
-    return output
-
-
-def _step_name(task: Task, index: int) -> str:
-    return f"crewai.task[{index}]" + (f" {task.name}" if task.name else "")
-
-
-def _sync_step(task: Task, index: int) -> Callable[..., TaskOutput]:
-    original = task.execute_sync
-    name = _step_name(task, index)
-
-    def execute_sync(agent: Any = None, context: str | None = None, tools: Any = None) -> TaskOutput:
-        live: list[TaskOutput] = []
-
-        @pk.checkpointed(name=name)
-        def run_task(description: str, context: str | None) -> dict[str, Any]:
-            with recorded_tools(tools, task.tools, getattr(agent or task.agent, "tools", None)):
-                live.append(original(agent=agent, context=context, tools=tools))
-            return live[0].model_dump(mode="json")
-
-        data = run_task(task.description, context)
-        if live:
-            return live[0]
-        task.output = _revive(task, data)  # later tasks read context from task.output
-        return task.output
-
-    return execute_sync
-
-
-def _async_step(task: Task, index: int) -> Callable[..., Coroutine[Any, Any, TaskOutput]]:
-    original = task.aexecute_sync
-    name = _step_name(task, index)
-
-    async def aexecute_sync(agent: Any = None, context: str | None = None, tools: Any = None) -> TaskOutput:
-        live: list[TaskOutput] = []
-
-        @pk.checkpointed(name=name)
-        async def run_task(description: str, context: str | None) -> dict[str, Any]:
-            with recorded_tools(tools, task.tools, getattr(agent or task.agent, "tools", None)):
-                live.append(await original(agent=agent, context=context, tools=tools))
-            return live[0].model_dump(mode="json")
-
-        data = await run_task(task.description, context)
-        if live:
-            return live[0]
-        task.output = _revive(task, data)
-        return task.output
-
-    return aexecute_sync
-
-
-@contextmanager
-def _durable_tasks(crew: Crew) -> Iterator[None]:
-    if crew.stream:
-        raise pk.ConfigurationError("durable_kickoff does not support streaming crews (stream=True)")
-    concurrent = [t.name or t.description[:40] for t in crew.tasks if t.async_execution]
-    if concurrent:
-        raise pk.ConfigurationError(
-            f"durable_kickoff does not support tasks with async_execution=True ({concurrent}): "
-            "their start order is not deterministic, so replay could not match them to their records"
-        )
-    for index, task in enumerate(crew.tasks):
-        # Instance attributes shadow the methods for this kickoff only.
-        object.__setattr__(task, "execute_sync", _sync_step(task, index))
-        object.__setattr__(task, "aexecute_sync", _async_step(task, index))
-    try:
-        yield
-    finally:
-        for task in crew.tasks:
-            task.__dict__.pop("execute_sync", None)
-            task.__dict__.pop("aexecute_sync", None)
-
-
-def durable_kickoff(
-    crew: Crew,
-    inputs: dict[str, Any] | None = None,
-    *,
-    thread_id: str,
-    store: pk.Store | None = None,
-    run_id: str | None = None,
-) -> CrewOutput:
-    """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
-
-    A run that died (or raised) continues: tasks whose output was recorded
-    return it without running (their agents, tools, callbacks and guardrails
-    do not run again); the task in flight at the crash runs again, but its
-    tool calls that returned replay their recorded results (each tool call is
-    a step). The same ``run_id`` twice replays the recorded run.
-    """
-    with _durable_tasks(crew), pk.resume(thread_id, store=store, run_id=run_id):
-        result = crew.kickoff(inputs=inputs)
-    if not isinstance(result, CrewOutput):  # streaming is refused above
-        raise TypeError(f"crew.kickoff returned {type(result).__name__}, expected CrewOutput")
-    return result
-
-
-async def adurable_kickoff(
-    crew: Crew,
-    inputs: dict[str, Any] | None = None,
-    *,
-    thread_id: str,
-    store: pk.Store | None = None,
-    run_id: str | None = None,
-) -> CrewOutput:
-    """The ``crew.akickoff`` twin of :func:`durable_kickoff`."""
-    with _durable_tasks(crew):
-        async with pk.resume(thread_id, store=store, run_id=run_id):
-            result = await crew.akickoff(inputs=inputs)
-    if not isinstance(result, CrewOutput):
-        raise TypeError(f"crew.akickoff returned {type(result).__name__}, expected CrewOutput")
-    return result

@@ -7,7 +7,7 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_threads``: ``threads``, ``history``, ``state``, ``delete``
 * ``_schema``: ``migrate``
 * ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
-* ``_leases``: ``leases``
+* ``_leases``: ``leases``, ``abandon``
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
 or ``verify`` found a broken record; 2 a usage error; 3 not found (no store

@@ -1,4 +1,5 @@
-"""Verbs of the coordination layer: ``leases`` (who holds which thread)."""
+"""Verbs of the coordination layer: ``leases`` (who holds which thread) and ``abandon``
+(give up an unfinished run that will never be redelivered)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_leases)
 
+    p = sub.add_parser(
+        "abandon", parents=[common], help="give up an unfinished run that will never be redelivered",
+        description="End RUN, an unfinished run of THREAD (its process died and its message will "
+        "never be redelivered), so the thread's next turns, which wait for it to be continued, go "
+        "on. Its committed steps stay in the thread; a redelivery of it raises RunAbandonedError "
+        "and runs nothing. Refused while a live run holds the thread's lease (it may be RUN "
+        "itself), for a run that finished, and for a run the thread moved on past "
+        "(docs/coordination.md).",
+    )
+    p.add_argument("thread", help="the thread's id")
+    p.add_argument("run", help="the unfinished run's id (the run_id it was resumed with)")
+    p.add_argument("--namespace", default="", help="the thread's namespace (default: none)")
+    p.add_argument("--json", action="store_true", help="print the end record as JSON")
+    p.set_defaults(func=_abandon)
+
+
+def _abandon(ns: argparse.Namespace, out: Output) -> int:
+    with open_store(resolve_url(ns.url)) as store:
+        cp = store.abandon(ns.thread, ns.run, namespace=ns.namespace)
+    if out.as_json:
+        out.value({"thread": cp.thread_id, "namespace": cp.namespace, "run": cp.run_id,
+                   "checkpoint": cp.checkpoint_id, "run_status": cp.run_status})
+    else:
+        out.line(f"run {cp.run_id} of thread {cp.thread_id} abandoned (checkpoint {cp.checkpoint_id}); "
+                 "its committed steps stay, the thread's next turns go on")
+    return 0
+
 
 def _expiry(expires_at: float, now: float) -> str:
     left = expires_at - now
@@ -40,7 +68,8 @@ def _leases(ns: argparse.Namespace, out: Output) -> int:
     if out.as_json:
         out.value([
             {"thread": i.thread_id, "namespace": i.namespace, "holder": i.holder if i.held else None,
-             "token": i.token, "expires_at": i.expires_at, "waiting": list(i.waiting)}
+             "token": i.token, "expires_at": i.expires_at, "waiting": list(i.waiting),
+             "reserved_for": i.reserved_for}
             for i in infos
         ])
         return 0

@@ -317,10 +317,12 @@ class AsyncCore:
         # notes its run, so a thread deleted and written again is noted anew.
         self._noted: set[tuple[str, str, str | None]] = set()
 
-    def _write_sql(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fenced: bool) -> bytes:
+    def _write_sql(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fenced: bool, swap: bool = False
+    ) -> bytes:
         first = expected == 0
         run = first or (row.thread_id, row.namespace, row.run_id) not in self._noted
-        return self._q.writes[(fenced, first, run, bool(blobs))]
+        return self._q.writes[(fenced, first, run, bool(blobs), swap)]
 
     def _wrote(self, row: CheckpointRow) -> None:
         if len(self._noted) >= _NOTED_MAX:
@@ -505,6 +507,17 @@ class AsyncCore:
 
         return await self._run("reading the head", thread_id, op, read=True)
 
+    async def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        async def op(cur: Cur) -> tuple[Head, CheckpointRow] | None:
+            found = await _fetch(cur, self._q.head_row, {"t": thread_id, "ns": namespace})
+            if not found:
+                return None
+            checkpoint_id, version, parent_id, run_id, payload = found[0]
+            row = CheckpointRow(thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
+            return Head(checkpoint_id, int(version)), row
+
+        return await self._run("reading the head", thread_id, op, read=True)
+
     async def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         params = {"t": thread_id, "ns": namespace, "cid": checkpoint_id}
 
@@ -578,6 +591,20 @@ class AsyncCore:
     async def write_fenced(
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
     ) -> Head:
+        return (await self._write_fenced(row, blobs, expected_version, fence, None))[0]
+
+    async def write_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        return await self._write_fenced(row, blobs, expected_version, fence, (lease_version, lease_data))
+
+    async def _write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        swap: tuple[int, bytes] | None,
+    ) -> tuple[Head, bool]:
+        """A fenced write, and with ``swap`` (the lease record's version and new data) the
+        lease's compare-and-swap in the same statement: (the new head, whether it swapped)."""
         lq = self._q.lease
         params = {
             "t": row.thread_id,
@@ -591,13 +618,15 @@ class AsyncCore:
         }
         if blobs:
             params["keys"], params["datas"] = list(blobs), list(blobs.values())
-        query = self._write_sql(row, blobs, expected_version, True)
+        if swap is not None:
+            params["lversion"], params["ldata"] = swap[0], bytes(swap[1])
+        query = self._write_sql(row, blobs, expected_version, True, swap is not None)
 
-        async def op(cur: Cur) -> Head:
+        async def op(cur: Cur) -> tuple[Head, bool]:
             moved = await _inserted(cur, query, params)
             if moved:
                 self._wrote(row)
-                return Head(row.checkpoint_id, int(moved[0][0]))
+                return Head(row.checkpoint_id, int(moved[0][0])), swap is not None and bool(moved[0][1])
             # Nothing moved: a stale token, or a moved head (only this path reads more).
             lease = await _fetch(cur, lq["lease_get"], params)
             token = int(lease[0][0]) if lease else 0

@@ -174,6 +174,18 @@ bl AS (
 )"""
 _RESULT = """
 SELECT version FROM cp"""
+# A run's end record that gives its lease up with it (Backend.write_fenced_swap): the
+# lease row's compare-and-swap selects FROM the row's insert, so it swaps only when the
+# row landed; the fence above locked that lease row, which the same transaction may update.
+_SWAP = """,
+swap AS (
+    UPDATE {s}.leases SET token = %(fence)s::bigint, data = %(ldata)s::bytea, version = version + 1
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version = %(lversion)s::bigint
+      AND EXISTS (SELECT 1 FROM cp)
+    RETURNING version
+)"""
+_SWAP_RESULT = """
+SELECT version, EXISTS (SELECT 1 FROM swap) FROM cp"""
 
 # Fenced writes (leases): the lease row is read FOR SHARE in the same statement as
 # the row's insert, so a takeover (an UPDATE of that row) cannot commit between
@@ -186,25 +198,29 @@ _FENCE = """fence AS (
 ),"""
 
 
-def _write(*, fenced: bool, first: bool, run: bool, blobs: bool) -> str:
+def _write(*, fenced: bool, first: bool, run: bool, blobs: bool, swap: bool = False) -> str:
     """The write statement for one case (a fenced write; the thread's first version;
-    noting the run; new blobs: most steps write none, and then bind no arrays)."""
+    noting the run; new blobs: most steps write none, and then bind no arrays; a fenced
+    write that swaps the lease record too)."""
     cp = _CP.replace("{at_head}", _FIRST if first else _NEXT)
     cp = cp.replace("{fenced}", "\n      AND EXISTS (SELECT 1 FROM fence)" if fenced else "")
     return (
         "WITH " + (_FENCE if fenced else "") + cp
-        + (_RUN if run else "") + (_BLOBS if blobs else "") + _RESULT
+        + (_RUN if run else "") + (_BLOBS if blobs else "")
+        + (_SWAP + _SWAP_RESULT if swap else _RESULT)
     )
 
 
-#: Keys of Queries.writes: (fenced, first, run, blobs). A first write always notes its run.
+#: Keys of Queries.writes: (fenced, first, run, blobs, swap). A first write always notes
+#: its run; only a fenced write swaps the lease.
 WRITE_CASES = tuple(
-    (fenced, first, run, blobs)
+    (fenced, first, run, blobs, swap)
     for fenced in (False, True)
     for first in (False, True)
     for run in (False, True)
     for blobs in (False, True)
-    if run or not first
+    for swap in (False, True)
+    if (run or not first) and (fenced or not swap)
 )
 
 _LEASE_SQL = {
@@ -227,6 +243,9 @@ _SQL = {
     SELECT %(t)s::text, b.key, b.data FROM unnest(%(keys)b::text[], %(datas)b::bytea[]) AS b(key, data)
     ON CONFLICT (thread_id, key) DO NOTHING""",
     "head": """SELECT checkpoint_id, version FROM {s}.checkpoints
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
+    ORDER BY version DESC LIMIT 1""",
+    "head_row": """SELECT checkpoint_id, version, parent_id, run_id, payload FROM {s}.checkpoints
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
     ORDER BY version DESC LIMIT 1""",
     "get": """SELECT parent_id, run_id, payload FROM {s}.checkpoints
@@ -316,12 +335,13 @@ class Queries:
             return text.replace("{s}", quoted).encode()
 
         self.writes = {
-            case: render(_write(fenced=case[0], first=case[1], run=case[2], blobs=case[3]))
+            case: render(_write(fenced=case[0], first=case[1], run=case[2], blobs=case[3], swap=case[4]))
             for case in WRITE_CASES
         }
         self.put_blobs = render(_SQL["put_blobs"])
         self.head = render(_SQL["head"])
         self.get = render(_SQL["get"])
+        self.head_row = render(_SQL["head_row"])
         self.get_blobs = render(_SQL["get_blobs"])
         self.scan_blobs = render(_SQL["scan_blobs"])
         self.threads = render(_SQL["threads"])

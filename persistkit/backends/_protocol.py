@@ -188,6 +188,18 @@ class Backend(abc.ABC):
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         """One checkpoint row, or ``None``."""
 
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        """The head of ``(thread_id, namespace)`` and its row, or ``None`` if there is no head.
+
+        What opening a run reads first. Not abstract: the default is ``head`` then ``get``
+        (two round trips; the head's row never changes, so the pair is consistent unless
+        the thread is deleted in between, and then this returns None). A store that can
+        read both in one statement overrides it.
+        """
+        head = self.head(thread_id, namespace)
+        row = self.get(thread_id, namespace, head.checkpoint_id) if head is not None else None
+        return (head, row) if head is not None and row is not None else None
+
     @abc.abstractmethod
     def list(
         self,
@@ -290,6 +302,23 @@ class Backend(abc.ABC):
         and writes nothing (a wrong version is still a ``ConflictError``)."""
         raise _missing(self, "write_fenced", _LEASES)
 
+    def write_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        """``write_fenced``, then ``lease_swap(row.thread_id, row.namespace, lease_version, fence,
+        lease_data)``: a run's end record that gives its lease up with it. Returns the new head
+        and whether the swap happened.
+
+        The write is exactly ``write_fenced`` (it raises as that does, and then swaps nothing).
+        The swap is a compare-and-swap as ``lease_swap``: it may fail (the record changed since
+        ``lease_version``) while the write stands; the caller then releases the usual way. Not
+        abstract: the default makes the two calls (two round trips); a store that can do both
+        in one atomic operation overrides it (PostgreSQL: one statement).
+        """
+        head = self.write_fenced(row, blobs, expected_version, fence)
+        return head, self.lease_swap(row.thread_id, row.namespace, lease_version, fence, lease_data)
+
     # -- async twins (overridden by native-async backends) -------------------
 
     async def awrite(
@@ -336,6 +365,11 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:
         raise NotImplementedError
 
+    async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        head = await self.ahead(thread_id, namespace)
+        row = await self.aget(thread_id, namespace, head.checkpoint_id) if head is not None else None
+        return (head, row) if head is not None and row is not None else None
+
     # Not abstract: by default the sync method runs in a worker thread.
     async def anamespaces(self, thread_id: str) -> builtins.list[str]:
         return await _in_thread(self.namespaces, thread_id)
@@ -358,6 +392,13 @@ class Backend(abc.ABC):
         self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
     ) -> Head:
         return await _in_thread(self.write_fenced, row, blobs, expected_version, fence)
+
+    async def awrite_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        head = await self.awrite_fenced(row, blobs, expected_version, fence)
+        return head, await self.alease_swap(row.thread_id, row.namespace, lease_version, fence, lease_data)
 
 
 _MAINTENANCE = "key rotation and store-wide maintenance need; implement it (see persistkit.backends.Backend) or rotate on a store that has it"
@@ -408,6 +449,9 @@ class ThreadedAsync(Backend):
         self, thread_id: str, namespace: str, checkpoint_id: str
     ) -> CheckpointRow | None:
         return await _in_thread(self.get, thread_id, namespace, checkpoint_id)
+
+    async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        return await _in_thread(self.head_row, thread_id, namespace)
 
     async def alist(
         self,

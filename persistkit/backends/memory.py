@@ -155,6 +155,12 @@ class MemoryBackend(ThreadedAsync):
         with d.lock:
             return d.heads.get((thread_id, namespace))
 
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        d = self._open()
+        with d.lock:
+            head = d.heads.get((thread_id, namespace))
+            return (head, d.rows[(thread_id, namespace)][head.checkpoint_id]) if head is not None else None
+
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         d = self._open()
         with d.lock:

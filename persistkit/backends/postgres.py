@@ -316,6 +316,9 @@ class PostgresBackend(Backend):
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         return self._sync_core().get(thread_id, namespace, checkpoint_id)
 
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        return self._sync_core().head_row(thread_id, namespace)
+
     def list(
         self,
         thread_id: str,
@@ -372,6 +375,12 @@ class PostgresBackend(Backend):
         if core is None:
             return await asyncio.to_thread(self.head, thread_id, namespace)
         return await core.head(thread_id, namespace)
+
+    async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(self.head_row, thread_id, namespace)
+        return await core.head_row(thread_id, namespace)
 
     async def aget(
         self, thread_id: str, namespace: str, checkpoint_id: str
@@ -463,6 +472,12 @@ class PostgresBackend(Backend):
     ) -> Head:
         return self._sync_core().write_fenced(row, blobs, expected_version, fence)
 
+    def write_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        return self._sync_core().write_fenced_swap(row, blobs, expected_version, fence, lease_version, lease_data)
+
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return self._sync_core().lease_get(thread_id, namespace)
 
@@ -479,6 +494,17 @@ class PostgresBackend(Backend):
         if core is None:
             return await asyncio.to_thread(self.write_fenced, row, blobs, expected_version, fence)
         return await core.write_fenced(row, blobs, expected_version, fence)
+
+    async def awrite_fenced_swap(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
+    ) -> tuple[Head, bool]:
+        core = self._async_core()
+        if core is None:
+            return await asyncio.to_thread(
+                self.write_fenced_swap, row, blobs, expected_version, fence, lease_version, lease_data
+            )
+        return await core.write_fenced_swap(row, blobs, expected_version, fence, lease_version, lease_data)
 
     async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         core = self._async_core()

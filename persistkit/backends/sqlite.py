@@ -251,6 +251,9 @@ _LEASE_SWAP = """UPDATE pk_leases SET token = ?, data = ?, version = version + 1
     WHERE thread_id = ? AND namespace = ? AND version = ?"""
 _LEASE_LIST = """SELECT thread_id, namespace, token, data, version FROM pk_leases
     WHERE thread_id >= ? ORDER BY thread_id, namespace"""
+_HEAD_ROW = """SELECT checkpoint_id, version, parent_id, run_id, payload FROM pk_checkpoints
+    WHERE thread_id = ? AND namespace = ? AND version IS NOT NULL
+    ORDER BY checkpoint_id DESC LIMIT 1"""
 _GET_ROW = """SELECT parent_id, run_id, payload FROM pk_checkpoints
     WHERE thread_id = ? AND namespace = ? AND checkpoint_id = ?"""
 _LIST_BASE = """SELECT checkpoint_id, parent_id, run_id, payload FROM pk_checkpoints
@@ -605,6 +608,15 @@ class SQLiteBackend(ThreadedAsync):
         with self._mapped("head", thread_id):
             found = conn.execute(_HEAD, (thread_id, namespace)).fetchone()
         return Head(found[0], found[1]) if found is not None else None
+
+    def head_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
+        conn = self._conn()
+        with self._mapped("head", thread_id):
+            found = conn.execute(_HEAD_ROW, (thread_id, namespace)).fetchone()
+        if found is None:
+            return None
+        checkpoint_id, version, parent_id, run_id, payload = found
+        return Head(checkpoint_id, version), CheckpointRow(thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
 
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         conn = self._conn()

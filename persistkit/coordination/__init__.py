@@ -5,6 +5,7 @@ thread's lease before the run opens; ``store.leases()`` lists who holds what.
 See ``docs/coordination.md`` for the guarantees and what can still happen twice.
 """
 
+from ._fence import fenced
 from ._lease import (
     BUSY_POLICIES,
     DEFAULT_BUSY,
@@ -23,4 +24,5 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "check_options",
+    "fenced",
 ]

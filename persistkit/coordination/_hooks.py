@@ -26,7 +26,7 @@ class Store(Protocol):
 
     def _check_open(self) -> None: ...
 
-__all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync"]
+__all__ = ["Holding", "hold_async", "hold_sync", "leases_async", "leases_sync", "owns_lease"]
 
 log = logging.getLogger("persistkit.coordination")
 
@@ -64,7 +64,7 @@ def _enclosing(outer: Run | None, store: Store, thread_id: str, namespace: str) 
 
 def hold_sync(
     store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
-    timeout: float | None, outer: Run | None,
+    timeout: float | None, outer: Run | None, run_id: str | None = None,
 ) -> Holding | None:
     if not _wanted(store, busy, explicit):
         return None
@@ -73,8 +73,14 @@ def hold_sync(
     if shared is not None:
         return shared
     store._check_open()
-    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
+    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id))
     return Holding(lease, Heartbeat(store.backend, lease))
+
+
+def owns_lease(holding: Holding | None) -> bool:
+    """Whether the block took its lease itself (not an enclosing block's): its end record
+    may then give the lease up with it (``Run.release_at_end``)."""
+    return holding is not None and holding.beat is not None
 
 
 def let_go_sync(store: Store, holding: Holding | None) -> None:
@@ -90,7 +96,7 @@ def let_go_sync(store: Store, holding: Holding | None) -> None:
 
 async def hold_async(
     store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
-    timeout: float | None, outer: Run | None,
+    timeout: float | None, outer: Run | None, run_id: str | None = None,
 ) -> Holding | None:
     if not _wanted(store, busy, explicit):
         return None
@@ -99,7 +105,7 @@ async def hold_async(
     if shared is not None:
         return shared
     store._check_open()
-    lease = await run_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout))
+    lease = await run_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id))
     return Holding(lease, AsyncHeartbeat(store.backend, lease))
 
 

@@ -11,7 +11,8 @@ by a blocking and an awaiting loop (the tenacity pattern, as in ``_io``).
 The record's ``data`` (JSON)::
 
     {"o": holder or null, "e": expiry (epoch s), "p": holder's process probe,
-     "q": [[waiter, expiry, probe], ...]}   # waiters in arrival order ("queue")
+     "q": [[waiter, expiry, probe], ...],   # waiters in arrival order ("queue")
+     "u": run id or null}                   # reserved for this unfinished run (_turns)
 
 * The fencing token grows by one with every new holder and is never reset:
   records are never deleted (not even by ``delete_thread``).
@@ -26,10 +27,17 @@ The record's ``data`` (JSON)::
 * Waiters (``busy="queue"``) append themselves and keep their entry fresh;
   the lease goes to the first live waiter. A waiter that died drops out when
   its entry expires (or at once, as above).
+* A lease *reserved* for an unfinished run (``"u"``: the thread's newest run did
+  not finish and a run of another turn found it so, see ``_turns``) is free only
+  for a resume that continues that run (its ``run_id``, or none) or abandons it:
+  it takes the lease ahead of the queue. Everyone else waits in their place;
+  the first in line looks again at the thread every ``_RECHECK`` s in case the
+  run was finished or given up some other way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -51,9 +59,12 @@ __all__ = [
     "LeaseInfo",
     "acquire",
     "check_options",
+    "freeing",
     "info",
     "release",
     "renew",
+    "step_aside",
+    "unfinished_error",
 ]
 
 T = TypeVar("T")
@@ -76,6 +87,8 @@ DEFAULT_BUSY_TIMEOUT = 300.0
 PROBE_LOCAL_PROCESSES = True
 #: A waiter's entry lives this many TTLs unless refreshed (a dead remote waiter drops out then).
 _WAITER_LIFE = 2.0
+#: Seconds between two looks of the first in line at a thread reserved for an unfinished run.
+_RECHECK = 1.0
 
 
 # -- who we are -----------------------------------------------------------------------------
@@ -147,6 +160,7 @@ class _State:
     expires: float = 0.0
     probe: list[Any] | None = None
     queue: list[list[Any]] = field(default_factory=list)
+    reserved: str | None = None
 
     @classmethod
     def load(cls, rec: LeaseRecord | None) -> _State:
@@ -154,12 +168,19 @@ class _State:
             return cls()
         try:
             d = json.loads(rec.data)
-            return cls(d.get("o"), float(d.get("e") or 0.0), d.get("p"), [list(w) for w in d.get("q") or ()])
+            u = d.get("u")
+            return cls(
+                d.get("o"), float(d.get("e") or 0.0), d.get("p"), [list(w) for w in d.get("q") or ()],
+                u if isinstance(u, str) else None,
+            )
         except (ValueError, TypeError, AttributeError):
             return cls()  # unreadable: treat as free (the token still grows from the record's)
 
     def dump(self) -> bytes:
-        return json.dumps({"o": self.owner, "e": self.expires, "p": self.probe, "q": self.queue}).encode()
+        d = {"o": self.owner, "e": self.expires, "p": self.probe, "q": self.queue}
+        if self.reserved is not None:
+            d["u"] = self.reserved
+        return json.dumps(d).encode()
 
     def held(self, now: float) -> bool:
         return self.owner is not None and self.expires > now and not _gone(self.probe)
@@ -174,7 +195,8 @@ class LeaseInfo:
 
     ``holder`` is None when nobody holds it (released, or expired: ``expires_at``
     in the past); ``token`` is the fencing token of the latest holder;
-    ``waiting`` the waiters in arrival order.
+    ``waiting`` the waiters in arrival order; ``reserved_for`` the unfinished run the
+    thread waits for (only its redelivery may take the lease), or None.
     """
 
     thread_id: str
@@ -183,6 +205,7 @@ class LeaseInfo:
     token: int
     expires_at: float
     waiting: tuple[str, ...]
+    reserved_for: str | None = None
 
     @property
     def held(self) -> bool:
@@ -195,7 +218,8 @@ def info(thread_id: str, namespace: str, rec: LeaseRecord) -> LeaseInfo:
     held = st.held(now)
     st.prune(now)
     return LeaseInfo(
-        thread_id, namespace, st.owner if held else None, rec.token, st.expires, tuple(str(w[0]) for w in st.queue)
+        thread_id, namespace, st.owner if held else None, rec.token, st.expires, tuple(str(w[0]) for w in st.queue),
+        st.reserved,
     )
 
 
@@ -209,7 +233,9 @@ class Lease:
     raises it without writing (the store would refuse the write anyway).
     """
 
-    __slots__ = ("__weakref__", "lost", "namespace", "owner", "probe", "thread_id", "token", "ttl")
+    __slots__ = (
+        "__weakref__", "known", "lost", "namespace", "owner", "probe", "released", "thread_id", "token", "ttl",
+    )
 
     def __init__(self, thread_id: str, namespace: str, owner: str, probe: list[Any] | None, token: int, ttl: float) -> None:
         self.thread_id = thread_id
@@ -219,6 +245,12 @@ class Lease:
         self.token = token
         self.ttl = ttl
         self.lost: LeaseLostError | None = None
+        #: The record as this holder last swapped it in (its version and what it says): releasing
+        #: swaps against it without reading first; if anyone changed it since, the swap fails and
+        #: the release reads the record as before.
+        self.known: tuple[int, _State] | None = None
+        #: Set when the run's end record gave the lease up with it (``freeing``): nothing to release.
+        self.released = False
 
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
@@ -242,11 +274,13 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) + f" (in {max(t - time.time(), 0.0):.1f} s)"
 
 
-def _busy(thread_id: str, st: _State, owner: str, why: str) -> ThreadBusyError:
+def _busy(thread_id: str, st: _State, owner: str, why: str, now: float) -> ThreadBusyError:
     holder = st.owner or "nobody"
     # A waiter that gives up is in the queue itself: only the entries before its own are ahead.
     ahead = next((i for i, w in enumerate(st.queue) if w[0] == owner), len(st.queue))
     queue = f"; {ahead} run(s) queue before this one" if ahead else ""
+    if st.reserved is not None and not st.held(now):
+        return unfinished_error(thread_id, st.reserved, f"{queue.lstrip('; ')}. {why}" if queue else why, ahead)
     return ThreadBusyError(
         f"thread {thread_id!r} is busy: a live run of {holder} holds its lease until {_when(st.expires)}"
         f"{queue}. {why}",
@@ -254,6 +288,21 @@ def _busy(thread_id: str, st: _State, owner: str, why: str) -> ThreadBusyError:
         holder=holder,
         expires_at=st.expires,
         waiting=ahead,
+    )
+
+
+def unfinished_error(thread_id: str, run_id: str, why: str, waiting: int = 0) -> ThreadBusyError:
+    """This turn waits for ``run_id``, the thread's newest run, which did not finish."""
+    return ThreadBusyError(
+        f"thread {thread_id!r}: its newest run {run_id} did not finish (its process died, was "
+        "interrupted or lost its lease, or its block ended with a retryable error), and turns of "
+        "a thread run in arrival order: this run starts once that run is continued by its "
+        f"redelivery, pk.resume({thread_id!r}, run_id={run_id!r}) (or a resume without run_id). "
+        f"{why}. If it will never be redelivered, give it up: store.abandon({thread_id!r}, "
+        f"{run_id!r}) or `persistkit abandon {thread_id} {run_id}` (its committed steps stay)",
+        thread_id=thread_id,
+        waiting=waiting,
+        unfinished_run=run_id,
     )
 
 
@@ -268,12 +317,27 @@ def _poll(ttl: float, first: bool) -> float:
 
 
 def acquire(
-    thread_id: str, namespace: str, busy: str, ttl: float, timeout: float | None
+    thread_id: str,
+    namespace: str,
+    busy: str,
+    ttl: float,
+    timeout: float | None,
+    run_id: str | None = None,
+    *,
+    me: tuple[str, list[Any] | None] | None = None,
+    since: float | None = None,
+    ahead: bool = False,
 ) -> Plan[Lease]:
-    """Take the lease of ``(thread_id, namespace)`` under policy ``busy``."""
-    owner, probe = new_owner()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    queued = False
+    """Take the lease of ``(thread_id, namespace)`` under policy ``busy`` for a run that
+    opens ``run_id`` (None: continues the thread's unfinished run, if any). ``me`` and
+    ``since`` (a ``time.monotonic()``) carry a run's owner id and its wait's start over
+    :func:`step_aside` (``busy_timeout`` counts the whole wait). ``ahead``: take a free lease
+    before the queue (``store.abandon``, which is no turn)."""
+    owner, probe = me or new_owner()
+    start = time.monotonic() if since is None else since
+    deadline = None if timeout is None else start + timeout
+    recheck_at = time.monotonic() + min(_RECHECK, ttl)
+    queued = me is not None and busy == "queue"  # step_aside put us back at the front
     while True:
         rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
         st = _State.load(rec)
@@ -282,20 +346,32 @@ def acquire(
         mine = next((w for w in st.queue if w[0] == owner), None)
         first = not st.queue or st.queue[0][0] == owner
         version = rec.version if rec else 0
-        if not st.held(now) and first:
+        free = not st.held(now)
+        if st.reserved is None:
+            take = free and (first or ahead)
+        elif run_id is None or run_id == st.reserved:
+            take = free  # the unfinished run's own redelivery goes ahead of the turns after it
+        else:  # the first in line looks again now and then (was it finished some other way?)
+            take = free and first and time.monotonic() >= recheck_at
+        if take:
             token = (rec.token if rec else 0) + 1
-            st.owner, st.expires, st.probe = owner, now + ttl, probe
+            st.owner, st.expires, st.probe, st.reserved = owner, now + ttl, probe, None
             st.queue = [w for w in st.queue if w[0] != owner]
             if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
-                return Lease(thread_id, namespace, owner, probe, token, ttl)
+                lease = Lease(thread_id, namespace, owner, probe, token, ttl)
+                lease.known = (version + 1, st)
+                return lease
             continue  # the record changed under us: look again
         if busy == "reject":
-            raise _busy(thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it')
+            raise _busy(
+                thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it', now
+            )
         if deadline is not None and time.monotonic() >= deadline:
             if queued:
                 yield from _leave_queue(thread_id, namespace, owner)
             raise _busy(
-                thread_id, st, owner, f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer"
+                thread_id, st, owner,
+                f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer", now,
             )
         if busy == "queue" and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):
             # refreshed every ttl/2, an entry lives 2 ttl: a slow store leaves 1.5 ttl of slack
@@ -306,7 +382,27 @@ def acquire(
             if (yield call("lease_swap", thread_id, namespace, version, rec.token if rec else 0, st.dump())):
                 queued = True
             continue
-        yield Sleep(_poll(ttl, first and mine is not None))
+        # waiting for an unfinished run's redelivery (which may take minutes): no fast polling
+        yield Sleep(_poll(ttl, first and mine is not None and st.reserved is None))
+
+
+def step_aside(lease: Lease, unfinished: str, busy: str) -> Plan[None]:
+    """Give the lease up, reserved for the thread's unfinished run ``unfinished``; under
+    ``busy="queue"`` the run keeps its place at the front of the queue (it arrived before
+    every waiter). Nothing if another holder has the lease already."""
+    while True:
+        rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
+        st = _State.load(rec)
+        if rec is None or rec.token != lease.token or st.owner != lease.owner:
+            return
+        now = time.time()
+        st.prune(now)
+        st.owner, st.expires, st.probe, st.reserved = None, 0.0, None, unfinished
+        st.queue = [w for w in st.queue if w[0] != lease.owner]
+        if busy == "queue":
+            st.queue.insert(0, [lease.owner, now + _WAITER_LIFE * lease.ttl, lease.probe])
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+            return
 
 
 def _leave_queue(thread_id: str, namespace: str, owner: str) -> Plan[None]:
@@ -331,16 +427,42 @@ def renew(lease: Lease) -> Plan[None]:
             )
         st.expires = time.time() + lease.ttl
         if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+            lease.known = (rec.version + 1, st)
             return
 
 
 def release(lease: Lease) -> Plan[None]:
-    """Give the lease up (the next in line takes it); nothing if another holder has it already."""
+    """Give the lease up (the next in line takes it); nothing if another holder has it already.
+
+    First a swap against the record as this holder last wrote it (one round trip, no
+    read): it fails if anyone changed the record since (a waiter queued, a renewal
+    raced it, another holder took over), and then the release reads it and goes on."""
+    if lease.released:
+        return
+    freed = freeing(lease)
+    if freed is not None:
+        version, data = freed
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, version, lease.token, data)):
+            return
     while True:
         rec: LeaseRecord | None = yield call("lease_get", lease.thread_id, lease.namespace)
         st = _State.load(rec)
         if rec is None or rec.token != lease.token or st.owner != lease.owner:
             return
-        st.owner, st.expires, st.probe = None, 0.0, None
-        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
+        if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, _freed(st).dump())):
             return
+
+
+def freeing(lease: Lease) -> tuple[int, bytes] | None:
+    """The swap that gives ``lease`` up, if the record is as its holder last wrote it: that
+    version, and the record's data with nobody holding it. None if not known. A run's end
+    record carries it (``Backend.write_fenced_swap``), or ``release`` swaps it alone."""
+    if lease.known is None:
+        return None
+    version, last = lease.known
+    return version, _freed(last).dump()
+
+
+def _freed(st: _State) -> _State:
+    """``st`` with nobody holding the lease (its waiters stay, in their order)."""
+    return dataclasses.replace(st, owner=None, expires=0.0, probe=None)

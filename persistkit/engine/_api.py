@@ -17,7 +17,13 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
-from .._errors import ConfigurationError, PersistkitError, SchemaVersionError, SerializationError
+from .._errors import (
+    ConfigurationError,
+    PersistkitError,
+    RetryableError,
+    SchemaVersionError,
+    SerializationError,
+)
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
@@ -96,7 +102,11 @@ class resume:
     ``"wait"`` waits for it to be free, ``"reject"`` raises ``pk.ThreadBusyError``;
     waiting gives up after ``busy_timeout`` seconds. ``busy=None`` takes no lease.
     A run whose holder died is continued once its lease expired (at once when the
-    holder ran on this machine).
+    holder ran on this machine). A crashed run keeps its place: a block of another
+    ``run_id`` that finds the thread's newest run unfinished waits for that run to be
+    continued (its redelivery goes first) or ``store.abandon``-ed, within ``busy_timeout``;
+    then ``ThreadBusyError`` names it (``unfinished_run``). A block that ends with a
+    ``pk.RetryableError`` stays unfinished: retrying its ``run_id`` continues it.
 
     ``retry_failed=True`` re-runs a step that ran but whose result or state could
     not be stored (a recorded ``SerializationError``, which otherwise replays on
@@ -149,21 +159,16 @@ class resume:
         return self._run
 
     def __enter__(self) -> Run:
-        from ..coordination._hooks import hold_sync, let_go_sync
+        from ..coordination._turns import open_sync
 
         run = self._new_run()
-        self._holding = hold_sync(run.store, self.thread_id, self.namespace, *self._busy, current_run())
-        run.lease = self._holding.lease if self._holding else None
-        try:
-            run.store.run_sync(run.open(self.run_id))
-        except BaseException:
-            let_go_sync(run.store, self._holding)
-            raise
+        # the lease, then the run (after the thread's unfinished run of another turn, if any)
+        self._holding = open_sync(run, self.run_id, *self._busy, current_run())
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        from ..coordination._hooks import let_go_sync
+        from ..coordination._hooks import let_go_sync, owns_lease
 
         run = self._run
         assert run is not None and self._token is not None
@@ -171,6 +176,7 @@ class resume:
         try:
             if _writes_nothing(run, exc):
                 return
+            run.release_at_end = owns_lease(self._holding)
             try:
                 run.end_sync(exc)
             except PersistkitError as end_exc:
@@ -186,21 +192,15 @@ class resume:
             let_go_sync(run.store, self._holding)
 
     async def __aenter__(self) -> Run:
-        from ..coordination._hooks import hold_async, let_go_async
+        from ..coordination._turns import open_async
 
         run = self._new_run()
-        self._holding = await hold_async(run.store, self.thread_id, self.namespace, *self._busy, current_run())
-        run.lease = self._holding.lease if self._holding else None
-        try:
-            await run.store.run_async(run.open(self.run_id))
-        except BaseException:
-            await let_go_async(run.store, self._holding)
-            raise
+        self._holding = await open_async(run, self.run_id, *self._busy, current_run())
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        from ..coordination._hooks import let_go_async
+        from ..coordination._hooks import let_go_async, owns_lease
 
         run = self._run
         assert run is not None and self._token is not None
@@ -208,6 +208,7 @@ class resume:
         try:
             if _writes_nothing(run, exc):
                 return
+            run.release_at_end = owns_lease(self._holding)
             try:
                 await run.end_async(exc)
             except PersistkitError as end_exc:
@@ -224,7 +225,9 @@ class resume:
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
-    """A replayed run writes nothing; an interrupt leaves the run unfinished; a run that
+    """A replayed run writes nothing; an interrupt or a ``pk.RetryableError`` (a busy or lost
+    lease, a store briefly unavailable: retrying the same run_id continues it) leaves the
+    run unfinished, not failed for good; a run that
     could not load a recorded state (a failed migration) must not move the head; a run
     whose lease was lost must write nothing more."""
     return (
@@ -232,6 +235,7 @@ def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
         or run.load_error is not None
         or (exc is not None and not isinstance(exc, Exception))
         or run.lease_lost(exc)
+        or isinstance(exc, RetryableError)  # left unfinished: the queue's retry continues it
     )
 
 

@@ -20,6 +20,8 @@ from .._errors import (
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._pipeline import _dump, content_hash
+from ..coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
+from ..coordination._lease import freeing
 from ..state._channels import Diff
 from ..state._dedupe import result
 from ..state._records import Record
@@ -139,8 +141,11 @@ class Commits(ReplayCursor):
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version = self.lease, self._head.version if self._head else 0
         try:
+            swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
                 head = self.store.write_sync(row, blobs, version)
+            elif swap is not None:  # the end record gives the lease up with it: one round trip
+                head, lease.released = write_fenced_swap_sync(self.store, row, blobs, version, lease, swap)
             else:
                 head = self.store.write_fenced_sync(row, blobs, version, lease)
         except BaseException as exc:
@@ -160,8 +165,11 @@ class Commits(ReplayCursor):
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version = self.lease, self._head.version if self._head else 0
         try:
+            swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
                 head = await self.store.write_async(row, blobs, version)
+            elif swap is not None:  # the end record gives the lease up with it: one round trip
+                head, lease.released = await write_fenced_swap_async(self.store, row, blobs, version, lease, swap)
             else:
                 head = await self.store.write_fenced_async(row, blobs, version, lease)
         except BaseException as exc:

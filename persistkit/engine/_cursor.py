@@ -21,8 +21,9 @@ from .._errors import (
 )
 from .._ids import new_run_id
 from .._io import Plan, call
-from ..backends import Head
+from ..backends import CheckpointRow, Head
 from ..codec._versions import migrations_ran
+from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
 from ..state._records import Record
 from . import _args
 from ._restore import StateRestore
@@ -43,12 +44,14 @@ class ReplayCursor(StateRestore):
 
     def open(self, run_id: str | None) -> Plan[None]:
         store, t, ns = self.store, self.thread_id, self.namespace
-        head: Head | None = yield call("head", t, ns)
-        head_rec = (yield from store.read_record(t, ns, head.checkpoint_id)) if head else None
+        found: tuple[Head, CheckpointRow] | None = yield call("head_row", t, ns)
+        head, head_rec = (found[0], Record.decode(self.codec, found[1])) if found else (None, None)
         rows: list[Record] = []
         if run_id is not None:
             rows = yield from self._rows_of(run_id)
             if rows:
+                if rows[-1].run_status == ABANDONED:
+                    raise abandoned_error(self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPLETED:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
@@ -56,6 +59,8 @@ class ReplayCursor(StateRestore):
                     # skipped, see _conflict): replay what it recorded, run nothing.
                     self.replay_only = True
                     self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
+            elif self.keeps_turns and head_rec is not None:
+                check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")

@@ -40,6 +40,8 @@ class RunFields:
     load_error: PersistkitError | None
     migrated: bool
     lease: Lease | None
+    release_at_end: bool
+    keeps_turns: bool
     _events: list[tuple[str, str, bool, str]]
     _moved_on: tuple[str, Head | None, str | None] | None
     _lost: ConflictError | None

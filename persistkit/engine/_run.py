@@ -119,6 +119,11 @@ class Run(Commits):
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
         self._result_tree: Any = None  # and its tree (the row holds it inline, or a blob its redacted bytes)
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
+        #: Set by resume() when the block owns its lease: the end record gives it up with it.
+        self.release_at_end = False
+        #: Set by resume() when this run holds its own lease: open() raises Unfinished (and
+        #: resume waits) rather than start on top of another turn's unfinished run.
+        self.keeps_turns = False
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"

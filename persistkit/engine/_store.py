@@ -26,6 +26,7 @@ from ..secrets._redact import Redactor, Vault, scrub
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
 from ..wrappers import stack
+from ._heads import ANY_HEAD, AnyHead
 from ._store_plans import StorePlans
 
 if TYPE_CHECKING:
@@ -305,13 +306,14 @@ class Store(StorePlans):
         *,
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        namespace: str = "",
+        namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Checkpoint:
         """Edit a thread's state outside a run: ``changes`` go through the reducers and are
-        written as a new head checkpoint (compare-and-swap like any write)."""
+        written as a new head checkpoint (compare-and-swap like any write); with ``expected_head``
+        only if the head is still that checkpoint id (None: no head yet), else ``ConflictError``."""
         check_thread_id(thread_id)
         result: Checkpoint = self.run_sync(
-            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata)
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
         )
         return result
 
@@ -405,7 +407,19 @@ class Store(StorePlans):
         result: bool = self.run_sync(_delete_plan(thread_id))
         return result
 
+    def abandon(self, thread_id: str, run_id: str, *, namespace: str = "") -> Checkpoint:
+        """Give up an unfinished run that will never be redelivered (docs/coordination.md): its
+        committed steps stay, the thread's waiting turns go on, a redelivery raises RunAbandonedError."""
+        from ..coordination._abandon import abandon_sync
+
+        return abandon_sync(self, check_thread_id(thread_id), check_thread_id(run_id, "run_id"), check_namespace(namespace))
+
     # -- public API (async twins) ------------------------------------------------------
+
+    async def aabandon(self, thread_id: str, run_id: str, *, namespace: str = "") -> Checkpoint:
+        from ..coordination._abandon import abandon_async
+
+        return await abandon_async(self, check_thread_id(thread_id), check_thread_id(run_id, "run_id"), check_namespace(namespace))
 
     async def athreads(self, *, prefix: str = "", after: str | None = None, limit: int | None = None) -> list[str]:
         result: list[str] = await self.run_async(_threads_plan(prefix, after, limit))
@@ -476,11 +490,11 @@ class Store(StorePlans):
         *,
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        namespace: str = "",
+        namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Checkpoint:
         check_thread_id(thread_id)
         result: Checkpoint = await self.run_async(
-            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata)
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
         )
         return result
 

@@ -23,9 +23,11 @@ from .._ids import is_checkpoint_id
 from .._io import Plan, call
 from ..backends import Backend, Head
 from ..codec._pipeline import Codec
+from ..coordination._fence import write_call
 from ..state._channels import Loader, Tracker
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
+from ._heads import ANY_HEAD, AnyHead, check_head
 
 if TYPE_CHECKING:
     pass
@@ -124,7 +126,7 @@ class StorePlans:
         where = (thread_id, namespace, parent.id if parent else None, None)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
         try:
-            yield call("write", row, diff.blobs, expected)
+            yield write_call(thread_id, namespace, row, diff.blobs, expected)  # fenced under coordination.fenced
         except ConflictError as exc:
             if body["k"] == "fork":
                 what = (
@@ -184,9 +186,10 @@ class StorePlans:
         changes: Mapping[str, Any],
         spec: StateSpec,
         namespace: str,
-        metadata: Mapping[str, Any] | None,
+        metadata: Mapping[str, Any] | None, expected_head: str | AnyHead | None = ANY_HEAD,
     ) -> Plan[Checkpoint]:
         head: Head | None = yield call("head", thread_id, namespace)
+        check_head(thread_id, namespace, head, expected_head)
         tracker = Tracker(self.codec)
         if head is None:
             rec, state = None, spec.empty()

@@ -244,6 +244,24 @@ class BackendConformance:
         assert a is not None and a.parent_id is None and a.run_id is None
         assert b is not None and b.parent_id == _cid(1) and b.run_id == "run-ü/1"
 
+    def test_head_row_is_the_head_and_its_row(self, backend: Backend) -> None:
+        """``head_row`` (what opening a run reads; by default ``head`` then ``get``) and its
+        async twin: None without a head, else the newest head and its row, per namespace."""
+        t = _uid()
+        assert backend.head_row(t, "") is None
+        first, second = _row(t, 1, payload=b"one"), _row(t, 2, parent=_cid(1), run_id="run-b", payload=b"\x00two")
+        other = _row(t, 3, namespace="ns2", run_id="run-c")
+        backend.write(first, {}, 0)
+        assert backend.head_row(t, "") == (Head(_cid(1), 1), first)
+        backend.write(second, {"k": b"blob"}, 1)
+        backend.write(other, {}, 0)
+        assert backend.head_row(t, "") == (Head(_cid(2), 2), second)
+        assert backend.head_row(t, "ns2") == (Head(_cid(3), 1), other)
+        assert asyncio.run(backend.ahead_row(t, "")) == (Head(_cid(2), 2), second)
+        assert asyncio.run(backend.ahead_row(t, "ns3")) is None
+        backend.delete_thread(t)
+        assert backend.head_row(t, "") is None
+
     def test_unknown_ids_read_as_none_or_empty(self, backend: Backend) -> None:
         t = _uid()
         assert backend.head(t, "") is None

@@ -9,10 +9,13 @@ with the same ``persistkit_url`` fixture (and ``backend_options`` if needed)::
             return "mystore://localhost/test"
 
 It checks the contract of ``lease_get`` / ``lease_swap`` / ``lease_list`` /
-``write_fenced`` (see :class:`persistkit.backends.Backend`): the swap is a
-compare-and-swap on the version (one winner among racers), records survive
-``delete_thread``, and a fenced write with a stale token writes nothing — also
-when it races the takeover, from another instance of the store.
+``write_fenced`` / ``write_fenced_swap`` (see :class:`persistkit.backends.Backend`):
+the swap is a compare-and-swap on the version (one winner among racers), records
+survive ``delete_thread``, a fenced write with a stale token writes nothing — also
+when it races the takeover, from another instance of the store —, a write that
+swaps the lease too swaps it only when the write lands and the version matches;
+and, through ``pk.resume``, that turns of one thread keep their order when one
+crashed (:mod:`persistkit.testing.turn_suite`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 from .._errors import ConflictError, LeaseLostError
 from ..backends import Backend, CheckpointRow, open_backend
+from .turn_suite import TurnConformance
 
 __all__ = ["LeaseConformance"]
 
@@ -36,8 +40,10 @@ def _row(thread_id: str, n: int, parent: int | None = None) -> CheckpointRow:
     return CheckpointRow(thread_id, "", f"{n:024x}", None if parent is None else f"{parent:024x}", "r", b"p%d" % n)
 
 
-class LeaseConformance:
-    """Mix into a test class that provides ``persistkit_url``."""
+class LeaseConformance(TurnConformance):
+    """Mix into a test class that provides ``persistkit_url``. Includes the turn-order
+    checks of :class:`~persistkit.testing.turn_suite.TurnConformance` (a crashed run keeps
+    its place, ``store.abandon``)."""
 
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:
@@ -120,6 +126,43 @@ class LeaseConformance:
         with pytest.raises(LeaseLostError):
             asyncio.run(backend.awrite_fenced(_row(t, 5, 3), {}, 2, 1))
         assert asyncio.run(other.awrite_fenced(_row(t, 6, 3), {}, 2, 2)).version == 3
+
+    def test_write_fenced_swap(self, backend: Backend, other: Backend) -> None:
+        """``write_fenced_swap``: the fenced write, and the lease's compare-and-swap with it
+        (how a run's end record gives its lease up). The swap needs the write to land and
+        the record's version to match; a stale token or a moved head writes and swaps nothing."""
+        t = self.tid()
+        assert backend.lease_swap(t, "", 0, 1, b"held")
+        head, swapped = backend.write_fenced_swap(_row(t, 1), {"k1": b"v"}, 0, 1, 1, b"freed")
+        assert head == other.head(t, "") and head.version == 1 and swapped
+        rec = other.lease_get(t, "")
+        assert rec is not None and (rec.token, rec.data, rec.version) == (1, b"freed", 2)
+        assert other.get_blobs(t, ["k1"]) == {"k1": b"v"}
+        # the record moved since (a waiter queued): the write lands, the swap does not
+        assert other.lease_swap(t, "", 2, 1, b"a waiter queued")
+        head, swapped = backend.write_fenced_swap(_row(t, 2, 1), {}, 1, 1, 2, b"freed again")
+        assert head.version == 2 and not swapped
+        rec = other.lease_get(t, "")
+        assert rec is not None and (rec.data, rec.version) == (b"a waiter queued", 3)
+        # a moved head: ConflictError, nothing swapped
+        with pytest.raises(ConflictError):
+            backend.write_fenced_swap(_row(t, 3, 1), {}, 1, 1, 3, b"never")
+        rec = other.lease_get(t, "")
+        assert rec is not None and (rec.data, rec.version) == (b"a waiter queued", 3)
+        # taken over: LeaseLostError, nothing written, nothing swapped (sync and async)
+        assert other.lease_swap(t, "", 3, 2, b"new holder")
+        with pytest.raises(LeaseLostError):
+            backend.write_fenced_swap(_row(t, 4, 2), {}, 2, 1, 4, b"never")
+        with pytest.raises(LeaseLostError):
+            asyncio.run(backend.awrite_fenced_swap(_row(t, 4, 2), {}, 2, 1, 4, b"never"))
+        rec = other.lease_get(t, "")
+        assert rec is not None and (rec.token, rec.data, rec.version) == (2, b"new holder", 4)
+        assert other.get(t, "", f"{4:024x}") is None
+        # the new holder's end record, async, gives it up
+        head, swapped = asyncio.run(other.awrite_fenced_swap(_row(t, 5, 2), {}, 2, 2, 4, b"freed by 2"))
+        assert head.version == 3 and swapped
+        rec = backend.lease_get(t, "")
+        assert rec is not None and (rec.token, rec.data, rec.version) == (2, b"freed by 2", 5)
 
     def test_first_write_of_a_thread_is_fenced(self, backend: Backend, other: Backend) -> None:
         t = self.tid()

@@ -353,7 +353,7 @@ def test_documented_setup_gives_secrets_back_in_a_new_process(
 
 @pytest.mark.slow
 def test_example_runs(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "adapters"), "PERSISTKIT_URL": f"sqlite:///{tmp_path}/ex.db"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'adapters'}", "PERSISTKIT_URL": f"sqlite:///{tmp_path}/ex.db"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "langgraph_agent.py")],
         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,

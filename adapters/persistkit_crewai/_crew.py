@@ -1,0 +1,176 @@
+"""Durable crews: ``durable_kickoff`` / ``adurable_kickoff`` run ``crew.kickoff`` as one
+durable persistkit run (one turn) of a thread, each task a step, under the thread's lease."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from crewai import Crew, CrewOutput, Task
+from crewai.tasks.task_output import TaskOutput
+
+import persistkit as pk
+
+from ._tools import recorded_tools
+
+
+class _Default:
+    """An option not given: ``pk.resume``'s own default applies (``busy="queue"``,
+    ``lease_ttl=30``, ``busy_timeout=300``; a store without leases runs without one)."""
+
+    def __repr__(self) -> str:
+        return "<pk.resume's default>"
+
+
+_DEFAULT: Any = _Default()
+
+
+def _lease_options(busy: str | None, lease_ttl: float, busy_timeout: float | None) -> dict[str, Any]:
+    """The busy-policy options given, for ``pk.resume`` (an option not given is left to it)."""
+    given = {"busy": busy, "lease_ttl": lease_ttl, "busy_timeout": busy_timeout}
+    return {name: value for name, value in given.items() if value is not _DEFAULT}
+
+# -- crews ---------------------------------------------------------------------------------
+
+
+def _revive(task: Task, data: dict[str, Any]) -> TaskOutput:
+    output = TaskOutput.model_validate(data)
+    if task.output_pydantic is not None and isinstance(output.pydantic, dict):
+        output.pydantic = task.output_pydantic.model_validate(output.pydantic)
+    return output
+
+
+def _recorded_calls(agent: Any, task: Task, tools: Any) -> Any:
+    """Tool calls and model calls of the task's agent as steps nested under the task's step."""
+    owner = agent or task.agent
+    return recorded_tools(tools, task.tools, getattr(owner, "tools", None), llm=getattr(owner, "llm", None))
+
+
+def _step_name(task: Task, index: int) -> str:
+    return f"crewai.task[{index}]" + (f" {task.name}" if task.name else "")
+
+
+def _sync_step(task: Task, index: int) -> Callable[..., TaskOutput]:
+    original = task.execute_sync
+    name = _step_name(task, index)
+
+    def execute_sync(agent: Any = None, context: str | None = None, tools: Any = None) -> TaskOutput:
+        live: list[TaskOutput] = []
+
+        @pk.checkpointed(name=name)
+        def run_task(description: str, context: str | None) -> dict[str, Any]:
+            with _recorded_calls(agent, task, tools):
+                live.append(original(agent=agent, context=context, tools=tools))
+            return live[0].model_dump(mode="json")
+
+        data = run_task(task.description, context)
+        if live:
+            return live[0]
+        task.output = _revive(task, data)  # later tasks read context from task.output
+        return task.output
+
+    return execute_sync
+
+
+def _async_step(task: Task, index: int) -> Callable[..., Coroutine[Any, Any, TaskOutput]]:
+    original = task.aexecute_sync
+    name = _step_name(task, index)
+
+    async def aexecute_sync(agent: Any = None, context: str | None = None, tools: Any = None) -> TaskOutput:
+        live: list[TaskOutput] = []
+
+        @pk.checkpointed(name=name)
+        async def run_task(description: str, context: str | None) -> dict[str, Any]:
+            with _recorded_calls(agent, task, tools):
+                live.append(await original(agent=agent, context=context, tools=tools))
+            return live[0].model_dump(mode="json")
+
+        data = await run_task(task.description, context)
+        if live:
+            return live[0]
+        task.output = _revive(task, data)
+        return task.output
+
+    return aexecute_sync
+
+
+@contextmanager
+def _durable_tasks(crew: Crew) -> Iterator[None]:
+    if crew.stream:
+        raise pk.ConfigurationError("durable_kickoff does not support streaming crews (stream=True)")
+    concurrent = [t.name or t.description[:40] for t in crew.tasks if t.async_execution]
+    if concurrent:
+        raise pk.ConfigurationError(
+            f"durable_kickoff does not support tasks with async_execution=True ({concurrent}): "
+            "their start order is not deterministic, so replay could not match them to their records"
+        )
+    for index, task in enumerate(crew.tasks):
+        # Instance attributes shadow the methods for this kickoff only.
+        object.__setattr__(task, "execute_sync", _sync_step(task, index))
+        object.__setattr__(task, "aexecute_sync", _async_step(task, index))
+    try:
+        yield
+    finally:
+        for task in crew.tasks:
+            task.__dict__.pop("execute_sync", None)
+            task.__dict__.pop("aexecute_sync", None)
+
+
+def durable_kickoff(
+    crew: Crew,
+    inputs: dict[str, Any] | None = None,
+    *,
+    thread_id: str,
+    store: pk.Store | None = None,
+    run_id: str | None = None,
+    busy: str | None = _DEFAULT,
+    lease_ttl: float = _DEFAULT,
+    busy_timeout: float | None = _DEFAULT,
+) -> CrewOutput:
+    """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
+
+    A run that died (or raised) continues: tasks whose output was recorded
+    return it without running (their agents, tools, callbacks and guardrails
+    do not run again); the task in flight at the crash runs again, but its
+    tool calls that returned replay their recorded results (each tool call is
+    a step).
+
+    ``run_id`` is the turn's identity: pass the id of the message or event the
+    kickoff answers. A redelivered kickoff whose run finished returns its recorded
+    output without running a task; one whose worker died continues. ``busy``,
+    ``lease_ttl`` and ``busy_timeout`` are ``pk.resume``'s: the kickoff holds the
+    thread's lease, so kickoffs of one thread run one at a time, in arrival order
+    (``"queue"``, the default), across processes (docs/coordination.md).
+    """
+    turn = pk.resume(
+        thread_id, store=store, run_id=run_id, **_lease_options(busy, lease_ttl, busy_timeout)
+    )
+    with _durable_tasks(crew), turn:
+        result = crew.kickoff(inputs=inputs)
+    if not isinstance(result, CrewOutput):  # streaming is refused above
+        raise TypeError(f"crew.kickoff returned {type(result).__name__}, expected CrewOutput")
+    return result
+
+
+async def adurable_kickoff(
+    crew: Crew,
+    inputs: dict[str, Any] | None = None,
+    *,
+    thread_id: str,
+    store: pk.Store | None = None,
+    run_id: str | None = None,
+    busy: str | None = _DEFAULT,
+    lease_ttl: float = _DEFAULT,
+    busy_timeout: float | None = _DEFAULT,
+) -> CrewOutput:
+    """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity and busy policy)."""
+    turn = pk.resume(
+        thread_id, store=store, run_id=run_id, **_lease_options(busy, lease_ttl, busy_timeout)
+    )
+    with _durable_tasks(crew):
+        async with turn:
+            result = await crew.akickoff(inputs=inputs)
+    if not isinstance(result, CrewOutput):
+        raise TypeError(f"crew.akickoff returned {type(result).__name__}, expected CrewOutput")
+    return result

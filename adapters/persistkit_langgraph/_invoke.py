@@ -1,0 +1,301 @@
+"""Running one turn of a graph durably: ``durable_invoke`` / ``adurable_invoke``.
+
+A turn is one ``graph.invoke`` on one LangGraph thread (one Slack event, one queue
+message). What ``pk.resume`` gives a block, a turn gets here:
+
+* the thread's lease (``persistkit.coordination``, the same record ``pk.resume``
+  takes), with the busy policy: turns of one thread run one at a time, in arrival
+  order, across processes; the saver's checkpoint writes inside the turn carry the
+  lease's fencing token (a replaced holder gets ``LeaseLostError``, writes nothing);
+* a turn identity, ``run_id=`` (the event id), recorded in the metadata of each
+  checkpoint the turn writes (``persistkit_run_id``): a redelivered turn that
+  finished returns its result without running a node, one that crashed continues;
+* a crashed turn keeps its place: while the thread's latest checkpoint belongs to a
+  turn that stopped mid-way (its process died), a turn with another ``run_id`` does
+  not start on top of it. It gives the lease up and waits for the crashed turn to be
+  continued (its redelivery, or ``durable_invoke`` without ``run_id``), up to
+  ``busy_timeout``, then raises ``pk.ThreadBusyError`` naming it.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.pregel import Pregel
+from langgraph.types import Command, StateSnapshot
+
+import persistkit as pk
+
+from ._migrate import CHANNELS_KEY
+from ._saver import RUN_KEY, PersistkitSaver
+
+__all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
+
+_CP = "lg:c:"  # the saver's checkpoint namespaces (see the package docstring)
+#: What the lease is reserved for while a crashed turn that had no run_id keeps its place.
+_NO_RUN_ID = "(a turn without run_id)"
+_HOW = "In LangGraph, durable_invoke(graph, None, config) with that run_id (or none) continues it"
+_DEFAULT_BUSY = pk.ThreadLease.DEFAULT_BUSY  # "queue", asked of a store only if it has leases
+_DEFAULT_TTL, _DEFAULT_TIMEOUT = 30.0, 300.0  # pk.resume's lease_ttl and busy_timeout
+
+
+def _ids(config: RunnableConfig) -> tuple[str, str]:
+    conf = config.get("configurable") or {}
+    if "thread_id" not in conf:
+        raise pk.ConfigurationError(
+            "durable_invoke needs config={'configurable': {'thread_id': ...}}: the thread is the unit "
+            "of durability and of the lease"
+        )
+    return str(conf["thread_id"]), str(conf.get("checkpoint_ns") or "")
+
+
+def _with_channels(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> RunnableConfig:
+    """``config`` telling the saver the graph's channels, so that stored channels the graph no
+    longer has (a renamed state field) are refused instead of dropped. A dunder key: LangGraph
+    keeps it out of checkpoint metadata."""
+    names = frozenset(graph.channels) | frozenset(getattr(graph, "managed", None) or ())
+    return {**config, "configurable": {**config.get("configurable", {}), CHANNELS_KEY: names}}
+
+
+def _with_run(config: RunnableConfig, run_id: str | None) -> RunnableConfig:
+    """``config`` whose checkpoints record ``run_id`` (LangGraph copies ``config["metadata"]``
+    into each checkpoint's metadata)."""
+    if run_id is None:
+        return config
+    return {**config, "metadata": {**(config.get("metadata") or {}), RUN_KEY: run_id}}
+
+
+def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any:
+    """What to invoke the graph with when no turn identity is given: None continues the
+    thread's unfinished run (crashed, or stopped by a node that raised)."""
+    if isinstance(input, Command):
+        return input  # an answer to interrupt(): LangGraph's own resume
+    # Tasks of the latest checkpoint: still to run, or done with their writes saved but no
+    # checkpoint after them yet (``state.next`` leaves those out). A finished run has none.
+    if state.tasks and not state.interrupts:
+        return None  # a run stopped mid-way (a crash, or a node that raised): continue it
+    if input is None and not state.config.get("configurable", {}).get("checkpoint_id"):
+        thread_id, ns = _ids(config)
+        raise pk.NotFoundError(
+            f"thread {thread_id!r}{f' namespace {ns!r}' if ns else ''} has no committed checkpoint "
+            "to continue: the run that should have written one was never started, or died before "
+            "its first checkpoint was committed (durability \"exit\" writes only when a run ends, "
+            "\"async\" in the background). Call durable_invoke(graph, input, config) with the "
+            "run's input to start it again"
+        )
+    return input
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What a turn does once it holds the lease and has read the thread's latest checkpoint."""
+
+    kind: str  # "run" (invoke with ``input`` under ``run_id``), "done", "wait" or "lookup"
+    input: Any = None
+    run_id: str | None = None
+    state: StateSnapshot | None = None  # "done": the turn's last checkpoint
+
+
+def _crashed(state: StateSnapshot) -> bool:
+    """The latest checkpoint belongs to a run that stopped mid-way without a node failing:
+    its process died (or lost its lease) and the run can be continued."""
+    return bool(state.tasks) and not state.interrupts and not any(t.error for t in state.tasks)
+
+
+def _decide(state: StateSnapshot, input: Any, run_id: str | None, config: RunnableConfig) -> _Step:
+    found = (state.metadata or {}).get(RUN_KEY) if state.config.get("configurable", {}).get("checkpoint_id") else None
+    head_run = found if isinstance(found, str) else None  # the turn that wrote the latest checkpoint
+    if run_id is None:
+        # No identity: continue whatever stopped mid-way (keeping its identity), else start.
+        inherited = head_run if state.tasks and not state.interrupts else None
+        return _Step("run", _turn_input(state, input, config), inherited)
+    if isinstance(input, Command):
+        return _Step("run", input, run_id)
+    if head_run == run_id:
+        if state.tasks and not state.interrupts:
+            return _Step("run", None, run_id)  # this turn crashed (or a node raised): continue it
+        return _Step("done", state=state)  # this turn finished (or waits at an interrupt)
+    if _crashed(state):
+        return _Step("wait", run_id=head_run)  # another turn crashed: it keeps its place
+    return _Step("lookup")  # did this turn run before, earlier in the thread?
+
+
+def _output(graph: Pregel[Any, Any, Any, Any], state: StateSnapshot) -> Any:
+    """What ``graph.invoke`` returned for the turn that ended at ``state``."""
+    values = state.values
+    out = graph.output_channels
+    if isinstance(out, str):
+        return values.get(out) if isinstance(values, dict) else values
+    result: dict[str, Any] = {k: values[k] for k in out if k in values} if isinstance(values, dict) else values
+    if state.interrupts and isinstance(result, dict):
+        result["__interrupt__"] = list(state.interrupts)
+    return result
+
+
+class _Turn:
+    """One call of ``durable_invoke``: its options, checked, and its lease (``pk.ThreadLease``
+    on the thread's root checkpoint namespace, the same record ``pk.resume`` would take)."""
+
+    def __init__(
+        self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
+        busy: str | None, lease_ttl: float, busy_timeout: float | None,
+    ) -> None:
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise pk.ConfigurationError(f"run_id={run_id!r}: give the turn's event id as a non-empty str")
+        self.thread_id, self.ns = _ids(config)
+        saver = graph.checkpointer
+        self.saver = saver if isinstance(saver, PersistkitSaver) else None
+        self.config = _with_channels(graph, config)
+        self.run_id = run_id
+        self.lease_ns = _CP + self.ns
+        pk.ThreadLease.check_options(busy, lease_ttl, busy_timeout)
+        self.lease: pk.ThreadLease | None = None
+        if self.saver is not None:
+            self.lease = pk.ThreadLease(
+                self.saver.store, self.thread_id, self.lease_ns, run_id=run_id, busy=busy,
+                lease_ttl=lease_ttl, busy_timeout=busy_timeout,
+            )
+        elif busy is not _DEFAULT_BUSY and busy is not None:
+            raise pk.ConfigurationError(
+                f"busy={busy!r} needs the graph compiled with checkpointer=PersistkitSaver(...): the "
+                f"lease lives in the persistkit store (this graph's checkpointer is {type(saver).__name__})"
+            )
+
+    def crashed(self, crashed: str | None) -> str:
+        # A crashed turn started without run_id is continued by a durable_invoke without one.
+        return crashed if crashed is not None else _NO_RUN_ID
+
+    def no_lease(self, crashed: str | None) -> pk.ThreadBusyError:
+        return pk.ThreadBusyError(
+            f"LangGraph thread {self.thread_id!r}: its latest turn {self.crashed(crashed)} stopped mid-way (its "
+            "process died), and this turn takes no lease (busy=None, or a checkpointer other than "
+            "PersistkitSaver), so it cannot wait for it. Continue it first: "
+            f"durable_invoke(graph, None, config, run_id={crashed!r})",
+            thread_id=self.thread_id, unfinished_run=self.crashed(crashed),
+        )
+
+    def earlier(self, graph: Pregel[Any, Any, Any, Any]) -> RunnableConfig | None:
+        """The config of this turn's last checkpoint further back in the thread, if any."""
+        if self.saver is None:  # any checkpointer: LangGraph's own metadata filter
+            assert graph.checkpointer is not None and not isinstance(graph.checkpointer, bool)
+            for tup in graph.checkpointer.list(self.config, filter={RUN_KEY: self.run_id}, limit=1):
+                return self._at(tup.config["configurable"]["checkpoint_id"])
+            return None
+        cps = self.saver.store.history(self.thread_id, **self._query())
+        return self._at(cps[0].metadata["langgraph_id"]) if cps else None
+
+    async def aearlier(self, graph: Pregel[Any, Any, Any, Any]) -> RunnableConfig | None:
+        if self.saver is None:
+            assert graph.checkpointer is not None and not isinstance(graph.checkpointer, bool)
+            async for tup in graph.checkpointer.alist(self.config, filter={RUN_KEY: self.run_id}, limit=1):
+                return self._at(tup.config["configurable"]["checkpoint_id"])
+            return None
+        cps = await self.saver.store.ahistory(self.thread_id, **self._query())
+        return self._at(cps[0].metadata["langgraph_id"]) if cps else None
+
+    def _query(self) -> dict[str, Any]:
+        # The saver copies the turn's id into persistkit's metadata (``langgraph_run``): the
+        # history is scanned newest first without decoding LangGraph's checkpoints.
+        return {"namespace": self.lease_ns, "limit": 1, "metadata": {"langgraph_run": self.run_id}}
+
+    def _at(self, checkpoint_id: str) -> RunnableConfig:
+        return {**self.config, "configurable": {**self.config["configurable"], "checkpoint_id": checkpoint_id}}
+
+
+def durable_invoke(
+    graph: Pregel[Any, Any, Any, Any],
+    input: Any,
+    config: RunnableConfig,
+    *,
+    run_id: str | None = None,
+    busy: str | None = _DEFAULT_BUSY,
+    lease_ttl: float = _DEFAULT_TTL,
+    busy_timeout: float | None = _DEFAULT_TIMEOUT,
+    **kwargs: Any,
+) -> Any:
+    """``graph.invoke`` for one turn of a thread, safe to call again with the same arguments.
+
+    The turn holds the thread's lease while it runs (``busy``: ``"queue"``, the default,
+    waits in arrival order; ``"wait"`` waits; ``"reject"`` raises ``pk.ThreadBusyError``
+    at once; ``None`` takes no lease), renewed every ``lease_ttl / 3`` seconds; waiting
+    ends after ``busy_timeout`` seconds with ``pk.ThreadBusyError``.
+
+    ``run_id`` (the event id) names the turn: called again with the same ``run_id``, a
+    finished turn returns its result without running a node, a crashed one continues
+    (``input`` is not applied again). A turn with another ``run_id`` waits while the
+    thread's latest turn is crashed (not failed: a node that raised fails its turn for
+    good, and the next turn starts on top of it).
+
+    Without ``run_id``: if the thread's latest checkpoint has tasks (the process died
+    mid-run, or a node raised), the run continues from it and ``input`` is not applied;
+    otherwise ``input`` starts a run. ``input=None`` on a thread with no checkpoint is a
+    ``pk.NotFoundError``. A ``Command(resume=...)`` is passed as is. ``durability``
+    defaults to ``"sync"``; other keyword arguments go to ``graph.invoke``.
+    """
+    kwargs.setdefault("durability", "sync")
+    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
+    lease = turn.lease
+    if lease is not None:
+        lease.acquire()
+    try:
+        while True:
+            with lease.fenced() if lease is not None else nullcontext():
+                step = _decide(graph.get_state(turn.config), input, run_id, turn.config)
+                if step.kind == "lookup":
+                    earlier = turn.earlier(graph)
+                    if earlier is not None:
+                        return _output(graph, graph.get_state(earlier))
+                    step = _Step("run", input, run_id)
+                if step.kind == "done":
+                    assert step.state is not None
+                    return _output(graph, step.state)
+                if step.kind == "run":
+                    return graph.invoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
+            if lease is None or not lease.held:  # "wait": a crashed turn goes first
+                raise turn.no_lease(step.run_id)
+            lease.wait_for(turn.crashed(step.run_id), _HOW)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+async def adurable_invoke(
+    graph: Pregel[Any, Any, Any, Any],
+    input: Any,
+    config: RunnableConfig,
+    *,
+    run_id: str | None = None,
+    busy: str | None = _DEFAULT_BUSY,
+    lease_ttl: float = _DEFAULT_TTL,
+    busy_timeout: float | None = _DEFAULT_TIMEOUT,
+    **kwargs: Any,
+) -> Any:
+    """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
+    kwargs.setdefault("durability", "sync")
+    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
+    lease = turn.lease
+    if lease is not None:
+        await lease.aacquire()
+    try:
+        while True:
+            with lease.fenced() if lease is not None else nullcontext():
+                step = _decide(await graph.aget_state(turn.config), input, run_id, turn.config)
+                if step.kind == "lookup":
+                    earlier = await turn.aearlier(graph)
+                    if earlier is not None:
+                        return _output(graph, await graph.aget_state(earlier))
+                    step = _Step("run", input, run_id)
+                if step.kind == "done":
+                    assert step.state is not None
+                    return _output(graph, step.state)
+                if step.kind == "run":
+                    return await graph.ainvoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
+            if lease is None or not lease.held:
+                raise turn.no_lease(step.run_id)
+            await lease.await_for(turn.crashed(step.run_id), _HOW)
+    finally:
+        if lease is not None:
+            await lease.arelease()

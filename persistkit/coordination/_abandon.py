@@ -1,0 +1,144 @@
+"""``store.abandon(thread_id, run_id)``: give up an unfinished run that will never be redelivered.
+
+A crashed run keeps its place (``_turns``): the thread's next turns wait for its
+redelivery. When no redelivery will ever come (the message was dropped, the
+queue gave up), ``abandon`` ends the run with an end record whose run status is
+``abandoned``. Nothing is rolled back: the record carries the head's state as
+it is, so the run's committed steps stay in the thread and the next turn starts
+from them. A redelivery of an abandoned run raises ``pk.RunAbandonedError``
+when it opens (not retryable: it runs nothing).
+
+It refuses (``ThreadBusyError``) while a live run holds the thread's lease (after
+``_PATIENCE`` s): that may be the run itself, still going. It takes the lease
+ahead of the queue (abandoning is no turn) and writes with its fencing token.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._errors import ConfigurationError, ConflictError, NotFoundError, ThreadBusyError
+from .._ids import next_checkpoint_id
+from .._io import Plan, call, run_async, run_sync
+from ..backends._protocol import new_row
+from ..state._records import Checkpoint, Record
+from ._lease import DEFAULT_TTL, Lease, acquire, release
+from ._unfinished import ABANDONED
+
+if TYPE_CHECKING:
+    from ..backends._protocol import Backend
+    from ..codec._pipeline import Codec
+
+
+class Store(Protocol):
+    """What abandoning uses of a ``persistkit.Store`` (which imports this module)."""
+
+    backend: Backend
+    codec: Codec
+
+    def _check_open(self) -> None: ...
+    def run_sync(self, plan: Plan[Any]) -> Any: ...
+    async def run_async(self, plan: Plan[Any]) -> Any: ...
+    def read_record(self, thread_id: str, namespace: str, checkpoint_id: str | None) -> Plan[Record]: ...
+
+__all__ = ["abandon_async", "abandon_sync"]
+
+#: Seconds abandon waits for a held lease (a waiting turn looks at the thread for a moment
+#: every second) before it refuses: a run that holds it longer is live.
+_PATIENCE = 2.0
+
+
+def _plan(store: Store, thread_id: str, namespace: str, run_id: str, lease: Lease | None) -> Plan[Checkpoint]:
+    t, ns, codec = thread_id, namespace, store.codec
+    where = repr(t) + (f" (namespace {ns!r})" if ns else "")
+    mine = yield call("list", t, ns, run_id=run_id, limit=1)
+    if not mine:
+        head = yield call("head", t, ns)
+        if head is None:
+            raise NotFoundError(f"cannot abandon run {run_id}: thread {where} has no checkpoints")
+        raise NotFoundError(
+            f"cannot abandon run {run_id}: thread {where} has no checkpoint of that run (check the "
+            "run id in `persistkit history`). A run that committed nothing holds no place: no turn waits for it"
+        )
+    last = Record.decode(codec, mine[0])
+    if last.kind == "end":
+        if last.run_status == ABANDONED:
+            return last.public(codec)  # abandoned already: nothing to do
+        raise ConfigurationError(
+            f"cannot abandon run {run_id} of thread {where}: it finished ({last.run_status}); only an "
+            "unfinished run (its process died before its end) can be abandoned"
+        )
+    head = yield call("head", t, ns)
+    top = yield from store.read_record(t, ns, head.checkpoint_id)
+    if top.id != last.id:
+        raise ConfigurationError(
+            f"cannot abandon run {run_id} of thread {where}: the thread moved on past it (its head is "
+            f"checkpoint {top.id}" + (f" of run {top.row.run_id}" if top.row.run_id else "") + "), so "
+            "no turn waits for it; a redelivery of it raises ConflictError and runs nothing"
+        )
+    # The head's state as it is (channel refs copied, nothing decoded): the run's steps stay.
+    body = {"k": "end", "rs": ABANDONED, "ch": top.body.get("ch") or {}, "sc": top.body.get("sc"), "t": time.time()}
+    row = new_row(t, ns, next_checkpoint_id(top.id), top.id, run_id, codec.pack_tree(body))
+    try:
+        if lease is None:
+            yield call("write", row, {}, head.version)
+        else:
+            yield call("write_fenced", row, {}, head.version, lease.token)
+    except ConflictError as exc:
+        raise ConflictError(
+            f"cannot abandon run {run_id} of thread {where}: another writer moved the thread's head "
+            "while it was being abandoned, so nothing was written. Look at the thread again "
+            "(`persistkit history`) and abandon again if the run is still unfinished",
+            thread_id=t, namespace=ns, expected=exc.expected, found=exc.found, found_checkpoint=exc.found_checkpoint,
+        ) from exc
+    return Record(row, body).public(codec)
+
+
+def _refused(thread_id: str, run_id: str, exc: ThreadBusyError) -> ThreadBusyError:
+    if exc.unfinished_run:
+        why = f"the thread waits for its unfinished run {exc.unfinished_run}, not for {run_id}"
+    else:
+        why = (
+            f"a live run holds the thread's lease ({exc.holder}): it may be run {run_id} itself, still "
+            "going. Abandon a run only once its process is gone: wait until the lease expires "
+            "(`persistkit leases`) and abandon again"
+        )
+    return ThreadBusyError(
+        f"cannot abandon run {run_id} of thread {thread_id!r}: {why}",
+        thread_id=thread_id, holder=exc.holder, expires_at=exc.expires_at, unfinished_run=exc.unfinished_run,
+    )
+
+
+def abandon_sync(store: Store, thread_id: str, run_id: str, namespace: str) -> Checkpoint:
+    store._check_open()
+    lease = None
+    if store.backend.supports_leases:
+        try:
+            lease = run_sync(store.backend, acquire(thread_id, namespace, "wait", DEFAULT_TTL, _PATIENCE, run_id, ahead=True))
+        except ThreadBusyError as exc:
+            raise _refused(thread_id, run_id, exc) from exc
+    try:
+        result: Checkpoint = store.run_sync(_plan(store, thread_id, namespace, run_id, lease))
+        return result
+    finally:
+        if lease is not None:
+            run_sync(store.backend, release(lease))
+
+
+async def abandon_async(store: Store, thread_id: str, run_id: str, namespace: str) -> Checkpoint:
+    store._check_open()
+    lease = None
+    if store.backend.supports_leases:
+        try:
+            lease = await run_async(
+                store.backend, acquire(thread_id, namespace, "wait", DEFAULT_TTL, _PATIENCE, run_id, ahead=True)
+            )
+        except ThreadBusyError as exc:
+            raise _refused(thread_id, run_id, exc) from exc
+    try:
+        result: Checkpoint = await store.run_async(_plan(store, thread_id, namespace, run_id, lease))
+        return result
+    finally:
+        if lease is not None:
+            await run_async(store.backend, release(lease))

@@ -1,0 +1,98 @@
+"""Turns of one thread in arrival order, even when one of them crashed.
+
+A run is *unfinished* when the thread's head is one of its step records (no end
+record): its process died, it was interrupted, it lost its lease, or its block
+ended with a ``pk.RetryableError`` (a queue retries it). Another turn (a run
+opened with another ``run_id``) must not start on top of it: the unfinished
+run's redelivery would find the thread moved on and could never finish.
+
+So ``pk.resume`` opens its run under the lease, and when ``Run.open`` finds the
+thread's newest run unfinished and not its own it raises :class:`Unfinished`;
+:func:`open_sync` / :func:`open_async` then give the lease up *reserved* for that
+run (``_lease.step_aside``: only a resume continuing it, or ``store.abandon``, may
+take it; under ``busy="queue"`` this run keeps its place at the front of the
+queue) and wait for their turn again, up to ``busy_timeout`` in all, after which
+``ThreadBusyError`` names the unfinished run (``unfinished_run``).
+``busy="reject"`` raises at once. ``busy=None`` takes no lease and checks
+nothing (the run starts on top; the unfinished run's redelivery then raises
+``ConflictError``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .._io import run_async, run_sync
+from ._drive import AsyncHeartbeat, Heartbeat
+from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
+from ._lease import acquire, step_aside
+from ._unfinished import Unfinished
+
+if TYPE_CHECKING:
+    from ..engine._run import Run
+
+__all__ = ["open_async", "open_sync"]
+
+
+def open_sync(
+    run: Run, run_id: str | None, busy: str | None, explicit: bool, ttl: float,
+    timeout: float | None, outer: Run | None,
+) -> Holding | None:
+    """Take the thread's lease and open ``run`` (``run_id``) under it, waiting while the
+    thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
+    could not give up, the store failing, expires by itself)."""
+    store, since = run.store, time.monotonic()
+    holding = hold_sync(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
+    while True:
+        run.lease = holding.lease if holding else None
+        # a block nested in a block of the same thread shares its lease: it cannot wait
+        # (the two runs meet at the head's compare-and-swap, as without leases)
+        run.keeps_turns = holding is not None and holding.beat is not None
+        try:
+            store.run_sync(run.open(run_id))
+            return holding
+        except Unfinished as exc:
+            blocked = exc
+        except BaseException:
+            let_go_sync(store, holding)
+            raise
+        assert holding is not None and busy is not None  # open() raises Unfinished only under its own lease
+        holding.beat.stop()
+        lease = holding.lease
+        run_sync(store.backend, step_aside(lease, blocked.run_id, busy))
+        me = (lease.owner, lease.probe)
+        new = run_sync(
+            store.backend, acquire(run.thread_id, run.namespace, busy, ttl, timeout, run_id, me=me, since=since)
+        )
+        holding = Holding(new, Heartbeat(store.backend, new))
+
+
+async def open_async(
+    run: Run, run_id: str | None, busy: str | None, explicit: bool, ttl: float,
+    timeout: float | None, outer: Run | None,
+) -> Holding | None:
+    store, since = run.store, time.monotonic()
+    holding = await hold_async(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
+    while True:
+        run.lease = holding.lease if holding else None
+        # a block nested in a block of the same thread shares its lease: it cannot wait
+        # (the two runs meet at the head's compare-and-swap, as without leases)
+        run.keeps_turns = holding is not None and holding.beat is not None
+        try:
+            await store.run_async(run.open(run_id))
+            return holding
+        except Unfinished as exc:
+            blocked = exc
+        except BaseException:
+            await let_go_async(store, holding)
+            raise
+        assert holding is not None and busy is not None
+        await holding.beat.stop()
+        lease = holding.lease
+        await run_async(store.backend, step_aside(lease, blocked.run_id, busy))
+        me = (lease.owner, lease.probe)
+        new = await run_async(
+            store.backend, acquire(run.thread_id, run.namespace, busy, ttl, timeout, run_id, me=me, since=since)
+        )
+        holding = Holding(new, AsyncHeartbeat(store.backend, new))

@@ -1,0 +1,276 @@
+"""Turns of one LangGraph thread in real processes on PostgreSQL (issue #19, the seeds' Slack case):
+two turns at once, a redelivered turn, a worker SIGKILLed mid-turn while the next turn waits.
+Every turn lands once, its messages contiguous and in node order; no finished node body runs twice."""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from conftest import make_url, uid
+
+pytest.importorskip("langgraph")
+
+from langgraph.graph import END, START, StateGraph
+
+import persistkit as pk
+from persistkit_langgraph import PersistkitSaver, durable_invoke
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "adapters" / "langgraph_turn_worker.py"
+NODES = ("user", "think", "act", "reply")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "adapters")])}
+
+
+@pytest.fixture
+def pg(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_url("postgres", request, tmp_path_factory)
+
+
+def start(url: str, thread: str, run: str, where: Path, mode: str = "sync", *options: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(WORKER), url, thread, run, str(where), mode, *options]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def wait_for(path: Path) -> None:
+    for _ in range(600):
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def messages(url: str, thread: str) -> list[str]:
+    with PersistkitSaver.from_url(url) as saver:
+        tup = saver.get_tuple({"configurable": {"thread_id": thread}})
+        assert tup is not None
+        return list(tup.checkpoint["channel_values"]["messages"])
+
+
+def turns(msgs: list[str]) -> list[str]:
+    """The runs in the thread, in order, asserting each turn's messages are complete and contiguous."""
+    assert len(msgs) % len(NODES) == 0, msgs
+    runs = []
+    for i in range(0, len(msgs), len(NODES)):
+        run = msgs[i].split(":")[0]
+        assert msgs[i : i + len(NODES)] == [f"{run}:{n}" for n in NODES], msgs
+        runs.append(run)
+    assert len(set(runs)) == len(runs), f"a turn landed twice: {msgs}"
+    return runs
+
+
+def effects(where: Path) -> Counter[str]:
+    path = where / "effects"
+    return Counter(path.read_text().split()) if path.exists() else Counter()
+
+
+def ran_once(where: Path, *runs: str) -> None:
+    assert effects(where) == Counter(f"{r}:{n}" for r in runs for n in NODES[1:])
+
+
+# -- real processes on PostgreSQL ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_two_turns_of_one_thread_at_once_both_land_in_order(pg: str, tmp_path: Path, mode: str) -> None:
+    thread = uid("slack")
+    a = start(pg, thread, "A", tmp_path, mode, "slow")
+    time.sleep(0.05)
+    b = start(pg, thread, "B", tmp_path, mode, "slow")
+    out_a, out_b = finish(a), finish(b)
+    runs = turns(messages(pg, thread))
+    assert sorted(runs) == ["A", "B"]
+    # each call returned the thread as its turn left it: the later turn saw the earlier one
+    first, second = (out_a, out_b) if runs[0] == "A" else (out_b, out_a)
+    assert first["ok"]["messages"] == [f"{runs[0]}:{n}" for n in NODES]
+    assert second["ok"]["messages"] == [f"{r}:{n}" for r in runs for n in NODES]
+    ran_once(tmp_path, "A", "B")
+
+
+@pytest.mark.slow
+def test_a_turn_arriving_while_another_runs_waits_and_runs_after_it(pg: str, tmp_path: Path) -> None:
+    thread = uid("slack")
+    a = start(pg, thread, "A", tmp_path, "sync", "slow")
+    wait_for(tmp_path / "A.running")  # A holds the thread
+    b = start(pg, thread, "B", tmp_path, "async")
+    finish(a), finish(b)
+    assert turns(messages(pg, thread)) == ["A", "B"]
+    ran_once(tmp_path, "A", "B")
+
+
+@pytest.mark.slow
+def test_a_redelivered_turn_runs_once(pg: str, tmp_path: Path) -> None:
+    thread = uid("slack")
+    first = finish(start(pg, thread, "A", tmp_path))
+    again = finish(start(pg, thread, "A", tmp_path, "async"))  # Slack retries the event
+    assert again == first
+    finish(start(pg, thread, "B", tmp_path))
+    late = finish(start(pg, thread, "A", tmp_path))  # redelivered after the next turn ran
+    assert late == first
+    assert turns(messages(pg, thread)) == ["A", "B"]
+    ran_once(tmp_path, "A", "B")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_worker_killed_mid_turn_keeps_its_place_while_the_next_turn_waits(pg: str, tmp_path: Path, mode: str) -> None:
+    thread = uid("slack")
+    a = start(pg, thread, "A", tmp_path, mode, "kill")
+    wait_for(tmp_path / "A.running")
+    b = start(pg, thread, "B", tmp_path, mode, "timeout=50")  # queued behind A
+    a.communicate(timeout=60)
+    assert a.returncode == -9  # died at the start of act, think committed
+    time.sleep(1.0)  # B takes the dead holder's lease, finds A crashed, and waits for it
+    c = start(pg, thread, "C", tmp_path, mode, "timeout=50")  # the thread's next event queues behind B
+    time.sleep(1.0)
+    assert b.poll() is None and c.poll() is None, (b.communicate(), c.communicate())
+    redelivered = finish(start(pg, thread, "A", tmp_path, mode))  # the queue redelivers A
+    assert redelivered["ok"]["messages"] == [f"A:{n}" for n in NODES]
+    assert finish(b)["ok"]["messages"][-1] == "B:reply"
+    assert finish(c)["ok"]["messages"][-1] == "C:reply"
+    assert turns(messages(pg, thread)) == ["A", "B", "C"]  # arrival order, the crashed turn first
+    ran_once(tmp_path, "A", "B", "C")  # think ran once: the redelivery continued after it
+
+
+@pytest.mark.slow
+def test_a_crashed_turn_makes_reject_and_timeout_raise_thread_busy(pg: str, tmp_path: Path) -> None:
+    thread = uid("slack")
+    a = start(pg, thread, "A", tmp_path, "sync", "kill")
+    a.communicate(timeout=60)
+    assert a.returncode == -9
+    for options in (("busy=reject",), ("busy=wait", "timeout=0.5"), ("timeout=0.5",)):
+        out = finish(start(pg, thread, "B", tmp_path, "sync", *options))
+        assert out["error"] == "ThreadBusyError", out
+        assert out["unfinished_run"] == "A", out
+    # durable_invoke without run_id continues the crashed turn (keeping its identity) ...
+    with PersistkitSaver.from_url(pg) as saver:
+        graph = _worker_graph(saver)
+        out = durable_invoke(graph, None, {"configurable": {"thread_id": thread}})
+        assert out["messages"] == [f"A:{n}" for n in NODES]
+    # ... so A's redelivery then replays it, and B runs
+    assert finish(start(pg, thread, "A", tmp_path))["ok"] == {"messages": [f"A:{n}" for n in NODES]}
+    finish(start(pg, thread, "B", tmp_path))
+    assert turns(messages(pg, thread)) == ["A", "B"]
+    # A's act and reply ran in this process (its graph records no effects); nothing ran twice
+    assert effects(tmp_path) == Counter({"A:think": 1, "B:think": 1, "B:act": 1, "B:reply": 1})
+
+
+@pytest.mark.slow
+def test_plain_invokes_of_one_thread_at_once_never_drop_a_turn_silently(pg: str, tmp_path: Path) -> None:
+    thread = uid("slack")
+    a = start(pg, thread, "A", tmp_path, "plain", "slow")
+    time.sleep(0.05)
+    b = start(pg, thread, "B", tmp_path, "plain", "slow")
+    outs = {"A": finish(a), "B": finish(b)}
+    msgs = messages(pg, thread)
+    assert any("ok" in out for out in outs.values())
+    for run, out in outs.items():  # each call either landed whole, or was told it did not
+        block = [f"{run}:{n}" for n in NODES]
+        if "error" in out:
+            assert out["error"] == "ConflictError", out
+            assert f"{run}:reply" not in msgs
+        else:
+            assert out["ok"]["messages"] == msgs or out["ok"]["messages"] == msgs[: len(out["ok"]["messages"])]
+            i = msgs.index(f"{run}:user")
+            assert msgs[i : i + len(NODES)] == block, msgs
+
+
+# -- in one process ---------------------------------------------------------------------------------------
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[str], operator.add]
+
+
+def _worker_graph(saver: PersistkitSaver) -> Any:
+    builder: StateGraph[Any] = StateGraph(Chat)
+    for name in NODES[1:]:
+        builder.add_node(name, lambda s, name=name: {"messages": [f"{s['messages'][-1].split(':')[0]}:{name}"]})
+    builder.add_edge(START, "think")
+    builder.add_edge("think", "act")
+    builder.add_edge("act", "reply")
+    builder.add_edge("reply", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_a_put_whose_parent_is_no_longer_the_head_is_a_conflict(pg: str) -> None:
+    """Another run of the thread commits while this one runs: this run's next checkpoint is
+    refused (ConflictError) instead of overwriting the other run's turn."""
+    thread = uid("lg")
+    config: Any = {"configurable": {"thread_id": thread}}
+    with PersistkitSaver.from_url(pg) as saver:
+        other = _worker_graph(saver)
+        builder: StateGraph[Any] = StateGraph(Chat)
+
+        def think(state: Chat) -> dict[str, Any]:  # meanwhile, turn B runs to its end
+            done = threading.Thread(target=lambda: other.invoke({"messages": ["B:user"]}, config))
+            done.start()
+            done.join()
+            return {"messages": ["A:think"]}
+
+        builder.add_node("think", think)
+        builder.add_edge(START, "think")
+        builder.add_edge("think", END)
+        graph = builder.compile(checkpointer=saver)
+        with pytest.raises(pk.ConflictError, match="another run of this thread wrote a newer checkpoint"):
+            graph.invoke({"messages": ["A:user"]}, config, durability="sync")
+        # A's input checkpoint was committed before B started; B's turn is whole on top of it,
+        # and A's think, computed from the head B replaced, was refused instead of dropping B
+        assert messages(pg, thread) == ["A:user", *(f"B:{n}" for n in NODES)]
+        # time travel still branches: a run asked to start from an older checkpoint writes from it
+        history = list(saver.list(config))
+        oldest = history[-1].config["configurable"]["checkpoint_id"]
+        out = other.invoke({"messages": ["C:user"]}, {"configurable": {"thread_id": thread, "checkpoint_id": oldest}})
+        assert out["messages"][-4:] == [f"C:{n}" for n in NODES]
+
+
+def test_bad_options_are_configuration_errors(pg: str) -> None:
+    with PersistkitSaver.from_url(pg) as saver:
+        graph = _worker_graph(saver)
+        config: Any = {"configurable": {"thread_id": uid("lg")}}
+        for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}, {"run_id": ""}, {"run_id": 7}):
+            with pytest.raises(pk.ConfigurationError):
+                durable_invoke(graph, {"messages": ["A:user"]}, config, **kwargs)
+        with pytest.raises(pk.ConfigurationError, match="thread_id"):
+            durable_invoke(graph, {"messages": ["A:user"]}, {"configurable": {}})
+
+
+def test_a_replaced_holder_writes_nothing(pg: str) -> None:
+    """The saver's checkpoint writes inside durable_invoke carry the lease's fencing token:
+    once another holder took the thread over, the old holder's next write is refused."""
+    thread = uid("lg")
+    with PersistkitSaver.from_url(pg) as saver:
+        backend = saver.store.backend
+        builder: StateGraph[Any] = StateGraph(Chat)
+
+        def think(state: Chat) -> dict[str, Any]:  # meanwhile the lease is taken over
+            rec = backend.lease_get(thread, "lg:c:")
+            assert rec is not None
+            thief = json.dumps({"o": "thief", "e": time.time() + 3600, "p": None, "q": []}).encode()
+            assert backend.lease_swap(thread, "lg:c:", rec.version, rec.token + 1, thief)
+            return {"messages": ["A:think"]}
+
+        builder.add_node("think", think)
+        builder.add_edge(START, "think")
+        builder.add_edge("think", END)
+        graph = builder.compile(checkpointer=saver)
+        with pytest.raises(pk.LeaseLostError):
+            durable_invoke(graph, {"messages": ["A:user"]}, {"configurable": {"thread_id": thread}}, run_id="A")
+        assert messages(pg, thread) == ["A:user"]  # think's checkpoint was refused

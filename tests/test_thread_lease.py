@@ -1,0 +1,69 @@
+"""pk.ThreadLease: the lease pk.resume takes, held around work that is not a resume block."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import make_url, uid
+
+import persistkit as pk
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> pk.Store:
+    s = pk.connect(make_url(request.param, request, tmp_path_factory))
+    request.addfinalizer(s.close)
+    return s
+
+
+def test_one_holder_at_a_time_and_writes_fenced(store: pk.Store) -> None:
+    thread = uid("tl")
+    first = pk.ThreadLease(store, thread, run_id="A", busy="reject")
+    first.acquire()
+    assert first.held
+    with first.fenced():
+        store.update_state(thread, {"n": 1})
+    second = pk.ThreadLease(store, thread, run_id="B", busy="reject")
+    with pytest.raises(pk.ThreadBusyError) as err:
+        second.acquire()
+    assert not second.held and err.value.unfinished_run == ""
+    assert store.leases(prefix=thread)[0].held
+    first.release()
+    assert not first.held
+    second.acquire()
+    second.release()
+
+
+def test_wait_for_an_unfinished_run_reserves_the_lease_for_it(store: pk.Store) -> None:
+    thread = uid("tl")
+    turn = pk.ThreadLease(store, thread, run_id="B", busy="queue", busy_timeout=0.3)
+    turn.acquire()
+    with pytest.raises(pk.ThreadBusyError) as err:
+        turn.wait_for("A")  # nobody continues A: the wait ends at busy_timeout
+    assert err.value.unfinished_run == "A" and not turn.held
+    assert store.leases(prefix=thread)[0].reserved_for == "A"
+    other = pk.ThreadLease(store, thread, run_id="C", busy="reject")
+    with pytest.raises(pk.ThreadBusyError, match="did not finish"):
+        other.acquire()  # reserved for A: another turn does not take it
+    redelivery = pk.ThreadLease(store, thread, run_id="A", busy="reject")
+    redelivery.acquire()  # A's redelivery does
+    redelivery.release()
+
+    async def rejecting() -> None:
+        lease = pk.ThreadLease(store, thread, run_id="D", busy="reject")
+        await lease.aacquire()
+        try:
+            with pytest.raises(pk.ThreadBusyError) as err:
+                await lease.await_for("A")
+            assert err.value.unfinished_run == "A"
+        finally:
+            await lease.arelease()
+
+    asyncio.run(rejecting())
+
+
+def test_bad_options_are_configuration_errors(store: pk.Store) -> None:
+    for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}):
+        with pytest.raises(pk.ConfigurationError):
+            pk.ThreadLease(store, "t", **kwargs)

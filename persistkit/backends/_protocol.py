@@ -2,7 +2,7 @@
 
 Backends store bytes. They never see Python values, state classes or the
 codec: serialization, compression, redaction and encryption all happen above
-them (see ``persistkit/_codec.py``). A backend only has to get these right:
+them (see ``persistkit/codec/_pipeline.py``). A backend only has to get these right:
 
 * ``write`` — one checkpoint row, the blobs it references, and the thread
   head's compare-and-swap, all in ONE atomic write. Either all of it is

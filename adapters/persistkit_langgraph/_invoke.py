@@ -30,7 +30,8 @@ from langgraph.types import Command, StateSnapshot
 import persistkit as pk
 
 from ._migrate import CHANNELS_KEY
-from ._saver import RUN_KEY, PersistkitSaver
+from ._plans import RUN_KEY
+from ._saver import PersistkitSaver
 
 __all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
 

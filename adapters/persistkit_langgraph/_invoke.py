@@ -16,8 +16,10 @@ message). What ``pk.resume`` gives a block, a turn gets here:
 * a crashed turn keeps its place: while the thread's latest checkpoint belongs to a
   turn that stopped mid-way (its process died), a turn with another ``run_id`` does
   not start on top of it. It gives the lease up and waits for the crashed turn to be
-  continued (its redelivery, or ``durable_invoke`` without ``run_id``), up to
-  ``busy_timeout``, then raises ``pk.ThreadBusyError`` naming it.
+  continued (its redelivery, or ``durable_invoke`` without ``run_id``) or abandoned
+  (``store.abandon(thread, run_id, namespace="lg:c:")``: the saver shows the turn's last
+  checkpoint, flagged ``persistkit_abandoned``, its tasks dropped), up to
+  ``busy_timeout``, then raises ``pk.ThreadBusyError`` naming it and the LangGraph remedies.
 """
 
 from __future__ import annotations
@@ -315,8 +317,11 @@ def durable_invoke(
     ``run_id`` (the event id) names the turn: called again with the same ``run_id``, a
     finished turn returns its result without running a node, a crashed one continues
     (``input`` is not applied again). A turn with another ``run_id`` waits while the
-    thread's latest turn is crashed (not failed: a node that raised fails its turn for
-    good, and the next turn starts on top of it).
+    thread's latest turn is crashed (not failed: a node that raised fails its turn, and
+    the next turn starts on top of it), until it is continued or given up
+    (``store.abandon(thread, run_id, namespace="lg:c:")``). A turn that did not finish
+    (failed, or cut off) redelivered after the thread moved on raises ``pk.ConflictError``;
+    an abandoned one ``pk.RunAbandonedError``.
 
     Without ``run_id``: if the thread's latest checkpoint has tasks (the process died
     mid-run, or a node raised), the run continues from it and ``input`` is not applied;

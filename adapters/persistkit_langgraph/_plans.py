@@ -9,8 +9,8 @@ load (graph-state versions and migrations, ``_migrate``).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -99,6 +99,11 @@ _KNOWN_IDS = 4096  # LangGraph id -> persistkit checkpoint id, remembered per sa
 
 def _call(name: str, *args: Any, **kwargs: Any) -> Request:
     return (name, args, kwargs)
+
+
+def _with(metadata: Mapping[str, Any], key: str, value: Any) -> CheckpointMetadata:
+    """LangGraph's checkpoint metadata with persistkit's ``key`` (a key its TypedDict does not name)."""
+    return cast(CheckpointMetadata, {**metadata, key: value})
 
 
 def _wns(ns: str, checkpoint_id: str) -> str:
@@ -217,7 +222,7 @@ class SaverPlans:
             self._migrations.unknown([*values, *(c for _, c, _ in writes)], known, where)
         checkpoint["channel_values"] = values
         parent = cp.metadata.get("langgraph_parent")
-        metadata = lg["metadata"] if cp.run_id is None else {**lg["metadata"], RUN_KEY: cp.run_id}
+        metadata = lg["metadata"] if cp.run_id is None else _with(lg["metadata"], RUN_KEY, cp.run_id)
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}},
             checkpoint=checkpoint,
@@ -286,7 +291,7 @@ class SaverPlans:
         result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), _known(config), live)
         if abandoned is not None:
             self._pk_ids[cps[0].metadata["langgraph_id"]] = abandoned.checkpoint_id  # a put on top finds it
-            result = result._replace(metadata={**result.metadata, ABANDONED_KEY: True})
+            result = result._replace(metadata=_with(result.metadata, ABANDONED_KEY, True))
         if live and cid:  # a run asked for this checkpoint (time travel): its first write branches from it
             conf = {**result.config["configurable"], _BRANCH_KEY: cid}
             result = result._replace(config={**result.config, "configurable": conf})

@@ -376,7 +376,7 @@ def test_a_run_id_that_looks_like_a_secret_is_stored_and_matched_as_is(store_url
         with PersistkitSaver.from_url(store_url) as saver:
             graph = _counting_graph(saver, ran)
 
-            def turn(graph: Any = graph, run_id: str = run_id) -> Any:
+            def turn(graph: Any = graph, run_id: str = run_id, config: Any = config) -> Any:
                 if mode == "async":
                     return asyncio.run(adurable_invoke(graph, {"messages": ["A:user"]}, config, run_id=run_id))
                 return durable_invoke(graph, {"messages": ["A:user"]}, config, run_id=run_id)
@@ -440,7 +440,7 @@ def test_a_turn_cut_off_by_a_plain_invoke_redelivered_is_a_conflict(pg: str) -> 
         graph = builder.compile(checkpointer=saver)
         with pytest.raises(pk.ConflictError, match="another run of this thread"):
             durable_invoke(graph, {"messages": ["A:user"]}, config, run_id="A")
-        with pytest.raises(pk.ConflictError, match="turn A did not finish before the thread moved on .it was cut off"):
+        with pytest.raises(pk.ConflictError, match=r"turn A did not finish before the thread moved on \(it was cut off"):
             durable_invoke(graph, {"messages": ["A:user"]}, config, run_id="A")
         assert messages(pg, thread) == ["A:user", *(f"B:{n}" for n in NODES)]
 

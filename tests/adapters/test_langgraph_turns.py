@@ -452,3 +452,22 @@ def test_run_ids_the_store_cannot_hold_are_refused(pg: str) -> None:
         for bad in ("a\x00b", "x" * 513, "   "):
             with pytest.raises(pk.ConfigurationError, match="run_id="):
                 durable_invoke(graph, {"messages": ["A:user"]}, config, run_id=bad)
+
+
+def test_update_state_records_a_run_id_as_is(store_url: str) -> None:
+    """The core part the saver stands on: ``store.update_state(..., run_id=)`` (and its async twin)
+    writes the record under that run id, unredacted, found by ``history(run_id=)``."""
+    import asyncio
+
+    run_id = LOOKS_SECRET[0]
+    with pk.connect(store_url) as store:
+        thread = uid("upd")
+        store.update_state(thread, {"n": 1}, run_id=run_id, metadata={"note": run_id})
+        asyncio.run(store.aupdate_state(thread, {"n": 2}, run_id="B"))
+        store.update_state(thread, {"n": 3})
+        assert [cp.run_id for cp in store.history(thread)] == [None, "B", run_id]
+        (mine,) = store.history(thread, run_id=run_id)
+        assert mine.metadata["note"] != run_id  # metadata is still redacted: only the run id is not
+        for bad in ("", "a\x00b", "x" * 513, 7):
+            with pytest.raises(pk.ConfigurationError, match="run_id"):
+                store.update_state(thread, {"n": 4}, run_id=bad)  # type: ignore[arg-type]

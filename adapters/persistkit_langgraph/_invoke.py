@@ -7,14 +7,19 @@ message). What ``pk.resume`` gives a block, a turn gets here:
   takes), with the busy policy: turns of one thread run one at a time, in arrival
   order, across processes; the saver's checkpoint writes inside the turn carry the
   lease's fencing token (a replaced holder gets ``LeaseLostError``, writes nothing);
-* a turn identity, ``run_id=`` (the event id), recorded in the metadata of each
-  checkpoint the turn writes (``persistkit_run_id``): a redelivered turn that
-  finished returns its result without running a node, one that crashed continues;
+* a turn identity, ``run_id=`` (the event id), recorded with each checkpoint the turn
+  writes (the persistkit record's run id, indexed and never redacted; LangGraph's
+  metadata shows it as ``persistkit_run_id``): a redelivered turn that finished
+  returns its result without running a node, one that crashed continues, and one
+  that did not finish (a node raised, or it was cut off) while the thread moved on
+  past it raises ``pk.ConflictError`` instead of passing partial output off as its result;
 * a crashed turn keeps its place: while the thread's latest checkpoint belongs to a
   turn that stopped mid-way (its process died), a turn with another ``run_id`` does
   not start on top of it. It gives the lease up and waits for the crashed turn to be
-  continued (its redelivery, or ``durable_invoke`` without ``run_id``), up to
-  ``busy_timeout``, then raises ``pk.ThreadBusyError`` naming it.
+  continued (its redelivery, or ``durable_invoke`` without ``run_id``) or abandoned
+  (``store.abandon(thread, run_id, namespace="lg:c:")``: the saver shows the turn's last
+  checkpoint, flagged ``persistkit_abandoned``, its tasks dropped), up to
+  ``busy_timeout``, then raises ``pk.ThreadBusyError`` naming it and the LangGraph remedies.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from langgraph.types import Command, StateSnapshot
 import persistkit as pk
 
 from ._migrate import CHANNELS_KEY
-from ._plans import RUN_KEY
+from ._plans import ABANDONED_KEY, RUN_KEY, abandon_record, run_id_problem
 from ._saver import PersistkitSaver
 
 __all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
@@ -69,15 +74,32 @@ def _with_run(config: RunnableConfig, run_id: str | None) -> RunnableConfig:
     return {**config, "metadata": {**(config.get("metadata") or {}), RUN_KEY: run_id}}
 
 
+def _abandoned(state: StateSnapshot) -> bool:
+    """The latest checkpoint's turn was given up (``store.abandon``): its tasks never run."""
+    return bool((state.metadata or {}).get(ABANDONED_KEY))
+
+
+def _open(state: StateSnapshot) -> bool:
+    """The latest checkpoint's run stopped mid-way (a crash, or a node that raised) and can go on.
+    Its tasks: still to run, or done with their writes saved but no checkpoint after them yet
+    (``state.next`` leaves those out). A finished run has none."""
+    return bool(state.tasks) and not state.interrupts and not _abandoned(state)
+
+
 def _turn_input(state: StateSnapshot, input: Any, config: RunnableConfig) -> Any:
     """What to invoke the graph with when no turn identity is given: None continues the
     thread's unfinished run (crashed, or stopped by a node that raised)."""
     if isinstance(input, Command):
         return input  # an answer to interrupt(): LangGraph's own resume
-    # Tasks of the latest checkpoint: still to run, or done with their writes saved but no
-    # checkpoint after them yet (``state.next`` leaves those out). A finished run has none.
-    if state.tasks and not state.interrupts:
+    if _open(state):
         return None  # a run stopped mid-way (a crash, or a node that raised): continue it
+    if input is None and _abandoned(state):
+        thread_id, ns = _ids(config)
+        raise pk.ConfigurationError(
+            f"thread {thread_id!r}{f' namespace {ns!r}' if ns else ''}: its latest turn was abandoned "
+            "(store.abandon), so there is nothing to continue: call durable_invoke(graph, input, config) "
+            "with the next turn's input"
+        )
     if input is None and not state.config.get("configurable", {}).get("checkpoint_id"):
         thread_id, ns = _ids(config)
         raise pk.NotFoundError(
@@ -103,7 +125,7 @@ class _Step:
 def _crashed(state: StateSnapshot) -> bool:
     """The latest checkpoint belongs to a run that stopped mid-way without a node failing:
     its process died (or lost its lease) and the run can be continued."""
-    return bool(state.tasks) and not state.interrupts and not any(t.error for t in state.tasks)
+    return _open(state) and not any(t.error for t in state.tasks)
 
 
 def _decide(state: StateSnapshot, input: Any, run_id: str | None, config: RunnableConfig) -> _Step:
@@ -111,17 +133,30 @@ def _decide(state: StateSnapshot, input: Any, run_id: str | None, config: Runnab
     head_run = found if isinstance(found, str) else None  # the turn that wrote the latest checkpoint
     if run_id is None:
         # No identity: continue whatever stopped mid-way (keeping its identity), else start.
-        inherited = head_run if state.tasks and not state.interrupts else None
+        inherited = head_run if _open(state) else None
         return _Step("run", _turn_input(state, input, config), inherited)
     if isinstance(input, Command):
         return _Step("run", input, run_id)
     if head_run == run_id:
-        if state.tasks and not state.interrupts:
+        if _abandoned(state):
+            thread_id, _ = _ids(config)
+            raise _abandoned_error(thread_id, run_id)
+        if _open(state):
             return _Step("run", None, run_id)  # this turn crashed (or a node raised): continue it
         return _Step("done", state=state)  # this turn finished (or waits at an interrupt)
     if _crashed(state):
         return _Step("wait", run_id=head_run)  # another turn crashed: it keeps its place
     return _Step("lookup")  # did this turn run before, earlier in the thread?
+
+
+def _abandoned_error(thread_id: str, run_id: str) -> pk.RunAbandonedError:
+    return pk.RunAbandonedError(
+        f"LangGraph thread {thread_id!r}: turn {run_id} was abandoned (store.abandon): it does not run "
+        "again, and retrying will not change that. The nodes it ran stay in the thread and later turns "
+        "go on from them. Drop this message (ack it); to do its work anyway, run it as a new turn with "
+        "a new run_id",
+        thread_id=thread_id, run_id=run_id,
+    )
 
 
 def _output(graph: Pregel[Any, Any, Any, Any], state: StateSnapshot) -> Any:
@@ -144,8 +179,9 @@ class _Turn:
         self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
         busy: str | None, lease_ttl: float, busy_timeout: float | None,
     ) -> None:
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise pk.ConfigurationError(f"run_id={run_id!r}: give the turn's event id as a non-empty str")
+        problem = None if run_id is None else run_id_problem(run_id)
+        if problem is not None:
+            raise pk.ConfigurationError(f"run_id={run_id!r}: {problem}")
         self.thread_id, self.ns = _ids(config)
         saver = graph.checkpointer
         self.saver = saver if isinstance(saver, PersistkitSaver) else None
@@ -185,8 +221,7 @@ class _Turn:
             for tup in graph.checkpointer.list(self.config, filter={RUN_KEY: self.run_id}, limit=1):
                 return self._at(tup.config["configurable"]["checkpoint_id"])
             return None
-        cps = self.saver.store.history(self.thread_id, **self._query())
-        return self._at(cps[0].metadata["langgraph_id"]) if cps else None
+        return self._found(self.saver.store.history(self.thread_id, namespace=self.lease_ns, run_id=self.run_id, limit=1))
 
     async def aearlier(self, graph: Pregel[Any, Any, Any, Any]) -> RunnableConfig | None:
         if self.saver is None:
@@ -194,13 +229,68 @@ class _Turn:
             async for tup in graph.checkpointer.alist(self.config, filter={RUN_KEY: self.run_id}, limit=1):
                 return self._at(tup.config["configurable"]["checkpoint_id"])
             return None
-        cps = await self.saver.store.ahistory(self.thread_id, **self._query())
-        return self._at(cps[0].metadata["langgraph_id"]) if cps else None
+        return self._found(
+            await self.saver.store.ahistory(self.thread_id, namespace=self.lease_ns, run_id=self.run_id, limit=1)
+        )
 
-    def _query(self) -> dict[str, Any]:
-        # The saver copies the turn's id into persistkit's metadata (``langgraph_run``): the
-        # history is scanned newest first without decoding LangGraph's checkpoints.
-        return {"namespace": self.lease_ns, "limit": 1, "metadata": {"langgraph_run": self.run_id}}
+    def _found(self, cps: list[pk.Checkpoint]) -> RunnableConfig | None:
+        # The turn's records are indexed by the store (the record's run id): one read, no scan.
+        if not cps:
+            return None
+        if abandon_record(cps[0]):
+            assert self.run_id is not None
+            raise _abandoned_error(self.thread_id, self.run_id)
+        return self._at(cps[0].metadata["langgraph_id"])
+
+    def result(self, graph: Pregel[Any, Any, Any, Any], last: StateSnapshot, head: StateSnapshot) -> Any:
+        """The output of this turn, whose last checkpoint ``last`` is behind the thread's
+        ``head``: the turn must have finished (or stopped at an interrupt)."""
+        if not (last.tasks and not last.interrupts):
+            return _output(graph, last)
+        at = last.config["configurable"]["checkpoint_id"]
+        failed = [t.name for t in last.tasks if t.error]
+        why = f"node {', '.join(map(repr, failed))} raised" if failed else "it was cut off"
+        head_id = head.config.get("configurable", {}).get("checkpoint_id")
+        head_run = (head.metadata or {}).get(RUN_KEY)
+        where = f"LangGraph thread {self.thread_id!r}{f' namespace {self.ns!r}' if self.ns else ''}"
+        raise pk.ConflictError(
+            f"{where}: turn {self.run_id} did not finish before the thread moved on ({why} at checkpoint "
+            f"{at}, before node(s) {', '.join(repr(t.name) for t in last.tasks)}; the thread's head is "
+            f"checkpoint {head_id}" + (f" of turn {head_run}" if isinstance(head_run, str) else "") + "): it "
+            "cannot run on this thread now, and its partial output is no result. Do not redeliver it under "
+            "a new run_id (its nodes that ran would run again); to go on from its state, run the graph "
+            f"from its last checkpoint: graph.invoke(None, {{'configurable': {{'thread_id': {self.thread_id!r}, "
+            f"'checkpoint_id': {at!r}}}}}) (a branch of the thread)",
+            thread_id=self.thread_id, namespace=self.lease_ns,
+        )
+
+    def busy(self, exc: pk.ThreadBusyError, busy: str | None, busy_timeout: float | None) -> pk.ThreadBusyError:
+        """``exc`` (the lease's, about an unfinished turn) with the LangGraph remedies."""
+        run = exc.unfinished_run
+        if not run:
+            return exc
+        how = (
+            "(busy='reject')" if busy == "reject"
+            else f"Waited busy_timeout={busy_timeout} s; raise busy_timeout= in durable_invoke(...) to wait longer"
+        )
+        t, ns = self.thread_id, self.lease_ns
+        if run == _NO_RUN_ID:  # recorded under no run id: nothing to abandon it by
+            again = "durable_invoke(graph, None, config) (no run_id)"
+            give_up = "continue it with that call yourself"
+        else:
+            again = f"durable_invoke(graph, None, config, run_id={run!r})"
+            give_up = (
+                f"give it up: store.abandon({t!r}, {run!r}, namespace={ns!r}) or `persistkit abandon {t} "
+                f"{run} --namespace {ns}` (the nodes it ran stay; the next turn starts on top of them)"
+            )
+        return pk.ThreadBusyError(
+            f"LangGraph thread {t!r}: its latest turn {run} stopped mid-way (its process died or lost its "
+            "lease), and turns of a thread run in arrival order: this turn starts once that turn is "
+            f"continued, by its redelivery or by {again} with this thread's config. {how}. If it will "
+            f"never be redelivered, {give_up}",
+            thread_id=exc.thread_id, holder=exc.holder, expires_at=exc.expires_at, waiting=exc.waiting,
+            unfinished_run=run,
+        )
 
     def _at(self, checkpoint_id: str) -> RunnableConfig:
         return {**self.config, "configurable": {**self.config["configurable"], "checkpoint_id": checkpoint_id}}
@@ -227,8 +317,11 @@ def durable_invoke(
     ``run_id`` (the event id) names the turn: called again with the same ``run_id``, a
     finished turn returns its result without running a node, a crashed one continues
     (``input`` is not applied again). A turn with another ``run_id`` waits while the
-    thread's latest turn is crashed (not failed: a node that raised fails its turn for
-    good, and the next turn starts on top of it).
+    thread's latest turn is crashed (not failed: a node that raised fails its turn, and
+    the next turn starts on top of it), until it is continued or given up
+    (``store.abandon(thread, run_id, namespace="lg:c:")``). A turn that did not finish
+    (failed, or cut off) redelivered after the thread moved on raises ``pk.ConflictError``;
+    an abandoned one ``pk.RunAbandonedError``.
 
     Without ``run_id``: if the thread's latest checkpoint has tasks (the process died
     mid-run, or a node raised), the run continues from it and ``input`` is not applied;
@@ -239,16 +332,20 @@ def durable_invoke(
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
     lease = turn.lease
-    if lease is not None:
-        lease.acquire()
+    try:
+        if lease is not None:
+            lease.acquire()
+    except pk.ThreadBusyError as exc:
+        raise turn.busy(exc, busy, busy_timeout) from exc
     try:
         while True:
             with lease.fenced() if lease is not None else nullcontext():
-                step = _decide(graph.get_state(turn.config), input, run_id, turn.config)
+                state = graph.get_state(turn.config)
+                step = _decide(state, input, run_id, turn.config)
                 if step.kind == "lookup":
                     earlier = turn.earlier(graph)
                     if earlier is not None:
-                        return _output(graph, graph.get_state(earlier))
+                        return turn.result(graph, graph.get_state(earlier), state)
                     step = _Step("run", input, run_id)
                 if step.kind == "done":
                     assert step.state is not None
@@ -257,7 +354,10 @@ def durable_invoke(
                     return graph.invoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
             if lease is None or not lease.held:  # "wait": a crashed turn goes first
                 raise turn.no_lease(step.run_id)
-            lease.wait_for(turn.crashed(step.run_id), _HOW)
+            try:
+                lease.wait_for(turn.crashed(step.run_id), _HOW)
+            except pk.ThreadBusyError as exc:
+                raise turn.busy(exc, busy, busy_timeout) from exc
     finally:
         if lease is not None:
             lease.release()
@@ -278,16 +378,20 @@ async def adurable_invoke(
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
     lease = turn.lease
-    if lease is not None:
-        await lease.aacquire()
+    try:
+        if lease is not None:
+            await lease.aacquire()
+    except pk.ThreadBusyError as exc:
+        raise turn.busy(exc, busy, busy_timeout) from exc
     try:
         while True:
             with lease.fenced() if lease is not None else nullcontext():
-                step = _decide(await graph.aget_state(turn.config), input, run_id, turn.config)
+                state = await graph.aget_state(turn.config)
+                step = _decide(state, input, run_id, turn.config)
                 if step.kind == "lookup":
                     earlier = await turn.aearlier(graph)
                     if earlier is not None:
-                        return _output(graph, await graph.aget_state(earlier))
+                        return turn.result(graph, await graph.aget_state(earlier), state)
                     step = _Step("run", input, run_id)
                 if step.kind == "done":
                     assert step.state is not None
@@ -296,7 +400,10 @@ async def adurable_invoke(
                     return await graph.ainvoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
             if lease is None or not lease.held:
                 raise turn.no_lease(step.run_id)
-            await lease.await_for(turn.crashed(step.run_id), _HOW)
+            try:
+                await lease.await_for(turn.crashed(step.run_id), _HOW)
+            except pk.ThreadBusyError as exc:
+                raise turn.busy(exc, busy, busy_timeout) from exc
     finally:
         if lease is not None:
             await lease.arelease()

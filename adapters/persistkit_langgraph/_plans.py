@@ -9,8 +9,8 @@ load (graph-state versions and migrations, ``_migrate``).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -49,8 +49,35 @@ _CP, _WR, _REG = "lg:c:", "lg:w:", "lg:n"
 
 
 #: The checkpoint metadata key holding a ``durable_invoke`` turn's ``run_id`` (LangGraph's
-#: metadata, so ``graph.get_state(config).metadata`` shows it; indexed as ``langgraph_run``).
+#: metadata, so ``graph.get_state(config).metadata`` shows it). The saver stores it as the
+#: persistkit record's own run id (indexed: ``history(run_id=)``; an identifier, so never
+#: redacted, unlike the rest of the metadata) and puts it back into the metadata on load.
 RUN_KEY = "persistkit_run_id"
+
+#: In the metadata of the thread's latest checkpoint when its turn was given up with
+#: ``store.abandon(thread, run_id, namespace="lg:c:")``: the abandon's end record (no LangGraph
+#: checkpoint of its own) stands behind the turn's last checkpoint, whose pending tasks are
+#: dropped; the next turn starts on top of it, a redelivery raises ``RunAbandonedError``.
+ABANDONED_KEY = "persistkit_abandoned"
+
+#: persistkit's longest id; a longer ``RUN_KEY`` value stays in the metadata, redacted like any value.
+MAX_RUN_ID = 512
+
+
+def abandon_record(cp: pk.Checkpoint) -> bool:
+    """``store.abandon``'s end record in a saver namespace (every other record is a LangGraph checkpoint)."""
+    return "langgraph_id" not in cp.metadata
+
+
+def run_id_problem(run_id: object) -> str | None:
+    """Why ``run_id`` cannot be a persistkit run id (None: it can)."""
+    if not isinstance(run_id, str) or not run_id.strip():
+        return "give the turn's event id as a non-empty str"
+    if "\x00" in run_id:
+        return "it must not contain a NUL character (\\x00)"
+    if len(run_id) > MAX_RUN_ID:
+        return f"it must be at most {MAX_RUN_ID} characters, got {len(run_id)}"
+    return None
 
 
 _PAGE = 50  # checkpoints per history page when listing
@@ -72,6 +99,11 @@ _KNOWN_IDS = 4096  # LangGraph id -> persistkit checkpoint id, remembered per sa
 
 def _call(name: str, *args: Any, **kwargs: Any) -> Request:
     return (name, args, kwargs)
+
+
+def _with(metadata: Mapping[str, Any], key: str, value: Any) -> CheckpointMetadata:
+    """LangGraph's checkpoint metadata with persistkit's ``key`` (a key its TypedDict does not name)."""
+    return cast(CheckpointMetadata, {**metadata, key: value})
 
 
 def _wns(ns: str, checkpoint_id: str) -> str:
@@ -190,10 +222,11 @@ class SaverPlans:
             self._migrations.unknown([*values, *(c for _, c, _ in writes)], known, where)
         checkpoint["channel_values"] = values
         parent = cp.metadata.get("langgraph_parent")
+        metadata = lg["metadata"] if cp.run_id is None else _with(lg["metadata"], RUN_KEY, cp.run_id)
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}},
             checkpoint=checkpoint,
-            metadata=lg["metadata"],
+            metadata=metadata,
             parent_config=(
                 {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
                 if parent
@@ -248,11 +281,17 @@ class SaverPlans:
         cid = get_checkpoint_id(config)
         meta = {"langgraph_id": cid} if cid else None
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
+        abandoned = cps[0] if cps and abandon_record(cps[0]) else None
+        if abandoned is not None:  # the turn's last checkpoint, behind the abandon's end record
+            cps = yield _call("history", thread_id, limit=1, before=abandoned.checkpoint_id, namespace=_CP + ns)
         if not cps:
             return None
         live = _running(config)
         self._remember(cps[0])
         result = yield from self._tuple(cps[0], self._load_lg(cps[0].metadata["langgraph"]), _known(config), live)
+        if abandoned is not None:
+            self._pk_ids[cps[0].metadata["langgraph_id"]] = abandoned.checkpoint_id  # a put on top finds it
+            result = result._replace(metadata=_with(result.metadata, ABANDONED_KEY, True))
         if live and cid:  # a run asked for this checkpoint (time travel): its first write branches from it
             conf = {**result.config["configurable"], _BRANCH_KEY: cid}
             result = result._replace(config={**result.config, "configurable": conf})
@@ -303,10 +342,14 @@ class SaverPlans:
                 while True:
                     cps = yield _call("history", thread_id, limit=_PAGE, before=cursor, namespace=_CP + ns)
                     for cp in cps:
+                        if abandon_record(cp):
+                            continue
                         lg_id = cp.metadata["langgraph_id"]
                         if (only_id and lg_id != only_id) or (before_id and lg_id >= before_id):
                             continue
                         lg = self._load_lg(cp.metadata["langgraph"])
+                        if cp.run_id is not None:
+                            lg["metadata"] = {**lg["metadata"], RUN_KEY: cp.run_id}
                         if filter and any(lg["metadata"].get(k) != v for k, v in filter.items()):
                             continue
                         tup = yield from self._tuple(cp, lg, _known(config) if config else None)
@@ -328,7 +371,9 @@ class SaverPlans:
         # run metadata is text for people, where persistkit's high-entropy rule may rewrite ids.
         # LangGraph's metadata (the caller's included) is a tree, redacted like any value.
         kind, data = self.serde.dumps_typed(rest)
-        lg_meta = get_checkpoint_metadata(config, metadata)
+        lg_meta = dict(get_checkpoint_metadata(config, metadata))
+        # durable_invoke's turn id (see _invoke): the record's run id, out of the redacted tree.
+        run = lg_meta.pop(RUN_KEY) if run_id_problem(lg_meta.get(RUN_KEY)) is None else None
         lg = {"c": {"t": kind, "v": data}, "m": self._dump_one(lg_meta)}
         meta = {
             "langgraph_id": checkpoint["id"],
@@ -336,11 +381,10 @@ class SaverPlans:
             "langgraph": lg,
             VERSION_KEY: self.version,
         }
-        run = lg_meta.get(RUN_KEY)
-        if isinstance(run, str):  # durable_invoke's turn id, for its lookups (see _invoke)
-            meta["langgraph_run"] = run
         expected = yield from self._expected_head(thread_id, ns, config)
-        check = {} if expected is _UNCHECKED else {"expected_head": expected}
+        check: dict[str, Any] = {} if expected is _UNCHECKED else {"expected_head": expected}
+        if run is not None:
+            check["run_id"] = run
         try:
             cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns, **check)
         except pk.ConflictError as exc:
@@ -376,9 +420,11 @@ class SaverPlans:
             cps = yield _call("history", source, namespace=_CP + ns)
             for cp in reversed(cps):
                 state = yield _call("get_state", source, cp.checkpoint_id, namespace=cp.namespace)
-                yield _call("update_state", target, dict(state), metadata=cp.metadata, namespace=cp.namespace)
-                lg_id = cp.metadata["langgraph_id"]
-                writes = yield from self._writes(source, ns, lg_id)
+                yield _call(
+                    "update_state", target, dict(state), metadata=cp.metadata, namespace=cp.namespace, run_id=cp.run_id
+                )
+                lg_id = cp.metadata.get("langgraph_id")
+                writes = (yield from self._writes(source, ns, lg_id)) if lg_id else None
                 if writes:
                     yield _call("update_state", target, writes, namespace=_wns(ns, lg_id))
             if cps:

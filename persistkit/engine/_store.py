@@ -307,13 +307,18 @@ class Store(StorePlans):
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
         namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
+        run_id: str | None = None,
     ) -> Checkpoint:
         """Edit a thread's state outside a run: ``changes`` go through the reducers and are
         written as a new head checkpoint (compare-and-swap like any write); with ``expected_head``
-        only if the head is still that checkpoint id (None: no head yet), else ``ConflictError``."""
+        only if the head is still that checkpoint id (None: no head yet), else ``ConflictError``.
+        ``run_id``: the run the checkpoint is recorded under (``history(run_id=)``), for a loop
+        that is not a ``pk.resume`` block (LangGraph's turns); like a run id, never redacted."""
         check_thread_id(thread_id)
+        if run_id is not None:
+            check_thread_id(run_id, "run_id")
         result: Checkpoint = self.run_sync(
-            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head, run_id)
         )
         return result
 
@@ -491,10 +496,13 @@ class Store(StorePlans):
         state: Any = None,
         metadata: Mapping[str, Any] | None = None,
         namespace: str = "", expected_head: str | AnyHead | None = ANY_HEAD,
+        run_id: str | None = None,
     ) -> Checkpoint:
         check_thread_id(thread_id)
+        if run_id is not None:
+            check_thread_id(run_id, "run_id")
         result: Checkpoint = await self.run_async(
-            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head)
+            self._update_state(thread_id, changes, StateSpec(state), check_namespace(namespace), metadata, expected_head, run_id)
         )
         return result
 

@@ -121,9 +121,10 @@ class StorePlans:
         parent: Record | None,
         expected: int,
         tracker: Tracker,
+        run_id: str | None = None,
     ) -> Plan[Checkpoint]:
         body = dict(body)
-        where = (thread_id, namespace, parent.id if parent else None, None)
+        where = (thread_id, namespace, parent.id if parent else None, run_id)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
         try:
             yield write_call(thread_id, namespace, row, diff.blobs, expected)  # fenced under coordination.fenced
@@ -187,6 +188,7 @@ class StorePlans:
         spec: StateSpec,
         namespace: str,
         metadata: Mapping[str, Any] | None, expected_head: str | AnyHead | None = ANY_HEAD,
+        run_id: str | None = None,
     ) -> Plan[Checkpoint]:
         head: Head | None = yield call("head", thread_id, namespace)
         check_head(thread_id, namespace, head, expected_head)
@@ -203,7 +205,7 @@ class StorePlans:
         body = {"k": "update", "rs": rec.run_status if rec else None,
                 "m": self.codec.encode(dict(metadata or {}), "metadata")}
         cp = yield from self._write_state(
-            thread_id, namespace, state, spec, body, rec, head.version if head else 0, tracker
+            thread_id, namespace, state, spec, body, rec, head.version if head else 0, tracker, run_id
         )
         return cp
 

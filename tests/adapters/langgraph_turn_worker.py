@@ -10,7 +10,8 @@ The graph appends ``<run>:user`` (the event's message), then ``<run>:think``,
 ``run_id``; ``plain`` with ``graph.invoke`` (no lease, no identity).
 
 Options: ``kill`` SIGKILLs the process at the start of ``act`` (after ``think``
-committed); ``slow`` makes ``think`` take 0.3 s; ``busy=...``, ``timeout=...``.
+committed); ``slow`` makes ``think`` take 0.3 s; ``busy=...``, ``timeout=...``;
+``id=...`` the turn's run_id when it is not RUN (an event id that looks like a secret).
 Prints ``{"ok": result}`` or ``{"error": class name, "message": ...}``.
 """
 
@@ -33,6 +34,7 @@ from persistkit_langgraph import PersistkitSaver, adurable_invoke, durable_invok
 URL, THREAD, RUN, DIR = sys.argv[1:5]
 MODE = sys.argv[5] if len(sys.argv) > 5 else "sync"
 OPTIONS = dict(o.partition("=")[::2] for o in sys.argv[6:])
+RUN_ID = OPTIONS.get("id") or RUN
 
 
 class State(TypedDict):
@@ -91,9 +93,9 @@ def main() -> None:
             if MODE == "plain":
                 out = graph.invoke(event, config, durability="sync")
             elif MODE == "async":
-                out = asyncio.run(adurable_invoke(graph, event, config, run_id=RUN, **options))
+                out = asyncio.run(adurable_invoke(graph, event, config, run_id=RUN_ID, **options))
             else:
-                out = durable_invoke(graph, event, config, run_id=RUN, **options)
+                out = durable_invoke(graph, event, config, run_id=RUN_ID, **options)
         except pk.PersistkitError as exc:
             print(json.dumps({"error": type(exc).__name__, "message": str(exc), "unfinished_run": getattr(exc, "unfinished_run", None)}))
             return

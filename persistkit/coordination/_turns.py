@@ -16,6 +16,12 @@ queue) and wait for their turn again, up to ``busy_timeout`` in all, after which
 ``busy="reject"`` raises at once. ``busy=None`` takes no lease and checks
 nothing (the run starts on top; the unfinished run's redelivery then raises
 ``ConflictError``).
+
+A redelivered turn that finished waits for nothing: with a ``run_id``, before taking
+the lease, one indexed read of the run's newest record (:func:`_finished`) tells
+whether the run completed or was abandoned; it then opens without the lease (a
+completed run replays and writes nothing; an abandoned one raises
+``RunAbandonedError``), even while another turn holds the thread.
 """
 
 from __future__ import annotations
@@ -27,12 +33,21 @@ from .._io import run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
 from ._lease import acquire, step_aside
-from ._unfinished import Unfinished
+from ._unfinished import ABANDONED, Unfinished
+
+COMPLETED = "completed"  # the end status of a completed run (engine/_cursor.py names it too)
 
 if TYPE_CHECKING:
     from ..engine._run import Run
 
 __all__ = ["open_async", "open_sync"]
+
+
+def _finished(status: str | None) -> bool:
+    """A run with this end status replays (or is refused) without waiting for the thread:
+    nothing can change it any more. A failed run is not among them: on a thread that has
+    not moved on, its redelivery continues it (its escaped steps run again) under the lease."""
+    return status in (COMPLETED, ABANDONED)
 
 
 def open_sync(
@@ -43,6 +58,9 @@ def open_sync(
     thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
     could not give up, the store failing, expires by itself)."""
     store, since = run.store, time.monotonic()
+    if busy is not None and run_id is not None and _finished(store.run_sync(run.ended(run_id))):
+        store.run_sync(run.open(run_id))  # replays without the lease (or raises RunAbandonedError)
+        return None
     holding = hold_sync(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
     while True:
         run.lease = holding.lease if holding else None
@@ -73,6 +91,9 @@ async def open_async(
     timeout: float | None, outer: Run | None,
 ) -> Holding | None:
     store, since = run.store, time.monotonic()
+    if busy is not None and run_id is not None and _finished(await store.run_async(run.ended(run_id))):
+        await store.run_async(run.open(run_id))
+        return None
     holding = await hold_async(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
     while True:
         run.lease = holding.lease if holding else None

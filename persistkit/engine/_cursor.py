@@ -103,6 +103,16 @@ class ReplayCursor(StateRestore):
             elif rec.kind == "end":
                 self._escaped.update(rec.body.get("x") or ())
 
+    def ended(self, run_id: str) -> Plan[str | None]:
+        """The status of ``run_id``'s end record on this thread (``completed``, ``failed``,
+        ``abandoned``), or None while it has none. One indexed read of the run's newest row:
+        ``pk.resume`` asks it, with a ``run_id``, before it waits for the thread's lease."""
+        page = yield call("list", self.thread_id, self.namespace, run_id=run_id, limit=1)
+        if not page:
+            return None
+        rec = Record.decode(self.codec, page[0])
+        return rec.run_status if rec.kind == "end" else None
+
     def _rows_of(self, run_id: str) -> Plan[list[Record]]:
         out: list[Record] = []
         before = None

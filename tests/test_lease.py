@@ -209,10 +209,18 @@ def test_busy_error_counts_only_the_runs_ahead_of_the_waiter(store: pk.Store) ->
             th.join(60)
 
 
-@pytest.mark.parametrize("bad", [{"busy": "later"}, {"lease_ttl": 0}, {"lease_ttl": True}, {"busy_timeout": -1}])
+@pytest.mark.parametrize("bad", [
+    {"busy": "later"}, {"lease_ttl": 0}, {"lease_ttl": True}, {"busy_timeout": -1},
+    {"busy_timeout": float("nan")}, {"lease_ttl": float("nan")}, {"lease_ttl": float("inf")},
+])
 def test_options_are_checked(bad: dict[str, Any]) -> None:
-    with pytest.raises(pk.ConfigurationError):
+    with pytest.raises(pk.ConfigurationError, match=next(iter(bad))):
         pk.resume("t", **bad)
+
+
+def test_an_infinite_busy_timeout_waits_as_long_as_it_takes(tmp_path: Path) -> None:
+    with pk.connect(f"sqlite:///{tmp_path}/inf.db") as store, pk.resume("t", store=store, busy_timeout=float("inf")):
+        pass
 
 
 class _NoLeases(MemoryBackend):

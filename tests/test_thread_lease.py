@@ -64,6 +64,6 @@ def test_wait_for_an_unfinished_run_reserves_the_lease_for_it(store: pk.Store) -
 
 
 def test_bad_options_are_configuration_errors(store: pk.Store) -> None:
-    for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}):
+    for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}, {"busy_timeout": float("nan")}):
         with pytest.raises(pk.ConfigurationError):
             pk.ThreadLease(store, "t", **kwargs)

@@ -265,9 +265,12 @@ def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not 0.05 <= lease_ttl <= 86400:
         raise ConfigurationError(f"lease_ttl={lease_ttl!r}: give seconds between 0.05 and 86400")
     if busy_timeout is not None and (
-        isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or busy_timeout < 0
+        # ``not >= 0`` also refuses nan, which compares false with every deadline (it would wait forever)
+        isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not busy_timeout >= 0
     ):
-        raise ConfigurationError(f"busy_timeout={busy_timeout!r}: give seconds >= 0, or None to wait as long as it takes")
+        raise ConfigurationError(
+            f"busy_timeout={busy_timeout!r}: give seconds >= 0 (float('inf') or None to wait as long as it takes)"
+        )
 
 
 def _when(t: float) -> str:

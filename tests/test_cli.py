@@ -468,3 +468,53 @@ def test_verify_reads_the_key_source_from_the_url_and_a_flipped_bit_names_the_wa
     read = cli("state", "--url", url, "t1", cwd=tmp_path)
     assert read.returncode == 1 and "IntegrityError" in read.stderr, read
     assert "Ways forward: `persistkit verify --url" in read.stderr and "--thread 't1'" in read.stderr, read.stderr
+
+
+def test_every_verb_opens_a_sealed_store_with_the_key_variables(tmp_path: Path) -> None:
+    """With $PERSISTKIT_ENCRYPTION_KEYS / $PERSISTKIT_INTEGRITY_KEYS set, state, history, threads,
+    leases and abandon open the store as verify does; without them the error names both ways."""
+    import base64
+    import json
+
+    import persistkit as pk
+
+    env = {"PERSISTKIT_ENCRYPTION_KEYS": "e1:" + base64.b64encode(os.urandom(32)).decode(),
+           "PERSISTKIT_INTEGRITY_KEYS": "m1:" + base64.b64encode(os.urandom(32)).decode()}
+    url = f"sqlite:///{tmp_path}/sealed.db"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with pk.connect(url, encryption=True, integrity=True) as store:
+            with pk.resume("t", store=store, run_id="A") as run:
+                run.state["notes"] = "sealed"
+
+            @pk.checkpointed(name="cli.sealed")
+            def step() -> int:
+                return 1
+
+            class Crash(BaseException):
+                pass
+
+            try:
+                with pk.resume("t", store=store, run_id="B"):
+                    step()
+                    raise Crash
+            except Crash:
+                pass
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    for verb in (["state", "t"], ["history", "t"], ["threads"], ["leases"]):
+        done = cli(*verb, "--url", url, "--json", cwd=tmp_path, env=env)
+        assert done.returncode == 0, (verb, done.stderr)
+    assert json.loads(cli("state", "t", "--url", url, "--json", cwd=tmp_path, env=env).stdout)["notes"] == "sealed"
+    gone = cli("abandon", "t", "B", "--url", url, "--json", cwd=tmp_path, env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout)["run_status"] == "abandoned"
+    keyless = cli("state", "t", "--url", url, cwd=tmp_path)
+    assert keyless.returncode == 1 and "StoreOptionsError" in keyless.stderr
+    assert "$PERSISTKIT_ENCRYPTION_KEYS" in keyless.stderr and "?encryption=true" in keyless.stderr
+    assert "PERSISTKIT_INTEGRITY_KEYS" in cli("--help", cwd=tmp_path).stdout

@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from .._errors import NotFoundError, PersistkitError
+from .._errors import NotFoundError, PersistkitError, StoreOptionsError
 from ..secrets._redact import scrub
 from . import _keys, _leases, _schema, _threads
 from ._output import Output
@@ -42,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
         prog="persistkit",
         description="Inspect and manage persistkit stores. Every verb but `migrate` and `keygen` "
         "opens an existing store and never creates one.",
-        epilog="Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
+        epilog="Encrypted or integrity-protected stores: set $PERSISTKIT_ENCRYPTION_KEYS / "
+        "$PERSISTKIT_INTEGRITY_KEYS (every verb opens the store with them), or add "
+        "?encryption=true&integrity=true to the URL. Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
         "2 usage error, 3 no such store, thread or checkpoint. A closed pipe on stdout "
         "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
@@ -73,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     except NotFoundError as exc:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_NOT_FOUND
+    except StoreOptionsError as exc:
+        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}. {_KEYS_HINT}", file=sys.stderr)
+        return 1
     except PersistkitError as exc:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return 1
+
+
+_KEYS_HINT = (
+    "From the command line: set $PERSISTKIT_ENCRYPTION_KEYS and/or $PERSISTKIT_INTEGRITY_KEYS "
+    "(every verb then opens the store with those keys), or add ?encryption=true&integrity=true "
+    "(or =env:VAR / =file:PATH) to --url"
+)

@@ -295,3 +295,27 @@ def test_blocks_after_an_idle_spell_never_wake_the_lease_thread() -> None:
     short = Lease("idle", "", "me", None, 1, 0.3)  # due before the thread's next wake-up: wake it
     beater.remove(beater.add(backend, short))
     assert cond.notified == 1
+
+
+def test_busy_error_fields_are_none_when_they_do_not_apply(tmp_path: Path) -> None:
+    import pickle
+
+    with pk.connect(f"sqlite:///{tmp_path}/f.db") as store, pk.connect(f"sqlite:///{tmp_path}/f.db") as other:
+        with pk.resume("t", store=store, run_id="A"), pytest.raises(pk.ThreadBusyError) as busy:
+            with pk.resume("t", store=other, run_id="B", busy="reject"):
+                pass
+        assert busy.value.unfinished_run is None and busy.value.holder
+        assert pickle.loads(pickle.dumps(busy.value)).unfinished_run is None
+
+        class Crash(BaseException):
+            pass
+
+        with pytest.raises(Crash), pk.resume("u", store=store, run_id="A") as run:
+            run.state["x"] = 1
+            pk.checkpointed(name="f.one")(lambda: 1)()
+            raise Crash
+        with pytest.raises(pk.ThreadBusyError) as reserved, pk.resume("u", store=store, run_id="B", busy="reject"):
+            pass
+        assert reserved.value.unfinished_run == "A" and reserved.value.holder is None
+        again = pickle.loads(pickle.dumps(reserved.value))
+        assert (again.unfinished_run, again.holder) == ("A", None)

@@ -278,14 +278,14 @@ def _when(t: float) -> str:
 
 
 def _busy(thread_id: str, st: _State, owner: str, why: str, now: float) -> ThreadBusyError:
-    holder = st.owner or "nobody"
+    holder = st.owner
     # A waiter that gives up is in the queue itself: only the entries before its own are ahead.
     ahead = next((i for i, w in enumerate(st.queue) if w[0] == owner), len(st.queue))
     queue = f"; {ahead} run(s) queue before this one" if ahead else ""
     if st.reserved is not None and not st.held(now):
         return unfinished_error(thread_id, st.reserved, f"{queue.lstrip('; ')}. {why}" if queue else why, ahead)
     return ThreadBusyError(
-        f"thread {thread_id!r} is busy: a live run of {holder} holds its lease until {_when(st.expires)}"
+        f"thread {thread_id!r} is busy: a live run of {holder or 'nobody'} holds its lease until {_when(st.expires)}"
         f"{queue}. {why}",
         thread_id=thread_id,
         holder=holder,

@@ -518,3 +518,36 @@ def test_every_verb_opens_a_sealed_store_with_the_key_variables(tmp_path: Path) 
     assert keyless.returncode == 1 and "StoreOptionsError" in keyless.stderr
     assert "$PERSISTKIT_ENCRYPTION_KEYS" in keyless.stderr and "?encryption=true" in keyless.stderr
     assert "PERSISTKIT_INTEGRITY_KEYS" in cli("--help", cwd=tmp_path).stdout
+
+
+def test_leases_shows_a_thread_reserved_for_an_unfinished_run(tmp_path: Path) -> None:
+    import json
+
+    import persistkit as pk
+
+    url = f"sqlite:///{tmp_path}/reserved.db"
+
+    class Crash(BaseException):
+        pass
+
+    with pk.connect(url) as store:
+        with pk.resume("free", store=store):
+            pass
+        try:
+            with pk.resume("t", store=store, run_id="A") as run:
+                run.state["x"] = 1
+                pk.checkpointed(name="cli.reserved")(lambda: 1)()
+                raise Crash
+        except Crash:
+            pass
+        with pytest.raises(pk.ThreadBusyError):  # B finds A unfinished: the lease is reserved for A
+            with pk.resume("t", store=store, run_id="B", busy_timeout=0):
+                pass
+    table = cli("leases", "--url", url, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    header, *lines = table.stdout.splitlines()
+    assert header.split() == ["thread", "namespace", "holder", "token", "expires", "reserved_for", "waiting"]
+    [reserved] = [line.split() for line in lines if line.startswith("t ")]
+    assert reserved[2] == "-" and reserved[-2] == "A"
+    held = json.loads(cli("leases", "--url", url, "--held", "--json", cwd=tmp_path).stdout)
+    assert [(r["thread"], r["holder"], r["reserved_for"]) for r in held] == [("t", None, "A")]

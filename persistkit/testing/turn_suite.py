@@ -23,6 +23,7 @@ import pytest
 from .._errors import (
     BackendUnavailableError,
     ConfigurationError,
+    ConflictError,
     RunAbandonedError,
     ThreadBusyError,
 )
@@ -164,6 +165,29 @@ class TurnConformance:
         finally:
             one.close()
             two.close()
+
+    def test_a_failed_run_retried_writes_nothing_more(self, stores: tuple[Store, Store]) -> None:
+        one, two = stores
+        thread = f"turns-{uuid.uuid4().hex}"
+
+        class Boom(Exception):
+            pass
+
+        for store in (one, two, one):  # the failure itself, then two retries of the same message
+            with pytest.raises(Boom), resume(thread, store=store, run_id="F"):
+                _item("F.0")
+                raise Boom("bug")
+        assert [(c.kind, c.run_status) for c in one.history(thread)][:2] == [("end", "failed"), ("step", "running")]
+        assert len(one.history(thread)) == 2  # one failed end record, not one per retry
+        with pytest.raises(Boom, match="other"), resume(thread, store=two, run_id="F"):
+            _item("F.0")
+            raise Boom("other")  # a different failure is recorded
+        assert len(one.history(thread)) == 3
+        _turn(one, thread, "G", 1)
+        with pytest.raises(ConflictError, match="run F failed") as moved, resume(thread, store=two, run_id="F"):
+            _item("F.0")
+            _item("F.1")
+        assert "did not finish" not in str(moved.value)
 
     def test_a_resume_without_run_id_continues_the_unfinished_run(self, stores: tuple[Store, Store]) -> None:
         one, two = stores

@@ -319,3 +319,32 @@ def test_busy_error_fields_are_none_when_they_do_not_apply(tmp_path: Path) -> No
         assert reserved.value.unfinished_run == "A" and reserved.value.holder is None
         again = pickle.loads(pickle.dumps(reserved.value))
         assert (again.unfinished_run, again.holder) == ("A", None)
+
+
+def test_abandon_keeps_the_state_of_the_last_committed_checkpoint(tmp_path: Path) -> None:
+    """docs/coordination.md: store.abandon / await store.aabandon; what the crashed block
+    changed after its last step committed was never written and is not kept."""
+
+    class Crash(BaseException):
+        pass
+
+    @pk.checkpointed(name="abandon.step")
+    def step(x: str) -> str:
+        return x
+
+    with pk.connect(f"sqlite:///{tmp_path}/ab.db") as store:
+        for thread in ("sync", "async"):
+            with pytest.raises(Crash), pk.resume(thread, store=store, run_id="A") as run:
+                run.state["items"] = [step("a0")]  # the step committed before this assignment
+                run.state["items"].append(step("a1"))  # a1 committed; the append never was
+                raise Crash
+        end = store.abandon("sync", "A")
+        assert end.run_status == "abandoned"
+        assert store.get_state("sync") == {"items": ["a0"]}
+
+        async def main() -> None:
+            aend = await store.aabandon("async", "A")
+            assert aend.run_status == "abandoned"
+
+        asyncio.run(main())
+        assert store.get_state("async") == {"items": ["a0"]}

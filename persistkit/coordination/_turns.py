@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from .._errors import ConfigurationError
 from .._io import run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
@@ -41,6 +42,25 @@ if TYPE_CHECKING:
     from ..engine._run import Run
 
 __all__ = ["open_async", "open_sync"]
+
+
+def _check_nesting(run: Run, run_id: str | None, outer: Run | None) -> None:
+    """A block nested in a live block of the same thread may continue the enclosing run
+    (its ``run_id``, or none) but not start another turn on top of it."""
+    if outer is None or run_id is None or run_id == outer.run_id:
+        return
+    if outer.thread_id != run.thread_id or outer.namespace != run.namespace:
+        return
+    if outer.store is not run.store and outer.store.url != run.store.url:
+        return
+    t = run.thread_id
+    raise ConfigurationError(
+        f"pk.resume({t!r}, run_id={run_id!r}) inside a live block of the same thread (run "
+        f"{outer.run_id!r}): a run of another turn would start on top of the live enclosing run. A "
+        f"block nested in a block of thread {t!r} may only continue the enclosing run (run_id="
+        f"{outer.run_id!r}, or no run_id); run the other turn after the enclosing block ends, or "
+        "on another thread_id or namespace"
+    )
 
 
 def _finished(status: str | None) -> bool:
@@ -58,6 +78,7 @@ def open_sync(
     thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
     could not give up, the store failing, expires by itself)."""
     store, since = run.store, time.monotonic()
+    _check_nesting(run, run_id, outer)
     if busy is not None and run_id is not None and _finished(store.run_sync(run.ended(run_id))):
         store.run_sync(run.open(run_id))  # replays without the lease (or raises RunAbandonedError)
         return None
@@ -91,6 +112,7 @@ async def open_async(
     timeout: float | None, outer: Run | None,
 ) -> Holding | None:
     store, since = run.store, time.monotonic()
+    _check_nesting(run, run_id, outer)
     if busy is not None and run_id is not None and _finished(await store.run_async(run.ended(run_id))):
         await store.run_async(run.open(run_id))
         return None

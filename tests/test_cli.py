@@ -397,7 +397,9 @@ def test_a_thread_id_with_nul_says_so(agent_store: str, tmp_path: Path, capsys: 
     # The OS cannot pass a NUL byte in argv: call main() as a program embedding the CLI would.
     from persistkit._cli import main
 
-    assert main(["history", "--url", agent_store, "a\x00b"]) == 1
+    with pytest.raises(SystemExit) as usage:  # a usage error, as argparse's own
+        main(["history", "--url", agent_store, "a\x00b"])
+    assert usage.value.code == 2
     err = capsys.readouterr().err
     assert "thread_id must not contain a NUL character" in err and "'a\\x00b'" in err, err
     assert "512" not in err, err
@@ -551,3 +553,11 @@ def test_leases_shows_a_thread_reserved_for_an_unfinished_run(tmp_path: Path) ->
     assert reserved[2] == "-" and reserved[-2] == "A"
     held = json.loads(cli("leases", "--url", url, "--held", "--json", cwd=tmp_path).stdout)
     assert [(r["thread"], r["holder"], r["reserved_for"]) for r in held] == [("t", None, "A")]
+
+
+@pytest.mark.parametrize("argv", [["abandon", "", "r"], ["abandon", "t", " "], ["state", ""], ["history", "t", "--run", ""],
+                                  ["delete", ""]])
+def test_a_bad_id_argument_is_a_usage_error(argv: list[str], tmp_path: Path) -> None:
+    done = cli(*argv, "--url", f"sqlite:///{tmp_path}/none.db", cwd=tmp_path)
+    assert done.returncode == 2 and "must be a non-empty" in done.stderr and "usage:" in done.stderr, done
+    assert not (tmp_path / "none.db").exists()

@@ -542,9 +542,9 @@ def test_leases_shows_a_thread_reserved_for_an_unfinished_run(tmp_path: Path) ->
                 raise Crash
         except Crash:
             pass
-        with pytest.raises(pk.ThreadBusyError):  # B finds A unfinished: the lease is reserved for A
-            with pk.resume("t", store=store, run_id="B", busy_timeout=0):
-                pass
+        # B finds A unfinished: the lease is reserved for A
+        with pytest.raises(pk.ThreadBusyError), pk.resume("t", store=store, run_id="B", busy_timeout=0):
+            pass
     table = cli("leases", "--url", url, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     header, *lines = table.stdout.splitlines()

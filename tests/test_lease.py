@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -301,9 +302,9 @@ def test_busy_error_fields_are_none_when_they_do_not_apply(tmp_path: Path) -> No
     import pickle
 
     with pk.connect(f"sqlite:///{tmp_path}/f.db") as store, pk.connect(f"sqlite:///{tmp_path}/f.db") as other:
-        with pk.resume("t", store=store, run_id="A"), pytest.raises(pk.ThreadBusyError) as busy:
-            with pk.resume("t", store=other, run_id="B", busy="reject"):
-                pass
+        with pk.resume("t", store=store, run_id="A"), pytest.raises(pk.ThreadBusyError) as busy, \
+                pk.resume("t", store=other, run_id="B", busy="reject"):
+            pass
         assert busy.value.unfinished_run is None and busy.value.holder
         assert pickle.loads(pickle.dumps(busy.value)).unfinished_run is None
 
@@ -359,9 +360,9 @@ def test_a_nested_block_of_the_same_thread_may_only_continue_the_enclosing_run(t
         with pk.resume("t", store=store, run_id="outer"):
             step("o1")
             for busy in ("queue", "reject", None):
-                with pytest.raises(pk.ConfigurationError, match="may only continue the enclosing run"):
-                    with pk.resume("t", store=store, run_id="inner", busy=busy):
-                        step("i1")
+                with pytest.raises(pk.ConfigurationError, match="may only continue the enclosing run"), \
+                        pk.resume("t", store=store, run_id="inner", busy=busy):
+                    step("i1")
             with pk.resume("other", store=store, run_id="inner"):  # another thread: fine
                 step("x")
             step("o2")

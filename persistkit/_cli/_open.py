@@ -30,9 +30,9 @@ from ..codec._stdtypes import TAG
 from ..engine._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 
 __all__ = [
-    "namespaces",
     "KEY_VARIABLES",
     "env_keys",
+    "namespaces",
     "open_store",
     "plain",
     "require_store",

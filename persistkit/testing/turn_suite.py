@@ -138,7 +138,7 @@ class TurnConformance:
     ) -> None:
         from ..wrappers._keys import generate_key
 
-        keys = {"encryption": generate_key(), "integrity": generate_key()} if sealed else {}
+        keys: dict[str, Any] = {"encryption": generate_key(), "integrity": generate_key()} if sealed else {}
         one = connect(persistkit_url, **backend_options, **keys)
         two = connect(persistkit_url, **backend_options, **keys)
         try:

@@ -44,6 +44,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._errors import ConfigurationError, LeaseLostError, ThreadBusyError
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_BUSY",
     "DEFAULT_BUSY_TIMEOUT",
     "DEFAULT_TTL",
+    "Finished",
     "Lease",
     "LeaseInfo",
     "acquire",
@@ -319,6 +321,10 @@ def _poll(ttl: float, first: bool) -> float:
 # -- plans ----------------------------------------------------------------------------------------
 
 
+class Finished(Exception):
+    """Raised by :func:`acquire` when its ``finished`` check said True: take no lease."""
+
+
 def acquire(
     thread_id: str,
     namespace: str,
@@ -330,12 +336,16 @@ def acquire(
     me: tuple[str, list[Any] | None] | None = None,
     since: float | None = None,
     ahead: bool = False,
+    finished: Callable[[], Plan[bool]] | None = None,
 ) -> Plan[Lease]:
     """Take the lease of ``(thread_id, namespace)`` under policy ``busy`` for a run that
     opens ``run_id`` (None: continues the thread's unfinished run, if any). ``me`` and
     ``since`` (a ``time.monotonic()``) carry a run's owner id and its wait's start over
     :func:`step_aside` (``busy_timeout`` counts the whole wait). ``ahead``: take a free lease
-    before the queue (``store.abandon``, which is no turn)."""
+    before the queue (``store.abandon``, which is no turn). ``finished``: asked once, the first
+    time the lease cannot be taken at once (before waiting, queueing or refusing); when it
+    says True, :class:`Finished` is raised and nothing was written (``_turns``: a redelivered
+    run that finished replays without the lease)."""
     owner, probe = me or new_owner()
     start = time.monotonic() if since is None else since
     deadline = None if timeout is None else start + timeout
@@ -365,6 +375,10 @@ def acquire(
                 lease.known = (version + 1, st)
                 return lease
             continue  # the record changed under us: look again
+        if finished is not None:
+            ask, finished = finished, None
+            if (yield from ask()):
+                raise Finished(thread_id)
         if busy == "reject":
             raise _busy(
                 thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it', now

@@ -43,8 +43,8 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._errors import ConfigurationError, LeaseLostError, ThreadBusyError

@@ -253,19 +253,20 @@ class StepFailedError(PersistkitError):
 class ThreadBusyError(RetryableError):
     """Another live run holds the thread's lease (``busy="reject"``, or a wait that timed out).
 
-    ``holder`` names the lease's owner (host, process and a tag), ``expires_at``
-    when its lease runs out unless renewed (seconds since the epoch), and
-    ``waiting`` how many runs queue before this one.
+    ``holder`` names the lease's owner (host, process and a tag; None when no live
+    run holds it: the thread waits for an unfinished run), ``expires_at`` when its
+    lease runs out unless renewed (seconds since the epoch, 0.0 without a holder),
+    and ``waiting`` how many runs queue before this one.
 
-    ``unfinished_run`` is set (a run id) when the thread's newest run did not finish
+    ``unfinished_run`` is set (a run id; None for a thread that is merely busy) when the thread's newest run did not finish
     (its holder died or was interrupted) and this run, another turn, waited for it to
     be continued first: redeliver that run (``pk.resume(thread_id, run_id=...)``), or
     give it up with ``store.abandon(thread_id, run_id)`` if it never will be.
     """
 
     def __init__(
-        self, message: str, *, thread_id: str = "", holder: str = "", expires_at: float = 0.0, waiting: int = 0,
-        unfinished_run: str = "",
+        self, message: str, *, thread_id: str = "", holder: str | None = None, expires_at: float = 0.0,
+        waiting: int = 0, unfinished_run: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.holder = holder
@@ -280,11 +281,13 @@ class ThreadBusyError(RetryableError):
 
 
 def _rebuild_busy(
-    message: str, thread_id: str, holder: str, expires_at: float, waiting: int, unfinished_run: str = ""
+    message: str, thread_id: str, holder: str | None, expires_at: float, waiting: int,
+    unfinished_run: str | None = None,
 ) -> ThreadBusyError:
+    # (errors pickled by an older version carry "" for "none")
     return ThreadBusyError(
-        message, thread_id=thread_id, holder=holder, expires_at=expires_at, waiting=waiting,
-        unfinished_run=unfinished_run,
+        message, thread_id=thread_id, holder=holder or None, expires_at=expires_at, waiting=waiting,
+        unfinished_run=unfinished_run or None,
     )
 
 

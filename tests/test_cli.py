@@ -397,7 +397,9 @@ def test_a_thread_id_with_nul_says_so(agent_store: str, tmp_path: Path, capsys: 
     # The OS cannot pass a NUL byte in argv: call main() as a program embedding the CLI would.
     from persistkit._cli import main
 
-    assert main(["history", "--url", agent_store, "a\x00b"]) == 1
+    with pytest.raises(SystemExit) as usage:  # a usage error, as argparse's own
+        main(["history", "--url", agent_store, "a\x00b"])
+    assert usage.value.code == 2
     err = capsys.readouterr().err
     assert "thread_id must not contain a NUL character" in err and "'a\\x00b'" in err, err
     assert "512" not in err, err
@@ -468,3 +470,94 @@ def test_verify_reads_the_key_source_from_the_url_and_a_flipped_bit_names_the_wa
     read = cli("state", "--url", url, "t1", cwd=tmp_path)
     assert read.returncode == 1 and "IntegrityError" in read.stderr, read
     assert "Ways forward: `persistkit verify --url" in read.stderr and "--thread 't1'" in read.stderr, read.stderr
+
+
+def test_every_verb_opens_a_sealed_store_with_the_key_variables(tmp_path: Path) -> None:
+    """With $PERSISTKIT_ENCRYPTION_KEYS / $PERSISTKIT_INTEGRITY_KEYS set, state, history, threads,
+    leases and abandon open the store as verify does; without them the error names both ways."""
+    import base64
+    import json
+
+    import persistkit as pk
+
+    env = {"PERSISTKIT_ENCRYPTION_KEYS": "e1:" + base64.b64encode(os.urandom(32)).decode(),
+           "PERSISTKIT_INTEGRITY_KEYS": "m1:" + base64.b64encode(os.urandom(32)).decode()}
+    url = f"sqlite:///{tmp_path}/sealed.db"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with pk.connect(url, encryption=True, integrity=True) as store:
+            with pk.resume("t", store=store, run_id="A") as run:
+                run.state["notes"] = "sealed"
+
+            @pk.checkpointed(name="cli.sealed")
+            def step() -> int:
+                return 1
+
+            class Crash(BaseException):
+                pass
+
+            try:
+                with pk.resume("t", store=store, run_id="B"):
+                    step()
+                    raise Crash
+            except Crash:
+                pass
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    for verb in (["state", "t"], ["history", "t"], ["threads"], ["leases"]):
+        done = cli(*verb, "--url", url, "--json", cwd=tmp_path, env=env)
+        assert done.returncode == 0, (verb, done.stderr)
+    assert json.loads(cli("state", "t", "--url", url, "--json", cwd=tmp_path, env=env).stdout)["notes"] == "sealed"
+    gone = cli("abandon", "t", "B", "--url", url, "--json", cwd=tmp_path, env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout)["run_status"] == "abandoned"
+    keyless = cli("state", "t", "--url", url, cwd=tmp_path)
+    assert keyless.returncode == 1 and "StoreOptionsError" in keyless.stderr
+    assert "$PERSISTKIT_ENCRYPTION_KEYS" in keyless.stderr and "?encryption=true" in keyless.stderr
+    assert "PERSISTKIT_INTEGRITY_KEYS" in cli("--help", cwd=tmp_path).stdout
+
+
+def test_leases_shows_a_thread_reserved_for_an_unfinished_run(tmp_path: Path) -> None:
+    import json
+
+    import persistkit as pk
+
+    url = f"sqlite:///{tmp_path}/reserved.db"
+
+    class Crash(BaseException):
+        pass
+
+    with pk.connect(url) as store:
+        with pk.resume("free", store=store):
+            pass
+        try:
+            with pk.resume("t", store=store, run_id="A") as run:
+                run.state["x"] = 1
+                pk.checkpointed(name="cli.reserved")(lambda: 1)()
+                raise Crash
+        except Crash:
+            pass
+        # B finds A unfinished: the lease is reserved for A
+        with pytest.raises(pk.ThreadBusyError), pk.resume("t", store=store, run_id="B", busy_timeout=0):
+            pass
+    table = cli("leases", "--url", url, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    header, *lines = table.stdout.splitlines()
+    assert header.split() == ["thread", "namespace", "holder", "token", "expires", "reserved_for", "waiting"]
+    [reserved] = [line.split() for line in lines if line.startswith("t ")]
+    assert reserved[2] == "-" and reserved[-2] == "A"
+    held = json.loads(cli("leases", "--url", url, "--held", "--json", cwd=tmp_path).stdout)
+    assert [(r["thread"], r["holder"], r["reserved_for"]) for r in held] == [("t", None, "A")]
+
+
+@pytest.mark.parametrize("argv", [["abandon", "", "r"], ["abandon", "t", " "], ["state", ""], ["history", "t", "--run", ""],
+                                  ["delete", ""]])
+def test_a_bad_id_argument_is_a_usage_error(argv: list[str], tmp_path: Path) -> None:
+    done = cli(*argv, "--url", f"sqlite:///{tmp_path}/none.db", cwd=tmp_path)
+    assert done.returncode == 2 and "must be a non-empty" in done.stderr and "usage:" in done.stderr, done
+    assert not (tmp_path / "none.db").exists()

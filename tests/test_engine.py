@@ -328,7 +328,7 @@ def test_cli(tmp_path: Path) -> None:
     assert hist.returncode == 0 and "noop" in hist.stdout and "completed" in hist.stdout
     assert cli("state", url, "cli-thread").returncode == 0
     bad = cli("history", url, "")
-    assert bad.returncode == 1 and "ConfigurationError" in bad.stderr
+    assert bad.returncode == 2 and "thread_id must be a non-empty" in bad.stderr
     assert cli("migrate", url, "--check").returncode == 0
     assert cli("delete", url, "cli-thread").stdout.strip() == "deleted"
 

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,10 +210,18 @@ def test_busy_error_counts_only_the_runs_ahead_of_the_waiter(store: pk.Store) ->
             th.join(60)
 
 
-@pytest.mark.parametrize("bad", [{"busy": "later"}, {"lease_ttl": 0}, {"lease_ttl": True}, {"busy_timeout": -1}])
+@pytest.mark.parametrize("bad", [
+    {"busy": "later"}, {"lease_ttl": 0}, {"lease_ttl": True}, {"busy_timeout": -1},
+    {"busy_timeout": float("nan")}, {"lease_ttl": float("nan")}, {"lease_ttl": float("inf")},
+])
 def test_options_are_checked(bad: dict[str, Any]) -> None:
-    with pytest.raises(pk.ConfigurationError):
+    with pytest.raises(pk.ConfigurationError, match=next(iter(bad))):
         pk.resume("t", **bad)
+
+
+def test_an_infinite_busy_timeout_waits_as_long_as_it_takes(tmp_path: Path) -> None:
+    with pk.connect(f"sqlite:///{tmp_path}/inf.db") as store, pk.resume("t", store=store, busy_timeout=float("inf")):
+        pass
 
 
 class _NoLeases(MemoryBackend):
@@ -287,3 +296,82 @@ def test_blocks_after_an_idle_spell_never_wake_the_lease_thread() -> None:
     short = Lease("idle", "", "me", None, 1, 0.3)  # due before the thread's next wake-up: wake it
     beater.remove(beater.add(backend, short))
     assert cond.notified == 1
+
+
+def test_busy_error_fields_are_none_when_they_do_not_apply(tmp_path: Path) -> None:
+    import pickle
+
+    with pk.connect(f"sqlite:///{tmp_path}/f.db") as store, pk.connect(f"sqlite:///{tmp_path}/f.db") as other:
+        with pk.resume("t", store=store, run_id="A"), pytest.raises(pk.ThreadBusyError) as busy, \
+                pk.resume("t", store=other, run_id="B", busy="reject"):
+            pass
+        assert busy.value.unfinished_run is None and busy.value.holder
+        assert pickle.loads(pickle.dumps(busy.value)).unfinished_run is None
+
+        class Crash(BaseException):
+            pass
+
+        with pytest.raises(Crash), pk.resume("u", store=store, run_id="A") as run:
+            run.state["x"] = 1
+            pk.checkpointed(name="f.one")(lambda: 1)()
+            raise Crash
+        with pytest.raises(pk.ThreadBusyError) as reserved, pk.resume("u", store=store, run_id="B", busy="reject"):
+            pass
+        assert reserved.value.unfinished_run == "A" and reserved.value.holder is None
+        again = pickle.loads(pickle.dumps(reserved.value))
+        assert (again.unfinished_run, again.holder) == ("A", None)
+
+
+def test_abandon_keeps_the_state_of_the_last_committed_checkpoint(tmp_path: Path) -> None:
+    """docs/coordination.md: store.abandon / await store.aabandon; what the crashed block
+    changed after its last step committed was never written and is not kept."""
+
+    class Crash(BaseException):
+        pass
+
+    @pk.checkpointed(name="abandon.step")
+    def step(x: str) -> str:
+        return x
+
+    with pk.connect(f"sqlite:///{tmp_path}/ab.db") as store:
+        for thread in ("sync", "async"):
+            with pytest.raises(Crash), pk.resume(thread, store=store, run_id="A") as run:
+                run.state["items"] = [step("a0")]  # the step committed before this assignment
+                run.state["items"].append(step("a1"))  # a1 committed; the append never was
+                raise Crash
+        end = store.abandon("sync", "A")
+        assert end.run_status == "abandoned"
+        assert store.get_state("sync") == {"items": ["a0"]}
+
+        async def main() -> None:
+            aend = await store.aabandon("async", "A")
+            assert aend.run_status == "abandoned"
+
+        asyncio.run(main())
+        assert store.get_state("async") == {"items": ["a0"]}
+
+
+def test_a_nested_block_of_the_same_thread_may_only_continue_the_enclosing_run(tmp_path: Path) -> None:
+    @pk.checkpointed(name="nested.step")
+    def step(x: str) -> str:
+        return x
+
+    with pk.connect(f"sqlite:///{tmp_path}/n.db") as store:
+        with pk.resume("t", store=store, run_id="outer"):
+            step("o1")
+            for busy in ("queue", "reject", None):
+                with pytest.raises(pk.ConfigurationError, match="may only continue the enclosing run"), \
+                        pk.resume("t", store=store, run_id="inner", busy=busy):
+                    step("i1")
+            with pk.resume("other", store=store, run_id="inner"):  # another thread: fine
+                step("x")
+            step("o2")
+
+        async def main() -> None:
+            async with pk.resume("u", store=store, run_id="outer"):
+                with pytest.raises(pk.ConfigurationError, match="enclosing run"):
+                    async with pk.resume("u", store=store, run_id="inner"):
+                        pass
+
+        asyncio.run(main())
+        assert [c.run_id for c in store.history("t")] == ["outer"] * 3

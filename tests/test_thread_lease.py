@@ -27,7 +27,7 @@ def test_one_holder_at_a_time_and_writes_fenced(store: pk.Store) -> None:
     second = pk.ThreadLease(store, thread, run_id="B", busy="reject")
     with pytest.raises(pk.ThreadBusyError) as err:
         second.acquire()
-    assert not second.held and err.value.unfinished_run == ""
+    assert not second.held and err.value.unfinished_run is None
     assert store.leases(prefix=thread)[0].held
     first.release()
     assert not first.held
@@ -64,6 +64,54 @@ def test_wait_for_an_unfinished_run_reserves_the_lease_for_it(store: pk.Store) -
 
 
 def test_bad_options_are_configuration_errors(store: pk.Store) -> None:
-    for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}):
+    for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}, {"busy_timeout": float("nan")}):
         with pytest.raises(pk.ConfigurationError):
             pk.ThreadLease(store, "t", **kwargs)
+
+
+def test_misuse_is_a_clear_error_at_once(store: pk.Store) -> None:
+    lease = pk.ThreadLease(store, "misuse", busy="queue", busy_timeout=60)
+    lease.release()  # idempotent: nothing held, nothing to do
+    with pytest.raises(pk.ConfigurationError, match="before acquire"), lease.fenced():
+        pass
+    with pytest.raises(pk.ConfigurationError, match="before acquire"):
+        lease.wait_for("A")
+    lease.acquire()
+    try:
+        with pytest.raises(pk.ConfigurationError, match="acquired already"):
+            lease.acquire()  # at once, not after busy_timeout=60 waiting for itself
+        assert lease.held
+    finally:
+        lease.release()
+    lease.release()
+    with pytest.raises(pk.ConfigurationError, match="after release"), lease.fenced():
+        pass
+    lease.acquire()  # acquire, release, acquire again: fine
+    lease.release()
+    for bad in ({"thread_id": ""}, {"thread_id": "t", "namespace": None}):
+        with pytest.raises(pk.ConfigurationError):
+            pk.ThreadLease(store, **bad)  # type: ignore[arg-type]
+
+
+def test_waiting_for_a_run_the_store_does_not_know_says_so(store: pk.Store) -> None:
+    lease = pk.ThreadLease(store, "unknown-run", run_id="B", busy="reject")
+    lease.acquire()
+    try:
+        with pytest.raises(pk.ThreadBusyError, match="unknown here") as err:
+            lease.wait_for("nope")
+        assert err.value.unfinished_run == "nope" and "did not finish" not in str(err.value)
+    finally:
+        lease.release()
+
+    async def main() -> None:
+        again = pk.ThreadLease(store, "unknown-run-2", run_id="B", busy="queue", busy_timeout=0)
+        await again.aacquire()
+        try:
+            with pytest.raises(pk.ThreadBusyError, match="unknown here"):
+                await again.await_for("nope")
+            with pytest.raises(pk.ConfigurationError, match="before acquire"), again.fenced():
+                pass  # the failed wait holds nothing: no write may go out as if fenced
+        finally:
+            await again.arelease()
+
+    asyncio.run(main())

@@ -172,3 +172,22 @@ def test_the_wait_ends_at_busy_timeout_then_by_abandon(url: str, files: Files, s
     redelivered = spawn(url, thread, "A", steps=3)
     assert redelivered.wait(DEADLINE) == 5
     assert files.bodies().count("A.2") == 0
+
+
+def test_a_finished_turn_redelivered_behind_a_live_turn_replays_at_once(
+    url: str, files: Files, spawn: Spawn, tmp_path: Path
+) -> None:
+    """docs/coordination.md: a redelivered turn that finished replays without running a
+    step and waits for nothing, even with busy="reject" while another turn holds the thread."""
+    thread, go = f"nowait-{uuid.uuid4().hex}", tmp_path / "go"
+    assert spawn(url, thread, "T1").wait(DEADLINE) == 0
+    live = spawn(url, thread, "T2", go=str(go))
+    until(lambda: files.bodies()[-1:] == ["T2.0"], "T2 ran its first step and waits")
+    for opts in ({"busy": "reject"}, {"timeout": 0}, {}):
+        again = spawn(url, thread, "T1", **opts)
+        assert again.wait(DEADLINE) == 0  # while T2 still holds the thread
+    assert live.poll() is None and files.events("T2", "exit") == []
+    assert files.bodies() == ["T1.0", "T1.1", "T1.2", "T2.0"]  # the redeliveries ran nothing
+    go.touch()
+    assert live.wait(DEADLINE) == 0
+    check_turns(items(url, thread), ["T1", "T2"], 3)

@@ -10,7 +10,8 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_leases``: ``leases``, ``abandon``
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
-or ``verify`` found a broken record; 2 a usage error; 3 not found (no store
+or ``verify`` found a broken record; 2 a usage error (argparse's, or a thread id,
+run id or namespace argument that cannot be one); 3 not found (no store
 at the URL, or no such thread or checkpoint), the same for every verb.
 A reader that goes away (``persistkit threads | head -1``) ends a read verb
 (``threads``, ``history``, ``state``) quietly with 0, as its output was
@@ -23,7 +24,8 @@ import argparse
 import os
 import sys
 
-from .._errors import NotFoundError, PersistkitError
+from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreOptionsError
+from ..engine._store import check_namespace, check_thread_id
 from ..secrets._redact import scrub
 from . import _keys, _leases, _schema, _threads
 from ._output import Output
@@ -42,7 +44,9 @@ def parser() -> argparse.ArgumentParser:
         prog="persistkit",
         description="Inspect and manage persistkit stores. Every verb but `migrate` and `keygen` "
         "opens an existing store and never creates one.",
-        epilog="Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
+        epilog="Encrypted or integrity-protected stores: set $PERSISTKIT_ENCRYPTION_KEYS / "
+        "$PERSISTKIT_INTEGRITY_KEYS (every verb opens the store with them), or add "
+        "?encryption=true&integrity=true to the URL. Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
         "2 usage error, 3 no such store, thread or checkpoint. A closed pipe on stdout "
         "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
@@ -59,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         # argparse would report them with the top-level usage; they belong to the verb
         ns.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    _check_ids(ns)
     out = Output(as_json=getattr(ns, "json", False))
     try:
         code: int = ns.func(ns, out)
@@ -73,6 +78,34 @@ def main(argv: list[str] | None = None) -> int:
     except NotFoundError as exc:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_NOT_FOUND
+    except StoreOptionsError as exc:
+        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}. {_KEYS_HINT}", file=sys.stderr)
+        return 1
     except PersistkitError as exc:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return 1
+
+
+def _check_ids(ns: argparse.Namespace) -> None:
+    """Thread ids, run ids and the namespace given as arguments are checked before any store
+    opens: a bad one is a usage error (exit 2, with the verb's usage), like argparse's own."""
+    given: list[tuple[str, str]] = [(v, "thread_id") for v in getattr(ns, "threads", None) or () if "://" not in v]
+    thread, run = getattr(ns, "thread", None), getattr(ns, "run", None)
+    if isinstance(thread, str) and "://" not in thread:
+        given.append((thread, "thread_id"))
+    if isinstance(run, str):
+        given.append((run, "run_id"))
+    try:
+        for value, what in given:
+            check_thread_id(value, what)
+        if isinstance(getattr(ns, "namespace", None), str):
+            check_namespace(ns.namespace)
+    except ConfigurationError as exc:
+        ns.parser.error(scrub(str(exc)))
+
+
+_KEYS_HINT = (
+    "From the command line: set $PERSISTKIT_ENCRYPTION_KEYS and/or $PERSISTKIT_INTEGRITY_KEYS "
+    "(every verb then opens the store with those keys), or add ?encryption=true&integrity=true "
+    "(or =env:VAR / =file:PATH) to --url"
+)

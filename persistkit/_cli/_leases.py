@@ -18,12 +18,14 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "leases", parents=[common], help="who holds which thread's lease, and who waits",
         description="Each thread that ever had a lease: its holder (none when released or "
-        "expired), the fencing token of its latest holder, when the lease expires, and the "
-        "runs queued for it in arrival order (docs/coordination.md). The store is --url, else "
+        "expired), the fencing token of its latest holder, when the lease expires, the run the "
+        "thread is reserved for (an unfinished run only whose redelivery or `persistkit abandon` "
+        "may take it) and the runs queued for it in arrival order (docs/coordination.md). The store is --url, else "
         "$PERSISTKIT_URL, else sqlite:///.persistkit/persistkit.db.",
     )
     p.add_argument("--prefix", default="", help="only threads whose id starts with this")
-    p.add_argument("--held", action="store_true", help="only leases held now")
+    p.add_argument("--held", action="store_true",
+                   help="only threads that are not free: held now, or reserved for an unfinished run")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_leases)
 
@@ -63,7 +65,7 @@ def _expiry(expires_at: float, now: float) -> str:
 
 def _leases(ns: argparse.Namespace, out: Output) -> int:
     with open_store(resolve_url(ns.url), display=True) as store:
-        infos = [i for i in store.leases(prefix=ns.prefix) if i.held or not ns.held]
+        infos = [i for i in store.leases(prefix=ns.prefix) if i.held or i.reserved_for or not ns.held]
     now = time.time()
     if out.as_json:
         out.value([
@@ -75,9 +77,10 @@ def _leases(ns: argparse.Namespace, out: Output) -> int:
         return 0
     rows = [
         (i.thread_id, i.namespace or Shown("''"), i.holder if i.held else "-", i.token,
-         _expiry(i.expires_at, now) if i.held else "-", len(i.waiting))
+         _expiry(i.expires_at, now) if i.held else "-", i.reserved_for or "-", len(i.waiting))
         for i in infos
     ]
-    widths = [max([len(cell(r[k])) for r in rows] + [len(h)]) for k, h in enumerate(("thread", "namespace", "holder", "token", "expires"))]
-    out.table(("thread", "namespace", "holder", "token", "expires", "waiting"), rows, widths=widths)
+    heads = ("thread", "namespace", "holder", "token", "expires", "reserved_for", "waiting")
+    widths = [max([len(cell(r[k])) for r in rows] + [len(h)]) for k, h in enumerate(heads[:-1])]
+    out.table(heads, rows, widths=widths)
     return 0

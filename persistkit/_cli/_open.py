@@ -7,6 +7,12 @@ store: a missing SQLite file, or a database without persistkit's tables, is
 a :class:`NotFoundError` that names the URL, and nothing is created.
 Values are shown as plain JSON, never revived as classes, so a state holding
 a pydantic model of the user's program prints without that program.
+
+An encrypted or integrity-protected store opens as ``persistkit verify`` opens
+it: with ``$PERSISTKIT_ENCRYPTION_KEYS`` set, every verb opens the store with
+``encryption=True`` (the keys from that variable), with ``$PERSISTKIT_INTEGRITY_KEYS``
+set, with ``integrity=True``, unless the URL's own ``?encryption=`` /
+``?integrity=`` (or a verb's flag) says otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from ..codec._stdtypes import TAG
 from ..engine._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 
 __all__ = [
+    "KEY_VARIABLES",
+    "env_keys",
     "namespaces",
     "open_store",
     "plain",
@@ -61,12 +69,24 @@ def open_store(url: str, *, create: bool = False, display: bool = False, **optio
     ``display``: decode values to plain JSON (:func:`plain`), for printing."""
     if create:
         return connect(url, **options)
+    options = {**env_keys(url), **options}
     if require_store(url):
         options = {**options, "migrate": False}
     store = connect(url, **options)
     if display:
         store.codec = _PlainCodec.like(store.codec)
     return store
+
+
+#: The environment variables that make every verb open the store with its keys.
+KEY_VARIABLES = {"encryption": "PERSISTKIT_ENCRYPTION_KEYS", "integrity": "PERSISTKIT_INTEGRITY_KEYS"}
+
+
+def env_keys(url: str) -> dict[str, Any]:
+    """``encryption=True`` / ``integrity=True`` for each key variable that is set, unless
+    the URL names that option itself: the store opens with the keys it was written with."""
+    in_url = split_connect_options(url)[1]
+    return {opt: True for opt, var in KEY_VARIABLES.items() if opt not in in_url and os.environ.get(var)}
 
 
 def require_store(url: str) -> bool:

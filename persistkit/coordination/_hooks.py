@@ -5,10 +5,11 @@ the lease's token to its writes (``Store.write_fenced_sync``/``write_fenced_asyn
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import PersistkitError
-from .._io import run_async, run_sync
+from .._io import Plan, run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._lease import Lease, LeaseInfo, acquire, info, release
 
@@ -65,6 +66,7 @@ def _enclosing(outer: Run | None, store: Store, thread_id: str, namespace: str) 
 def hold_sync(
     store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
     timeout: float | None, outer: Run | None, run_id: str | None = None,
+    finished: Callable[[], Plan[bool]] | None = None,
 ) -> Holding | None:
     if not _wanted(store, busy, explicit):
         return None
@@ -73,7 +75,7 @@ def hold_sync(
     if shared is not None:
         return shared
     store._check_open()
-    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id))
+    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id, finished=finished))
     return Holding(lease, Heartbeat(store.backend, lease))
 
 
@@ -97,6 +99,7 @@ def let_go_sync(store: Store, holding: Holding | None) -> None:
 async def hold_async(
     store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
     timeout: float | None, outer: Run | None, run_id: str | None = None,
+    finished: Callable[[], Plan[bool]] | None = None,
 ) -> Holding | None:
     if not _wanted(store, busy, explicit):
         return None
@@ -105,7 +108,9 @@ async def hold_async(
     if shared is not None:
         return shared
     store._check_open()
-    lease = await run_async(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id))
+    lease = await run_async(
+        store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id, finished=finished)
+    )
     return Holding(lease, AsyncHeartbeat(store.backend, lease))
 
 

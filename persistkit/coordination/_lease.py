@@ -43,6 +43,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_BUSY",
     "DEFAULT_BUSY_TIMEOUT",
     "DEFAULT_TTL",
+    "Finished",
     "Lease",
     "LeaseInfo",
     "acquire",
@@ -265,9 +267,12 @@ def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not 0.05 <= lease_ttl <= 86400:
         raise ConfigurationError(f"lease_ttl={lease_ttl!r}: give seconds between 0.05 and 86400")
     if busy_timeout is not None and (
-        isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or busy_timeout < 0
+        # ``not >= 0`` also refuses nan, which compares false with every deadline (it would wait forever)
+        isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not busy_timeout >= 0
     ):
-        raise ConfigurationError(f"busy_timeout={busy_timeout!r}: give seconds >= 0, or None to wait as long as it takes")
+        raise ConfigurationError(
+            f"busy_timeout={busy_timeout!r}: give seconds >= 0 (float('inf') or None to wait as long as it takes)"
+        )
 
 
 def _when(t: float) -> str:
@@ -275,14 +280,14 @@ def _when(t: float) -> str:
 
 
 def _busy(thread_id: str, st: _State, owner: str, why: str, now: float) -> ThreadBusyError:
-    holder = st.owner or "nobody"
+    holder = st.owner
     # A waiter that gives up is in the queue itself: only the entries before its own are ahead.
     ahead = next((i for i, w in enumerate(st.queue) if w[0] == owner), len(st.queue))
     queue = f"; {ahead} run(s) queue before this one" if ahead else ""
     if st.reserved is not None and not st.held(now):
         return unfinished_error(thread_id, st.reserved, f"{queue.lstrip('; ')}. {why}" if queue else why, ahead)
     return ThreadBusyError(
-        f"thread {thread_id!r} is busy: a live run of {holder} holds its lease until {_when(st.expires)}"
+        f"thread {thread_id!r} is busy: a live run of {holder or 'nobody'} holds its lease until {_when(st.expires)}"
         f"{queue}. {why}",
         thread_id=thread_id,
         holder=holder,
@@ -316,6 +321,10 @@ def _poll(ttl: float, first: bool) -> float:
 # -- plans ----------------------------------------------------------------------------------------
 
 
+class Finished(Exception):
+    """Raised by :func:`acquire` when its ``finished`` check said True: take no lease."""
+
+
 def acquire(
     thread_id: str,
     namespace: str,
@@ -327,12 +336,16 @@ def acquire(
     me: tuple[str, list[Any] | None] | None = None,
     since: float | None = None,
     ahead: bool = False,
+    finished: Callable[[], Plan[bool]] | None = None,
 ) -> Plan[Lease]:
     """Take the lease of ``(thread_id, namespace)`` under policy ``busy`` for a run that
     opens ``run_id`` (None: continues the thread's unfinished run, if any). ``me`` and
     ``since`` (a ``time.monotonic()``) carry a run's owner id and its wait's start over
     :func:`step_aside` (``busy_timeout`` counts the whole wait). ``ahead``: take a free lease
-    before the queue (``store.abandon``, which is no turn)."""
+    before the queue (``store.abandon``, which is no turn). ``finished``: asked once, the first
+    time the lease cannot be taken at once (before waiting, queueing or refusing); when it
+    says True, :class:`Finished` is raised and nothing was written (``_turns``: a redelivered
+    run that finished replays without the lease)."""
     owner, probe = me or new_owner()
     start = time.monotonic() if since is None else since
     deadline = None if timeout is None else start + timeout
@@ -362,6 +375,10 @@ def acquire(
                 lease.known = (version + 1, st)
                 return lease
             continue  # the record changed under us: look again
+        if finished is not None:
+            ask, finished = finished, None
+            if (yield from ask()):
+                raise Finished(thread_id)
         if busy == "reject":
             raise _busy(
                 thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it', now

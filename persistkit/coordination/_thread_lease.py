@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from .._io import Plan, run_async, run_sync
+from .._errors import ConfigurationError, ThreadBusyError
+from .._io import Plan, call, run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._fence import fenced
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
@@ -42,7 +43,13 @@ class ThreadLease:
     continues whatever the thread left unfinished). ``busy``, ``lease_ttl`` and
     ``busy_timeout`` are ``pk.resume``'s; ``busy_timeout`` counts the whole wait, including
     :meth:`wait_for`. A store without lease primitives holds nothing under the default
-    policy (``held`` stays False); asking for a policy there is a ``ConfigurationError``."""
+    policy (``held`` stays False); asking for a policy there is a ``ConfigurationError``.
+
+    One object is one holding: :meth:`acquire` while it holds (or until :meth:`release`)
+    is a ``ConfigurationError`` (it would wait for itself); :meth:`fenced` and
+    :meth:`wait_for` before :meth:`acquire` are ``ConfigurationError`` too (a write
+    would go out unfenced). :meth:`release` is idempotent: with nothing held (never
+    acquired, or released already) it does nothing, so it fits a ``finally``."""
 
     #: ``busy``'s default: ``"queue"``, asked of a store only if it has lease primitives.
     DEFAULT_BUSY = DEFAULT_BUSY
@@ -54,10 +61,15 @@ class ThreadLease:
         busy: str | None = DEFAULT_BUSY, lease_ttl: float = DEFAULT_TTL, busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
         check_options(busy, lease_ttl, busy_timeout)
+        if not isinstance(thread_id, str) or not thread_id:
+            raise ConfigurationError(f"ThreadLease: thread_id must be a non-empty str, got {thread_id!r}")
+        if not isinstance(namespace, str):
+            raise ConfigurationError(f"ThreadLease: namespace must be a str ('' for none), got {namespace!r}")
         self.store, self.thread_id, self.namespace, self.run_id = store, thread_id, namespace, run_id
         self.busy, self.ttl, self.timeout = busy, float(lease_ttl), busy_timeout
         self._explicit = busy is not DEFAULT_BUSY
         self._holding: Holding | None = None
+        self._acquired = False  # between acquire() and release(), even on a store without leases
         self._since = time.monotonic()
 
     @property
@@ -68,23 +80,44 @@ class ThreadLease:
         return (self.store, self.thread_id, self.namespace, self.busy, self._explicit, self.ttl, self.timeout,
                 None, self.run_id)
 
+    def _not_twice(self) -> None:
+        if self._acquired:
+            raise ConfigurationError(
+                f"this ThreadLease of thread {self.thread_id!r} is acquired already: acquiring it again "
+                "would wait for itself. Call release() first, or make another pk.ThreadLease"
+            )
+
+    def _needs(self, what: str) -> None:
+        if not self._acquired:
+            raise ConfigurationError(
+                f"ThreadLease.{what} of thread {self.thread_id!r} before acquire() (or after release()): "
+                "call acquire() (aacquire()) first"
+            )
+
     def acquire(self) -> None:
+        self._not_twice()
         self._holding = hold_sync(*self._args())
+        self._acquired = True
 
     async def aacquire(self) -> None:
+        self._not_twice()
         self._holding = await hold_async(*self._args())
+        self._acquired = True
 
     def release(self) -> None:
-        holding, self._holding = self._holding, None
+        """Give the lease up; nothing to do when nothing is held (idempotent)."""
+        holding, self._holding, self._acquired = self._holding, None, False
         let_go_sync(self.store, holding)
 
     async def arelease(self) -> None:
-        holding, self._holding = self._holding, None
+        holding, self._holding, self._acquired = self._holding, None, False
         await let_go_async(self.store, holding)
 
     @contextmanager
     def fenced(self) -> Iterator[None]:
-        """Store writes to this thread/namespace in this context carry the lease's token."""
+        """Store writes to this thread/namespace in this context carry the lease's token
+        (none on a store without leases, where :meth:`acquire` held nothing)."""
+        self._needs("fenced()")
         if self._holding is None:
             yield
         else:
@@ -92,6 +125,7 @@ class ThreadLease:
                 yield
 
     def _aside(self, unfinished: str, why: str) -> Holding:
+        self._needs(f"wait_for({unfinished!r})")
         holding, self._holding = self._holding, None
         if holding is None or holding.beat is None:  # no lease, or an enclosing block's
             if holding is not None:
@@ -107,22 +141,50 @@ class ThreadLease:
         assert holding.beat is not None
         holding.beat.stop()
         lease = holding.lease
+        self._acquired = False  # until it holds again
         run_sync(self.store.backend, step_aside(lease, unfinished, str(self.busy)))
-        if self.busy == "reject":
-            raise unfinished_error(self.thread_id, unfinished, f"{why} (busy='reject')")
-        new = run_sync(self.store.backend, self._again(lease))
-        self._holding = Holding(new, Heartbeat(self.store.backend, new))
+        try:
+            if self.busy == "reject":
+                raise unfinished_error(self.thread_id, unfinished, f"{why} (busy='reject')")
+            new = run_sync(self.store.backend, self._again(lease))
+        except ThreadBusyError as exc:
+            raise self._named(exc, unfinished, self.store.run_sync(self._known(unfinished))) from None
+        self._holding, self._acquired = Holding(new, Heartbeat(self.store.backend, new)), True
 
     async def await_for(self, unfinished: str, why: str = "") -> None:
         holding = self._aside(unfinished, why)
         assert holding.beat is not None
         await holding.beat.stop()
         lease = holding.lease
+        self._acquired = False
         await run_async(self.store.backend, step_aside(lease, unfinished, str(self.busy)))
-        if self.busy == "reject":
-            raise unfinished_error(self.thread_id, unfinished, f"{why} (busy='reject')")
-        new = await run_async(self.store.backend, self._again(lease))
-        self._holding = Holding(new, AsyncHeartbeat(self.store.backend, new))
+        try:
+            if self.busy == "reject":
+                raise unfinished_error(self.thread_id, unfinished, f"{why} (busy='reject')")
+            new = await run_async(self.store.backend, self._again(lease))
+        except ThreadBusyError as exc:
+            raise self._named(exc, unfinished, await self.store.run_async(self._known(unfinished))) from None
+        self._holding, self._acquired = Holding(new, AsyncHeartbeat(self.store.backend, new)), True
+
+    def _known(self, run_id: str) -> Plan[bool]:
+        """Whether the store holds a record of ``run_id`` on this thread (one indexed read)."""
+        page = yield call("list", self.thread_id, self.namespace, run_id=run_id, limit=1)
+        return bool(page)
+
+    def _named(self, exc: ThreadBusyError, unfinished: str, known: bool) -> ThreadBusyError:
+        """``exc``, or, for a run the store has no record of, an error that says so (the caller
+        named it; an adapter keeping its own bookkeeping may know runs the store does not)."""
+        if known or exc.unfinished_run != unfinished:
+            return exc
+        where = f" in namespace {self.namespace!r}" if self.namespace else ""
+        return ThreadBusyError(
+            f"thread {self.thread_id!r}: this turn waited for run {unfinished!r}, which its caller named "
+            f"as the thread's unfinished turn (ThreadLease.wait_for), but the store has no record of a run "
+            f"{unfinished!r} on this thread{where}: it is unknown here, and unless the caller's own records "
+            "know it, nothing will ever continue it. Check the run id given to wait_for; the thread's next "
+            "turn re-checks and goes on by itself",
+            thread_id=self.thread_id, waiting=exc.waiting, unfinished_run=unfinished,
+        )
 
     def _again(self, lease: Lease) -> Plan[Lease]:
         assert self.busy is not None

@@ -16,23 +16,69 @@ queue) and wait for their turn again, up to ``busy_timeout`` in all, after which
 ``busy="reject"`` raises at once. ``busy=None`` takes no lease and checks
 nothing (the run starts on top; the unfinished run's redelivery then raises
 ``ConflictError``).
+
+A redelivered turn that finished waits for nothing: with a ``run_id``, when the lease
+cannot be taken at once (before waiting, queueing or refusing), one indexed read of the
+run's newest record (:func:`_asker`) tells whether the run completed or was abandoned;
+it then opens without the lease (a completed run replays and writes nothing; an
+abandoned one raises ``RunAbandonedError``), even while another turn holds the thread.
+A turn that finds the lease free pays nothing for it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._io import run_async, run_sync
+from .._errors import ConfigurationError
+from .._io import Plan, run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
-from ._lease import acquire, step_aside
-from ._unfinished import Unfinished
+from ._lease import Finished, acquire, step_aside
+from ._unfinished import ABANDONED, Unfinished
+
+COMPLETED = "completed"  # the end status of a completed run (engine/_cursor.py names it too)
 
 if TYPE_CHECKING:
     from ..engine._run import Run
 
 __all__ = ["open_async", "open_sync"]
+
+
+def _check_nesting(run: Run, run_id: str | None, outer: Run | None) -> None:
+    """A block nested in a live block of the same thread (and the same Store, whose lease it
+    shares) may continue the enclosing run (its ``run_id``, or none) but not start another
+    turn on top of it."""
+    if outer is None or run_id is None or run_id == outer.run_id:
+        return
+    if outer.thread_id != run.thread_id or outer.namespace != run.namespace:
+        return
+    if outer.store is not run.store:  # another Store object takes its own lease (and waits for it)
+        return
+    t = run.thread_id
+    raise ConfigurationError(
+        f"pk.resume({t!r}, run_id={run_id!r}) inside a live block of the same thread (run "
+        f"{outer.run_id!r}): a run of another turn would start on top of the live enclosing run. A "
+        f"block nested in a block of thread {t!r} may only continue the enclosing run (run_id="
+        f"{outer.run_id!r}, or no run_id); run the other turn after the enclosing block ends, or "
+        "on another thread_id or namespace"
+    )
+
+
+def _asker(run: Run, run_id: str | None) -> Callable[[], Plan[bool]] | None:
+    """What ``acquire`` asks, once, when the lease cannot be taken at once: did run ``run_id``
+    finish (completed or abandoned) on the thread? Nothing can change such a run any more,
+    so it opens without the lease. A failed run is not among them: on a thread that has
+    not moved on, its redelivery continues it (its escaped steps run again) under the lease."""
+    if run_id is None:
+        return None
+
+    def finished() -> Plan[bool]:
+        status = yield from run.ended(run_id)
+        return status in (COMPLETED, ABANDONED)
+
+    return finished
 
 
 def open_sync(
@@ -43,7 +89,14 @@ def open_sync(
     thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
     could not give up, the store failing, expires by itself)."""
     store, since = run.store, time.monotonic()
-    holding = hold_sync(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
+    _check_nesting(run, run_id, outer)
+    try:
+        holding = hold_sync(
+            store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id)
+        )
+    except Finished:
+        store.run_sync(run.open(run_id))  # replays without the lease (or raises RunAbandonedError)
+        return None
     while True:
         run.lease = holding.lease if holding else None
         # a block nested in a block of the same thread shares its lease: it cannot wait
@@ -73,7 +126,14 @@ async def open_async(
     timeout: float | None, outer: Run | None,
 ) -> Holding | None:
     store, since = run.store, time.monotonic()
-    holding = await hold_async(store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id)
+    _check_nesting(run, run_id, outer)
+    try:
+        holding = await hold_async(
+            store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id)
+        )
+    except Finished:
+        await store.run_async(run.open(run_id))
+        return None
     while True:
         run.lease = holding.lease if holding else None
         # a block nested in a block of the same thread shares its lease: it cannot wait

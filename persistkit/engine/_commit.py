@@ -123,7 +123,8 @@ class Commits(ReplayCursor):
                 self.status = FAILED  # the block ends on its own conflict: that error said it all
                 return
             body = self._end_body(error)
-            self._write_sync(body, {}, None, None)
+            if not self._repeats_failure(body):
+                self._write_sync(body, {}, None, None)
             self.status = body["rs"]
 
     async def end_async(self, error: BaseException | None) -> None:
@@ -132,7 +133,8 @@ class Commits(ReplayCursor):
                 self.status = FAILED
                 return
             body = self._end_body(error)
-            await self._write_async(body, {}, None, None)
+            if not self._repeats_failure(body):
+                await self._write_async(body, {}, None, None)
             self.status = body["rs"]
 
     def _write_sync(
@@ -212,6 +214,19 @@ class Commits(ReplayCursor):
         else:
             body["r"] = tree
         return body, extra
+
+    def _repeats_failure(self, body: dict[str, Any]) -> bool:
+        """A retry of a failed run (its failed end record was the head as it opened) that
+        committed nothing and fails the same way: the head already says so, write nothing."""
+        end = self._failed_end
+        return (
+            end is not None
+            and body["rs"] == FAILED
+            and self._head is not None
+            and self._head.checkpoint_id == end.id
+            and _dump(body.get("e")) == _dump(end.body.get("e"))
+            and list(body.get("x") or ()) == list(end.body.get("x") or ())
+        )
 
     def _end_body(self, error: BaseException | None) -> dict[str, Any]:
         if error is not None:

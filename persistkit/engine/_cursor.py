@@ -58,7 +58,11 @@ class ReplayCursor(StateRestore):
                     # Another run built on this one's checkpoints (or its end record was
                     # skipped, see _conflict): replay what it recorded, run nothing.
                     self.replay_only = True
-                    self._moved_on = (rows[-1].id, head, head_rec.row.run_id if head_rec else None)
+                    self._moved_on = (
+                        rows[-1].id, head, head_rec.row.run_id if head_rec else None, rows[-1].run_status
+                    )
+                elif rows[-1].run_status == FAILED and head_rec is not None and head_rec.id == rows[-1].id:
+                    self._failed_end = rows[-1]  # retried after a failure: see _commit.end_sync
             elif self.keeps_turns and head_rec is not None:
                 check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
         elif (
@@ -102,6 +106,16 @@ class ReplayCursor(StateRestore):
                 self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
             elif rec.kind == "end":
                 self._escaped.update(rec.body.get("x") or ())
+
+    def ended(self, run_id: str) -> Plan[str | None]:
+        """The status of ``run_id``'s end record on this thread (``completed``, ``failed``,
+        ``abandoned``), or None while it has none. One indexed read of the run's newest row:
+        ``pk.resume`` asks it, with a ``run_id``, before it waits for the thread's lease."""
+        page = yield call("list", self.thread_id, self.namespace, run_id=run_id, limit=1)
+        if not page:
+            return None
+        rec = Record.decode(self.codec, page[0])
+        return rec.run_status if rec.kind == "end" else None
 
     def _rows_of(self, run_id: str) -> Plan[list[Record]]:
         out: list[Record] = []
@@ -237,10 +251,14 @@ class ReplayCursor(StateRestore):
     def _unfinished(self, position: str, name: str, why: str) -> ConflictError:
         """A step the run did not record, replaying a run whose thread moved on (see open)."""
         assert self._moved_on is not None
-        last, head, by = self._moved_on
+        last, head, by, status = self._moved_on
         t, r = self.thread_id, self.run_id
+        what = (
+            f"run {r} failed (its block raised; the failure is recorded) and the thread moved on"
+            if status == FAILED else f"run {r} did not finish before the thread moved on"
+        )
         return ConflictError(
-            f"thread {t!r}: run {r} did not finish before the thread moved on (its head is checkpoint "
+            f"thread {t!r}: {what} (its head is checkpoint "
             f"{head.checkpoint_id if head else None}" + (f" of run {by}" if by else "") + "): its "
             f"recorded steps replayed without running, but step {name!r} at position {position} {why} "
             "and cannot run on this thread now. Do not run the block under a new run_id (the recorded "

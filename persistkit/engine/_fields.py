@@ -43,7 +43,8 @@ class RunFields:
     release_at_end: bool
     keeps_turns: bool
     _events: list[tuple[str, str, bool, str]]
-    _moved_on: tuple[str, Head | None, str | None] | None
+    _moved_on: tuple[str, Head | None, str | None, str | None] | None
+    _failed_end: Record | None
     _lost: ConflictError | None
     _index: dict[str, Record]
     _max_child: dict[str, int]

@@ -98,7 +98,10 @@ class Run(Commits):
         self._events: list[tuple[str, str, bool, str]] = []  # StepEvent fields: made on request
         self.replay_only = False
         self.retry_failed = False  # resume(retry_failed=True): an unstorable step (flag "u") runs again
-        self._moved_on: tuple[str, Head | None, str | None] | None = None  # see open()
+        self._moved_on: tuple[str, Head | None, str | None, str | None] | None = None  # see open()
+        #: The run's own failed end record, when it is the thread's head as the run opens: an
+        #: attempt that commits nothing and fails the same way writes nothing (see _commit).
+        self._failed_end: Record | None = None
         self._lost: ConflictError | None = None  # what a commit of this run raised on a moved head
         self._index: dict[str, Record] = {}
         self._max_child: dict[str, int] = {}

@@ -23,6 +23,7 @@ import pytest
 from .._errors import (
     BackendUnavailableError,
     ConfigurationError,
+    ConflictError,
     RunAbandonedError,
     ThreadBusyError,
 )
@@ -130,6 +131,63 @@ class TurnConformance:
         _turn(two, thread, "B", 2, busy_timeout=0)  # the crashed one continues
         assert _BODIES[before:] == ["B.1"]
         assert one.get_state(thread)["items"] == ["A.0", "A.1", "B.0", "B.1"]
+
+    @pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted+integrity"])
+    def test_a_finished_turn_replays_at_once_behind_a_live_turn(
+        self, persistkit_url: str, backend_options: dict[str, Any], sealed: bool
+    ) -> None:
+        from ..wrappers._keys import generate_key
+
+        keys: dict[str, Any] = {"encryption": generate_key(), "integrity": generate_key()} if sealed else {}
+        one = connect(persistkit_url, **backend_options, **keys)
+        two = connect(persistkit_url, **backend_options, **keys)
+        try:
+            thread = f"turns-{uuid.uuid4().hex}"
+            _turn(one, thread, "A", 2)
+            with resume(thread, store=one, run_id="B"):  # a live turn holds the thread
+                _item("B.0")
+                rows = [c.checkpoint_id for c in two.history(thread)]
+                before = len(_BODIES)
+                for busy in ("reject", "wait", "queue"):  # a redelivery of A: replays, waits for nothing
+                    with resume(thread, store=two, run_id="A", busy=busy, busy_timeout=0) as run:
+                        assert [_item("A.0"), _item("A.1")] == ["A.0", "A.1"]
+                        assert run.status == "completed"
+                assert len(_BODIES) == before  # nothing ran
+                assert [c.checkpoint_id for c in two.history(thread)] == rows  # nothing written
+                assert two.leases(prefix=thread)[0].holder is not None  # B still holds it: A took nothing
+
+            async def redeliver() -> None:
+                with resume(thread, store=one, run_id="C"):
+                    async with resume(thread, store=two, run_id="A", busy="reject") as arun:
+                        assert arun.status == "completed"
+
+            asyncio.run(redeliver())
+        finally:
+            one.close()
+            two.close()
+
+    def test_a_failed_run_retried_writes_nothing_more(self, stores: tuple[Store, Store]) -> None:
+        one, two = stores
+        thread = f"turns-{uuid.uuid4().hex}"
+
+        class Boom(Exception):
+            pass
+
+        for store in (one, two, one):  # the failure itself, then two retries of the same message
+            with pytest.raises(Boom), resume(thread, store=store, run_id="F"):
+                _item("F.0")
+                raise Boom("bug")
+        assert [(c.kind, c.run_status) for c in one.history(thread)][:2] == [("end", "failed"), ("step", "running")]
+        assert len(one.history(thread)) == 2  # one failed end record, not one per retry
+        with pytest.raises(Boom, match="other"), resume(thread, store=two, run_id="F"):
+            _item("F.0")
+            raise Boom("other")  # a different failure is recorded
+        assert len(one.history(thread)) == 3
+        _turn(one, thread, "G", 1)
+        with pytest.raises(ConflictError, match="run F failed") as moved, resume(thread, store=two, run_id="F"):
+            _item("F.0")
+            _item("F.1")
+        assert "did not finish" not in str(moved.value)
 
     def test_a_resume_without_run_id_continues_the_unfinished_run(self, stores: tuple[Store, Store]) -> None:
         one, two = stores

@@ -179,11 +179,14 @@ def test_a_killed_holder_is_taken_over(url: str, probe: bool, tmp_path: Path, sp
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_eight_processes_queue_in_arrival_order(url: str, tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]]) -> None:
+    # Nobody dies here, so the TTL only has to outlast a waiter starved of CPU: a waiter that
+    # cannot refresh its queue entry within the TTL drops out of the line (as a dead one must),
+    # and on a loaded 2-core machine 2 s was not always enough.
     thread, log, go = uid("fifo"), Log(tmp_path / "log"), tmp_path / "go"
-    procs = [spawn(url, thread, "P0", log, busy="queue", ttl=2.0, steps=2, go=str(go))]
+    procs = [spawn(url, thread, "P0", log, busy="queue", ttl=10.0, steps=2, go=str(go))]
     log.wait("P0", "enter", procs=procs)
     for i in range(1, 9):
-        procs.append(spawn(url, thread, f"P{i}", log, busy="queue", ttl=2.0, steps=1))
+        procs.append(spawn(url, thread, f"P{i}", log, busy="queue", ttl=10.0, steps=1))
         _wait_until(lambda i=i: _waiting(url, thread) == i, f"P{i} to queue")  # type: ignore[misc]
     go.touch()
     assert [p.wait(timeout=DEADLINE) for p in procs] == [0] * 9

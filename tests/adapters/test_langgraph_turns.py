@@ -304,7 +304,7 @@ def test_bad_options_are_configuration_errors(pg: str) -> None:
     with PersistkitSaver.from_url(pg) as saver:
         graph = _worker_graph(saver)
         config: Any = {"configurable": {"thread_id": uid("lg")}}
-        for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}, {"run_id": ""}, {"run_id": 7}):
+        for kwargs in ({"busy": "later"}, {"lease_ttl": 0}, {"busy_timeout": -1}, {"busy_timeout": float("nan")}, {"run_id": ""}, {"run_id": 7}):
             with pytest.raises(pk.ConfigurationError):
                 durable_invoke(graph, {"messages": ["A:user"]}, config, **kwargs)
         with pytest.raises(pk.ConfigurationError, match="thread_id"):

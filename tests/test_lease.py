@@ -350,28 +350,3 @@ def test_abandon_keeps_the_state_of_the_last_committed_checkpoint(tmp_path: Path
         asyncio.run(main())
         assert store.get_state("async") == {"items": ["a0"]}
 
-
-def test_a_nested_block_of_the_same_thread_may_only_continue_the_enclosing_run(tmp_path: Path) -> None:
-    @pk.checkpointed(name="nested.step")
-    def step(x: str) -> str:
-        return x
-
-    with pk.connect(f"sqlite:///{tmp_path}/n.db") as store:
-        with pk.resume("t", store=store, run_id="outer"):
-            step("o1")
-            for busy in ("queue", "reject", None):
-                with pytest.raises(pk.ConfigurationError, match="may only continue the enclosing run"), \
-                        pk.resume("t", store=store, run_id="inner", busy=busy):
-                    step("i1")
-            with pk.resume("other", store=store, run_id="inner"):  # another thread: fine
-                step("x")
-            step("o2")
-
-        async def main() -> None:
-            async with pk.resume("u", store=store, run_id="outer"):
-                with pytest.raises(pk.ConfigurationError, match="enclosing run"):
-                    async with pk.resume("u", store=store, run_id="inner"):
-                        pass
-
-        asyncio.run(main())
-        assert [c.run_id for c in store.history("t")] == ["outer"] * 3

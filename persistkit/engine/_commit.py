@@ -193,6 +193,10 @@ class Commits(ReplayCursor):
         self._result_raw = self._result_tree = None
         if digest and type(digest) is str:
             body["a"] = digest
+        if self._marks:  # recorded by a layer for this step (e.g. its compensation)
+            marks = self._marks.pop(position, None)
+            if marks and error is None:
+                body.update(marks)
         if error is not None:
             body["s"] = "failed"
             body["e"] = self.codec.serializer.encode_exception(error)
@@ -244,6 +248,8 @@ class Commits(ReplayCursor):
         head = self._head
         if self.metadata:
             body["m"] = self.codec.encode(self.metadata, "metadata")
+        if self._attach:  # rides on whatever this run writes next (see Run._attach)
+            body.update(self._attach)
         where = (self.thread_id, self.namespace, head.checkpoint_id if head else None, self.run_id)
         lenient = body.get("s") == "failed" or body["rs"] == FAILED  # a failure is always recorded
         row, diff = self._tracker.checkpoint(
@@ -257,6 +263,10 @@ class Commits(ReplayCursor):
         """``row`` is the thread's head now; a step's row is remembered for replay in this run."""
         self._head = head
         self._tracker.committed(diff)
+        if self._attach:
+            for key in self._attach.keys() & body.keys():
+                if self._attach[key] is body[key]:
+                    del self._attach[key]
         self._loader.rows[row.checkpoint_id] = body  # later replays in this run may read its segments
         if body["k"] != "step":
             self._result = None

@@ -59,3 +59,5 @@ class RunFields:
     _result: Result | None
     _result_raw: bytes | None
     _result_tree: Any
+    _marks: dict[str, dict[str, Any]]
+    _attach: dict[str, Any]

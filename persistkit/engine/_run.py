@@ -121,6 +121,13 @@ class Run(Commits):
         self._result: Result | None = None  # the head's result, which a list item may refer to
         self._result_raw: bytes | None = None  # the JSON bytes of the result being committed
         self._result_tree: Any = None  # and its tree (the row holds it inline, or a blob its redacted bytes)
+        #: What a layer records with one step's own checkpoint, by the step's position
+        #: (compensations, after-commit effects): merged into that step's record if it
+        #: completes, dropped if it fails (see ``_commit._step_body``).
+        self._marks: dict[str, dict[str, Any]] = {}
+        #: What a layer records with the run's next checkpoint, whatever it is (patch
+        #: markers, effects done): merged into the next row, kept until one lands.
+        self._attach: dict[str, Any] = {}
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
         #: Set by resume() when the block owns its lease: the end record gives it up with it.
         self.release_at_end = False

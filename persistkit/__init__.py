@@ -32,6 +32,8 @@ from ._errors import (
 from ._retry import Retry, set_testing
 from .codec._serde import register
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._patches import deprecate_patch, patched
+from .engine._replay_check import ReplayReport, RunReplay
 from .engine._run import Run, StepEvent, StepInfo
 from .engine._store import Store, connect, default_store
 from .secrets._redact import Secret
@@ -67,11 +69,13 @@ __all__ = [
     "NotFoundError",
     "PersistkitError",
     "Reducer",
+    "ReplayReport",
     "Retry",
     "RetryableError",
     "RotationReport",
     "Run",
     "RunAbandonedError",
+    "RunReplay",
     "SchemaVersionError",
     "Secret",
     "SecretResolutionError",
@@ -95,9 +99,11 @@ __all__ = [
     "current_run",
     "current_step",
     "default_store",
+    "deprecate_patch",
     "generate_key",
     "merge",
     "migration",
+    "patched",
     "register",
     "replace",
     "resume",

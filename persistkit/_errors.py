@@ -212,7 +212,15 @@ class SchemaVersionError(PersistkitError):
 
 
 class NonDeterminismError(PersistkitError):
-    """On replay, the step called at a position is not the step that was recorded there."""
+    """On replay, the code does not do what the run recorded: another step (or other
+    arguments) at a position, a step past a completed run's end, or a deprecated patch
+    reached by a run recorded before the patch. ``position`` and ``step`` say where
+    (None when the error was revived from a record)."""
+
+    def __init__(self, *args: object, position: str | None = None, step: str | None = None) -> None:
+        super().__init__(*args)
+        self.position = position
+        self.step = step
 
 
 class IntegrityError(PersistkitError):

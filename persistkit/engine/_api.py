@@ -30,6 +30,7 @@ from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, chec
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from ._inputs import live_inputs
+from ._replay_check import CHECKING
 from ._run import Run, StepInfo
 from ._store import Store, check_namespace, check_thread_id, default_store
 
@@ -161,9 +162,14 @@ class resume:
     def __enter__(self) -> Run:
         from ..coordination._turns import open_sync
 
+        check = CHECKING.get()
+        if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
+            self.store = check.store
         run = self._new_run()
-        # the lease, then the run (after the thread's unfinished run of another turn, if any)
-        self._holding = open_sync(run, self.run_id, *self._busy, current_run())
+        if check is not None:
+            check.open_sync(run, self.run_id)
+        else:  # the lease, then the run (after the thread's unfinished run of another turn, if any)
+            self._holding = open_sync(run, self.run_id, *self._busy, current_run())
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -194,8 +200,14 @@ class resume:
     async def __aenter__(self) -> Run:
         from ..coordination._turns import open_async
 
+        check = CHECKING.get()
+        if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
+            self.store = check.store
         run = self._new_run()
-        self._holding = await open_async(run, self.run_id, *self._busy, current_run())
+        if check is not None:
+            await check.open_async(run, self.run_id)
+        else:
+            self._holding = await open_async(run, self.run_id, *self._busy, current_run())
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 

@@ -128,6 +128,9 @@ class Run(Commits):
         #: What a layer records with the run's next checkpoint, whatever it is (patch
         #: markers, effects done): merged into the next row, kept until one lands.
         self._attach: dict[str, Any] = {}
+        #: Patch ids decided in this block (pk.patched): the ids the run recorded, True from
+        #: the start; each other id as first decided, so one block never answers it two ways.
+        self._patches: dict[str, bool] = {}
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
         #: Set by resume() when the block owns its lease: the end record gives it up with it.
         self.release_at_end = False

@@ -22,6 +22,8 @@ it is written on every step:
        stored: it replays its error on every resume, never runs again
 ``x``  end records: checkpoint ids of failures that ended the attempt
 ``f``  fork records: ``[source thread, source checkpoint]``
+``pt`` patch ids this run reached live (``pk.patched``), attached to the run's
+       next checkpoint of any kind (``engine/_patches``)
 ====  =====================================================================
 """
 
@@ -159,6 +161,7 @@ _FIELDS: dict[str, Any] = {
     "x": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
     "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
+    "pt": lambda v: type(v) is list and all(_is_str(i) for i in v),
 }
 
 

@@ -284,6 +284,8 @@ class _Check:
 
     def frontier(self, signal: Frontier) -> RunReplay:
         position, step = signal.position, signal.step
+        if position is None and isinstance(signal.__context__, Exception):
+            return self.failed(signal.__context__)  # the write would record this failure: it stops
         if position is None:  # a write: the step re-entered last would complete there
             position = self.entered[-1] if self.entered else (self.at[0] if self.at else None)
             step = None if position is None or self.at is None else step

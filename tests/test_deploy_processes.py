@@ -135,7 +135,7 @@ def test_deploy_between_crash_and_resume(url: str, tmp_path: Path) -> None:
         return [line for line in effects.read_text().splitlines() if line]
 
     old = script(v1, t_old, "r-old", "hang")
-    until(lambda: f"ready r-old" in lines(), "version 1 committed its refund")
+    until(lambda: "ready r-old" in lines(), "version 1 committed its refund")
     old.send_signal(signal.SIGKILL)
     old.wait(DEADLINE)
     assert lines() == ["charge r-old", "refund_v1 r-old", "ready r-old"]

@@ -109,7 +109,7 @@ def test_completed_old_run_replayed_read_only_takes_the_old_path(store: pk.Store
     with pk.resume(t, store=store, run_id="r") as run:  # a redelivery, after the deploy
         step("a")
         assert not pk.patched("p")
-        with pytest.raises(pk.NonDeterminismError, match="pk.deprecate_patch"):
+        with pytest.raises(pk.NonDeterminismError, match=r"pk\.deprecate_patch"):
             pk.deprecate_patch("p")
     assert run.replay_only and BODIES == ["a"]
 

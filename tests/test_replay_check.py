@@ -220,7 +220,7 @@ def test_cli(tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch, ca
     store = pk.connect(store_url)
     _crash(store, p, "s0", "s1")
     mod = f"rc_entry_{p.replace('-', '_')}"
-    (tmp_path / f"{mod}.py").write_text(textwrap.dedent(f"""
+    (tmp_path / f"{mod}.py").write_text(textwrap.dedent("""
         import persistkit as pk
         from test_replay_check import step
 

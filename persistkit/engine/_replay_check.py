@@ -40,7 +40,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import ConfigurationError, NonDeterminismError, PersistkitError
 from .._io import Plan, call
@@ -48,8 +48,20 @@ from ..backends import Backend
 from ..state._records import Record
 
 if TYPE_CHECKING:
+    from ..codec._pipeline import Codec
     from ._run import Run
-    from ._store import Store
+
+
+class Store(Protocol):
+    """What the check uses of a ``persistkit.Store`` (which mixes this module's class in,
+    so the type is named by what it offers, not imported)."""
+
+    backend: Backend
+    codec: Codec
+
+    def run_sync(self, plan: Plan[Any]) -> Any: ...
+
+    async def run_async(self, plan: Plan[Any]) -> Any: ...
 
 __all__ = ["CHECKING", "Frontier", "ReplayCheckStore", "ReplayReport", "RunReplay"]
 
@@ -60,7 +72,7 @@ CHECKING: ContextVar[_Check | None] = ContextVar("persistkit_replay_check", defa
 UNFINISHED = ("running", "failed", "suspended")
 
 
-class Frontier(BaseException):  # noqa: N818 - a signal, not an error
+class Frontier(BaseException):
     """The checked run reached a point where it would run a step or write: its live frontier."""
 
     def __init__(self, position: str | None, step: str | None, why: str) -> None:
@@ -210,7 +222,7 @@ def _read_only(store: Store) -> Store:
 class _Check:
     """One run's check: what ``pk.resume`` does in it, and what it found."""
 
-    store: Store
+    store: Any  # the checked pk.Store, over _ReadOnly: what every pk.resume in the check uses
     thread_id: str
     namespace: str
     run_id: str
@@ -344,21 +356,23 @@ def _entry_call(entry: Callable[..., Any], store: Store, thread_id: str, run_id:
 
 
 def _check_args(entry: object, threads: object, prefix: object, namespace: object) -> list[str] | None:
-    from ._store import check_namespace, check_thread_id
-
     if not callable(entry):
         raise ConfigurationError(
             f"check_replay(entry=...): entry must be the function that resumes one run, "
             f"entry(thread_id, run_id), got {entry!r}"
         )
-    if not isinstance(prefix, str):
-        raise ConfigurationError(f"check_replay(prefix=...) must be a str, got {type(prefix).__name__}")
-    check_namespace(namespace)
+    for what, value in (("prefix", prefix), ("namespace", namespace)):
+        if not isinstance(value, str):
+            raise ConfigurationError(f"check_replay({what}=...) must be a str, got {type(value).__name__}")
     if threads is None:
         return None
     if isinstance(threads, str) or not isinstance(threads, Iterable):
         raise ConfigurationError(f"check_replay(threads=...) must be a list of thread ids, got {threads!r}")
-    return [check_thread_id(t) for t in threads]
+    ids = list(threads)
+    for t in ids:
+        if not isinstance(t, str) or not t:
+            raise ConfigurationError(f"check_replay(threads=...): {t!r} is not a thread id (a non-empty str)")
+    return ids
 
 
 class ReplayCheckStore:

@@ -127,7 +127,7 @@ class PatchConformance:
         _BODIES.clear()
         assert _agent(2)(t_new, "r-new", store=new_proc)[1] == "refunded r-new (v2)"
         steps = [c.step for c in old_proc.history(t_new) if c.kind == "step"]
-        assert steps[-2].endswith("_refund_v2")
+        assert str(steps[-2]).endswith("_refund_v2")
         # the redelivery of each (another store instance) replays: same answers, nothing runs
         _BODIES.clear()
         assert _agent(2)(t_old, "r-old", store=old_proc)[1] == "refunded r-old (v1)"

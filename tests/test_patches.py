@@ -272,3 +272,52 @@ def test_nondeterminism_error_names_step_position_and_remedies(store: pk.Store) 
     for remedy in ("at step position 1", "finish this run with the code that started it", "pk.patched(",
                    "replay-check", "new run_id", "store.fork("):
         assert remedy in msg, remedy
+
+
+@pytest.mark.skipif(not hasattr(pk, "suspend"), reason="pk.suspend is another part of issue 21, not merged here yet")
+def test_suspended_run_across_a_deploy(store: pk.Store) -> None:
+    """An old run suspended before the deploy finishes on the old path after its answer;
+    the replay check says it waits (then, answered, continues) and needs the old path."""
+    suspend: Any = getattr(pk, "suspend")  # noqa: B009 (typed once pk.suspend is merged)
+    t_old, t_new = uid("ps"), uid("ps")
+
+    def v1(thread_id: str, run_id: str, store: pk.Store) -> str:
+        with pk.resume(thread_id, store=store, run_id=run_id) as run:
+            step("a")
+            step("old")
+            step(f"after-{suspend('ok?')}")
+        return str(run.status)
+
+    def v2(thread_id: str, run_id: str, store: pk.Store, guarded: bool = True) -> str:
+        with pk.resume(thread_id, store=store, run_id=run_id) as run:
+            step("a")
+            step("new" if not guarded or pk.patched("p") else "old")
+            step(f"after-{suspend('ok?')}")
+        return str(run.status)
+
+    def unguarded(thread_id: str, run_id: str, store: pk.Store) -> str:
+        return v2(thread_id, run_id, store, guarded=False)
+
+    assert v1(t_old, "r", store) == "suspended"
+    before = store_bytes_of(store, t_old)
+    (run,) = store.check_replay(v2, threads=[t_old]).runs
+    assert (run.status, run.outcome, run.old_patches) == ("suspended", "waits", ("p",))
+    (run,) = store.check_replay(unguarded, threads=[t_old]).runs
+    assert (run.outcome, run.position, run.error_type) == ("stops", "1", "NonDeterminismError")
+    assert store_bytes_of(store, t_old) == before
+    store.answer(t_old, "yes")
+    (run,) = store.check_replay(v2, threads=[t_old]).runs
+    assert (run.outcome, run.position, run.old_patches) == ("continues", "3", ("p",))
+    BODIES.clear()
+    assert v2(t_old, "r", store) == "completed" and BODIES == ["after-yes"]
+    assert v2(t_new, "r", store) == "suspended"
+    store.answer(t_new, "sure")
+    BODIES.clear()
+    assert v2(t_new, "r", store) == "completed" and BODIES == ["after-sure"]
+    assert ["p"] in _pt(store, t_new, "r")
+
+
+def store_bytes_of(store: pk.Store, thread: str) -> Any:
+    from persistkit.testing.patch_suite import store_bytes
+
+    return store_bytes(store, thread)

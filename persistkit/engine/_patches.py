@@ -94,17 +94,22 @@ def deprecate_patch(patch_id: str) -> None:
     known = run._patches.get(patch_id)
     if known:
         return
-    past = _past(run, frame) if known is None else ["(decided earlier in this block)"]
-    if not past:
+    past = _past(run, frame) if known is None else []
+    if known is None and not past:
         run._patches[patch_id] = True
         _attach(run, patch_id)
         return
     _note_old(run, patch_id, past)
-    where = f"its step at {past[0]}" if past[0][:1].isdigit() else "its end"
+    if not past:
+        where = f"pk.patched({patch_id!r}) answered False earlier in this block"
+    elif past[0] == "end":
+        where = "it completed without it"
+    else:
+        where = f"its step at {past[0]} was recorded past this point without it"
     raise NonDeterminismError(
         f"thread {run.thread_id!r} run {run.run_id}: pk.deprecate_patch({patch_id!r}) was reached "
-        f"by a run recorded before the patch existed ({where} was recorded past this point "
-        "without it): the run needs the old path, which this code no longer has. Put back "
+        f"by a run recorded before the patch existed ({where}): the run needs the old path, "
+        "which this code no longer has. Put back "
         f"`if pk.patched({patch_id!r}): ... else: ...` until `persistkit replay-check` lists no "
         "run that needs it. " + run.remedies(),
         position=_here(frame), step=f"pk.deprecate_patch({patch_id!r})",

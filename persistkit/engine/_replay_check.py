@@ -389,6 +389,11 @@ class ReplayCheckStore:
 
         store: Store = self  # type: ignore[assignment]
         ids = _check_args(entry, threads, prefix, namespace)
+        if inspect.iscoroutinefunction(entry) and _loop_running():
+            raise ConfigurationError(
+                "check_replay() with an async entry was called from a running event loop: "
+                "use `await store.acheck_replay(entry)`"
+            )
         view = _read_only(store)
         found: list[tuple[str, str, str]] = store.run_sync(_waiting(store, ids, prefix, namespace))
         results = []
@@ -438,6 +443,16 @@ class ReplayCheckStore:
             finally:
                 CHECKING.reset(token)
         return ReplayReport(tuple(results))
+
+
+def _loop_running() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def _awaited(out: Any) -> Any:

@@ -92,6 +92,25 @@ def test_only_waiting_runs_are_checked(store: pk.Store) -> None:
     assert [r.thread_id for r in only.runs] == [f"{p}-a"]
 
 
+def test_code_after_the_block_never_runs_in_a_check(store: pk.Store) -> None:
+    p = uid("rc")
+    _crash(store, p, "s0")
+    posted: list[str] = []
+
+    def entry(thread_id: str, run_id: str, store: pk.Store) -> None:
+        with pk.resume(thread_id, store=store, run_id=run_id):
+            step("s0")
+            with pk.resume(f"{thread_id}-sub", store=store):  # a nested block ends only itself
+                pass
+        posted.append("reply")  # e.g. post the reply: a check must not
+
+    (run,) = store.check_replay(entry, threads=[p]).runs
+    assert (run.outcome, posted) == ("completes", [])
+    entry(p, "r", store)
+    assert posted == ["reply"]
+    assert store.check_replay(entry, threads=[p]).runs == ()
+
+
 def test_changed_arguments_and_order(store: pk.Store) -> None:
     p = uid("rc")
     _crash(store, p, "s0", "s1", "s2")

@@ -179,6 +179,8 @@ class resume:
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
+        if (check := CHECKING.get()) is not None:
+            check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
             if _writes_nothing(run, exc):
                 return
@@ -217,6 +219,8 @@ class resume:
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
+        if (check := CHECKING.get()) is not None:
+            check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
             if _writes_nothing(run, exc):
                 return

@@ -22,7 +22,11 @@ While ``entry`` runs, :data:`CHECKING` is set, and every ``pk.resume`` in it:
   unfinished step with recorded child steps, which a resume re-enters (its code runs
   between its children, as the block's own code does), so its children are checked too;
 * ``pk.patched`` answers as in the real resume; each id answered False is listed (the
-  run needs that patch's old path).
+  run needs that patch's old path);
+* when the (outermost) block ends cleanly or suspends, the entry ends there
+  (:class:`Ended`): its code after the block — posting the reply, acking a message —
+  never runs in a check. Its code before the block, and the block's code between
+  steps, run as in every resume.
 
 The outcome of each run is a :class:`RunReplay`: it *continues* (it reached its
 frontier), *completes* or *waits* (its block ended: done, or suspended again), or it
@@ -63,7 +67,7 @@ class Store(Protocol):
 
     async def run_async(self, plan: Plan[Any]) -> Any: ...
 
-__all__ = ["CHECKING", "Frontier", "ReplayCheckStore", "ReplayReport", "RunReplay"]
+__all__ = ["CHECKING", "Ended", "Frontier", "ReplayCheckStore", "ReplayReport", "RunReplay"]
 
 #: The running check, while ``store.check_replay`` calls an entry (read by ``pk.resume``).
 CHECKING: ContextVar[_Check | None] = ContextVar("persistkit_replay_check", default=None)
@@ -78,6 +82,15 @@ class Frontier(BaseException):
     def __init__(self, position: str | None, step: str | None, why: str) -> None:
         super().__init__(why)
         self.position, self.step, self.why = position, step, why
+
+
+class Ended(BaseException):  # noqa: N818 - a signal, not an error
+    """The checked block ended (completed, or suspended again): the entry stops there, so
+    its code after the block (posting the reply, acking a message) never runs in a check."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +244,7 @@ class _Check:
     at: tuple[str, str] | None = None  # the last step position looked up, and its name
     entered: list[str] = field(default_factory=list)  # unfinished parents re-entered
     old: list[str] = field(default_factory=list)
+    depth: int = 0  # checked blocks open (a block nested in the entry's ends only itself)
 
     # -- what pk.resume calls ----------------------------------------------------------
 
@@ -249,6 +263,7 @@ class _Check:
 
         run.status = RUNNING
         self.runs.append(run)
+        self.depth += 1
         real = run.lookup
 
         def lookup(position: str, name: str) -> Record | None:
@@ -264,6 +279,13 @@ class _Check:
             return rec
 
         setattr(run, "lookup", lookup)  # noqa: B010 (this run only: no cost for any other)
+
+    def exit(self, run: Run, exc: BaseException | None) -> None:
+        """``pk.resume``'s exit in a check: a block that ends cleanly (or suspends) ends the
+        entry with :class:`Ended`; an exception goes on (the block writes nothing)."""
+        self.depth -= 1
+        if self.depth == 0 and (exc is None or run.status == "suspended"):
+            raise Ended(run.status) from None
 
     def old_patch(self, run: Run, patch_id: str) -> None:
         if patch_id not in self.old:
@@ -407,6 +429,8 @@ class ReplayCheckStore:
                 results.append(check.ended())
             except Frontier as signal:
                 results.append(check.frontier(signal))
+            except Ended:
+                results.append(check.ended())
             except Exception as exc:
                 results.append(check.failed(exc))
             finally:
@@ -438,6 +462,8 @@ class ReplayCheckStore:
                 results.append(check.ended())
             except Frontier as signal:
                 results.append(check.frontier(signal))
+            except Ended:
+                results.append(check.ended())
             except Exception as exc:
                 results.append(check.failed(exc))
             finally:

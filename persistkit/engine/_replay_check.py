@@ -84,7 +84,7 @@ class Frontier(BaseException):
         self.position, self.step, self.why = position, step, why
 
 
-class Ended(BaseException):  # noqa: N818 - a signal, not an error
+class Ended(BaseException):
     """The checked block ended (completed, or suspended again): the entry stops there, so
     its code after the block (posting the reply, acking a message) never runs in a check."""
 

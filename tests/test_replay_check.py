@@ -37,6 +37,13 @@ def step(name: str) -> str:
 
 
 @pk.checkpointed
+async def astep(name: str) -> str:
+    BODIES.append(name)
+    await asyncio.sleep(0)
+    return name
+
+
+@pk.checkpointed
 def quote(n: int) -> Quote:
     BODIES.append(f"quote{n}")
     return Quote(n)
@@ -270,3 +277,62 @@ def test_cli(tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch, ca
     assert store_bytes(store, p) == before
     store.close()
     sys.modules.pop(mod, None)
+
+
+def test_sealed_store_and_deprecated_patch(local_store: pk.Store, tmp_path: Path) -> None:
+    """Under encryption and integrity the check reads through the wrappers and writes
+    nothing; an old run that meets pk.deprecate_patch would stop (and needs the patch)."""
+    import os
+
+    url = local_store.url if local_store.url.startswith("memory") else f"sqlite:///{tmp_path}/sealed.db"
+    ring = pk.KeyRing({"k1": os.urandom(32)})
+    store = pk.connect(url, encryption=ring, integrity=pk.KeyRing({"i1": os.urandom(32)}, purpose="integrity"))
+    p = uid("rc")
+    _crash(store, p, "s0", "s1")
+
+    def deprecated(thread_id: str, run_id: str, store: pk.Store) -> None:
+        with pk.resume(thread_id, store=store, run_id=run_id):
+            step("s0")
+            pk.deprecate_patch("swap")
+            step("s1-new")
+
+    before = store_bytes(store, p)
+    (run,) = store.check_replay(deprecated, threads=[p]).runs
+    assert (run.outcome, run.position, run.error_type, run.old_patches) == ("stops", "1", "NonDeterminismError", ("swap",))
+    assert "deprecate_patch('swap')" in (run.step or "")
+    (run,) = store.check_replay(_entry("s0", "s1", "s2"), threads=[p]).runs
+    assert (run.outcome, run.position) == ("continues", "2")
+    assert store_bytes(store, p) == before and BODIES == ["s0", "s1"]
+    store.close()
+
+
+def test_concurrent_branches_in_a_check(store: pk.Store) -> None:
+    """A gather of steps, one of them died inside: the check re-enters unfinished steps (their
+    recorded children replay) and reaches the run's first frontier."""
+    p = uid("rc")
+    crash = [True]
+
+    @pk.checkpointed(name="branch")
+    async def branch(name: str) -> str:
+        await asyncio.sleep(0)
+        await astep(f"{name}0")
+        if crash[0] and name == "y":
+            raise Crash
+        await astep(f"{name}1")
+        return name
+
+    async def block(thread_id: str, run_id: str, store: pk.Store) -> None:
+        async with pk.resume(thread_id, store=store, run_id=run_id):
+            await asyncio.gather(branch("x"), branch("y"))
+
+    with pytest.raises(Crash):
+        asyncio.run(block(p, "r", store))
+    crash[0] = False
+    BODIES.clear()
+    report = asyncio.run(store.acheck_replay(block, threads=[p]))
+    # x's own record may or may not have landed before the crash ended the gather: if it
+    # did, x replays whole and y's next child is the frontier; else x's completion is
+    x_done = any(c.position == "0" for c in store.history(p))
+    expected = ("continues", "1/1", "astep") if x_done else ("continues", "0", "branch")
+    assert [(r.outcome, r.position, r.step) for r in report.runs] == [expected]
+    assert BODIES == []

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import ConfigurationError, NonDeterminismError, PersistkitError
 from .._io import Plan, call
-from ..backends import Backend
+from ..backends import Backend, CheckpointRow
 from ..state._records import Record
 
 if TYPE_CHECKING:
@@ -79,9 +79,9 @@ UNFINISHED = ("running", "failed", "suspended")
 class Frontier(BaseException):
     """The checked run reached a point where it would run a step or write: its live frontier."""
 
-    def __init__(self, position: str | None, step: str | None, why: str) -> None:
+    def __init__(self, position: str | None, step: str | None, why: str, *, fails: bool = False) -> None:
         super().__init__(why)
-        self.position, self.step, self.why = position, step, why
+        self.position, self.step, self.why, self.fails = position, step, why, fails
 
 
 class Ended(BaseException):
@@ -145,8 +145,9 @@ class _ReadOnly(Backend):
     """A store seen by a replay check: reads pass through, a write of any kind is the
     checked run's frontier (it would write there). It holds no lease either."""
 
-    def __init__(self, inner: Backend) -> None:
+    def __init__(self, inner: Backend, codec: Codec) -> None:
         self.inner = inner
+        self.codec = codec
         self.url = inner.url
         setattr(self, "native_async", inner.native_async)  # noqa: B010 (a ClassVar on Backend)
         setattr(self, "atomic_blobs", inner.atomic_blobs)  # noqa: B010
@@ -160,10 +161,25 @@ class _ReadOnly(Backend):
         return False
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise Frontier(None, None, "the run would write a checkpoint here")
+        raise self._frontier(args)
 
     async def _arefuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise Frontier(None, None, "the run would write a checkpoint here")
+        raise self._frontier(args)
+
+    def _frontier(self, args: tuple[Any, ...]) -> Frontier:
+        """Where the refused write would have landed: a step's row (its body is still the
+        codec's, below no wrapper) names its position; anything else names none."""
+        row = args[0] if args else None
+        if isinstance(row, CheckpointRow):
+            try:
+                body = Record.decode(self.codec, row).body
+            except PersistkitError:
+                body = {}
+            if body.get("k") == "step" and body.get("s") == "failed":
+                return Frontier(body.get("p"), body.get("n"), "the step would fail here", fails=True)
+            if body.get("k") == "step":
+                return Frontier(body.get("p"), body.get("n"), "the step would complete here (its recorded children replayed)")
+        return Frontier(None, None, "the run would write a checkpoint here")
 
     write = put_blobs = rewrite = delete_thread = lease_swap = write_fenced = write_fenced_swap = _refuse
     awrite = aput_blobs = arewrite = adelete_thread = alease_swap = awrite_fenced = awrite_fenced_swap = _arefuse
@@ -227,7 +243,7 @@ def _read_only(store: Store) -> Store:
     """``store`` with its codec and options, over :class:`_ReadOnly` (no new codec is attached)."""
     view = object.__new__(type(store))
     view.__dict__.update(store.__dict__)
-    view.backend = _ReadOnly(store.backend)
+    view.backend = _ReadOnly(store.backend, store.codec)
     return view
 
 
@@ -242,7 +258,6 @@ class _Check:
     status: str
     runs: list[Run] = field(default_factory=list)
     at: tuple[str, str] | None = None  # the last step position looked up, and its name
-    entered: list[str] = field(default_factory=list)  # unfinished parents re-entered
     old: list[str] = field(default_factory=list)
     depth: int = 0  # checked blocks open (a block nested in the entry's ends only itself)
 
@@ -270,7 +285,6 @@ class _Check:
             self.at = (position, name)
             if position not in run._index:
                 if position in run._max_child:  # an unfinished step: re-entered, its children replay
-                    self.entered.append(position)
                     return None
                 raise Frontier(position, name, "a step the run never recorded: the run would run it there")
             rec = real(position, name)
@@ -318,11 +332,8 @@ class _Check:
 
     def frontier(self, signal: Frontier) -> RunReplay:
         position, step = signal.position, signal.step
-        if position is None and isinstance(signal.__context__, Exception):
+        if signal.fails and isinstance(signal.__context__, Exception):
             return self.failed(signal.__context__)  # the write would record this failure: it stops
-        if position is None:  # a write: the step re-entered last would complete there
-            position = self.entered[-1] if self.entered else (self.at[0] if self.at else None)
-            step = None if position is None or self.at is None else step
         return self.result("continues", position=position, step=step)
 
     def ended(self) -> RunReplay:

@@ -128,6 +128,14 @@ def test_changed_arguments_and_order(store: pk.Store) -> None:
     report = store.check_replay(_entry("s0", "s1"), threads=[p])  # fewer steps: completes
     assert [(r.outcome, r.ok) for r in report.runs] == [("completes", True)]
 
+    def raises(thread_id: str, run_id: str, store: pk.Store) -> None:
+        with pk.resume(thread_id, store=store, run_id=run_id):
+            step("s0")
+            raise KeyError("the new code's own bug")
+
+    (run,) = store.check_replay(raises, threads=[p]).runs
+    assert (run.outcome, run.position, run.step, run.error_type) == ("stops", "0", None, "KeyError")
+
 
 def test_result_class_that_no_longer_loads(store: pk.Store) -> None:
     p = uid("rc")

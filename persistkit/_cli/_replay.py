@@ -84,7 +84,12 @@ def _replay_check(ns: argparse.Namespace, out: Output) -> int:
         ])
         return 0 if report.ok else 1
     for r in report.stopped:
-        where = f"step {r.step!r} at position {r.position}" if r.position is not None else "as it opens"
+        if r.position is None:
+            where = "as it opens"
+        elif r.step is None:
+            where = f"after position {r.position}"
+        else:
+            where = f"step {r.step!r} at position {r.position}"
         out.line(f"STOPS thread {r.thread_id} run {r.run_id} ({r.status}): {where}: {r.error_type}: {r.error}")
     for r in report.runs:
         if r.old_patches:

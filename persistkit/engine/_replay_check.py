@@ -100,7 +100,8 @@ class RunReplay:
     ``outcome``: ``continues`` (it replayed up to its live frontier: ``position`` and
     ``step`` say where it would go on), ``completes`` / ``waits`` (its block ended, done
     or suspended again), or ``stops`` (``error`` says why, at ``position`` / ``step`` when
-    a step is known; None while the run opens). ``old_patches``: the patch ids the run
+    a step is known; None while the run opens; for an error the code itself raised,
+    ``step`` is None and ``position`` is the last step replayed before it). ``old_patches``: the patch ids the run
     answered False — it needs their old code path, so keep those ``pk.patched`` guards.
     """
 
@@ -343,12 +344,11 @@ class _Check:
     def failed(self, exc: Exception) -> RunReplay:
         if isinstance(exc, NonDeterminismError) and exc.position is not None:
             return self.result("stops", position=exc.position, step=exc.step, error=exc)
-        run = self._mine()
-        if run is None and not self.runs and not isinstance(exc, PersistkitError):
-            return self.result("stops", error=exc)
         at = self.at
-        if at is None:  # while the run opened (a state that does not load, a failed migration)
+        if at is None:  # before any step: as the run opened (a state that does not load, a failed migration)
             return self.result("stops", error=exc)
+        if not isinstance(exc, PersistkitError):  # the code's own error, after the last step looked up
+            return self.result("stops", position=at[0], error=exc)
         return self.result("stops", position=at[0], step=at[1], error=exc)
 
 

@@ -27,6 +27,7 @@ from .._errors import (
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
+from ..coordination._suspend import suppressed
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from ._inputs import live_inputs
@@ -167,7 +168,7 @@ class resume:
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
         from ..coordination._hooks import let_go_sync, owns_lease
 
         run = self._run
@@ -175,7 +176,7 @@ class resume:
         _CURRENT.reset(self._token)
         try:
             if _writes_nothing(run, exc):
-                return
+                return suppressed(run, exc)  # a pk.Suspended of this run: the block ends cleanly
             run.release_at_end = owns_lease(self._holding)
             try:
                 run.end_sync(exc)
@@ -199,7 +200,7 @@ class resume:
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
-    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
         from ..coordination._hooks import let_go_async, owns_lease
 
         run = self._run
@@ -207,7 +208,7 @@ class resume:
         _CURRENT.reset(self._token)
         try:
             if _writes_nothing(run, exc):
-                return
+                return suppressed(run, exc)  # a pk.Suspended of this run: the block ends cleanly
             run.release_at_end = owns_lease(self._holding)
             try:
                 await run.end_async(exc)

@@ -233,6 +233,7 @@ def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
     whose lease was lost must write nothing more."""
     return (
         run.replay_only
+        or run.status == "suspended"  # pk.suspend / pk.sleep: no end record, even if it was caught
         or run.load_error is not None
         or (exc is not None and not isinstance(exc, Exception))
         or run.lease_lost(exc)

@@ -58,8 +58,6 @@ def _look(run: Run, position: str, name: str) -> Record | None:
 def _questions(run: Run, body_q: Any, position: str, what: str, payloads: Sequence[Any], deadline: Any,
                default: Any, answer_type: Any) -> Any:
     name = S.type_name(answer_type, what)
-    if answer_type is not None and name is not None and not name.startswith("builtins:"):
-        register(answer_type)  # the answer decodes in this process when the run goes on
     at = S.deadline_of(deadline, time.time(), what)
     qs = [S.make_question(run.codec, position if body_q is None else f"{position}.{k}", p, at, default, name, what)
           for k, p in enumerate(payloads)]
@@ -118,6 +116,8 @@ def _value(run: Run, rec: Record) -> Any:
 def _ask(what: str, payloads: Sequence[Any], many: bool, deadline: Any, default: Any, answer_type: Any
          ) -> tuple[Run, str, str, str, Any]:
     run, position = _frame(what)
+    if answer_type is not None and not S.type_name(answer_type, what).startswith("builtins:"):  # type: ignore[union-attr]
+        register(answer_type)  # the recorded answer revives in this process when the run goes on
     name = _SUSPEND_ALL if many else _SUSPEND
     rec = _look(run, position, name)
     action, value = _decide(run, rec, position, name)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+
 from suspend_models import Approval
 
 import persistkit as pk

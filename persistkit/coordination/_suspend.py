@@ -39,7 +39,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .._errors import AnswerError, ConfigurationError, PersistkitError, SchemaVersionError, SerializationError
+from .._errors import (
+    AnswerError,
+    ConfigurationError,
+    PersistkitError,
+    SchemaVersionError,
+    SerializationError,
+)
 from ..codec._registry import _MODULES, _REGISTRY, class_name
 
 if TYPE_CHECKING:
@@ -110,7 +116,7 @@ class DueRun:
     questions: tuple[Question, ...]
 
 
-class Suspended(BaseException):  # noqa: N818 (a signal like KeyboardInterrupt, not an error)
+class Suspended(BaseException):
     """The run suspended (``pk.suspend``, ``pk.sleep``): raised inside the block, suppressed by
     its ``pk.resume`` (``with`` and ``async with``), after which ``run.status == "suspended"``
     and ``run.suspended`` lists the open questions. A ``BaseException``: ``except Exception``

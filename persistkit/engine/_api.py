@@ -183,7 +183,7 @@ class resume:
             except PersistkitError as end_exc:
                 if exc is not None:
                     exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
-                    return
+                    return None
                 if not isinstance(end_exc, SerializationError):
                     raise
                 failure = _unstorable_end(run, end_exc)
@@ -191,6 +191,7 @@ class resume:
                 raise failure from end_exc
         finally:
             let_go_sync(run.store, self._holding)
+        return None
 
     async def __aenter__(self) -> Run:
         from ..coordination._turns import open_async
@@ -215,7 +216,7 @@ class resume:
             except PersistkitError as end_exc:
                 if exc is not None:
                     exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
-                    return
+                    return None
                 if not isinstance(end_exc, SerializationError):
                     raise
                 failure = _unstorable_end(run, end_exc)
@@ -223,6 +224,7 @@ class resume:
                 raise failure from end_exc
         finally:
             await let_go_async(run.store, self._holding)
+        return None
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:

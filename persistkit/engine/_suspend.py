@@ -49,9 +49,8 @@ def _frame(what: str) -> tuple[Run, str]:
 
 def _look(run: Run, position: str, name: str) -> Record | None:
     rec = run.lookup(position, name) if position in run._index or run.replay_only else None
-    if rec is not None and rec.body.get("s") == S.SUSPENDED and run.replay_only:
-        if run._moved_on is not None:
-            raise run._unfinished(position, name, "is a suspension that was never answered")
+    if rec is not None and rec.body.get("s") == S.SUSPENDED and run.replay_only and run._moved_on is not None:
+        raise run._unfinished(position, name, "is a suspension that was never answered")
     return rec
 
 

@@ -278,9 +278,8 @@ class SuspendConformance:
         assert due.questions[0].has_default
         assert agent(past).status == "completed" and got == ["timeout"]
         assert [d for d in two.due() if d.thread_id == t] == []
-        with pytest.raises(ConfigurationError, match="go together"):
-            with resume(self.thread(), store=one):
-                suspend("x", deadline=timedelta(days=1))
+        with pytest.raises(ConfigurationError, match="go together"), resume(self.thread(), store=one):
+            suspend("x", deadline=timedelta(days=1))
 
     def test_a_future_deadline_waits(self, stores: tuple[Store, Store]) -> None:
         one, two = stores
@@ -339,10 +338,9 @@ class SuspendConformance:
     def test_a_suspended_run_is_unfinished_for_other_turns(self, stores: tuple[Store, Store]) -> None:
         one, two = stores
         t = self.thread()
-        run, _ = _agent(one, t, run_id="A")
-        with pytest.raises(ThreadBusyError) as busy:
-            with resume(t, store=two, run_id="B", busy="reject"):
-                _note(f"{t}:B")
+        _agent(one, t, run_id="A")
+        with pytest.raises(ThreadBusyError) as busy, resume(t, store=two, run_id="B", busy="reject"):
+            _note(f"{t}:B")
         assert busy.value.unfinished_run == "A"
         two.answer(t, 3)
         _agent(one, t, run_id="A")  # its redelivery continues it

@@ -11,7 +11,6 @@ is in ``coordination/_suspend.py``; this module finds the run and writes.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -260,6 +259,8 @@ def sleep(duration: float | timedelta, *, suspend_above: float = DEFAULT_SUSPEND
 
 async def asleep(duration: float | timedelta, *, suspend_above: float = DEFAULT_SUSPEND_ABOVE) -> None:
     """The async twin of :func:`sleep`."""
+    import asyncio  # not at import time: `import persistkit` stays cheap
+
     run, _, action, secs, body = _timer(duration, suspend_above, "pk.asleep")
     if action == "suspend":
         raise _suspended(run, await _awrite(run, body))

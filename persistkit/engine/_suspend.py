@@ -248,12 +248,12 @@ def sleep(duration: float | timedelta, *, suspend_above: float = DEFAULT_SUSPEND
     run, _, action, secs, body = _timer(duration, suspend_above, "pk.sleep")
     if action == "suspend":
         raise _suspended(run, _write(run, body))
-    if body is not None and body["s"] == "completed" and "q" in body:
+    if body is not None and "q" in body:  # live: the wake time first, then the sleep
         _write(run, body)
+        body = None
+    if secs > 0:
         time.sleep(secs)
-        return
-    time.sleep(secs)
-    if body is not None:
+    if body is not None:  # a suspended timer woken here: recorded done
         _write(run, body)
 
 
@@ -264,10 +264,10 @@ async def asleep(duration: float | timedelta, *, suspend_above: float = DEFAULT_
     run, _, action, secs, body = _timer(duration, suspend_above, "pk.asleep")
     if action == "suspend":
         raise _suspended(run, await _awrite(run, body))
-    if body is not None and body["s"] == "completed" and "q" in body:
+    if body is not None and "q" in body:
         await _awrite(run, body)
+        body = None
+    if secs > 0:
         await asyncio.sleep(secs)
-        return
-    await asyncio.sleep(secs)
     if body is not None:
         await _awrite(run, body)

@@ -209,9 +209,8 @@ def test_a_resume_with_the_run_id_continues_and_a_taskgroup_suspend_is_suppresse
     t = tid()
 
     async def agent() -> pk.Run:
-        async with pk.resume(t, store=store, run_id="R1") as run:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(pk.asuspend("from a task"))
+        async with pk.resume(t, store=store, run_id="R1") as run, asyncio.TaskGroup() as tg:
+            tg.create_task(pk.asuspend("from a task"))
         return run
 
     run = asyncio.run(agent())
@@ -269,3 +268,35 @@ def test_async_due_and_pending(store: pk.Store) -> None:
         assert d.run_id == q.run_id and d.due_at == q.deadline
 
     asyncio.run(main())
+
+
+@pk.checkpointed
+async def slow_note(name: str) -> str:
+    for _ in range(20):
+        await asyncio.sleep(0)
+    BODIES.append(name)
+    return name
+
+
+def test_a_step_committed_after_a_concurrent_suspend_leaves_the_run_suspended(local_store: pk.Store) -> None:
+    """A step of another task commits after the suspend record: the block's exit writes the
+    suspension again, so the head still says suspended (pending, answer and due read it)."""
+    t = tid()
+
+    async def agent() -> tuple[pk.Run, list[Any]]:
+        async with pk.resume(t, store=local_store) as run:
+            got = await asyncio.gather(pk.asuspend("q"), slow_note(f"{t}:b"), return_exceptions=True)
+            for g in got:
+                if isinstance(g, BaseException):
+                    raise g
+        return run, got
+
+    run, _ = asyncio.run(agent())
+    assert run.status == "suspended"
+    steps = [(c.step, c.status) for c in local_store.history(t)][::-1]
+    assert steps == [("pk.suspend", "suspended"), ("slow_note", "completed"), ("pk.suspend", "suspended")]
+    [q] = local_store.pending(prefix=t)
+    local_store.answer(t, "yes", question=q.question_id)
+    run, got = asyncio.run(agent())
+    assert run.status == "completed" and got == ["yes", f"{t}:b"]
+    assert [b for b in BODIES if b.startswith(t)] == [f"{t}:b"]

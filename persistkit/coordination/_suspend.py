@@ -58,10 +58,15 @@ __all__ = [
     "Question",
     "Suspended",
     "deadline_of",
+    "end_async",
+    "end_sync",
     "make_question",
     "questions",
     "ready",
     "suppressed",
+    "suspend_body",
+    "write_async",
+    "write_sync",
 ]
 
 #: The step status and run status of a suspend record.
@@ -128,23 +133,78 @@ class Suspended(BaseException):
         self.namespace = namespace
         self.run_id = run_id
         self.questions = tuple(open_questions)
+        self._record: Record | None = None  # the suspend record (engine/_suspend.py)
         what = ", ".join(q.question_id for q in self.questions)
         super().__init__(f"thread {thread_id!r} run {run_id} suspended on {what}")
 
 
-def suppressed(run: Any, exc: BaseException | None) -> bool:
-    """Whether ``pk.resume``'s exit suppresses ``exc``: it is this run's :class:`Suspended`
-    (or an exception group of only those, from a ``TaskGroup``)."""
+def suppressed(run: Any, exc: BaseException | None) -> Suspended | None:
+    """This run's :class:`Suspended` that ``pk.resume``'s exit suppresses: ``exc`` itself, or
+    one of an exception group of only those (from a ``TaskGroup``); else None."""
     if exc is None or run.status != SUSPENDED:
-        return False
+        return None
 
     def mine(e: BaseException) -> bool:
         return isinstance(e, Suspended) and e.run_id == run.run_id and e.thread_id == run.thread_id
 
     if isinstance(exc, BaseExceptionGroup):
         match, rest = exc.split(mine)
-        return rest is None and match is not None
-    return mine(exc)
+        if rest is not None or match is None:
+            return None
+        while isinstance(match, BaseExceptionGroup):
+            match = match.exceptions[0]
+        return match if isinstance(match, Suspended) else None
+    return exc if isinstance(exc, Suspended) and mine(exc) else None
+
+
+def suspend_body(position: str, name: str, q: Any) -> dict[str, Any]:
+    """The body of a suspend record at ``position`` (the step named ``name``)."""
+    return {"k": "step", "p": position, "n": name, "s": SUSPENDED, "rs": SUSPENDED, "q": q}
+
+
+def write_sync(run: Any, body: dict[str, Any]) -> Record:
+    """Commit ``body`` (a suspend record, or the answer a resume records) as the run's next
+    checkpoint, with the state as it is; the record it wrote."""
+    with run._lock:
+        run._result_raw = run._result_tree = None  # no step result for later list items to refer to
+        run._write_sync(body, {}, None, None)
+    rec: Record = run._index[body["p"]]  # run: the engine's Run (which imports this module)
+    return rec
+
+
+async def write_async(run: Any, body: dict[str, Any]) -> Record:
+    async with run.async_lock():
+        run._result_raw = run._result_tree = None
+        await run._write_async(body, {}, None, None)
+    rec: Record = run._index[body["p"]]
+    return rec
+
+
+def _moved_past(run: Any, exc: BaseException | None) -> dict[str, Any] | None:
+    """When the block ends suspended but the thread's head is no longer the suspend record
+    (a concurrent step of the run committed after it): the record to write again, so that
+    the head says suspended (``store.pending``, ``answer`` and ``due`` read the head)."""
+    sus = suppressed(run, exc)
+    rec = sus._record if sus is not None else None
+    if rec is None or run.replay_only or run._head is None or run._head.checkpoint_id == rec.id:
+        return None
+    return suspend_body(str(rec.body["p"]), str(rec.body["n"]), rec.body["q"])
+
+
+def end_sync(run: Any, exc: BaseException | None) -> bool:
+    """``pk.resume``'s exit for a block that writes no end record: whether ``exc`` is this
+    run's ``pk.Suspended`` (suppressed: the block ends cleanly, the run is suspended)."""
+    again = _moved_past(run, exc)
+    if again is not None:
+        write_sync(run, again)
+    return suppressed(run, exc) is not None
+
+
+async def end_async(run: Any, exc: BaseException | None) -> bool:
+    again = _moved_past(run, exc)
+    if again is not None:
+        await write_async(run, again)
+    return suppressed(run, exc) is not None
 
 
 # -- asking --------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from .._errors import (
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
-from ..coordination._suspend import suppressed
+from ..coordination._suspend import end_async as suspend_end_async
+from ..coordination._suspend import end_sync as suspend_end_sync
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from ._inputs import live_inputs
@@ -176,7 +177,7 @@ class resume:
         _CURRENT.reset(self._token)
         try:
             if _writes_nothing(run, exc):
-                return suppressed(run, exc)  # a pk.Suspended of this run: the block ends cleanly
+                return run.status == "suspended" and suspend_end_sync(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
             try:
                 run.end_sync(exc)
@@ -209,7 +210,7 @@ class resume:
         _CURRENT.reset(self._token)
         try:
             if _writes_nothing(run, exc):
-                return suppressed(run, exc)  # a pk.Suspended of this run: the block ends cleanly
+                return run.status == "suspended" and await suspend_end_async(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
             try:
                 await run.end_async(exc)

@@ -62,10 +62,6 @@ def _questions(run: Run, body_q: Any, position: str, what: str, payloads: Sequen
     return qs[0] if body_q is None else qs
 
 
-def _suspend_body(position: str, name: str, q: Any) -> dict[str, Any]:
-    return {"k": "step", "p": position, "n": name, "s": S.SUSPENDED, "rs": S.SUSPENDED, "q": q}
-
-
 def _done_body(position: str, name: str, tree: Any, q: Any = None) -> dict[str, Any]:
     body = {"k": "step", "p": position, "n": name, "s": "completed", "rs": "running", "r": tree}
     if q is not None:
@@ -76,7 +72,9 @@ def _done_body(position: str, name: str, tree: Any, q: Any = None) -> dict[str, 
 def _suspended(run: Run, rec: Record) -> S.Suspended:
     run.status = S.SUSPENDED
     run._questions = S.questions(run.codec, rec)
-    return S.Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
+    exc = S.Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
+    exc._record = rec
+    return exc
 
 
 def _decide(run: Run, rec: Record | None, position: str, name: str) -> tuple[str, Any]:
@@ -92,18 +90,7 @@ def _decide(run: Run, rec: Record | None, position: str, name: str) -> tuple[str
     return "write", _done_body(position, name, tree)
 
 
-def _write(run: Run, body: dict[str, Any]) -> Record:
-    with run._lock:
-        run._result_raw = run._result_tree = None  # no step result of ours for later list items to refer to
-        run._write_sync(body, {}, None, None)
-    return run._index[body["p"]]
-
-
-async def _awrite(run: Run, body: dict[str, Any]) -> Record:
-    async with run.async_lock():
-        run._result_raw = run._result_tree = None
-        await run._write_async(body, {}, None, None)
-    return run._index[body["p"]]
+_write, _awrite, _suspend_body = S.write_sync, S.write_async, S.suspend_body
 
 
 def _value(run: Run, rec: Record) -> Any:

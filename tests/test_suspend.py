@@ -300,3 +300,27 @@ def test_a_step_committed_after_a_concurrent_suspend_leaves_the_run_suspended(lo
     run, got = asyncio.run(agent())
     assert run.status == "completed" and got == ["yes", f"{t}:b"]
     assert [b for b in BODIES if b.startswith(t)] == [f"{t}:b"]
+
+
+def test_two_tasks_that_suspend_ask_one_after_the_other(local_store: pk.Store) -> None:
+    t = tid()
+    got: list[Any] = []
+
+    async def ask(what: str) -> None:
+        got.append(await pk.asuspend(what))
+
+    async def agent() -> pk.Run:
+        async with pk.resume(t, store=local_store) as run:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(ask("first"))
+                tg.create_task(ask("second"))
+        return run
+
+    run = asyncio.run(agent())
+    assert [q.payload for q in run.suspended] == ["first"]  # the second task asks next time
+    local_store.answer(t, 1)
+    run = asyncio.run(agent())
+    assert [q.payload for q in run.suspended] == ["second"]
+    local_store.answer(t, 2)
+    assert asyncio.run(agent()).status == "completed"
+    assert got[-2:] == [1, 2]

@@ -151,10 +151,15 @@ def suppressed(run: Any, exc: BaseException | None) -> Suspended | None:
         match, rest = exc.split(mine)
         if rest is not None or match is None:
             return None
-        while isinstance(match, BaseExceptionGroup):
-            match = match.exceptions[0]
-        return match if isinstance(match, Suspended) else None
+        found = [e for e in _leaves(match) if isinstance(e, Suspended)]
+        return next((e for e in found if e._record is not None), found[0] if found else None)
     return exc if isinstance(exc, Suspended) and mine(exc) else None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 def suspend_body(position: str, name: str, q: Any) -> dict[str, Any]:
@@ -162,20 +167,29 @@ def suspend_body(position: str, name: str, q: Any) -> dict[str, Any]:
     return {"k": "step", "p": position, "n": name, "s": SUSPENDED, "rs": SUSPENDED, "q": q}
 
 
-def write_sync(run: Any, body: dict[str, Any]) -> Record:
+def write_sync(run: Any, body: dict[str, Any], again: bool = False) -> Record | None:
     """Commit ``body`` (a suspend record, or the answer a resume records) as the run's next
-    checkpoint, with the state as it is; the record it wrote."""
+    checkpoint, with the state as it is; the record it wrote. A suspend record is not written
+    (None) when another task of the run suspended it meanwhile, unless ``again``."""
     with run._lock:
+        if body["s"] == SUSPENDED and run.status == SUSPENDED and not again:
+            return None
         run._result_raw = run._result_tree = None  # no step result for later list items to refer to
         run._write_sync(body, {}, None, None)
+        if body["s"] == SUSPENDED:
+            run.status = SUSPENDED  # under the lock: a concurrent ask sees it
     rec: Record = run._index[body["p"]]  # run: the engine's Run (which imports this module)
     return rec
 
 
-async def write_async(run: Any, body: dict[str, Any]) -> Record:
+async def write_async(run: Any, body: dict[str, Any], again: bool = False) -> Record | None:
     async with run.async_lock():
+        if body["s"] == SUSPENDED and run.status == SUSPENDED and not again:
+            return None
         run._result_raw = run._result_tree = None
         await run._write_async(body, {}, None, None)
+        if body["s"] == SUSPENDED:
+            run.status = SUSPENDED
     rec: Record = run._index[body["p"]]
     return rec
 
@@ -196,14 +210,14 @@ def end_sync(run: Any, exc: BaseException | None) -> bool:
     run's ``pk.Suspended`` (suppressed: the block ends cleanly, the run is suspended)."""
     again = _moved_past(run, exc)
     if again is not None:
-        write_sync(run, again)
+        write_sync(run, again, again=True)
     return suppressed(run, exc) is not None
 
 
 async def end_async(run: Any, exc: BaseException | None) -> bool:
     again = _moved_past(run, exc)
     if again is not None:
-        await write_async(run, again)
+        await write_async(run, again, again=True)
     return suppressed(run, exc) is not None
 
 

@@ -69,9 +69,12 @@ def _done_body(position: str, name: str, tree: Any, q: Any = None) -> dict[str, 
     return body
 
 
-def _suspended(run: Run, rec: Record) -> S.Suspended:
+def _suspended(run: Run, rec: Record | None) -> S.Suspended:
+    """The ``pk.Suspended`` to raise: the run waits on ``rec`` (None: another task of the run
+    suspended it while this one was about to ask; this question is asked on the next resume)."""
     run.status = S.SUSPENDED
-    run._questions = S.questions(run.codec, rec)
+    if rec is not None:
+        run._questions = S.questions(run.codec, rec)
     exc = S.Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
     exc._record = rec
     return exc
@@ -93,8 +96,9 @@ def _decide(run: Run, rec: Record | None, position: str, name: str) -> tuple[str
 _write, _awrite, _suspend_body = S.write_sync, S.write_async, S.suspend_body
 
 
-def _value(run: Run, rec: Record) -> Any:
+def _value(run: Run, rec: Record | None) -> Any:
     """The answer recorded in ``rec`` (the defaults this run just recorded)."""
+    assert rec is not None  # a completed record is always written
     return run.codec.decode(rec.body.get("r"), f"thread {run.thread_id!r} run {run.run_id}: answer at {rec.body['p']}")
 
 

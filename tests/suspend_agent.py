@@ -4,7 +4,7 @@
     python suspend_agent.py scheduler URL PREFIX EFFECTS LOG
 
 ``agent``: one turn of THREAD: step ``before``, ``pk.suspend`` (an ``Approval``), step
-``after``, ``pk.sleep(0.3, suspend_above=0)`` (a timer), step ``last``. Each step body
+``after``, ``pk.sleep($SLEEP_FOR or 0.3, suspend_above=0)`` (a timer), step ``last``. Each step body
 appends ``THREAD name`` to EFFECTS (fsynced: the test counts step bodies that ran). LOG gets
 ``THREAD <status>`` when the block ends. With ``hold``, when the run suspends the process
 logs ``THREAD holding`` and stays inside the block (lease held) until it is SIGKILLed.
@@ -49,7 +49,7 @@ def agent(store: pk.Store, thread: str, effects: str, path: str, hold: bool = Fa
                     time.sleep(1)
             raise
         step(f"after:{answer.approved}:{answer.by}")
-        pk.sleep(0.3, suspend_above=0)
+        pk.sleep(float(os.environ.get("SLEEP_FOR", "0.3")), suspend_above=0)
         step("last")
     log(path, thread, run.status)
     return run.status

@@ -79,6 +79,7 @@ def _plan(
         cls = S.resolve_type(str(q["ty"]), answer_type, codec.serializer.allow_modules, t, qid)
         value = S.validate(value, cls, t, qid)
     elif answer_type is not None:
+        S.type_name(answer_type, "store.answer(answer_type=)")  # a supported type, or ConfigurationError
         value = S.validate(value, answer_type, t, qid)
     tree = codec.encode(value, f"answer to question {qid} of thread {t!r}")  # unstorable: nothing stored
     body: dict[str, Any] = {"k": "step", "p": rec.body["p"], "n": rec.body["n"], "t": time.time()}

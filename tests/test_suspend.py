@@ -310,10 +310,9 @@ def test_two_tasks_that_suspend_ask_one_after_the_other(local_store: pk.Store) -
         got.append(await pk.asuspend(what))
 
     async def agent() -> pk.Run:
-        async with pk.resume(t, store=local_store) as run:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(ask("first"))
-                tg.create_task(ask("second"))
+        async with pk.resume(t, store=local_store) as run, asyncio.TaskGroup() as tg:
+            tg.create_task(ask("first"))
+            tg.create_task(ask("second"))
         return run
 
     run = asyncio.run(agent())

@@ -323,3 +323,29 @@ def test_two_tasks_that_suspend_ask_one_after_the_other(local_store: pk.Store) -
     local_store.answer(t, 2)
     assert asyncio.run(agent()).status == "completed"
     assert got[-2:] == [1, 2]
+
+
+def test_on_an_encrypted_integrity_sealed_store(store_url: str) -> None:
+    """The answer record is sealed and chained like any record (it is written through the
+    wrappers), and verify finds the thread sound."""
+    keys = {"encryption": pk.generate_key(), "integrity": pk.generate_key()}
+    one, two = pk.connect(store_url, **keys), pk.connect(store_url, **keys)
+    t = tid()
+    try:
+        got: list[Any] = []
+
+        def agent() -> pk.Run:
+            with pk.resume(t, store=one) as run:
+                note(f"{t}:x")
+                got.append(pk.suspend({"secret-free": 1}, answer_type=Refund))
+            return run
+
+        assert agent().status == "suspended"
+        assert [q.payload for q in two.pending(prefix=t)] == [{"secret-free": 1}]
+        two.answer(t, {"amount": 3, "reason": "ok"})
+        assert agent().status == "completed" and got == [Refund(amount=3, reason="ok")]
+        report = two.verify(t)
+        assert report.ok, report
+    finally:
+        one.close()
+        two.close()

@@ -349,3 +349,19 @@ def test_on_an_encrypted_integrity_sealed_store(store_url: str) -> None:
     finally:
         one.close()
         two.close()
+
+
+def test_a_suspended_run_can_be_abandoned(local_store: pk.Store) -> None:
+    t = tid()
+    with pk.resume(t, store=local_store, run_id="A") as run:
+        pk.suspend("never answered")
+    assert run.status == "suspended"
+    local_store.abandon(t, "A")
+    assert local_store.pending(prefix=t) == []
+    with pytest.raises(pk.AnswerError, match="not suspended"):
+        local_store.answer(t, 1)
+    with pk.resume(t, store=local_store, run_id="B", busy="reject") as later:
+        note(f"{t}:B")
+    assert later.status == "completed"
+    with pytest.raises(pk.RunAbandonedError), pk.resume(t, store=local_store, run_id="A"):
+        pass

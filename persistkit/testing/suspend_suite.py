@@ -274,10 +274,10 @@ class SuspendConformance:
         assert two.pending(prefix=t) == []  # past its deadline: no longer answerable
         with pytest.raises(AnswerError, match="expired"):
             two.answer(t, "late")
-        [due] = [d for d in two.due() if d.thread_id == t]
+        [due] = two.due(prefix=t)
         assert due.questions[0].has_default
         assert agent(past).status == "completed" and got == ["timeout"]
-        assert [d for d in two.due() if d.thread_id == t] == []
+        assert two.due(prefix=t) == []
         with pytest.raises(ConfigurationError, match="go together"), resume(self.thread(), store=one):
             suspend("x", deadline=timedelta(days=1))
 
@@ -299,7 +299,7 @@ class SuspendConformance:
         def agent() -> Any:
             with resume(t, store=one) as run:
                 _note(f"{t}:before")
-                sleep(0.2, suspend_above=0)
+                sleep(0.5, suspend_above=0)
                 _note(f"{t}:after")
             return run
 
@@ -308,15 +308,18 @@ class SuspendConformance:
         assert two.pending(prefix=t) == []
         with pytest.raises(AnswerError, match="timer"):
             two.answer(t, None)
-        deadline = time.monotonic() + 60
-        while not two.due(prefix=t):  # an observable condition, not a timing assertion
-            assert agent().status == "suspended"  # early: still suspended, nothing slept here
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        start = time.monotonic()
-        assert agent().status == "completed"
-        assert time.monotonic() - start < 30  # it did not sleep the whole duration again
-        assert _ran(t) == ["before", "after"]
+        wake = run.suspended[0].deadline
+        assert wake is not None
+        early = agent()  # before its wake time: still suspended, nothing slept here
+        if early.status != "completed":  # (a slow host may resume it after its wake time)
+            assert early.status == "suspended"
+            deadline = time.monotonic() + 60
+            while not two.due(prefix=t):  # an observable condition, not a timing assertion
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert agent().status == "completed"
+        assert two.due(prefix=t) == [] and _ran(t) == ["before", "after"]
+        assert [c.status for c in two.history(t) if c.step == "pk.sleep"] == ["completed", "suspended"]
 
     def test_async_sleep_and_short_sleep(self, stores: tuple[Store, Store]) -> None:
         one, _ = stores

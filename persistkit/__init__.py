@@ -12,6 +12,7 @@ from ._errors import (
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
+    CompensationError,
     ConfigurationError,
     ConflictError,
     IntegrityError,
@@ -21,6 +22,8 @@ from ._errors import (
     PersistkitError,
     RetryableError,
     RunAbandonedError,
+    RunAbortedError,
+    RunCompensatedError,
     SchemaVersionError,
     SecretResolutionError,
     SerializationError,
@@ -33,6 +36,7 @@ from ._retry import Retry, set_testing
 from .codec._serde import register
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._run import Run, StepEvent, StepInfo
+from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .secrets._redact import Secret
 from .state._records import Checkpoint
@@ -54,6 +58,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Checkpoint",
+    "CompensationError",
     "ConfigurationError",
     "ConflictError",
     "FileWitness",
@@ -72,6 +77,8 @@ __all__ = [
     "RotationReport",
     "Run",
     "RunAbandonedError",
+    "RunAbortedError",
+    "RunCompensatedError",
     "SchemaVersionError",
     "Secret",
     "SecretResolutionError",
@@ -91,6 +98,7 @@ __all__ = [
     "add",
     "append",
     "checkpointed",
+    "compensate",
     "connect",
     "current_run",
     "current_step",

@@ -40,5 +40,5 @@ def check_turn(head: Record, run_id: str) -> None:
     """Raise :class:`Unfinished` if ``head`` (the thread's head) is a step of a run other than
     ``run_id`` (a run that has no records yet): that run did not finish."""
     other = head.row.run_id
-    if head.kind == "step" and head.run_status == "running" and other and other != run_id:
+    if head.kind == "step" and head.run_status in ("running", "compensating") and other and other != run_id:
         raise Unfinished(other)

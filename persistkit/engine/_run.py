@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import (
     ConflictError,
@@ -157,6 +157,13 @@ class Run(Commits):
     @property
     def executed(self) -> list[StepEvent]:
         return [s for s in self.steps if not s.replayed]
+
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Fail this run for good: raises ``pk.RunAbortedError`` (let it escape the block). The
+        compensations of the completed steps then run (``pk.compensate``) before the run's end."""
+        from ..coordination._saga import abort
+
+        raise abort(self, reason)
 
     def update(self, **changes: Any) -> None:
         """Apply ``changes`` to ``run.state`` through each field's reducer (committed with the next checkpoint)."""

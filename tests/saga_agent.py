@@ -36,12 +36,12 @@ def _effect(line: str) -> None:
 
 
 def cancel(name: str) -> None:
-    if KILL == f"before:{name}":
+    if f"before:{name}" == KILL:
         os.kill(os.getpid(), signal.SIGKILL)
     step = pk.current_step()
     assert step is not None
     _effect(f"undo:{name} {step.key}")
-    if KILL == f"after:{name}":
+    if f"after:{name}" == KILL:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

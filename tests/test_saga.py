@@ -101,11 +101,10 @@ def _thread() -> str:
 
 def test_arguments_keyword_arguments_and_the_decorator_result(store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(Boom):
-        with pk.resume(t, store=store) as run:
-            step("a", extra={"n": 1})
-            booking(42)
-            raise Boom("after the steps")
+    with pytest.raises(Boom), pk.resume(t, store=store) as run:
+        step("a", extra={"n": 1})
+        booking(42)
+        raise Boom("after the steps")
     assert CALLS == [("step", "a"), ("undo_booking", 42), ("undo", ("a",), {"extra": {"n": 1}}, "c/1")]
     assert run.status == "compensated"
     assert [e.position for e in run.steps] == ["0", "1", "c", "c/0", "c/1"]
@@ -129,38 +128,34 @@ def test_async_block_with_sync_and_async_compensations(store: pk.Store) -> None:
 
 def test_an_async_compensation_in_a_sync_block(store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(Boom):
-        with pk.resume(t, store=store):
-            step("a", fn=aundo)
-            raise Boom("x")
+    with pytest.raises(Boom), pk.resume(t, store=store):
+        step("a", fn=aundo)
+        raise Boom("x")
     assert [c[1] for c in CALLS if c[0] == "undo"] == [("a",)]
 
 
 def test_a_retried_attempt_drops_the_registrations_of_the_failed_one(store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(Boom):
-        with pk.resume(t, store=store):
-            flaky("f")
-            raise Boom("x")
+    with pytest.raises(Boom), pk.resume(t, store=store):
+        flaky("f")
+        raise Boom("x")
     assert [c[1] for c in CALLS if c[0] == "undo"] == [("f#2",)]
 
 
 def test_nested_steps_of_a_compensation_record_in_its_scope(store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(Boom):
-        with pk.resume(t, store=store):
-            step("a", fn=undo_with_a_nested_step)
-            raise Boom("x")
+    with pytest.raises(Boom), pk.resume(t, store=store):
+        step("a", fn=undo_with_a_nested_step)
+        raise Boom("x")
     assert CALLS[-1] == ("nested", "a", "c/0/0")
     assert [c.position for c in store.history(t) if c.position][:2] == ["c/0", "c/0/0"]
 
 
 def test_the_rollback_holds_the_blocks_lease(store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(Boom):
-        with pk.resume(t, store=store):
-            step(t, fn=undo_checking_the_lease)
-            raise Boom("x")
+    with pytest.raises(Boom), pk.resume(t, store=store):
+        step(t, fn=undo_checking_the_lease)
+        raise Boom("x")
     assert CALLS[-1] == ("lease", [(t, True)])
     assert [i.holder for i in store.leases(prefix=t)] == [None]  # given up with the end record
 
@@ -169,10 +164,9 @@ def test_secret_arguments_are_stored_as_handles(store: pk.Store) -> None:
     t = _thread()
     pk.secrets.register("saga_key", SECRET)
     try:
-        with pytest.raises(Boom):
-            with pk.resume(t, store=store):
-                step("a", key=SECRET)
-                raise Boom("x")
+        with pytest.raises(Boom), pk.resume(t, store=store):
+            step("a", key=SECRET)
+            raise Boom("x")
     finally:
         pk.secrets.unregister("saga_key")
     assert CALLS[-1] == ("undo", ("a",), {"key": SECRET}, "c/0")
@@ -182,12 +176,11 @@ def test_secret_arguments_are_stored_as_handles(store: pk.Store) -> None:
 
 def test_state_the_block_left_unstorable_does_not_stop_the_rollback(store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(Boom):
-        with pk.resume(t, store=store) as run:
-            run.state["kept"] = 1
-            step("a")
-            run.state["lock"] = threading.Lock()
-            raise Boom("x")
+    with pytest.raises(Boom), pk.resume(t, store=store) as run:
+        run.state["kept"] = 1
+        step("a")
+        run.state["lock"] = threading.Lock()
+        raise Boom("x")
     assert run.status == "compensated" and [c[1] for c in CALLS if c[0] == "undo"] == [("a",)]
     assert store.get_state(t) == {"kept": 1}
 
@@ -199,20 +192,18 @@ def test_state_the_block_left_unstorable_does_not_stop_the_rollback(store: pk.St
 )
 def test_what_does_not_roll_back(local_store: pk.Store, error: BaseException) -> None:
     t = _thread()
-    with pytest.raises(type(error)):
-        with pk.resume(t, store=local_store):
-            step("a")
-            raise error
+    with pytest.raises(type(error)), pk.resume(t, store=local_store):
+        step("a")
+        raise error
     assert not [c for c in CALLS if c[0] == "undo"]
     assert local_store.history(t)[0].run_status in ("failed", "running")
 
 
 def test_abort_outside_a_step_and_its_reason(local_store: pk.Store) -> None:
     t = _thread()
-    with pytest.raises(pk.RunAbortedError) as caught:
-        with pk.resume(t, store=local_store) as run:
-            step("a")
-            run.abort()
+    with pytest.raises(pk.RunAbortedError) as caught, pk.resume(t, store=local_store) as run:
+        step("a")
+        run.abort()
     assert caught.value.reason is None and run.status == "compensated"
     with pytest.raises(pk.ConfigurationError):
         run.abort(5)  # type: ignore[arg-type]
@@ -244,25 +235,20 @@ class _Holder:
     ids=["lambda", "closure", "bound-method", "partial", "not-allowlisted", "not-callable"],
 )
 def test_functions_that_cannot_be_stored_are_refused(local_store: pk.Store, fn: Any, says: str) -> None:
-    with pytest.raises(pk.ConfigurationError, match=says):
-        with pk.resume(_thread(), store=local_store):
-            step("a", fn=fn)
+    with pytest.raises(pk.ConfigurationError, match=says), pk.resume(_thread(), store=local_store):
+        step("a", fn=fn)
     assert not [c for c in CALLS if c[0] == "undo"]
 
 
 def test_other_refusals(local_store: pk.Store) -> None:
-    with pytest.raises(pk.ConfigurationError, match="outside a @pk.checkpointed step"):
-        with pk.resume(_thread(), store=local_store):
-            pk.compensate(undo)
-    with pytest.raises(pk.ConfigurationError, match="on= exception classes"):
-        with pk.resume(_thread(), store=local_store):
-            step("a", retry=pk.Retry(on=lambda e: True))
-    with pytest.raises(pk.ConfigurationError, match="retry= expects"):
-        with pk.resume(_thread(), store=local_store):
-            step("a", retry=3)
-    with pytest.raises(pk.SerializationError, match="cannot be stored with the step"):
-        with pk.resume(_thread(), store=local_store):
-            step("a", lock=threading.Lock())
+    with pytest.raises(pk.ConfigurationError, match=r"outside a @pk\.checkpointed step"), pk.resume(_thread(), store=local_store):
+        pk.compensate(undo)
+    with pytest.raises(pk.ConfigurationError, match="on= exception classes"), pk.resume(_thread(), store=local_store):
+        step("a", retry=pk.Retry(on=lambda e: True))
+    with pytest.raises(pk.ConfigurationError, match="retry= expects"), pk.resume(_thread(), store=local_store):
+        step("a", retry=3)
+    with pytest.raises(pk.SerializationError, match="cannot be stored with the step"), pk.resume(_thread(), store=local_store):
+        step("a", lock=threading.Lock())
     with pytest.raises(pk.ConfigurationError, match="lambda"):
         pk.checkpointed(compensate=lambda r: None)(lambda: None)
     with pytest.raises(pk.ConfigurationError, match="lambda"):

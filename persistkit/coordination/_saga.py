@@ -37,7 +37,7 @@ import inspect
 import re
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import (
     CompensationError,
@@ -52,8 +52,9 @@ from .._retry import Retry
 from ..codec._registry import _MODULES, register_module
 from ..state._records import Record
 
-if TYPE_CHECKING:
-    from ..engine._run import Run
+#: The run being rolled back (``engine._run.Run``, not named here: the engine's replay
+#: cursor imports this module, so it may not import the engine back, not even for types).
+Run = Any
 
 __all__ = [
     "COMPENSATED",

@@ -187,11 +187,10 @@ class SagaConformance:
     def test_decorator_undo_gets_the_result_and_abort_fails_for_good(self, stores: tuple[Store, Store]) -> None:
         one, _ = stores
         t = self.thread()
-        with pytest.raises(RunAbortedError) as caught:
-            with resume(t, store=one) as run:
-                reserve("room")
-                book("taxi")
-                run.abort("customer cancelled")
+        with pytest.raises(RunAbortedError) as caught, resume(t, store=one) as run:
+            reserve("room")
+            book("taxi")
+            run.abort("customer cancelled")
         assert caught.value.reason == "customer cancelled"
         assert LOG == ["book:room", "book:taxi", "undo:taxi", "undo:room"]
         assert run.status == "compensated"
@@ -199,27 +198,25 @@ class SagaConformance:
     def test_nothing_to_undo_ends_as_before(self, stores: tuple[Store, Store]) -> None:
         one, _ = stores
         t, r = self.thread(), uuid.uuid4().hex
-        with pytest.raises(Declined):
-            with resume(t, store=one, run_id=r) as run:
-                plain("x")
-                fail("no")
+        with pytest.raises(Declined), resume(t, store=one, run_id=r) as run:
+            plain("x")
+            fail("no")
         assert run.status == "failed" and one.history(t)[0].run_status == "failed"
         assert [c.position for c in one.history(t) if c.position] == ["1", "0"]
         LOG.clear()
-        with pytest.raises(Declined):  # a failed run's redelivery continues it, as always
-            with resume(t, store=one, run_id=r):
-                plain("x")
-                fail("no")
+        # a failed run's redelivery continues it, as always
+        with pytest.raises(Declined), resume(t, store=one, run_id=r):
+            plain("x")
+            fail("no")
         assert LOG == ["fail:no"]
 
     def test_a_failed_step_leaves_no_undo(self, stores: tuple[Store, Store]) -> None:
         one, _ = stores
         t = self.thread()
 
-        with pytest.raises(Declined):
-            with resume(t, store=one):
-                book("kept")
-                _registers_then_fails()
+        with pytest.raises(Declined), resume(t, store=one):
+            book("kept")
+            _registers_then_fails()
         assert LOG == ["book:kept", "book:dropped", "undo:kept"]
 
     # -- crashes and failures during the rollback -----------------------------------------
@@ -233,9 +230,9 @@ class SagaConformance:
         assert LOG[-1] == "undo:c"
         assert one.history(t)[0].run_status == "compensating"
         LOG.clear()
-        with pytest.raises(RunCompensatedError):  # the block does not run: the rollback finishes
-            with resume(t, store=two):  # without run_id: the thread's unfinished run continues
-                raise AssertionError("the forward path of a rolled-back run ran again")
+        # without run_id, the thread's unfinished run continues: the rollback finishes, the block does not run
+        with pytest.raises(RunCompensatedError), resume(t, store=two):
+            raise AssertionError("the forward path of a rolled-back run ran again")
         assert LOG == ["undo:b", "undo:a"]
         assert two.history(t)[0].run_status == "compensated"
 
@@ -253,9 +250,8 @@ class SagaConformance:
         assert LOG[-2:] == ["undo:c", "undo:a"]
         assert one.history(t)[0].run_status == "compensating"
         # the thread's other turns wait for it, as for a crashed run
-        with pytest.raises(ThreadBusyError) as busy:
-            with resume(t, store=two, run_id=uuid.uuid4().hex, busy="reject"):
-                plain("other turn")
+        with pytest.raises(ThreadBusyError) as busy, resume(t, store=two, run_id=uuid.uuid4().hex, busy="reject"):
+            plain("other turn")
         assert busy.value.unfinished_run == r
         # once the cause is fixed, a resume retries only what is not undone
         FAILING.clear()

@@ -151,6 +151,61 @@ def test_nested_steps_of_a_compensation_record_in_its_scope(store: pk.Store) -> 
     assert [c.position for c in store.history(t) if c.position][:2] == ["c/0", "c/0/0"]
 
 
+class _Crash(BaseException):
+    """Stands for a process that dies."""
+
+
+CRASH: set[str] = set()
+
+
+async def acrash_once(name: str) -> None:
+    if name in CRASH:
+        CRASH.discard(name)
+        raise _Crash(name)
+    CALLS.append(("undo", name))
+
+
+@pk.checkpointed
+async def abook(name: str) -> str:
+    CALLS.append(("step", name))
+    run = pk.current_run()
+    assert run is not None
+    run.state.setdefault("booked", []).append(name)
+    pk.compensate(acrash_once, name)
+    return name
+
+
+def test_async_crash_mid_rollback_finished_by_an_async_resume(store_url: str) -> None:
+    t, r = _thread(), uuid.uuid4().hex
+
+    async def first() -> None:
+        with pk.connect(store_url) as store:
+            async with pk.resume(t, store=store, run_id=r):
+                for n in "abc":
+                    await abook(n)
+                raise Boom("x")
+
+    async def second() -> None:
+        with pk.connect(store_url) as store:
+            async with pk.resume(t, store=store, run_id=r):
+                raise AssertionError("the block of a run that is rolling back ran")
+
+    CRASH.add("b")
+    with pytest.raises(_Crash):
+        asyncio.run(first())
+    assert CALLS[-1] == ("undo", "c")
+    CALLS.clear()
+    with pytest.raises(pk.RunCompensatedError) as caught:
+        asyncio.run(second())
+    assert isinstance(caught.value.__cause__, Boom)
+    assert CALLS == [("undo", "b"), ("undo", "a")]
+    with pk.connect(store_url) as store:
+        assert store.history(t)[0].run_status == "compensated"
+        assert store.get_state(t) == {"booked": ["a", "b", "c"]}  # the state the run left, not its start
+        with pytest.raises(pk.RunCompensatedError):
+            asyncio.run(second())
+
+
 def test_the_rollback_holds_the_blocks_lease(store: pk.Store) -> None:
     t = _thread()
     with pytest.raises(Boom), pk.resume(t, store=store):

@@ -41,10 +41,15 @@ def _storable(run: Run) -> None:
         run._restore(max(run._index.values(), key=lambda r: r.id))
 
 
-def _stopping(run: Run, exc: BaseException) -> bool:
-    """Errors that stop the rollback itself (the run cannot write: its lease or head was
-    taken) rather than count as a compensation that failed."""
-    return not isinstance(exc, Exception) or run.lease_lost(exc) or run._lost is not None
+def _stop(run: Run, exc: Exception) -> None:
+    """Raise what stops the rollback itself (the run cannot write: its lease or its head was
+    taken; the lease's error rather than what the compensation raised meanwhile), rather
+    than count ``exc`` as a compensation that failed."""
+    lost = run.lease.lost if run.lease is not None else None
+    if lost is not None and exc is not lost:
+        raise lost from exc
+    if run.lease_lost(exc) or run._lost is not None:
+        raise exc
 
 
 def _awaited(result: Any, item: Item) -> Any:
@@ -97,8 +102,7 @@ def _one_sync(run: Run, item: Item, rb: Rollback, frames: Frames) -> None:
             with att:
                 body()
     except Exception as exc:
-        if _stopping(run, exc):
-            raise
+        _stop(run, exc)
         run._attach["rs"] = COMPENSATING
         run.step_sync(item.position, item.name, None, error=exc)
         rb.not_done(item, exc)
@@ -139,8 +143,7 @@ async def _one_async(run: Run, item: Item, rb: Rollback, frames: Frames) -> None
             with att:
                 await body()
     except Exception as exc:
-        if _stopping(run, exc):
-            raise
+        _stop(run, exc)
         run._attach["rs"] = COMPENSATING
         await run.step_async(item.position, item.name, None, error=exc)
         rb.not_done(item, exc)
@@ -206,9 +209,7 @@ def _ended(run: Run, rb: Rollback, exc: BaseException) -> PersistkitError | None
     return error
 
 
-def _resumed(run: Run) -> Rollback | None:
-    if ROLLBACK not in run._index or run.replay_only:
-        return None
+def _resumed(run: Run) -> Rollback:
     rb = Rollback.resumed(run)
     run._restore(max(run._index.values(), key=lambda r: r.id))  # the state the rollback left
     return rb
@@ -219,7 +220,8 @@ def _finished(run: Run, rb: Rollback) -> PersistkitError:
     if error is not None:
         return error
     run._attach["rs"] = COMPENSATED
-    run._attach["e"] = rb.failure_tree  # the end records the failure as it was stored
+    if isinstance(rb.failure_tree, dict):
+        run._attach["e"] = rb.failure_tree  # the end records the failure as it was stored
     return rb.finished()
 
 
@@ -227,10 +229,10 @@ def finish_sync(run: Run, holding: Holding | None, frames: Frames) -> None:
     """Right after the run opened: if its rollback was interrupted, finish it and raise
     (``RunCompensatedError`` once all is undone, else ``CompensationError``) instead of
     letting the block run; the lease is given up. Returns at once otherwise."""
-    rb = _resumed(run)
-    if rb is None:
+    if ROLLBACK not in run._index or run.replay_only:
         return
     try:
+        rb = _resumed(run)
         run.release_at_end = owns_lease(holding)
         _run_sync(run, rb, frames, mark=False)
         error = _finished(run, rb)
@@ -244,10 +246,10 @@ def finish_sync(run: Run, holding: Holding | None, frames: Frames) -> None:
 
 
 async def finish_async(run: Run, holding: Holding | None, frames: Frames) -> None:
-    rb = _resumed(run)
-    if rb is None:
+    if ROLLBACK not in run._index or run.replay_only:
         return
     try:
+        rb = _resumed(run)
         run.release_at_end = owns_lease(holding)
         await _run_async(run, rb, frames, mark=False)
         error = _finished(run, rb)

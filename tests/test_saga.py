@@ -206,6 +206,30 @@ def test_async_crash_mid_rollback_finished_by_an_async_resume(store_url: str) ->
             asyncio.run(second())
 
 
+def undo_while_another_holder_takes_over(thread: str) -> None:
+    """Another run takes the thread's lease over (as after an expiry) while this undo runs."""
+    run = pk.current_run()
+    assert run is not None
+    backend = run.store.backend
+    while True:  # the heartbeat may move the record between the read and the swap: read again
+        rec = backend.lease_get(thread, "")
+        if backend.lease_swap(thread, "", rec.version, rec.token + 1, rec.data):
+            break
+    CALLS.append(("undo", thread))
+
+
+def test_a_lease_lost_during_the_rollback_stops_it_and_writes_nothing_more(store: pk.Store) -> None:
+    t = _thread()
+    with pytest.raises(pk.LeaseLostError) as lost, pk.resume(t, store=store, lease_ttl=5):
+        step("first")
+        step(t, fn=undo_while_another_holder_takes_over)
+        raise Boom("x")
+    assert lost.value.token == 1
+    assert [("step", "first"), ("step", t), ("undo", t)] == CALLS  # the rollback stopped there
+    hist = store.history(t)
+    assert [(c.position, c.run_status) for c in hist] == [("c", "compensating"), ("1", "running"), ("0", "running")]
+
+
 def test_the_rollback_holds_the_blocks_lease(store: pk.Store) -> None:
     t = _thread()
     with pytest.raises(Boom), pk.resume(t, store=store):

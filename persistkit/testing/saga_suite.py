@@ -166,6 +166,9 @@ class SagaConformance:
         with resume(t, store=two) as fresh:
             plain("next")
         assert fresh.run_id != r and fresh.status == "completed" and LOG == ["book:next"]
+        # ... even while another turn holds the thread: it is known finished, nothing waits
+        with resume(t, store=one, run_id=uuid.uuid4().hex), pytest.raises(RunCompensatedError):
+            _saga(two, t, r, ["flight"], busy="reject")
 
     def test_async_rollback(self, stores: tuple[Store, Store]) -> None:
         one, _ = stores

@@ -9,7 +9,7 @@ import os
 import pickle
 import threading
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
@@ -286,6 +286,51 @@ def test_abort_outside_a_step_and_its_reason(local_store: pk.Store) -> None:
     assert caught.value.reason is None and run.status == "compensated"
     with pytest.raises(pk.ConfigurationError):
         run.abort(5)  # type: ignore[arg-type]
+
+
+class Trip(pk.State, name="tests.test_saga.Trip"):
+    legs: Annotated[list[str], pk.append] = []
+    total: int = 0
+
+
+def crash_on_b(name: str) -> None:
+    if name in CRASH:
+        CRASH.discard(name)
+        raise _Crash(name)
+    run = pk.current_run()
+    assert run is not None
+    run.state.total -= 1  # a compensation may change the state: it commits with its record
+    CALLS.append(("undo", name))
+
+
+@pk.checkpointed
+def leg(name: str) -> str:
+    run = pk.current_run()
+    assert run is not None
+    run.state.legs.append(name)
+    run.state.total += 1
+    pk.compensate(crash_on_b, name)
+    return name
+
+
+def test_typed_state_encrypted_and_sealed_store_crash_mid_rollback(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path}/sealed.db"
+    keys = {"encryption": pk.generate_key(), "integrity": pk.generate_key()}
+    t, r = _thread(), uuid.uuid4().hex
+    CRASH.add("b")
+    with pk.connect(url, **keys) as store, pytest.raises(_Crash), pk.resume(t, store=store, state=Trip, run_id=r):
+        for n in "abc":
+            leg(n)
+        raise Boom("x")
+    CALLS.clear()
+    with pk.connect(url, **keys) as store:
+        with pytest.raises(pk.RunCompensatedError), pk.resume(t, store=store, state=Trip, run_id=r):
+            raise AssertionError("the block ran")
+        assert CALLS == [("undo", "b"), ("undo", "a")]
+        state = store.get_state(t, state=Trip)
+        assert list(state.legs) == ["a", "b", "c"] and state.total == 0
+        assert store.verify(t).ok
+        assert store.history(t)[0].run_status == "compensated"
 
 
 # -- what is refused ---------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from .._errors import (
     RunAbortedError,
     RunCompensatedError,
     SchemaVersionError,
+    SerializationError,
 )
 from .._retry import Retry
 from ..codec._registry import _MODULES, register_module
@@ -236,8 +237,8 @@ def register(
             entry["a"] = run.codec.encode(list(args), f"arguments of compensation {name}")
         if kwargs:
             entry["kw"] = run.codec.encode(kwargs, f"keyword arguments of compensation {name}")
-    except PersistkitError as exc:
-        raise type(exc)(f"{what}: the arguments of {name} cannot be stored with the step: {exc}") from exc
+    except SerializationError as exc:
+        raise SerializationError(f"{what}: the arguments of {name} cannot be stored with the step: {exc}") from exc
     if retry is not None:
         entry["rt"] = _retry_spec(retry, what)
     marks = run._marks.setdefault(position, {})

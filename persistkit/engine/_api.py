@@ -300,7 +300,8 @@ def checkpointed(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 @overload
 def checkpointed(
-    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True, compensate: Any = None
+    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True,
+    compensate: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -311,7 +312,7 @@ def checkpointed(
     name: str | None = None,
     retry: Retry | None = None,
     check_args: bool = True,
-    compensate: Any = None,
+    compensate: Callable[..., Any] | None = None,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a function a durable step: inside a ``resume`` block each call is recorded, and a
     recorded call replays its result instead of running again.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigurationError
@@ -13,7 +14,7 @@ from ._api import _CURRENT
 __all__ = ["compensate"]
 
 
-def compensate(fn: Any, /, *args: Any, retry: Retry | None = None, **kwargs: Any) -> None:
+def compensate(fn: Callable[..., Any], /, *args: Any, retry: Retry | None = None, **kwargs: Any) -> None:
     """Register ``fn(*args, **kwargs)`` as the undo of the step being executed.
 
     It is recorded with the step's checkpoint, so it exists once the step completed (a step

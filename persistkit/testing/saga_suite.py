@@ -127,7 +127,7 @@ class SagaConformance:
         return {}
 
     @pytest.fixture
-    def stores(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[tuple[Store, Store]]:
+    def saga_stores(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[tuple[Store, Store]]:
         a, b = connect(persistkit_url, **backend_options), connect(persistkit_url, **backend_options)
         LOG.clear()
         FAILING.clear()
@@ -137,14 +137,14 @@ class SagaConformance:
         b.close()
 
     @staticmethod
-    def thread() -> str:
+    def saga_thread() -> str:
         return f"saga-{uuid.uuid4().hex[:10]}"
 
     # -- the rollback --------------------------------------------------------------------
 
-    def test_rollback_runs_in_reverse_each_once_then_compensated(self, stores: tuple[Store, Store]) -> None:
-        one, two = stores
-        t, r = self.thread(), uuid.uuid4().hex
+    def test_saga_rollback_runs_in_reverse_each_once_then_compensated(self, saga_stores: tuple[Store, Store]) -> None:
+        one, two = saga_stores
+        t, r = self.saga_thread(), uuid.uuid4().hex
         with pytest.raises(Declined) as caught:
             _saga(one, t, r, ["flight", "hotel", "car"])
         assert LOG == ["book:flight", "book:hotel", "book:car", "fail:card declined",
@@ -170,9 +170,9 @@ class SagaConformance:
         with resume(t, store=one, run_id=uuid.uuid4().hex), pytest.raises(RunCompensatedError):
             _saga(two, t, r, ["flight"], busy="reject")
 
-    def test_async_rollback(self, stores: tuple[Store, Store]) -> None:
-        one, _ = stores
-        t = self.thread()
+    def test_saga_async_rollback(self, saga_stores: tuple[Store, Store]) -> None:
+        one, _ = saga_stores
+        t = self.saga_thread()
 
         async def main() -> Any:
             async with resume(t, store=one) as run:
@@ -187,9 +187,9 @@ class SagaConformance:
         assert LOG == ["book:a", "book:b", "undo:b", "undo:a"]
         assert one.history(t)[0].run_status == "compensated"
 
-    def test_decorator_undo_gets_the_result_and_abort_fails_for_good(self, stores: tuple[Store, Store]) -> None:
-        one, _ = stores
-        t = self.thread()
+    def test_saga_decorator_undo_gets_the_result_and_abort_fails_for_good(self, saga_stores: tuple[Store, Store]) -> None:
+        one, _ = saga_stores
+        t = self.saga_thread()
         with pytest.raises(RunAbortedError) as caught, resume(t, store=one) as run:
             reserve("room")
             book("taxi")
@@ -198,9 +198,9 @@ class SagaConformance:
         assert LOG == ["book:room", "book:taxi", "undo:taxi", "undo:room"]
         assert run.status == "compensated"
 
-    def test_nothing_to_undo_ends_as_before(self, stores: tuple[Store, Store]) -> None:
-        one, _ = stores
-        t, r = self.thread(), uuid.uuid4().hex
+    def test_saga_nothing_to_undo_ends_as_before(self, saga_stores: tuple[Store, Store]) -> None:
+        one, _ = saga_stores
+        t, r = self.saga_thread(), uuid.uuid4().hex
         with pytest.raises(Declined), resume(t, store=one, run_id=r) as run:
             plain("x")
             fail("no")
@@ -213,9 +213,9 @@ class SagaConformance:
             fail("no")
         assert LOG == ["fail:no"]
 
-    def test_a_failed_step_leaves_no_undo(self, stores: tuple[Store, Store]) -> None:
-        one, _ = stores
-        t = self.thread()
+    def test_saga_a_failed_step_leaves_no_undo(self, saga_stores: tuple[Store, Store]) -> None:
+        one, _ = saga_stores
+        t = self.saga_thread()
 
         with pytest.raises(Declined), resume(t, store=one):
             book("kept")
@@ -224,9 +224,9 @@ class SagaConformance:
 
     # -- crashes and failures during the rollback -----------------------------------------
 
-    def test_crash_mid_rollback_is_finished_by_the_next_resume(self, stores: tuple[Store, Store]) -> None:
-        one, two = stores
-        t, r = self.thread(), uuid.uuid4().hex
+    def test_saga_crash_mid_rollback_is_finished_by_the_next_resume(self, saga_stores: tuple[Store, Store]) -> None:
+        one, two = saga_stores
+        t, r = self.saga_thread(), uuid.uuid4().hex
         CRASHING.add("b")  # the process dies while undoing b: c is undone, a and b are not
         with pytest.raises(_Crash):
             _saga(one, t, r, ["a", "b", "c"])
@@ -239,9 +239,9 @@ class SagaConformance:
         assert LOG == ["undo:b", "undo:a"]
         assert two.history(t)[0].run_status == "compensated"
 
-    def test_a_compensation_that_fails_for_good(self, stores: tuple[Store, Store]) -> None:
-        one, two = stores
-        t, r = self.thread(), uuid.uuid4().hex
+    def test_saga_a_compensation_that_fails_for_good(self, saga_stores: tuple[Store, Store]) -> None:
+        one, two = saga_stores
+        t, r = self.saga_thread(), uuid.uuid4().hex
         FAILING["b"] = -1
         with pytest.raises(CompensationError) as caught:
             _saga(one, t, r, ["a", "b", "c"], busy="reject")
@@ -264,9 +264,9 @@ class SagaConformance:
         assert LOG == ["undo:b"]
         assert two.history(t)[0].run_status == "compensated"
 
-    def test_a_rolling_back_run_can_be_abandoned(self, stores: tuple[Store, Store]) -> None:
-        one, two = stores
-        t, r = self.thread(), uuid.uuid4().hex
+    def test_saga_a_rolling_back_run_can_be_abandoned(self, saga_stores: tuple[Store, Store]) -> None:
+        one, two = saga_stores
+        t, r = self.saga_thread(), uuid.uuid4().hex
         FAILING["a"] = -1
         with pytest.raises(CompensationError):
             _saga(one, t, r, ["a"])

@@ -13,6 +13,7 @@ from ._errors import (
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
+    CompensationError,
     ConfigurationError,
     ConflictError,
     IntegrityError,
@@ -22,6 +23,8 @@ from ._errors import (
     PersistkitError,
     RetryableError,
     RunAbandonedError,
+    RunAbortedError,
+    RunCompensatedError,
     SchemaVersionError,
     SecretResolutionError,
     SerializationError,
@@ -35,6 +38,7 @@ from .codec._serde import register
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._run import Run, StepEvent, StepInfo
+from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
 from .secrets._redact import Secret
@@ -58,6 +62,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Checkpoint",
+    "CompensationError",
     "ConfigurationError",
     "ConflictError",
     "DueRun",
@@ -78,6 +83,8 @@ __all__ = [
     "RotationReport",
     "Run",
     "RunAbandonedError",
+    "RunAbortedError",
+    "RunCompensatedError",
     "SchemaVersionError",
     "Secret",
     "SecretResolutionError",
@@ -101,6 +108,7 @@ __all__ = [
     "asuspend",
     "asuspend_all",
     "checkpointed",
+    "compensate",
     "connect",
     "current_run",
     "current_step",

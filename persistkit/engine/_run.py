@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import (
     ConflictError,
@@ -164,6 +164,12 @@ class Run(Commits):
     def suspended(self) -> list[Question]:
         """The open questions (or timer) the run waits on once ``status == "suspended"``."""
         return list(self._questions)
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Fail this run for good: raises ``pk.RunAbortedError`` (let it escape the block). The
+        compensations of the completed steps then run (``pk.compensate``) before the run's end."""
+        from ..coordination._saga import abort
+
+        raise abort(self, reason)
 
     def update(self, **changes: Any) -> None:
         """Apply ``changes`` to ``run.state`` through each field's reducer (committed with the next checkpoint)."""

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import secrets
 from ._errors import (
+    AnswerError,
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
+    CompensationError,
     ConfigurationError,
     ConflictError,
     IntegrityError,
@@ -21,6 +23,8 @@ from ._errors import (
     PersistkitError,
     RetryableError,
     RunAbandonedError,
+    RunAbortedError,
+    RunCompensatedError,
     SchemaVersionError,
     SecretResolutionError,
     SerializationError,
@@ -31,11 +35,14 @@ from ._errors import (
 )
 from ._retry import Retry, set_testing
 from .codec._serde import register
+from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._patches import deprecate_patch, patched
 from .engine._replay_check import ReplayReport, RunReplay
 from .engine._run import Run, StepEvent, StepInfo
+from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
+from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
 from .secrets._redact import Secret
 from .state._records import Checkpoint
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
@@ -52,12 +59,15 @@ if _TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnswerError",
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Checkpoint",
+    "CompensationError",
     "ConfigurationError",
     "ConflictError",
+    "DueRun",
     "FileWitness",
     "IntegrityError",
     "IntegrityProblem",
@@ -68,6 +78,7 @@ __all__ = [
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
+    "Question",
     "Reducer",
     "ReplayReport",
     "Retry",
@@ -75,6 +86,8 @@ __all__ = [
     "RotationReport",
     "Run",
     "RunAbandonedError",
+    "RunAbortedError",
+    "RunCompensatedError",
     "RunReplay",
     "SchemaVersionError",
     "Secret",
@@ -87,6 +100,7 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "StoreOptionsError",
+    "Suspended",
     "ThreadBusyError",
     "ThreadLease",
     "TrackedList",
@@ -94,7 +108,11 @@ __all__ = [
     "WitnessEntry",
     "add",
     "append",
+    "asleep",
+    "asuspend",
+    "asuspend_all",
     "checkpointed",
+    "compensate",
     "connect",
     "current_run",
     "current_step",
@@ -109,6 +127,9 @@ __all__ = [
     "resume",
     "secrets",
     "set_testing",
+    "sleep",
+    "suspend",
+    "suspend_all",
 ]
 
 

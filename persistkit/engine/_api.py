@@ -27,6 +27,9 @@ from .._errors import (
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
+from ..coordination._saga import register_result_undo
+from ..coordination._suspend import end_async as suspend_end_async
+from ..coordination._suspend import end_sync as suspend_end_sync
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from ._inputs import live_inputs
@@ -170,10 +173,14 @@ class resume:
             check.open_sync(run, self.run_id)
         else:  # the lease, then the run (after the thread's unfinished run of another turn, if any)
             self._holding = open_sync(run, self.run_id, *self._busy, current_run())
+            if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
+                from ..coordination._rollback import finish_sync
+
+                finish_sync(run, self._holding, (_CURRENT, _Frame))
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
         from ..coordination._hooks import let_go_sync, owns_lease
 
         run = self._run
@@ -183,14 +190,19 @@ class resume:
             check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
             if _writes_nothing(run, exc):
-                return
+                return run.status == "suspended" and suspend_end_sync(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
+            if exc is not None:  # failed for good: its completed steps' compensations run first (sagas)
+                from ..coordination._rollback import rollback_sync
+
+                if (undo_error := rollback_sync(run, exc, (_CURRENT, _Frame))) is not None:
+                    raise undo_error from exc
             try:
                 run.end_sync(exc)
             except PersistkitError as end_exc:
                 if exc is not None:
                     exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
-                    return
+                    return None
                 if not isinstance(end_exc, SerializationError):
                     raise
                 failure = _unstorable_end(run, end_exc)
@@ -198,6 +210,7 @@ class resume:
                 raise failure from end_exc
         finally:
             let_go_sync(run.store, self._holding)
+        return None
 
     async def __aenter__(self) -> Run:
         from ..coordination._turns import open_async
@@ -210,10 +223,14 @@ class resume:
             await check.open_async(run, self.run_id)
         else:
             self._holding = await open_async(run, self.run_id, *self._busy, current_run())
+            if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
+                from ..coordination._rollback import finish_async
+
+                await finish_async(run, self._holding, (_CURRENT, _Frame))
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
-    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
         from ..coordination._hooks import let_go_async, owns_lease
 
         run = self._run
@@ -223,14 +240,19 @@ class resume:
             check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
             if _writes_nothing(run, exc):
-                return
+                return run.status == "suspended" and await suspend_end_async(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
+            if exc is not None:  # failed for good: its completed steps' compensations run first (sagas)
+                from ..coordination._rollback import rollback_async
+
+                if (undo_error := await rollback_async(run, exc, (_CURRENT, _Frame))) is not None:
+                    raise undo_error from exc
             try:
                 await run.end_async(exc)
             except PersistkitError as end_exc:
                 if exc is not None:
                     exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
-                    return
+                    return None
                 if not isinstance(end_exc, SerializationError):
                     raise
                 failure = _unstorable_end(run, end_exc)
@@ -238,6 +260,7 @@ class resume:
                 raise failure from end_exc
         finally:
             await let_go_async(run.store, self._holding)
+        return None
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
@@ -248,6 +271,7 @@ def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
     whose lease was lost must write nothing more."""
     return (
         run.replay_only
+        or run.status == "suspended"  # pk.suspend / pk.sleep: no end record, even if it was caught
         or run.load_error is not None
         or (exc is not None and not isinstance(exc, Exception))
         or run.lease_lost(exc)
@@ -277,6 +301,7 @@ class _Step:
     takes_thread_id: bool
     takes_store: bool = False
     hints_done: bool = False
+    undo: str | None = None  # compensate=: the stored name of undo(result) (sagas)
 
     def register_hints(self) -> None:
         """Trust the types named in the signature (a later process may revive them).
@@ -296,7 +321,8 @@ def checkpointed(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 @overload
 def checkpointed(
-    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True
+    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True,
+    compensate: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -307,6 +333,7 @@ def checkpointed(
     name: str | None = None,
     retry: Retry | None = None,
     check_args: bool = True,
+    compensate: Callable[..., Any] | None = None,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a function a durable step: inside a ``resume`` block each call is recorded, and a
     recorded call replays its result instead of running again.
@@ -314,6 +341,8 @@ def checkpointed(
     ``name`` (default: the function's qualified name) is what replay matches
     on; ``retry`` retries failed attempts, replaying finished child steps;
     ``check_args`` refuses to replay a step called with different arguments.
+    ``compensate`` (a module-level function) undoes the step: if the run fails for good
+    after the step completed, ``compensate(result)`` runs (see ``pk.compensate``).
     Outside a block, pass ``thread_id=...`` (and ``store=...``, default
     :func:`default_store`) to run the one call as a block.
     """
@@ -337,6 +366,10 @@ def checkpointed(
             params = {}  # type: ignore[assignment]
         step_name: str = name or getattr(f, "__qualname__", None) or repr(f)
         step = _Step(f, step_name, retry, check_args, "thread_id" in params, "store" in params)
+        if compensate is not None:
+            from ..coordination._saga import undo_name
+
+            step.undo = undo_name(compensate, step_name)
         _serde.register_module(getattr(f, "__module__", "") or "__main__")
         if inspect.iscoroutinefunction(f):
             return _async_wrapper(step)  # type: ignore[return-value]
@@ -422,6 +455,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
                 run.step_sync(position, step.name, digest, error=exc)
             raise
         _CURRENT.reset(token)
+        if step.undo is not None:
+            register_result_undo(run, position, step.undo)
         run.step_sync(position, step.name, digest, result=result)
         return result
     attempt = 0
@@ -447,6 +482,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     except Exception as exc:
         run.step_sync(position, step.name, digest, error=exc)
         raise
+    if step.undo is not None:
+        register_result_undo(run, position, step.undo)
     run.step_sync(position, step.name, digest, result=result)
     return result
 
@@ -469,6 +506,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
                 await run.step_async(position, step.name, digest, error=exc)
             raise
         _CURRENT.reset(token)
+        if step.undo is not None:
+            register_result_undo(run, position, step.undo)
         await run.step_async(position, step.name, digest, result=result)
         return result
     attempt = 0
@@ -494,5 +533,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     except Exception as exc:
         await run.step_async(position, step.name, digest, error=exc)
         raise
+    if step.undo is not None:
+        register_result_undo(run, position, step.undo)
     await run.step_async(position, step.name, digest, result=result)
     return result

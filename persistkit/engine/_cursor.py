@@ -23,6 +23,7 @@ from .._ids import new_run_id
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._versions import migrations_ran
+from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
 from ..state._records import Record
 from . import _args
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 
 #: Run statuses.
-RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
+RUNNING, COMPLETED, FAILED, SUSPENDED = "running", "completed", "failed", "suspended"
 
 
 class ReplayCursor(StateRestore):
@@ -52,6 +53,8 @@ class ReplayCursor(StateRestore):
             if rows:
                 if rows[-1].run_status == ABANDONED:
                     raise abandoned_error(self.thread_id, run_id, rows[-1])
+                if rows[-1].run_status == COMPENSATED:  # rolled back (sagas): it never runs again
+                    raise compensated_error(self.codec, self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPLETED:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
@@ -68,7 +71,7 @@ class ReplayCursor(StateRestore):
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")
-            and head_rec.run_status in (RUNNING, FAILED)
+            and head_rec.run_status in (RUNNING, FAILED, SUSPENDED, COMPENSATING)
             and head_rec.row.run_id
         ):
             run_id = head_rec.row.run_id

@@ -62,3 +62,4 @@ class RunFields:
     _marks: dict[str, dict[str, Any]]
     _attach: dict[str, Any]
     _patches: dict[str, bool]
+    _questions: list[Any]

@@ -21,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import (
     ConflictError,
     PersistkitError,
 )
 from ..backends import Head
+from ..coordination._suspend import Question
 from ..state._channels import Loader, Tracker
 from ..state._dedupe import Result
 from ..state._records import Record
@@ -76,7 +77,7 @@ class StepEvent:
 
 class Run(Commits):
     """One invocation on a thread. ``run.state`` is the working state; it is committed
-    with every step. ``run.status`` is running, completed or failed."""
+    with every step. ``run.status`` is running, completed, failed or suspended."""
 
     def __init__(
         self,
@@ -137,6 +138,7 @@ class Run(Commits):
         #: Set by resume() when this run holds its own lease: open() raises Unfinished (and
         #: resume waits) rather than start on top of another turn's unfinished run.
         self.keeps_turns = False
+        self._questions: list[Question] = []  # set when the run suspends (pk.suspend, pk.sleep)
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -160,6 +162,17 @@ class Run(Commits):
     @property
     def executed(self) -> list[StepEvent]:
         return [s for s in self.steps if not s.replayed]
+
+    @property
+    def suspended(self) -> list[Question]:
+        """The open questions (or timer) the run waits on once ``status == "suspended"``."""
+        return list(self._questions)
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Fail this run for good: raises ``pk.RunAbortedError`` (let it escape the block). The
+        compensations of the completed steps then run (``pk.compensate``) before the run's end."""
+        from ..coordination._saga import abort
+
+        raise abort(self, reason)
 
     def update(self, **changes: Any) -> None:
         """Apply ``changes`` to ``run.state`` through each field's reducer (committed with the next checkpoint)."""

@@ -9,8 +9,10 @@ it is written on every step:
        outside a run)
 ``p``  step position (call path, e.g. ``"2/0"``) — steps only
 ``n``  step name — steps only
-``s``  step status: ``completed`` or ``failed`` — steps only
-``rs`` run status after this checkpoint: running / completed / failed / suspended
+``s``  step status: ``completed``, ``failed`` or ``suspended`` (a ``pk.suspend`` /
+       ``pk.sleep`` record waiting for its answer or wake time) — steps only
+``rs`` run status after this checkpoint: running / completed / failed / suspended /
+       compensating (rolling back) / compensated (rolled back: the run's end)
 ``sc`` ``[schema name, version]`` of the state, or null for dict state
 ``t``  creation time (seconds since the epoch)
 ``m``  user metadata (encoded tree)
@@ -22,6 +24,16 @@ it is written on every step:
        stored: it replays its error on every resume, never runs again
 ``x``  end records: checkpoint ids of failures that ended the attempt
 ``f``  fork records: ``[source thread, source checkpoint]``
+``q``  ``pk.suspend`` / ``pk.sleep`` records: the question (an object; a list of them
+       for ``pk.suspend_all``): ``i`` id, ``v`` payload, ``d`` deadline or wake time,
+       ``df`` default answer, ``ty`` answer type, ``w`` 1 for a timer, ``a`` the answer
+       given so far (``coordination/_suspend.py``)
+``cp`` compensations a completed step registered (sagas, ``coordination/_saga``): a
+       list of ``{"f": "module:qualname", "a": args tree, "kw": kwargs tree, "rt": retry
+       policy, "at": attempt}``, or ``{"f": ..., "rr": 1}``: called with the step's result
+``cb`` the rollback mark (step ``pk.rollback`` at position ``c``): the plan,
+       ``[[position, index in its cp], ...]``; compensation ``i`` is the step at ``c/i``
+``ce`` the rollback mark: the failure that started the rollback (encoded exception)
 ``pt`` patch ids this run reached live (``pk.patched``), attached to the run's
        next checkpoint of any kind (``engine/_patches``)
 ====  =====================================================================
@@ -154,15 +166,26 @@ def _ref_ok(ref: Any) -> bool:
 # resume checks every row of the run); ``k`` and ``r`` take any value there.
 _STRINGS = frozenset({"p", "n", "a", "rb"})
 _FIELDS: dict[str, Any] = {
-    "s": lambda v: v in ("completed", "failed"),
+    "s": lambda v: v in ("completed", "failed", "suspended"),
     "sc": lambda v: v is None or (type(v) is list and len(v) == 2 and _is_str(v[0]) and type(v[1]) is int),
     "ch": lambda v: type(v) is dict and all(map(_ref_ok, v.values())),
     "e": lambda v: type(v) is dict,
     "x": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
     "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
+    "q": lambda v: _question_ok(v) or (type(v) is list and len(v) > 0 and all(map(_question_ok, v))),
+    "cp": lambda v: type(v) is list and all(type(c) is dict and _is_str(c.get("f")) for c in v),
+    "cb": lambda v: type(v) is list
+    and all(type(i) is list and len(i) == 2 and _is_str(i[0]) and type(i[1]) is int for i in v),
+    "ce": lambda v: type(v) is dict,
     "pt": lambda v: type(v) is list and all(_is_str(i) for i in v),
 }
+
+
+def _question_ok(q: Any) -> bool:
+    """One question of a suspend record (``q``): an id, and a number for a deadline."""
+    d = q.get("d") if type(q) is dict else None
+    return type(q) is dict and _is_str(q.get("i")) and (d is None or type(d) is float or type(d) is int)
 
 
 def _check_body(body: Any) -> str | None:

@@ -4,7 +4,8 @@
 ``StoreConformance`` checks the end-to-end contract (steps, replay, runs,
 history, fork, conflicts) through ``pk.connect``; ``LeaseConformance`` the
 lease primitives (``lease_get``/``lease_swap``/``lease_list``/``write_fenced``,
-see docs/coordination.md); ``PatchConformance`` ``pk.patched`` and the replay
+see docs/coordination.md); ``SuspendConformance`` suspended runs, answers and durable
+timers (docs/long-runs.md); ``PatchConformance`` ``pk.patched`` and the replay
 check (docs/long-runs.md); ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
@@ -16,6 +17,7 @@ from .combination_suite import CombinationConformance
 from .lease_suite import LeaseConformance
 from .patch_suite import PatchConformance
 from .store_suite import StoreConformance
+from .suspend_suite import SuspendConformance
 
 __all__ = [
     "BackendConformance",
@@ -23,4 +25,5 @@ __all__ = [
     "LeaseConformance",
     "PatchConformance",
     "StoreConformance",
+    "SuspendConformance",
 ]

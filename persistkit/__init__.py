@@ -14,6 +14,7 @@ from ._errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConflictError,
+    EffectError,
     IntegrityError,
     LeaseLostError,
     NonDeterminismError,
@@ -31,7 +32,9 @@ from ._errors import (
 )
 from ._retry import Retry, set_testing
 from .codec._serde import register
+from .coordination._outbox import EffectInfo, current_effect
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._outbox import after_commit
 from .engine._run import Run, StepEvent, StepInfo
 from .engine._store import Store, connect, default_store
 from .secrets._redact import Secret
@@ -56,6 +59,8 @@ __all__ = [
     "Checkpoint",
     "ConfigurationError",
     "ConflictError",
+    "EffectError",
+    "EffectInfo",
     "FileWitness",
     "IntegrityError",
     "IntegrityProblem",
@@ -89,9 +94,11 @@ __all__ = [
     "Witness",
     "WitnessEntry",
     "add",
+    "after_commit",
     "append",
     "checkpointed",
     "connect",
+    "current_effect",
     "current_run",
     "current_step",
     "default_store",

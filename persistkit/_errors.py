@@ -21,6 +21,8 @@
     ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry),
     │                             or the thread's newest run is unfinished (``unfinished_run``)
     ├── RunAbandonedError         the run was given up with ``store.abandon``: it never runs again
+    ├── EffectError               an after-commit effect failed for good (it stays pending), or a
+    │                             stored one cannot be resolved in this process
     └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
@@ -46,6 +48,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigurationError",
     "ConflictError",
+    "EffectError",
     "IntegrityError",
     "LeaseLostError",
     "NonDeterminismError",
@@ -307,6 +310,39 @@ class RunAbandonedError(PersistkitError):
 
 def _rebuild_abandoned(message: str, thread_id: str, run_id: str) -> RunAbandonedError:
     return RunAbandonedError(message, thread_id=thread_id, run_id=run_id)
+
+
+class EffectError(PersistkitError):
+    """An after-commit effect (``run.after_commit``) failed for good under its retry policy, or
+    a stored effect cannot be resolved here (its module is not allowlisted).
+
+    The effect stays pending, never dropped: the next resume of its run, or
+    ``store.drain_outbox()``, runs it again with the same idempotency ``key``. The effect's own
+    exception is ``__cause__``.
+    """
+
+    def __init__(
+        self, message: str, *, thread_id: str = "", run_id: str = "", position: str = "",
+        index: int = 0, function: str = "", key: str = "",
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.position = position
+        self.index = index
+        self.function = function
+        self.key = key
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_effect, (str(self), self.thread_id, self.run_id, self.position, self.index, self.function, self.key))
+
+
+def _rebuild_effect(
+    message: str, thread_id: str, run_id: str, position: str, index: int, function: str, key: str
+) -> EffectError:
+    return EffectError(
+        message, thread_id=thread_id, run_id=run_id, position=position, index=index, function=function, key=key
+    )
 
 
 class LeaseLostError(RetryableError):

@@ -29,6 +29,8 @@ from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
+from . import _outbox
+from ._context import CURRENT
 from ._inputs import live_inputs
 from ._run import Run, StepInfo
 from ._store import Store, check_namespace, check_thread_id, default_store
@@ -65,7 +67,7 @@ class _Frame:
 _SEQ_LOCK = threading.Lock()
 
 
-_CURRENT: ContextVar[_Frame | None] = ContextVar("persistkit_frame", default=None)
+_CURRENT: ContextVar[_Frame | None] = CURRENT  # in _context: the layers' engine modules read it too
 
 
 def current_step() -> StepInfo | None:
@@ -159,11 +161,14 @@ class resume:
         return self._run
 
     def __enter__(self) -> Run:
+        from ..coordination._hooks import let_go_sync
         from ..coordination._turns import open_sync
 
         run = self._new_run()
         # the lease, then the run (after the thread's unfinished run of another turn, if any)
         self._holding = open_sync(run, self.run_id, *self._busy, current_run())
+        if run._pending:  # effects committed but not done (the process died): first (engine/_outbox)
+            _outbox.settle_sync(run, self._holding, let_go_sync)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -192,10 +197,13 @@ class resume:
             let_go_sync(run.store, self._holding)
 
     async def __aenter__(self) -> Run:
+        from ..coordination._hooks import let_go_async
         from ..coordination._turns import open_async
 
         run = self._new_run()
         self._holding = await open_async(run, self.run_id, *self._busy, current_run())
+        if run._pending:
+            await _outbox.settle_async(run, self._holding, let_go_async)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -407,6 +415,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
             raise
         _CURRENT.reset(token)
         run.step_sync(position, step.name, digest, result=result)
+        if run._effects:  # after-commit effects of this step: run now that it is durable
+            _outbox.after_step_sync(run, position)
         return result
     attempt = 0
 
@@ -418,6 +428,7 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
             return step.fn(*args, **kwargs)
         except BaseException as exc:
             run.mark_escaped(exc)
+            run._marks.pop(position, None)  # what a failed attempt registered is not committed
             raise
         finally:
             _CURRENT.reset(token)
@@ -432,6 +443,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
         run.step_sync(position, step.name, digest, error=exc)
         raise
     run.step_sync(position, step.name, digest, result=result)
+    if run._effects:
+        _outbox.after_step_sync(run, position)
     return result
 
 
@@ -454,6 +467,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
             raise
         _CURRENT.reset(token)
         await run.step_async(position, step.name, digest, result=result)
+        if run._effects:
+            await _outbox.after_step_async(run, position)
         return result
     attempt = 0
 
@@ -465,6 +480,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
             return await step.fn(*args, **kwargs)
         except BaseException as exc:
             run.mark_escaped(exc)
+            run._marks.pop(position, None)  # what a failed attempt registered is not committed
             raise
         finally:
             _CURRENT.reset(token)
@@ -479,4 +495,6 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
         await run.step_async(position, step.name, digest, error=exc)
         raise
     await run.step_async(position, step.name, digest, result=result)
+    if run._effects:
+        await _outbox.after_step_async(run, position)
     return result

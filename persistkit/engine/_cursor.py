@@ -23,6 +23,7 @@ from .._ids import new_run_id
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._versions import migrations_ran
+from ..coordination._outbox import pending_in
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
 from ..state._records import Record
 from . import _args
@@ -106,6 +107,8 @@ class ReplayCursor(StateRestore):
                 self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
             elif rec.kind == "end":
                 self._escaped.update(rec.body.get("x") or ())
+        if rows and not self.replay_only:  # after-commit effects a crash left undone (coordination/_outbox)
+            self._pending = pending_in(rows)
 
     def ended(self, run_id: str) -> Plan[str | None]:
         """The status of ``run_id``'s end record on this thread (``completed``, ``failed``,

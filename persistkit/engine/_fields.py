@@ -61,3 +61,5 @@ class RunFields:
     _result_tree: Any
     _marks: dict[str, dict[str, Any]]
     _attach: dict[str, Any]
+    _effects: dict[str, Any]
+    _pending: list[Any]

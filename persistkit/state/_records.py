@@ -22,6 +22,10 @@ it is written on every step:
        stored: it replays its error on every resume, never runs again
 ``x``  end records: checkpoint ids of failures that ended the attempt
 ``f``  fork records: ``[source thread, source checkpoint]``
+``ac`` step records: after-commit effects the step registered, in order, each
+       ``{"f": "module:qualname", "a": arguments tree, "rt": retry}`` (``rt``
+       optional); effect ``i``'s id is ``<checkpoint id>.<i>`` (coordination/_outbox)
+``ad`` any record: ids of effects run since the run's previous checkpoint (done marks)
 ====  =====================================================================
 """
 
@@ -159,6 +163,8 @@ _FIELDS: dict[str, Any] = {
     "x": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
     "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
+    "ac": lambda v: type(v) is list and all(type(e) is dict and _is_str(e.get("f")) and "a" in e for e in v),
+    "ad": lambda v: type(v) is list and all(_is_str(i) for i in v),
 }
 
 

@@ -30,7 +30,6 @@ from .._io import Plan, call, run_async, run_sync
 from ..backends._protocol import new_row
 from ..state._records import Record
 from . import _outbox as ob
-from ._drive import AsyncHeartbeat, Heartbeat
 from ._lease import DEFAULT_TTL, Lease, acquire, release
 
 if TYPE_CHECKING:
@@ -197,6 +196,8 @@ class OutboxStore:
         namespace (or ``namespace``). A thread whose lease a live run holds is skipped (that run
         runs them). ``dry_run``: list the pending effects, run nothing. Reads every row of
         each thread it looks at."""
+        from ._drive import Heartbeat  # imports asyncio: not on `import persistkit`
+
         _check(prefix, thread_id, namespace, dry_run)
         self._check_open()
         drain = _Drain()
@@ -249,6 +250,8 @@ class OutboxStore:
         self, *, prefix: str = "", thread_id: str | None = None, namespace: str | None = None, dry_run: bool = False
     ) -> OutboxReport:
         """``drain_outbox`` for async code: ``async def`` effects are awaited, plain ones called."""
+        from ._drive import AsyncHeartbeat
+
         _check(prefix, thread_id, namespace, dry_run)
         self._check_open()
         drain = _Drain()

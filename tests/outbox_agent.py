@@ -23,13 +23,13 @@ KILL = ("-", -1)
 
 
 def post(receiver: str, text: str, *, idempotency_key: str) -> None:
-    if KILL == ("before", int(text[1:])):
+    if ("before", int(text[1:])) == KILL:
         os.kill(os.getpid(), signal.SIGKILL)
     with open(receiver, "a") as f:
         f.write(f"{idempotency_key} {text}\n")
         f.flush()
         os.fsync(f.fileno())
-    if KILL == ("after", int(text[1:])):
+    if ("after", int(text[1:])) == KILL:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

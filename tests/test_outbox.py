@@ -86,18 +86,19 @@ def test_a_lambda_a_closure_a_bound_method_and_a_partial_are_refused(local_store
         ]:
             with pytest.raises(pk.ConfigurationError, match=words):
                 register(fn)
-    assert "a nested function" in str(pytest.raises(pk.ConfigurationError, ob.effect_name, nested).value)
+    with pytest.raises(pk.ConfigurationError, match="a nested function"):
+        ob.effect_name(nested)
 
 
 def test_it_is_refused_outside_a_step_and_outside_a_run(local_store: pk.Store) -> None:
-    with pytest.raises(pk.ConfigurationError, match="outside a pk.resume block"):
+    with pytest.raises(pk.ConfigurationError, match=r"outside a pk\.resume block"):
         pk.after_commit(record, "x")
     with pk.resume(tag(), store=local_store) as run:
         with pytest.raises(pk.ConfigurationError, match="outside any step"):
             run.after_commit(record, "x")
         with pytest.raises(pk.ConfigurationError, match="do not pass one"):
             register(record, "x", idempotency_key="mine")
-        with pytest.raises(pk.ConfigurationError, match="expected pk.Retry"):
+        with pytest.raises(pk.ConfigurationError, match=r"expected pk\.Retry"):
             register(record, "x", retry=3)
         with pytest.raises(pk.SerializationError):
             register(record, "x", object())  # arguments are stored: refused when registered

@@ -24,7 +24,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import ConfigurationError, EffectError, PersistkitError
@@ -125,7 +125,8 @@ def effect_name(fn: Any) -> str:
         found = None
     else:
         found = _lookup(module, qualname)
-    if found is not fn and not (module == "__main__" and _in_main(qualname) is fn):
+    same = found is fn or (module == "__main__" and _in_main(qualname) is fn)
+    if not same:
         raise ConfigurationError(
             f"{what}: {name} does not name this function in its module (it is decorated or "
             "replaced there), so another process would call something else. Register the "
@@ -314,7 +315,7 @@ def call_sync(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         for att in tenacity.Retrying(**retry.tenacity_kwargs()):
             with att:
                 attempt += 1
-                now = EffectInfo(*_fields(info)[:5], attempt, info.key)
+                now = replace(info, attempt=attempt)
                 token = _EFFECT.set(now)
                 try:
                     out = fn(*args, **_arguments(fn, now, args, kwargs))
@@ -325,7 +326,7 @@ def call_sync(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     except PersistkitError:
         raise
     except Exception as exc:
-        raise _failed(EffectInfo(*_fields(info)[:5], attempt, info.key), exc, retry) from exc
+        raise _failed(replace(info, attempt=attempt), exc, retry) from exc
 
 
 async def call_async(
@@ -339,7 +340,7 @@ async def call_async(
         async for att in tenacity.AsyncRetrying(**retry.tenacity_kwargs()):
             with att:
                 attempt += 1
-                now = EffectInfo(*_fields(info)[:5], attempt, info.key)
+                now = replace(info, attempt=attempt)
                 token = _EFFECT.set(now)
                 try:
                     out = fn(*args, **_arguments(fn, now, args, kwargs))
@@ -350,11 +351,7 @@ async def call_async(
     except PersistkitError:
         raise
     except Exception as exc:
-        raise _failed(EffectInfo(*_fields(info)[:5], attempt, info.key), exc, retry) from exc
-
-
-def _fields(info: EffectInfo) -> tuple[Any, ...]:
-    return (info.thread_id, info.run_id, info.position, info.index, info.function, info.attempt, info.key)
+        raise _failed(replace(info, attempt=attempt), exc, retry) from exc
 
 
 def _await_here(out: Any, info: EffectInfo) -> None:

@@ -180,7 +180,7 @@ class OutboxConformance:
             reply(t, "a")  # replays: its effect is not run again
             reply(t, "b")
         assert _seen(t) == ["a", "b"] and run.status == "completed"
-        assert [k for th, _, k in CALLS if th == t][0] == pending[0].key
+        assert next(k for th, _, k in CALLS if th == t) == pending[0].key
         assert two.drain_outbox(thread_id=t, dry_run=True).pending == ()
 
     def test_a_crash_between_commit_and_effect_is_settled_by_a_drain(self, stores: tuple[Store, Store]) -> None:

@@ -295,3 +295,62 @@ class OutboxConformance:
 
         asyncio.run(crash())
         assert len(two.drain_outbox(thread_id=t).done) == 1 and _seen(t) == ["a"]
+
+    @pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted+integrity"])
+    def test_a_drain_on_a_namespaced_thread_of_a_sealed_store(self, persistkit_url: str, sealed: bool) -> None:
+        from ..wrappers._keys import generate_key
+
+        keys: dict[str, Any] = {"encryption": generate_key(), "integrity": generate_key()} if sealed else {}
+        one, two = connect(persistkit_url, **keys), connect(persistkit_url, **keys)
+        try:
+            t = self.thread()
+            CRASH_BEFORE.add(t)
+            with pytest.raises(_Crash), resume(t, store=one, run_id="r1", namespace="agent-2"):
+                reply(t, "a")
+            assert two.drain_outbox(thread_id=t, namespace="").done == ()  # another namespace: nothing
+            report = two.drain_outbox(thread_id=t)
+            assert [(d.namespace, d.run_id) for d in report.done] == [("agent-2", "r1")] and _seen(t) == ["a"]
+            with resume(t, store=one, run_id="r1", namespace="agent-2") as run:
+                reply(t, "a")
+                reply(t, "b")
+            assert run.status == "completed" and _seen(t) == ["a", "b"]
+            if sealed:
+                assert two.verify(t).ok
+        finally:
+            one.close()
+            two.close()
+
+    def test_the_effects_of_a_run_the_thread_moved_past_are_drained(self, stores: tuple[Store, Store]) -> None:
+        one, two = stores
+        t = self.thread()
+        CRASH_BEFORE.add(t)
+        with pytest.raises(_Crash), resume(t, store=one, run_id="A"):
+            reply(t, "a")
+        one.abandon(t, "A")  # its redelivery will never come: the next turn goes on
+        with resume(t, store=one, run_id="B"):
+            reply(t, "b")
+        assert _seen(t) == ["b"]
+        report = two.drain_outbox(thread_id=t)
+        assert [d.run_id for d in report.done] == ["A"] and _seen(t) == ["b", "a"]
+        with resume(t, store=one, run_id="B") as replayed:  # B's redelivery still replays
+            reply(t, "b")
+        with resume(t, store=one, run_id="C") as run:  # and a new turn starts on top
+            reply(t, "c")
+        assert replayed.status == run.status == "completed" and _seen(t) == ["b", "a", "c"]
+        assert two.drain_outbox(thread_id=t, dry_run=True).pending == ()
+
+    def test_a_resume_whose_pending_effect_fails_for_good_does_not_start(self, stores: tuple[Store, Store]) -> None:
+        one, two = stores
+        t = self.thread()
+        CRASH_BEFORE.add(t)
+        with pytest.raises(_Crash), resume(t, store=one, run_id="r1"):
+            reply_retried(t, "a", 2)
+        FAIL[t] = 2
+        entered = False
+        with pytest.raises(EffectError) as err, resume(t, store=two, run_id="r1", busy="reject"):
+            entered = True
+        assert not entered and "stays pending" in str(err.value) and _seen(t) == []
+        with resume(t, store=two, run_id="r1", busy="reject") as run:  # the lease was given up
+            assert _seen(t) == ["a"]
+            reply_retried(t, "a", 2)
+        assert run.status == "completed" and _seen(t) == ["a"]

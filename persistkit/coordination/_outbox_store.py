@@ -30,7 +30,7 @@ from .._io import Plan, call, run_async, run_sync
 from ..backends._protocol import new_row
 from ..state._records import Record
 from . import _outbox as ob
-from ._lease import DEFAULT_TTL, Lease, acquire, release
+from ._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
 
 if TYPE_CHECKING:
     from ..backends._protocol import Backend, Head
@@ -167,6 +167,15 @@ def _lease_plan(t: str, ns: str, top: Record) -> Plan[Lease]:
     return acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True)
 
 
+def _give_back(lease: Lease, top: Record) -> Plan[None]:
+    """Release the lease; reserved again for the thread's unfinished run (crashed or
+    suspended), as taking it cleared that: the thread's turns keep waiting for that run."""
+    run_id = top.row.run_id
+    if top.kind == "step" and top.run_status in ("running", "suspended") and run_id:
+        return step_aside(lease, run_id, "wait")
+    return release(lease)
+
+
 def _call_of(codec: Codec, p: ob.Pending) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
     where = p.where()
     fn = ob.resolve(str(p.entry.get("f")), codec, where)
@@ -223,7 +232,7 @@ class OutboxStore:
                 if beat is not None:
                     beat.stop()
                 if lease is not None and lease.lost is None:
-                    run_sync(self.backend, release(lease))
+                    run_sync(self.backend, _give_back(lease, top))
         return drain.report()
 
     def _drain_one_sync(self, drain: _Drain, t: str, ns: str, lease: Lease | None) -> None:
@@ -277,7 +286,7 @@ class OutboxStore:
                 if beat is not None:
                     await beat.stop()
                 if lease is not None and lease.lost is None:
-                    await run_async(self.backend, release(lease))
+                    await run_async(self.backend, _give_back(lease, top))
         return drain.report()
 
     async def _drain_one_async(self, drain: _Drain, t: str, ns: str, lease: Lease | None) -> None:

@@ -161,13 +161,14 @@ class resume:
         return self._run
 
     def __enter__(self) -> Run:
-        from ..coordination._hooks import let_go_sync
         from ..coordination._turns import open_sync
 
         run = self._new_run()
         # the lease, then the run (after the thread's unfinished run of another turn, if any)
         self._holding = open_sync(run, self.run_id, *self._busy, current_run())
         if run._pending:  # effects committed but not done (the process died): first (engine/_outbox)
+            from ..coordination._hooks import let_go_sync
+
             _outbox.settle_sync(run, self._holding, let_go_sync)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
@@ -197,12 +198,13 @@ class resume:
             let_go_sync(run.store, self._holding)
 
     async def __aenter__(self) -> Run:
-        from ..coordination._hooks import let_go_async
         from ..coordination._turns import open_async
 
         run = self._new_run()
         self._holding = await open_async(run, self.run_id, *self._busy, current_run())
         if run._pending:
+            from ..coordination._hooks import let_go_async
+
             await _outbox.settle_async(run, self._holding, let_go_async)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run

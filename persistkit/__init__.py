@@ -33,6 +33,7 @@ from ._errors import (
 from ._retry import Retry, set_testing
 from .codec._serde import register
 from .coordination._outbox import EffectInfo, current_effect
+from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._outbox import after_commit
 from .engine._run import Run, StepEvent, StepInfo
@@ -70,6 +71,8 @@ __all__ = [
     "LeaseLostError",
     "NonDeterminismError",
     "NotFoundError",
+    "OutboxEffect",
+    "OutboxReport",
     "PersistkitError",
     "Reducer",
     "Retry",

@@ -284,3 +284,39 @@ def test_the_cli_lists_and_drains(tmp_path: Any, capsys: pytest.CaptureFixture[s
     assert "1 effect(s) run" in capsys.readouterr().out and mine(t) == ["posted"]
     assert cli(["drain-outbox", "--url", url, "--thread", t]) == 0
     assert "0 effect(s) run" in capsys.readouterr().out
+
+
+def broken(tag: str) -> None:
+    raise pk.NotFoundError(f"{tag}: the channel is gone")
+
+
+async def abroken(tag: str) -> None:
+    raise RuntimeError(f"{tag}: down")
+
+
+def test_an_effect_raising_a_persistkit_error_is_an_effect_error_too(local_store: pk.Store) -> None:
+    t = tag()
+    with pytest.raises(pk.EffectError) as err, pk.resume(t, store=local_store):
+        register(broken, t)
+    assert isinstance(err.value.__cause__, pk.NotFoundError) and "after 1 attempt(s)" in str(err.value)
+    assert len(local_store.drain_outbox(thread_id=t, dry_run=True).pending) == 1
+
+
+def test_an_async_effect_that_fails_for_good(store: pk.Store) -> None:
+    t = tag()
+
+    @pk.checkpointed
+    async def step() -> str:
+        pk.after_commit(abroken, t, retry=pk.Retry(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0))
+        return "committed"
+
+    async def main() -> None:
+        with pytest.raises(pk.EffectError) as err:
+            async with pk.resume(t, store=store, run_id="r1"):
+                await step()
+        assert isinstance(err.value.__cause__, RuntimeError) and "after 2 attempt(s)" in str(err.value)
+        report = await store.adrain_outbox(thread_id=t)
+        assert not report.ok and report.failed[0].key == err.value.key == ob.effect_key(t, "r1", "0", 0)
+
+    asyncio.run(main())
+    assert [c.status for c in store.history(t) if c.kind == "step"] == ["completed"]

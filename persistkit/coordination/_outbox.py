@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import ConfigurationError, EffectError, PersistkitError
+from .._errors import ConfigurationError, EffectError
 from .._retry import Retry
 from ..codec._pipeline import Codec
 from ..codec._registry import _MODULE_RE, _MODULES
@@ -281,7 +281,7 @@ def _takes_key(fn: Callable[..., Any]) -> bool:
     return "idempotency_key" in params
 
 
-def _arguments(fn: Callable[..., Any], info: EffectInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _arguments(fn: Callable[..., Any], info: EffectInfo, kwargs: dict[str, Any]) -> dict[str, Any]:
     try:
         takes = _takes_key(fn)
     except TypeError:  # an unhashable callable
@@ -318,12 +318,12 @@ def call_sync(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
                 now = replace(info, attempt=attempt)
                 token = _EFFECT.set(now)
                 try:
-                    out = fn(*args, **_arguments(fn, now, args, kwargs))
+                    out = fn(*args, **_arguments(fn, now, kwargs))
                     if inspect.isawaitable(out):
                         _await_here(out, now)
                 finally:
                     _EFFECT.reset(token)
-    except PersistkitError:
+    except _NotAwaitable:
         raise
     except Exception as exc:
         raise _failed(replace(info, attempt=attempt), exc, retry) from exc
@@ -343,15 +343,19 @@ async def call_async(
                 now = replace(info, attempt=attempt)
                 token = _EFFECT.set(now)
                 try:
-                    out = fn(*args, **_arguments(fn, now, args, kwargs))
+                    out = fn(*args, **_arguments(fn, now, kwargs))
                     if inspect.isawaitable(out):
                         await out
                 finally:
                     _EFFECT.reset(token)
-    except PersistkitError:
+    except _NotAwaitable:
         raise
     except Exception as exc:
         raise _failed(replace(info, attempt=attempt), exc, retry) from exc
+
+
+class _NotAwaitable(ConfigurationError):
+    """An async effect reached where it cannot be awaited (raised as it is, not as EffectError)."""
 
 
 def _await_here(out: Any, info: EffectInfo) -> None:
@@ -364,7 +368,7 @@ def _await_here(out: Any, info: EffectInfo) -> None:
         return
     if inspect.iscoroutine(out):
         out.close()
-    raise ConfigurationError(
+    raise _NotAwaitable(
         f"thread {info.thread_id!r} run {info.run_id}: the effect {info.function} is async, but it was "
         "reached from a sync step inside a running event loop, where it cannot be awaited. Register "
         "it from an async step (async def), or make the effect a plain function. It stays pending: "

@@ -242,16 +242,24 @@ def test_the_record_keys_are_checked() -> None:
     assert _check_body({**step, "ad": [1]}) == "field 'ad' is malformed"
 
 
-def test_the_done_mark_rides_on_the_next_checkpoint(local_store: pk.Store) -> None:
+def test_the_done_mark_is_written_as_the_effects_ran(local_store: pk.Store) -> None:
+    """Right after the step's effects ran (not with the next step: a crash during that step
+    would run them again), a copy of the step's record carries their ids (``dm``)."""
     t = tag()
-    with pk.resume(t, store=local_store):
+    with pk.resume(t, store=local_store) as run:
         register(record, t, 1)
         inner("next")
     rows = [r for r in local_store.backend.list(t, "")]
     bodies = [local_store.codec.unpack_tree(r.payload, "") for r in reversed(rows)]
-    assert [("ac" in b, b.get("ad")) for b in bodies] == [
-        (True, None), (False, [f"{rows[-1].checkpoint_id}.0"]), (False, None)
+    assert [("ac" in b, b.get("ad"), b.get("dm"), b.get("n")) for b in bodies] == [
+        (True, None, None, bodies[0]["n"]), (False, [f"{rows[-1].checkpoint_id}.0"], 1, bodies[0]["n"]),
+        (False, None, None, bodies[2]["n"]), (False, None, None, None),
     ]
+    assert [s.name for s in run.steps] == [bodies[0]["n"], bodies[2]["n"]]  # the mark is no step
+    with pk.resume(t, store=local_store, run_id=run.run_id) as again:  # replays as recorded
+        register(record, t, 1)
+        inner("next")
+    assert [s.replayed for s in again.steps] == [True, True]
 
 
 # -- the CLI ------------------------------------------------------------------------------

@@ -258,13 +258,14 @@ def pending_in(records: Iterable[Record]) -> list[Pending]:
     ]
 
 
-def marker_body(head: Record, done: list[str], now: float) -> dict[str, Any]:
+def marker_body(head: dict[str, Any], done: list[str], now: float) -> dict[str, Any]:
     """A copy of the thread's head record that carries ``done`` (the ids of effects a drain
     ran): the same kind, run, status, state refs and result, so every reader treats it as
     the head it copies (a crashed run continues, a suspended one waits, a finished one
     stays finished); the effects the head registered are left out (they are its own)."""
-    body = {k: v for k, v in head.body.items() if k not in ("ac", "ad")}
+    body = {k: v for k, v in head.items() if k not in ("ac", "ad", "sg")}
     body["ad"] = done
+    body["dm"] = 1  # a done mark: replay keeps the record it copies (it has the args digest)
     body["t"] = now
     return body
 

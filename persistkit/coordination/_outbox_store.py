@@ -124,7 +124,7 @@ def _targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[
 
 
 def _mark(codec: Codec, top: Record, head: Head, done: list[str], lease: Lease | None) -> Plan[None]:
-    body = ob.marker_body(top, done, time.time())
+    body = ob.marker_body(top.body, done, time.time())
     row = new_row(top.row.thread_id, top.row.namespace, next_checkpoint_id(top.id), top.id, top.row.run_id,
                   codec.pack_tree(body))
     if lease is None:

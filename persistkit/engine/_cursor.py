@@ -106,7 +106,7 @@ class ReplayCursor(StateRestore):
             self.migrated = self.migrated or migrated
             self._tracker.reset(head_rec.refs, self._loader, new_lists=migrated)
         for rec in rows:
-            if rec.kind == "step":
+            if rec.kind == "step" and "dm" not in rec.body:  # "dm": an outbox done mark, a copy
                 self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
             elif rec.kind == "end":
                 self._escaped.update(rec.body.get("x") or ())

@@ -13,10 +13,13 @@ with ``store.drain_outbox()`` is ``coordination/_outbox.py``.
 from __future__ import annotations
 
 import inspect
+import time
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, ConflictError
+from .._ids import next_checkpoint_id
 from .._retry import Retry
+from ..backends._protocol import CheckpointRow, new_row
 from ..coordination import _outbox as ob
 from ._context import CURRENT as _CURRENT
 
@@ -137,22 +140,82 @@ def _done(run: Run, ids: list[str]) -> None:
     run._attach["ad"] = [*run._attach.get("ad", ()), *ids]
 
 
+def _marker(run: Run, ids: list[str]) -> tuple[CheckpointRow, dict[str, Any]] | None:
+    """The done mark of ``ids`` as a row to write now: a copy of the run's head record (its own
+    newest row) carrying them (``ob.marker_body``), or None when the head is not this run's row
+    as it knows it (then the ids ride on the run's next checkpoint)."""
+    head = run._head
+    top = run._loader.rows.get(head.checkpoint_id) if head is not None and not run.replay_only else None
+    if top is None or head is None:
+        return None
+    body = ob.marker_body(top, ids, time.time())
+    row = new_row(run.thread_id, run.namespace, next_checkpoint_id(head.checkpoint_id), head.checkpoint_id,
+                  run.run_id, run.codec.pack_tree(body))
+    return row, body
+
+
+def mark_done_sync(run: Run, ids: list[str]) -> None:
+    """Record ``ids`` (effects that ran) as done at once, so that only a crash between an
+    effect and this one write can run it again: a fenced copy of the head carrying them. If
+    another writer moved the head, they ride on the run's next checkpoint instead."""
+    with run._lock:
+        made = _marker(run, ids)
+        if made is None:
+            _done(run, ids)
+            return
+        row, body = made
+        version = run._head.version
+        try:
+            if run.lease is not None:
+                head = run.store.write_fenced_sync(row, {}, version, run.lease)
+            else:
+                head = run.store.write_sync(row, {}, version)
+        except ConflictError:
+            _done(run, ids)
+            return
+        run._head = head
+        run._loader.rows[row.checkpoint_id] = body
+
+
+async def mark_done_async(run: Run, ids: list[str]) -> None:
+    async with run.async_lock():
+        made = _marker(run, ids)
+        if made is None:
+            _done(run, ids)
+            return
+        row, body = made
+        version = run._head.version
+        try:
+            if run.lease is not None:
+                head = await run.store.write_fenced_async(row, {}, version, run.lease)
+            else:
+                head = await run.store.write_async(row, {}, version)
+        except ConflictError:
+            _done(run, ids)
+            return
+        run._head = head
+        run._loader.rows[row.checkpoint_id] = body
+
+
 def after_step_sync(run: Run, position: str) -> None:
-    """Run the effects of the step at ``position``, whose checkpoint just landed."""
+    """Run the effects of the step at ``position``, whose checkpoint just landed, then mark
+    them done (:func:`mark_done_sync`; an effect that fails for good stays pending)."""
     live = _due(run, position)
     if live is None:
         return
     rec = run._index[position]
+    ran: list[str] = []
     token = _CURRENT.set(None)  # an effect is no step: a @checkpointed call inside it is a plain call
     try:
         for i, (fn, args, kwargs, retry) in enumerate(live.calls):
             info = ob.EffectInfo(run.thread_id, run.run_id, position, i, live.stored[i]["f"], 1,
                                  ob.effect_key(run.thread_id, run.run_id, position, i))
             ob.call_sync(fn, args, kwargs, info, retry)
-            with run._lock:
-                _done(run, [ob.effect_id(rec.id, i)])
+            ran.append(ob.effect_id(rec.id, i))
     finally:
         _CURRENT.reset(token)
+        if ran:
+            mark_done_sync(run, ran)
 
 
 async def after_step_async(run: Run, position: str) -> None:
@@ -160,15 +223,18 @@ async def after_step_async(run: Run, position: str) -> None:
     if live is None:
         return
     rec = run._index[position]
+    ran: list[str] = []
     token = _CURRENT.set(None)
     try:
         for i, (fn, args, kwargs, retry) in enumerate(live.calls):
             info = ob.EffectInfo(run.thread_id, run.run_id, position, i, live.stored[i]["f"], 1,
                                  ob.effect_key(run.thread_id, run.run_id, position, i))
             await ob.call_async(fn, args, kwargs, info, retry)
-            _done(run, [ob.effect_id(rec.id, i)])
+            ran.append(ob.effect_id(rec.id, i))
     finally:
         _CURRENT.reset(token)
+        if ran:
+            await mark_done_async(run, ran)
 
 
 def _stored(run: Run, p: ob.Pending) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Retry]:
@@ -183,32 +249,39 @@ def settle_sync(run: Run, holding: Any, let_go: Callable[[Any, Any], None]) -> N
     """Run the effects of this run that committed but were not marked done (the process died
     between a checkpoint and its effects), oldest first, before the block goes on. If one
     fails for good the block does not start: its lease is given up and ``EffectError``
-    raised (the effect stays pending; effects run before it are run again next time, with
-    the same keys: nothing was written)."""
+    raised (the effect stays pending; the effects run before it are marked done first)."""
     pending, run._pending = run._pending, []
+    ran: list[str] = []
     token = _CURRENT.set(None)
     try:
-        for p in pending:
-            fn, args, kwargs, retry = _stored(run, p)
-            ob.call_sync(fn, args, kwargs, p.info(), retry)
-            _done(run, [p.id])
+        try:
+            for p in pending:
+                fn, args, kwargs, retry = _stored(run, p)
+                ob.call_sync(fn, args, kwargs, p.info(), retry)
+                ran.append(p.id)
+        finally:
+            _CURRENT.reset(token)
+            if ran:
+                mark_done_sync(run, ran)
     except BaseException:
         let_go(run.store, holding)
         raise
-    finally:
-        _CURRENT.reset(token)
 
 
 async def settle_async(run: Run, holding: Any, let_go: Callable[[Any, Any], Awaitable[None]]) -> None:
     pending, run._pending = run._pending, []
+    ran: list[str] = []
     token = _CURRENT.set(None)
     try:
-        for p in pending:
-            fn, args, kwargs, retry = _stored(run, p)
-            await ob.call_async(fn, args, kwargs, p.info(), retry)
-            _done(run, [p.id])
+        try:
+            for p in pending:
+                fn, args, kwargs, retry = _stored(run, p)
+                await ob.call_async(fn, args, kwargs, p.info(), retry)
+                ran.append(p.id)
+        finally:
+            _CURRENT.reset(token)
+            if ran:
+                await mark_done_async(run, ran)
     except BaseException:
         await let_go(run.store, holding)
         raise
-    finally:
-        _CURRENT.reset(token)

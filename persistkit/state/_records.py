@@ -40,6 +40,9 @@ it is written on every step:
        ``{"f": "module:qualname", "a": arguments tree, "rt": retry}`` (``rt``
        optional); effect ``i``'s id is ``<checkpoint id>.<i>`` (coordination/_outbox)
 ``ad`` any record: ids of effects run since the run's previous checkpoint (done marks)
+``dm`` 1 on a done mark: a copy of the run's newest record (no ``ac``/``sg``) written to
+       carry ``ad`` right after the effects ran, or by ``store.drain_outbox``; replay
+       keeps the record it copies
 ====  =====================================================================
 """
 
@@ -122,7 +125,7 @@ class Record:
             checkpoint_id=self.row.checkpoint_id,
             parent_id=self.row.parent_id,
             run_id=self.row.run_id,
-            kind=self.kind,
+            kind="mark" if b.get("dm") else self.kind,  # an outbox done mark: a copy, not a step
             step=b.get("n"),
             position=b.get("p"),
             status=b.get("s"),
@@ -185,6 +188,7 @@ _FIELDS: dict[str, Any] = {
     "pt": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "ac": lambda v: type(v) is list and all(type(e) is dict and _is_str(e.get("f")) and "a" in e for e in v),
     "ad": lambda v: type(v) is list and all(_is_str(i) for i in v),
+    "dm": lambda v: v == 1,
 }
 
 
@@ -240,7 +244,9 @@ class Checkpoint:
     ``kind`` is ``step`` (a step finished: ``step``, ``position``, ``status``
     say which and how), ``end`` (a run ended with ``run_status``), ``fork``
     (the first checkpoint of a forked thread; ``forked_from`` names the source)
-    or ``update`` (state edited with ``store.update_state``).
+    or ``update`` (state edited with ``store.update_state``), or ``mark``: the done mark of
+    after-commit effects (``pk.after_commit``), a copy of the run's record before it (same
+    step, status and state) written as the effects ran.
     """
 
     thread_id: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import os
 from functools import cache
 from typing import Annotated, Any
@@ -392,5 +393,74 @@ register_feature(
         step=_result_step,
         summary=_reply_summary,
         changes_schema=True,
+    )
+)
+
+
+# -- runs that outlive a process: an after-commit effect and a compensation per step ---------
+#
+# Each step registers an effect (pk.after_commit) and the undo of its work (pk.compensate),
+# both stored in the step's own record with an argument that is the registered secret when
+# that feature is on (it must be stored as a handle and reach the effect as the value), else
+# the plaintext marker (encryption must hide it there too). The runs never fail, so no undo
+# may run. Each committed step's effect runs exactly once: the crash positions of the matrix
+# (inside a step, after a step returned) are never between an effect and its done mark,
+# which is written as soon as the step's effects ran.
+
+
+def _long_value(case: Case) -> str:
+    return SECRET if "secret" in case.features else MARKER
+
+
+def matrix_effect(folder: str, i: int, value: str, *, idempotency_key: str) -> None:
+    """The after-commit effect of step ``i`` (a module-level function: another process finds it)."""
+    with open(os.path.join(folder, "effects-after-commit.log"), "a") as f:
+        f.write(json.dumps({"i": i, "key": idempotency_key, "value": value}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def matrix_undo(folder: str, i: int, value: str) -> None:
+    """The undo of step ``i``: registered by every step, run by none (the runs do not fail)."""
+    with open(os.path.join(folder, "undone.log"), "a") as f:
+        f.write(f"{i}\n")
+
+
+def _long_step(case: Case, version: int, i: int, state: Any, handed: Any) -> None:
+    value = _long_value(case)
+    pk.after_commit(matrix_effect, case.dir, i, value)
+    pk.compensate(matrix_undo, case.dir, i, value)
+
+
+def _long_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    log = case.path("effects-after-commit.log")
+    runs: dict[int, list[dict[str, Any]]] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        entry = json.loads(line)
+        runs.setdefault(entry["i"], []).append(entry)
+    for i in range(case.steps + 1):  # the later run's step too
+        got = runs.pop(i, [])
+        if len(got) != 1:
+            problems.append(f"the effect of step {i} ran {len(got)} times (want 1)")
+        if len({e["key"] for e in got}) > 1:
+            problems.append(f"the effect of step {i} ran with different idempotency keys: {[e['key'] for e in got]}")
+        if any(e["value"] != _long_value(case) for e in got):
+            problems.append(f"the effect of step {i} was handed {[e['value'][:24] for e in got]}, not the value")
+    if runs:
+        problems.append(f"effects of steps that never ran: {sorted(runs)}")
+    if case.path("undone.log").exists():
+        problems.append(f"compensations ran in runs that did not fail: {case.path('undone.log').read_text().split()}")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="long_runs",
+        doc="each step registers an after-commit effect and a compensation whose argument is the secret (or the marker)",
+        connect=lambda case: {"allow_modules": (__name__,)},
+        step=_long_step,
+        summary=lambda value: None,
+        check=_long_check,
     )
 )

@@ -38,6 +38,8 @@ CALLS: list[tuple[str, str, str]] = []
 RECEIVED: dict[str, str] = {}
 #: Threads whose next effect call raises _Crash before it does anything (a kill before it).
 CRASH_BEFORE: set[str] = set()
+#: Threads whose next effect call raises _Crash after it posted (a kill before its done mark).
+CRASH_AFTER: set[str] = set()
 #: Threads whose effect raises ValueError this many more times.
 FAIL: dict[str, int] = {}
 #: What each effect saw of the store when it ran: was its step's checkpoint there?
@@ -62,6 +64,9 @@ def post(thread: str, text: str, *, idempotency_key: str) -> None:
         assert info is not None and info.key == idempotency_key
         CALLS.append((thread, text, idempotency_key))
         RECEIVED.setdefault(idempotency_key, text)
+        if thread in CRASH_AFTER:
+            CRASH_AFTER.discard(thread)
+            raise _Crash
 
 
 async def apost(thread: str, text: str, *, idempotency_key: str) -> None:
@@ -205,10 +210,15 @@ class OutboxConformance:
         one, two = stores
         t = self.thread()
         with pytest.raises(_Crash), resume(t, store=one, run_id="r1"):
-            reply(t, "a")
-            raise _Crash  # after the effect, before any checkpoint carried its done mark
+            reply(t, "b")  # effect, done mark, and a crash after it: nothing is pending
+            raise _Crash
+        assert two.drain_outbox(thread_id=t).done == () and _seen(t) == ["b"]
+        CRASH_AFTER.add(t)
+        with pytest.raises(_Crash), resume(t, store=one, run_id="r1"):
+            reply(t, "b")
+            reply(t, "a")  # the effect posts, then the process dies before its done mark
         assert two.drain_outbox(thread_id=t).done != ()  # what can happen twice (docs/long-runs.md)
-        keys = [k for th, _, k in CALLS if th == t]
+        keys = [k for th, text, k in CALLS if th == t and text == "a"]
         assert len(keys) == 2 and keys[0] == keys[1]
         assert [RECEIVED[k] for k in set(keys)] == ["a"]  # the deduplicating receiver saw it once
 

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+from pydantic import BaseModel
+
 import persistkit as pk
 
 MAX_TOOL_CALLS = 6  # a turn's model calls are bounded: a confused model cannot loop forever
@@ -56,6 +58,13 @@ ORDERS = {  # the fake shop's orders
     "1042": {"item": "espresso machine", "total": 120.0, "status": "delivered on Nov 20"},
     "1043": {"item": "milk frother", "total": 35.0, "status": "shipped, arriving Nov 28"},
 }
+
+
+class Approval(BaseModel):
+    """A person's decision on a refund: ``store.answer`` refuses anything else (nothing stored)."""
+
+    approved: bool
+    by: str
 
 
 class Conversation(pk.State, version=1):
@@ -124,14 +133,14 @@ class Shop:
 slack = FakeSlack()
 
 
-def post_reply(channel: str, thread_ts: str, text: str, event_id: str) -> None:
+def post_reply(channel: str, thread_ts: str, text: str, event_id: str, *, idempotency_key: str) -> None:
     """The after-commit effect: post the turn's reply in its thread. Stored by name in the
-    reply step's checkpoint and run by whichever process gets there first after it lands."""
-    effect = pk.current_effect()
+    reply step's checkpoint and run by whichever process gets there first after it lands;
+    persistkit passes ``idempotency_key`` (the same in every process that runs it)."""
     slack.chat_postMessage(
         channel=channel, thread_ts=thread_ts, text=text,
-        # Slack message metadata; a real client would look for this key before posting again
-        metadata={"event_type": "agent_reply", "event_payload": {"event_id": event_id, "key": effect.key}},
+        # Slack message metadata: a real client can look for this key before posting again
+        metadata={"event_type": "agent_reply", "event_payload": {"event_id": event_id, "key": idempotency_key}},
     )
 
 
@@ -222,11 +231,12 @@ def agent(event: dict[str, str]) -> str:
         approved = None
         if action["tool"] == "refund":  # money leaves: a person decides (for days, if need be)
             args = action["args"]
-            approved = pk.suspend({
+            decision: Approval = pk.suspend({
                 "question": f"Refund ${args['amount']:.2f} on order #{args['order_id']}?",
                 "channel": event["channel"], "thread_ts": event["thread_ts"], "event_id": event["event_id"],
                 "asked_by": event["user"],
-            }) == "yes"
+            }, answer_type=Approval)
+            approved = decision.approved
         call_tool(action["tool"], action["args"], approved)
     return "Sorry, I could not finish this one; a person will follow up."
 
@@ -274,15 +284,15 @@ def find_thread(store: pk.Store, thread_ts: str, channel: str | None) -> str:
     return found[0]
 
 
-def answer(store: pk.Store, thread: str, decision: str) -> str:
+def answer(store: pk.Store, thread: str, approved: bool, by: str) -> str:
     """Record a person's decision on the thread's open question, then continue the turn
     here (the same turn code: it replays up to the question, which returns the decision).
     Running it again after a crash only continues the turn."""
-    asked = [q for q in store.pending() if q.thread_id == thread]
+    asked = [q for q in store.pending(prefix=thread) if q.thread_id == thread]
     if asked:
         run_id = asked[0].run_id
         try:
-            store.answer(thread, decision)
+            store.answer(thread, {"approved": approved, "by": by}, question=asked[0].question_id)
         except pk.AnswerError as exc:  # answered meanwhile by someone else: continue the turn
             print(f"not recorded: {exc}", file=sys.stderr)
     else:  # answered before, and the process that continued the turn died: continue it
@@ -367,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("thread_ts")
     a.add_argument("decision", choices=["yes", "no"])
     a.add_argument("--channel")
+    a.add_argument("--by", default=os.environ.get("USER", "someone"), help="who decides")
     sub.add_parser("pending", help="list open questions")
     sub.add_parser("drain", help="run after-commit posts that a dead process left")
     args = parser.parse_args(argv)
@@ -386,10 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"status": status}))
         elif args.command == "answer":
             thread = find_thread(store, args.thread_ts, args.channel)
-            print(json.dumps({"status": answer(store, thread, args.decision)}))
+            print(json.dumps({"status": answer(store, thread, args.decision == "yes", args.by)}))
         elif args.command == "pending":
-            for q in store.pending():
-                print(json.dumps({"thread": q.thread_id, "run": q.run_id, "question": q.payload}))
+            for q in store.pending(prefix="slack:"):
+                print(json.dumps({"thread": q.thread_id, "run": q.run_id, "id": q.question_id, "question": q.payload}))
         else:
             print(json.dumps({"posted": store.drain_outbox()}))
     return 0

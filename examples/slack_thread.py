@@ -9,8 +9,8 @@
 Every command takes ``--url`` (default ``$PERSISTKIT_URL``, else SQLite under
 ``./.persistkit/``) and ``--fake-dir`` (default ``$SLACK_FAKE_DIR``, else
 ``./.persistkit/slack``): where the fake Slack client appends every post it receives
-(``posts.jsonl``) and the fake shop every refund (``refunds.jsonl``). Nothing here
-talks to the network.
+(``posts.jsonl``), the fake shop every refund (``refunds.jsonl``) and the fake model
+every call (``model.jsonl``). Nothing here talks to the network.
 
 One Slack thread is one persistkit thread (``slack:<channel>:<thread_ts>``); one event
 is one turn, ``pk.resume(thread, run_id=<event_id>, busy="queue")``:
@@ -196,8 +196,11 @@ def receive(envelope: dict[str, Any] | None) -> dict[str, str]:
 
 @pk.checkpointed
 def think(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """One model call (here a fake one: deterministic and free)."""
-    return fake_model(messages)
+    """One model call (here a fake one: deterministic and free; each call is logged, as a
+    bill would count it)."""
+    action = fake_model(messages)
+    _append("model.jsonl", {"messages": len(messages), "action": action, "pid": os.getpid()})
+    return action
 
 
 @pk.checkpointed
@@ -318,7 +321,7 @@ def demo() -> None:
     thread = thread_of(channel, thread_ts)
     work = fake_dir()
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("posts.jsonl", "refunds.jsonl"):
+    for name in ("posts.jsonl", "refunds.jsonl", "model.jsonl"):
         (work / name).unlink(missing_ok=True)
     events = [
         envelope_for(channel, thread_ts, thread_ts, "Ev01REFUND", "Please refund $80 on order #1042, it broke."),
@@ -343,7 +346,7 @@ def demo() -> None:
           f"({len(info[0].waiting)} turn waiting)")
     print("\n3. Slack redelivers Ev01REFUND (it got no 200 in time).")
     again = cli("handle", str(work / "Ev01REFUND.json"))
-    print(f"   {again.stdout.strip()}  (replayed: the model was not called again, nothing posted)")
+    print(f"   {again.stdout.strip()}  (replayed up to the question: no model call, nothing posted)")
     print("\n4. Open questions (what a review UI reads):")
     print("   " + cli("pending").stdout.strip().replace("\n", "\n   "))
     print(f"\n5. A person approves, from another process: answer {thread_ts} yes")
@@ -354,14 +357,16 @@ def demo() -> None:
     print("\nPosts the fake Slack client received (every call, duplicates included):")
     for p in FakeSlack.posts():
         print(f"   [{p['metadata']['event_payload']['event_id']}] {p['text']}")
-    print(f"Refunds made: {[(r['order_id'], r['amount']) for r in Shop.refunds()]}")
+    print(f"Refunds made: {[(r['order_id'], r['amount']) for r in Shop.refunds()]}; "
+          f"model calls: {len(_read('model.jsonl'))} (3 for the refund turn, 2 for the status turn: "
+          "none made twice)")
     print(f"\nHistory of {thread} (oldest first):")
     for cp in reversed(store.history(thread)):
         print(f"   {cp.run_id or '':<11} {cp.kind:<4} {cp.position or '':>3} {cp.step or '':<10} "
               f"{cp.status or '':<10} {cp.run_status or ''}")
     store.close()
     ok = [p["metadata"]["event_payload"]["event_id"] for p in FakeSlack.posts()] == ["Ev01REFUND", "Ev02STATUS"]
-    if not ok or second.returncode != 0 or len(Shop.refunds()) != 1:
+    if not ok or second.returncode != 0 or len(Shop.refunds()) != 1 or len(_read("model.jsonl")) != 5:
         sys.exit("demo: unexpected outcome")
 
 

@@ -132,6 +132,10 @@ class Slack:
         path = self.fake / "refunds.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def model_calls(self) -> int:
+        path = self.fake / "model.jsonl"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
     def messages(self) -> list[dict[str, Any]]:
         with pk.connect(self.url) as store:
             return list(store.get_state(self.thread)["messages"])
@@ -199,6 +203,7 @@ def test_two_events_a_redelivery_two_kills_and_an_approval(slack: Slack) -> None
     assert len({p["metadata"]["event_payload"]["key"] for p in posts}) == 2
     [made] = slack.refunds()
     assert (made["order_id"], made["amount"]) == ("1042", 80.0)
+    assert slack.model_calls() == 5  # 3 for the refund turn, 2 for the status turn: none twice
     # each turn's messages together, in the order the turns ran
     turns = [m.get("event_id") for m in slack.messages() if m["role"] == "user"]
     assert turns == [first, second]
@@ -224,9 +229,9 @@ def test_a_declined_refund_is_not_made(slack: Slack) -> None:
     refund = slack.event("refund")
     assert slack.done(slack.handle(refund)) == {"status": "suspended"}
     assert slack.done(slack.handle(refund)) == {"status": "suspended"}  # a redelivery asks nothing twice
-    assert len(slack.pending()) == 1
+    assert len(slack.pending()) == 1 and slack.model_calls() == 2
     assert slack.done(slack.answer("no")) == {"status": "completed"}
-    assert slack.refunds() == []
+    assert slack.refunds() == [] and slack.model_calls() == 3
     assert [p["text"] for p in slack.posts()] == ["Sorry, the refund of $80.00 on order #1042 was not approved."]
 
 

@@ -406,8 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "pending":
             for q in store.pending(prefix="slack:"):
                 print(json.dumps({"thread": q.thread_id, "run": q.run_id, "id": q.question_id, "question": q.payload}))
-        else:
-            print(json.dumps({"posted": store.drain_outbox()}))
+        else:  # a sweeper (cron): posts committed replies whose process died before posting them
+            report = store.drain_outbox(prefix="slack:")
+            print(json.dumps({"posted": len(report.done), "failed": [e.error for e in report.failed],
+                              "skipped": [t for t, _, _ in report.skipped]}))
+            return 0 if report.ok else 1
     return 0
 
 

@@ -21,9 +21,8 @@ import sys
 import time
 from typing import Any
 
-from examples import slack_thread as example
-
 import persistkit as pk
+from examples import slack_thread as example
 
 
 def stop(point: str, event_id: str) -> None:

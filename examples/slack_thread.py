@@ -315,8 +315,8 @@ def envelope_for(channel: str, thread_ts: str, ts: str, event_id: str, text: str
                       "thread_ts": thread_ts}}
 
 
-def demo() -> None:
-    store = pk.connect(os.environ.get("PERSISTKIT_URL"))
+def demo(url: str | None) -> None:
+    store = pk.connect(url)
     channel, thread_ts = "C0SUPPORT", f"{time.time():.6f}"
     thread = thread_of(channel, thread_ts)
     work = fake_dir()
@@ -329,7 +329,7 @@ def demo() -> None:
     ]
     for e in events:
         (work / f"{e['event_id']}.json").write_text(json.dumps(e))
-    me = [sys.executable, __file__]
+    me = [sys.executable, __file__, *(["--url", url] if url else [])]
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*me, *args], text=True, capture_output=True)
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fake_dir:
         os.environ["SLACK_FAKE_DIR"] = args.fake_dir  # read by the effects, in this process
     if args.command is None:
-        demo()
+        demo(args.url)
         return 0
     with pk.connect(args.url) as store:
         if args.command == "handle":

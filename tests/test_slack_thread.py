@@ -120,6 +120,12 @@ class Slack:
             found = [i for i in store.leases(prefix=self.thread) if i.thread_id == self.thread]
         return found[0] if found else None
 
+    def head(self) -> tuple[str | None, str | None]:
+        """The run and step of the thread's newest checkpoint."""
+        with pk.connect(self.url) as store:
+            [cp] = store.history(self.thread, limit=1)
+        return cp.run_id, cp.step
+
     def pending(self) -> list[Any]:
         with pk.connect(self.url) as store:
             return [q for q in store.pending() if q.thread_id == self.thread]
@@ -163,6 +169,7 @@ def test_two_events_a_redelivery_two_kills_and_an_approval(slack: Slack) -> None
     first = slack.stopped("mid")  # the turn that took the thread, stopped in its lookup tool
     second = status if first == refund else refund
     until(lambda: (i := slack.lease()) is not None and len(i.waiting) == 1, "the other event queued behind it")
+    assert slack.head() == (first, "think")  # the model step committed, the lookup tool in flight
     slack.kill(workers[first])
     until(lambda: (i := slack.lease()) is not None and i.reserved_for == first, "the thread reserved for the crashed turn")
     assert workers[second].poll() is None and slack.posts() == []
@@ -176,6 +183,7 @@ def test_two_events_a_redelivery_two_kills_and_an_approval(slack: Slack) -> None
         assert workers[status].poll() is None and slack.posts() == [] and slack.refunds() == []
         approver = slack.answer("yes", stop="post")  # from another process; killed before the post
         assert slack.stopped("post") == refund
+        assert slack.head() == (refund, "reply")  # the reply's checkpoint is durable, its post not made
         slack.kill(approver)
         assert slack.posts() == [] and len(slack.refunds()) == 1
         assert slack.done(slack.answer("yes")) == {"status": "completed"}  # the approver's retry posts it
@@ -183,6 +191,7 @@ def test_two_events_a_redelivery_two_kills_and_an_approval(slack: Slack) -> None
     else:
         # the status turn finishes its reply and is killed before the post; its next delivery posts it
         assert slack.stopped("post") == status
+        assert slack.head() == (status, "reply")
         slack.kill(redelivered)
         assert slack.posts() == []
         assert slack.done(slack.handle(status)) == {"status": "completed"}
@@ -216,6 +225,7 @@ def test_a_post_a_dead_worker_left_is_made_by_drain_once(slack: Slack) -> None:
     status = slack.event("status")
     worker = slack.handle(status, stop="post")
     assert slack.stopped("post") == status
+    assert slack.head() == (status, "reply")
     slack.kill(worker)
     assert slack.posts() == []
     assert slack.done(slack.run("drain"))["posted"] == 1

@@ -399,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
             except pk.ThreadBusyError as exc:  # retryable: the queue delivers it again later
                 print(json.dumps({"status": "busy", "waiting_for": exc.unfinished_run}))
                 return 3
+            except pk.EffectError as exc:  # Slack kept failing: the reply is committed, its post pending
+                print(json.dumps({"status": "post pending", "key": exc.key, "error": str(exc)}))
+                return 4
             print(json.dumps({"status": status}))
         elif args.command == "answer":
             thread = find_thread(store, args.thread_ts, args.channel)

@@ -340,7 +340,10 @@ def demo(url: str | None) -> None:
     print(f"   {first.stdout.strip()}  (the worker process exited: nothing holds the turn in memory)")
     print("\n2. Event Ev02STATUS arrives in the same thread while Ev01 waits for a person.")
     second = subprocess.Popen([*me, "handle", str(work / "Ev02STATUS.json")], text=True, stdout=subprocess.PIPE)
+    give_up = time.monotonic() + 60
     while not (info := [i for i in store.leases(prefix=thread) if i.thread_id == thread]) or not info[0].waiting:
+        if time.monotonic() > give_up or second.poll() is not None:
+            sys.exit("demo: Ev02STATUS did not wait behind Ev01REFUND")
         time.sleep(0.05)
     print(f"   it waits its turn: the thread is reserved for run {info[0].reserved_for} "
           f"({len(info[0].waiting)} turn waiting)")
@@ -352,7 +355,7 @@ def demo(url: str | None) -> None:
     print(f"\n5. A person approves, from another process: answer {thread_ts} yes")
     approved = cli("answer", thread_ts, "yes", "--channel", channel)
     print(f"   {approved.stdout.strip()}")
-    out, _ = second.communicate()
+    out, _ = second.communicate(timeout=60)
     print(f"   Ev02STATUS's worker went on: {out.strip()}")
     print("\nPosts the fake Slack client received (every call, duplicates included):")
     for p in FakeSlack.posts():

@@ -14,23 +14,6 @@ import persistkit as pk
 
 from ._tools import recorded_tools
 
-
-class _Default:
-    """An option not given: ``pk.resume``'s own default applies (``busy="queue"``,
-    ``lease_ttl=30``, ``busy_timeout=300``; a store without leases runs without one)."""
-
-    def __repr__(self) -> str:
-        return "<pk.resume's default>"
-
-
-_DEFAULT: Any = _Default()
-
-
-def _lease_options(busy: str | None, lease_ttl: float, busy_timeout: float | None) -> dict[str, Any]:
-    """The busy-policy options given, for ``pk.resume`` (an option not given is left to it)."""
-    given = {"busy": busy, "lease_ttl": lease_ttl, "busy_timeout": busy_timeout}
-    return {name: value for name, value in given.items() if value is not _DEFAULT}
-
 # -- crews ---------------------------------------------------------------------------------
 
 
@@ -124,9 +107,9 @@ def durable_kickoff(
     thread_id: str,
     store: pk.Store | None = None,
     run_id: str | None = None,
-    busy: str | None = _DEFAULT,
-    lease_ttl: float = _DEFAULT,
-    busy_timeout: float | None = _DEFAULT,
+    busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
+    lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
+    busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
 ) -> CrewOutput:
     """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
 
@@ -144,7 +127,7 @@ def durable_kickoff(
     (``"queue"``, the default), across processes (docs/coordination.md).
     """
     turn = pk.resume(
-        thread_id, store=store, run_id=run_id, **_lease_options(busy, lease_ttl, busy_timeout)
+        thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
     )
     with _durable_tasks(crew), turn:
         result = crew.kickoff(inputs=inputs)
@@ -160,13 +143,13 @@ async def adurable_kickoff(
     thread_id: str,
     store: pk.Store | None = None,
     run_id: str | None = None,
-    busy: str | None = _DEFAULT,
-    lease_ttl: float = _DEFAULT,
-    busy_timeout: float | None = _DEFAULT,
+    busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
+    lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
+    busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
 ) -> CrewOutput:
     """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity and busy policy)."""
     turn = pk.resume(
-        thread_id, store=store, run_id=run_id, **_lease_options(busy, lease_ttl, busy_timeout)
+        thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
     )
     with _durable_tasks(crew):
         async with turn:

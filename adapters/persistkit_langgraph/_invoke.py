@@ -45,7 +45,7 @@ _CP = "lg:c:"  # the saver's checkpoint namespaces (see the package docstring)
 _NO_RUN_ID = "(a turn without run_id)"
 _HOW = "In LangGraph, durable_invoke(graph, None, config) with that run_id (or none) continues it"
 _DEFAULT_BUSY = pk.ThreadLease.DEFAULT_BUSY  # "queue", asked of a store only if it has leases
-_DEFAULT_TTL, _DEFAULT_TIMEOUT = 30.0, 300.0  # pk.resume's lease_ttl and busy_timeout
+_DEFAULT_TTL, _DEFAULT_TIMEOUT = pk.ThreadLease.DEFAULT_TTL, pk.ThreadLease.DEFAULT_BUSY_TIMEOUT
 
 
 def _ids(config: RunnableConfig) -> tuple[str, str]:

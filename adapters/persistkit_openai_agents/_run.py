@@ -19,21 +19,6 @@ from ._session import PersistkitSession, _session_settings
 RUN_STATE_CHANNEL = "openai_agents_run_state"
 
 
-class _Default:
-    """An option not given: ``pk.resume``'s own default applies (``busy="queue"``,
-    ``lease_ttl=30``, ``busy_timeout=300``; a store without leases runs without one)."""
-
-    def __repr__(self) -> str:
-        return "<pk.resume's default>"
-
-
-_DEFAULT: Any = _Default()
-
-
-def _lease_options(busy: str | None, lease_ttl: float, busy_timeout: float | None) -> dict[str, Any]:
-    """The busy-policy options given, for ``pk.resume`` (an option not given is left to it)."""
-    given = {"busy": busy, "lease_ttl": lease_ttl, "busy_timeout": busy_timeout}
-    return {name: value for name, value in given.items() if value is not _DEFAULT}
 
 
 @pk.checkpointed(name="openai-agents.session.read", check_args=False)
@@ -95,9 +80,9 @@ async def durable_run(
     thread_id: str,
     store: pk.Store | None = None,
     run_id: str | None = None,
-    busy: str | None = _DEFAULT,
-    lease_ttl: float = _DEFAULT,
-    busy_timeout: float | None = _DEFAULT,
+    busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
+    lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
+    busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     run_config: RunConfig | None = None,
     check_input: bool = True,
     **kwargs: Any,
@@ -132,7 +117,7 @@ async def durable_run(
     token = _CHECK_INPUT.set(check_input)
     try:
         async with pk.resume(
-            thread_id, store=store, run_id=run_id, **_lease_options(busy, lease_ttl, busy_timeout)
+            thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
         ) as run:
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)

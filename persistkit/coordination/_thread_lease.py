@@ -53,6 +53,9 @@ class ThreadLease:
 
     #: ``busy``'s default: ``"queue"``, asked of a store only if it has lease primitives.
     DEFAULT_BUSY = DEFAULT_BUSY
+    #: ``pk.resume``'s defaults, for entry points that take its options (the adapters' turns).
+    DEFAULT_TTL = DEFAULT_TTL
+    DEFAULT_BUSY_TIMEOUT = DEFAULT_BUSY_TIMEOUT
     #: Checks ``busy``, ``lease_ttl``, ``busy_timeout`` (``ConfigurationError``), as the constructor does.
     check_options = staticmethod(check_options)
 

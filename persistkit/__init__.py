@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import secrets
 from ._errors import (
+    AnswerError,
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
@@ -31,9 +32,11 @@ from ._errors import (
 )
 from ._retry import Retry, set_testing
 from .codec._serde import register
+from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._run import Run, StepEvent, StepInfo
 from .engine._store import Store, connect, default_store
+from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
 from .secrets._redact import Secret
 from .state._records import Checkpoint
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
@@ -50,12 +53,14 @@ if _TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnswerError",
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Checkpoint",
     "ConfigurationError",
     "ConflictError",
+    "DueRun",
     "FileWitness",
     "IntegrityError",
     "IntegrityProblem",
@@ -66,6 +71,7 @@ __all__ = [
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
+    "Question",
     "Reducer",
     "Retry",
     "RetryableError",
@@ -83,6 +89,7 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "StoreOptionsError",
+    "Suspended",
     "ThreadBusyError",
     "ThreadLease",
     "TrackedList",
@@ -90,6 +97,9 @@ __all__ = [
     "WitnessEntry",
     "add",
     "append",
+    "asleep",
+    "asuspend",
+    "asuspend_all",
     "checkpointed",
     "connect",
     "current_run",
@@ -103,6 +113,9 @@ __all__ = [
     "resume",
     "secrets",
     "set_testing",
+    "sleep",
+    "suspend",
+    "suspend_all",
 ]
 
 

@@ -21,6 +21,7 @@
     ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry),
     │                             or the thread's newest run is unfinished (``unfinished_run``)
     ├── RunAbandonedError         the run was given up with ``store.abandon``: it never runs again
+    ├── AnswerError               store.answer refused an answer (not suspended, answered, unknown question, wrong type): nothing stored
     └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
@@ -41,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 __all__ = [
+    "AnswerError",
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
@@ -307,6 +309,28 @@ class RunAbandonedError(PersistkitError):
 
 def _rebuild_abandoned(message: str, thread_id: str, run_id: str) -> RunAbandonedError:
     return RunAbandonedError(message, thread_id=thread_id, run_id=run_id)
+
+
+class AnswerError(PersistkitError):
+    """``store.answer(...)`` refused an answer, and stored nothing: the thread is not
+    suspended (or its question was answered already, expired, or is a timer), the question
+    id is unknown, or the value does not fit the question's ``answer_type``.
+
+    ``thread_id`` and ``question`` (the question id, or None) say which; the message says
+    what to do (``store.pending()`` lists the open questions).
+    """
+
+    def __init__(self, message: str, *, thread_id: str = "", question: str | None = None) -> None:
+        self.thread_id = thread_id
+        self.question = question
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_answer, (str(self), self.thread_id, self.question))
+
+
+def _rebuild_answer(message: str, thread_id: str, question: str | None) -> AnswerError:
+    return AnswerError(message, thread_id=thread_id, question=question)
 
 
 class LeaseLostError(RetryableError):

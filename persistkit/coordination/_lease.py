@@ -300,7 +300,8 @@ def unfinished_error(thread_id: str, run_id: str, why: str, waiting: int = 0) ->
     """This turn waits for ``run_id``, the thread's newest run, which did not finish."""
     return ThreadBusyError(
         f"thread {thread_id!r}: its newest run {run_id} did not finish (its process died, was "
-        "interrupted or lost its lease, or its block ended with a retryable error), and turns of "
+        "interrupted or lost its lease, its block ended with a retryable error, or it is suspended: "
+        "pk.suspend waits for store.answer, pk.sleep for its wake time), and turns of "
         "a thread run in arrival order: this run starts once that run is continued by its "
         f"redelivery, pk.resume({thread_id!r}, run_id={run_id!r}) (or a resume without run_id). "
         f"{why}. If it will never be redelivered, give it up: store.abandon({thread_id!r}, "

@@ -38,7 +38,8 @@ class Unfinished(Exception):
 
 def check_turn(head: Record, run_id: str) -> None:
     """Raise :class:`Unfinished` if ``head`` (the thread's head) is a step of a run other than
-    ``run_id`` (a run that has no records yet): that run did not finish."""
+    ``run_id`` (a run that has no records yet): that run did not finish (it crashed, or it
+    is suspended: ``pk.suspend``, ``pk.sleep``)."""
     other = head.row.run_id
-    if head.kind == "step" and head.run_status == "running" and other and other != run_id:
+    if head.kind == "step" and head.run_status in ("running", "suspended") and other and other != run_id:
         raise Unfinished(other)

@@ -27,6 +27,8 @@ from .._errors import (
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
+from ..coordination._suspend import end_async as suspend_end_async
+from ..coordination._suspend import end_sync as suspend_end_sync
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from ._inputs import live_inputs
@@ -167,7 +169,7 @@ class resume:
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
         from ..coordination._hooks import let_go_sync, owns_lease
 
         run = self._run
@@ -175,14 +177,14 @@ class resume:
         _CURRENT.reset(self._token)
         try:
             if _writes_nothing(run, exc):
-                return
+                return run.status == "suspended" and suspend_end_sync(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
             try:
                 run.end_sync(exc)
             except PersistkitError as end_exc:
                 if exc is not None:
                     exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
-                    return
+                    return None
                 if not isinstance(end_exc, SerializationError):
                     raise
                 failure = _unstorable_end(run, end_exc)
@@ -190,6 +192,7 @@ class resume:
                 raise failure from end_exc
         finally:
             let_go_sync(run.store, self._holding)
+        return None
 
     async def __aenter__(self) -> Run:
         from ..coordination._turns import open_async
@@ -199,7 +202,7 @@ class resume:
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
-    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
         from ..coordination._hooks import let_go_async, owns_lease
 
         run = self._run
@@ -207,14 +210,14 @@ class resume:
         _CURRENT.reset(self._token)
         try:
             if _writes_nothing(run, exc):
-                return
+                return run.status == "suspended" and await suspend_end_async(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
             try:
                 await run.end_async(exc)
             except PersistkitError as end_exc:
                 if exc is not None:
                     exc.add_note(f"persistkit: the run's failure could not be recorded: {end_exc}")
-                    return
+                    return None
                 if not isinstance(end_exc, SerializationError):
                     raise
                 failure = _unstorable_end(run, end_exc)
@@ -222,6 +225,7 @@ class resume:
                 raise failure from end_exc
         finally:
             await let_go_async(run.store, self._holding)
+        return None
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
@@ -232,6 +236,7 @@ def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
     whose lease was lost must write nothing more."""
     return (
         run.replay_only
+        or run.status == "suspended"  # pk.suspend / pk.sleep: no end record, even if it was caught
         or run.load_error is not None
         or (exc is not None and not isinstance(exc, Exception))
         or run.lease_lost(exc)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 #: Run statuses.
-RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
+RUNNING, COMPLETED, FAILED, SUSPENDED = "running", "completed", "failed", "suspended"
 
 
 class ReplayCursor(StateRestore):
@@ -68,7 +68,7 @@ class ReplayCursor(StateRestore):
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")
-            and head_rec.run_status in (RUNNING, FAILED)
+            and head_rec.run_status in (RUNNING, FAILED, SUSPENDED)
             and head_rec.row.run_id
         ):
             run_id = head_rec.row.run_id

@@ -61,3 +61,4 @@ class RunFields:
     _result_tree: Any
     _marks: dict[str, dict[str, Any]]
     _attach: dict[str, Any]
+    _questions: list[Any]

@@ -28,6 +28,7 @@ from .._errors import (
     PersistkitError,
 )
 from ..backends import Head
+from ..coordination._suspend import Question
 from ..state._channels import Loader, Tracker
 from ..state._dedupe import Result
 from ..state._records import Record
@@ -76,7 +77,7 @@ class StepEvent:
 
 class Run(Commits):
     """One invocation on a thread. ``run.state`` is the working state; it is committed
-    with every step. ``run.status`` is running, completed or failed."""
+    with every step. ``run.status`` is running, completed, failed or suspended."""
 
     def __init__(
         self,
@@ -134,6 +135,7 @@ class Run(Commits):
         #: Set by resume() when this run holds its own lease: open() raises Unfinished (and
         #: resume waits) rather than start on top of another turn's unfinished run.
         self.keeps_turns = False
+        self._questions: list[Question] = []  # set when the run suspends (pk.suspend, pk.sleep)
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"
@@ -157,6 +159,11 @@ class Run(Commits):
     @property
     def executed(self) -> list[StepEvent]:
         return [s for s in self.steps if not s.replayed]
+
+    @property
+    def suspended(self) -> list[Question]:
+        """The open questions (or timer) the run waits on once ``status == "suspended"``."""
+        return list(self._questions)
 
     def update(self, **changes: Any) -> None:
         """Apply ``changes`` to ``run.state`` through each field's reducer (committed with the next checkpoint)."""

@@ -9,7 +9,8 @@ it is written on every step:
        outside a run)
 ``p``  step position (call path, e.g. ``"2/0"``) — steps only
 ``n``  step name — steps only
-``s``  step status: ``completed`` or ``failed`` — steps only
+``s``  step status: ``completed``, ``failed`` or ``suspended`` (a ``pk.suspend`` /
+       ``pk.sleep`` record waiting for its answer or wake time) — steps only
 ``rs`` run status after this checkpoint: running / completed / failed / suspended
 ``sc`` ``[schema name, version]`` of the state, or null for dict state
 ``t``  creation time (seconds since the epoch)
@@ -22,6 +23,10 @@ it is written on every step:
        stored: it replays its error on every resume, never runs again
 ``x``  end records: checkpoint ids of failures that ended the attempt
 ``f``  fork records: ``[source thread, source checkpoint]``
+``q``  ``pk.suspend`` / ``pk.sleep`` records: the question (an object; a list of them
+       for ``pk.suspend_all``): ``i`` id, ``v`` payload, ``d`` deadline or wake time,
+       ``df`` default answer, ``ty`` answer type, ``w`` 1 for a timer, ``a`` the answer
+       given so far (``coordination/_suspend.py``)
 ====  =====================================================================
 """
 
@@ -152,14 +157,21 @@ def _ref_ok(ref: Any) -> bool:
 # resume checks every row of the run); ``k`` and ``r`` take any value there.
 _STRINGS = frozenset({"p", "n", "a", "rb"})
 _FIELDS: dict[str, Any] = {
-    "s": lambda v: v in ("completed", "failed"),
+    "s": lambda v: v in ("completed", "failed", "suspended"),
     "sc": lambda v: v is None or (type(v) is list and len(v) == 2 and _is_str(v[0]) and type(v[1]) is int),
     "ch": lambda v: type(v) is dict and all(map(_ref_ok, v.values())),
     "e": lambda v: type(v) is dict,
     "x": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
     "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
+    "q": lambda v: _question_ok(v) or (type(v) is list and len(v) > 0 and all(map(_question_ok, v))),
 }
+
+
+def _question_ok(q: Any) -> bool:
+    """One question of a suspend record (``q``): an id, and a number for a deadline."""
+    d = q.get("d") if type(q) is dict else None
+    return type(q) is dict and _is_str(q.get("i")) and (d is None or type(d) is float or type(d) is int)
 
 
 def _check_body(body: Any) -> str | None:

@@ -1,0 +1,484 @@
+"""Suspended runs: the questions a run waits on, and when it may go on (no I/O here).
+
+``pk.suspend(payload)`` (``engine/_suspend.py``) takes the next step position of its
+scope and writes a *suspend record* there: an ordinary step record (``k: step``) whose
+step status ``s`` and run status ``rs`` are ``suspended`` and whose ``q`` holds the
+question (see ``state/_records.py``). The block then ends through :class:`Suspended` (a
+``BaseException``, so an agent's ``except Exception`` does not swallow it; a step it
+escapes is not recorded) and ``pk.resume`` suppresses it: the lease is given up and the
+process may exit.
+
+``store.answer(thread, value)`` (``_answer.py``) writes the answer as a step record at
+the SAME position (``s: completed``, ``r``: the answer, ``rs: running``). A resume then
+replays up to that position, finds the answer record (a later record at a position wins)
+and ``pk.suspend`` returns ``r``: no step before it runs again.
+
+Question objects in ``q`` (short keys, written once per suspension):
+
+====  ===============================================================
+``i``  the question id: the position (``"3"``, ``"0/2"``); ``"3.1"`` for the
+       second question of a ``pk.suspend_all`` at position 3
+``v``  the payload (an encoded tree)
+``d``  deadline (seconds since the epoch); for a timer its wake time
+``df`` the default answer (an encoded tree), taken by a resume after ``d``
+``ty`` the answer type (``"module:qualname"``), checked at ``answer()``
+``w``  1: a timer (``pk.sleep``), no question
+``a``  the answer given (an encoded tree), in a ``suspend_all`` record
+       answered in part
+====  ===============================================================
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .._errors import (
+    AnswerError,
+    ConfigurationError,
+    PersistkitError,
+    SchemaVersionError,
+    SerializationError,
+)
+from ..codec._registry import _MODULES, _REGISTRY, class_name
+
+if TYPE_CHECKING:
+    from ..codec._pipeline import Codec
+    from ..state._records import Record
+
+__all__ = [
+    "SUSPENDED",
+    "DueRun",
+    "Question",
+    "Suspended",
+    "deadline_of",
+    "end_async",
+    "end_sync",
+    "make_question",
+    "questions",
+    "ready",
+    "suppressed",
+    "suspend_body",
+    "write_async",
+    "write_sync",
+]
+
+#: The step status and run status of a suspend record.
+SUSPENDED = "suspended"
+
+#: The JSON-like builtin answer types (checked by isinstance; an int is also a float).
+_BUILTINS = (bool, int, float, str, list, dict, type(None))
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<no default>"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One open question (or timer) of a suspended run (``run.suspended``, ``store.pending()``).
+
+    ``question_id`` is what ``store.answer(..., question=...)`` names (the position of the
+    ``pk.suspend`` call; ``"<position>.<k>"`` for the k-th question of ``pk.suspend_all``).
+    ``deadline`` (aware UTC) is when ``default`` is taken by the next resume, None without
+    one; for a timer (``kind == "timer"``, from ``pk.sleep``) it is the wake time.
+    ``payload`` is decoded as stored (secrets stay handles; a class this process cannot
+    revive arrives as a plain dict).
+    """
+
+    thread_id: str
+    namespace: str
+    run_id: str
+    question_id: str
+    payload: Any
+    deadline: datetime | None
+    has_default: bool
+    answer_type: str | None
+    asked_at: datetime
+    kind: str = "question"
+
+
+@dataclass(frozen=True, slots=True)
+class DueRun:
+    """A suspended run that a resume now continues (``store.due()``): every open question's
+    deadline (or the timer's wake time) passed. Resume it with
+    ``pk.resume(thread_id, run_id=run_id, namespace=namespace)`` running the same code."""
+
+    thread_id: str
+    namespace: str
+    run_id: str
+    due_at: datetime
+    questions: tuple[Question, ...]
+
+
+class Suspended(BaseException):
+    """The run suspended (``pk.suspend``, ``pk.sleep``): raised inside the block, suppressed by
+    its ``pk.resume`` (``with`` and ``async with``), after which ``run.status == "suspended"``
+    and ``run.suspended`` lists the open questions. A ``BaseException``: ``except Exception``
+    in the agent's code does not swallow it, and a step it escapes is not recorded (it runs
+    again, up to the suspend, when the run goes on). Do not catch it yourself."""
+
+    def __init__(self, thread_id: str, namespace: str, run_id: str, open_questions: Sequence[Question]) -> None:
+        self.thread_id = thread_id
+        self.namespace = namespace
+        self.run_id = run_id
+        self.questions = tuple(open_questions)
+        self._record: Record | None = None  # the suspend record (engine/_suspend.py)
+        what = ", ".join(q.question_id for q in self.questions)
+        super().__init__(f"thread {thread_id!r} run {run_id} suspended on {what}")
+
+
+def suppressed(run: Any, exc: BaseException | None) -> Suspended | None:
+    """This run's :class:`Suspended` that ``pk.resume``'s exit suppresses: ``exc`` itself, or
+    one of an exception group of only those (from a ``TaskGroup``); else None."""
+    if exc is None or run.status != SUSPENDED:
+        return None
+
+    def mine(e: BaseException) -> bool:
+        return isinstance(e, Suspended) and e.run_id == run.run_id and e.thread_id == run.thread_id
+
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(mine)
+        if rest is not None or match is None:
+            return None
+        found = [e for e in _leaves(match) if isinstance(e, Suspended)]
+        return next((e for e in found if e._record is not None), found[0] if found else None)
+    return exc if isinstance(exc, Suspended) and mine(exc) else None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def suspend_body(position: str, name: str, q: Any) -> dict[str, Any]:
+    """The body of a suspend record at ``position`` (the step named ``name``)."""
+    return {"k": "step", "p": position, "n": name, "s": SUSPENDED, "rs": SUSPENDED, "q": q}
+
+
+def write_sync(run: Any, body: dict[str, Any], again: bool = False) -> Record | None:
+    """Commit ``body`` (a suspend record, or the answer a resume records) as the run's next
+    checkpoint, with the state as it is; the record it wrote. A suspend record is not written
+    (None) when another task of the run suspended it meanwhile, unless ``again``."""
+    with run._lock:
+        if body["s"] == SUSPENDED and run.status == SUSPENDED and not again:
+            return None
+        run._result_raw = run._result_tree = None  # no step result for later list items to refer to
+        run._write_sync(body, {}, None, None)
+        if body["s"] == SUSPENDED:
+            run.status = SUSPENDED  # under the lock: a concurrent ask sees it
+    rec: Record = run._index[body["p"]]  # run: the engine's Run (which imports this module)
+    return rec
+
+
+async def write_async(run: Any, body: dict[str, Any], again: bool = False) -> Record | None:
+    async with run.async_lock():
+        if body["s"] == SUSPENDED and run.status == SUSPENDED and not again:
+            return None
+        run._result_raw = run._result_tree = None
+        await run._write_async(body, {}, None, None)
+        if body["s"] == SUSPENDED:
+            run.status = SUSPENDED
+    rec: Record = run._index[body["p"]]
+    return rec
+
+
+def _moved_past(run: Any, exc: BaseException | None) -> dict[str, Any] | None:
+    """When the block ends suspended but the thread's head is no longer the suspend record
+    (a concurrent step of the run committed after it): the record to write again, so that
+    the head says suspended (``store.pending``, ``answer`` and ``due`` read the head)."""
+    sus = suppressed(run, exc)
+    rec = sus._record if sus is not None else None
+    if rec is None or run.replay_only or run._head is None or run._head.checkpoint_id == rec.id:
+        return None
+    return suspend_body(str(rec.body["p"]), str(rec.body["n"]), rec.body["q"])
+
+
+def end_sync(run: Any, exc: BaseException | None) -> bool:
+    """``pk.resume``'s exit for a block that writes no end record: whether ``exc`` is this
+    run's ``pk.Suspended`` (suppressed: the block ends cleanly, the run is suspended)."""
+    again = _moved_past(run, exc)
+    if again is not None:
+        write_sync(run, again, again=True)
+    return suppressed(run, exc) is not None
+
+
+async def end_async(run: Any, exc: BaseException | None) -> bool:
+    again = _moved_past(run, exc)
+    if again is not None:
+        await write_async(run, again, again=True)
+    return suppressed(run, exc) is not None
+
+
+# -- asking --------------------------------------------------------------------------------
+
+
+def deadline_of(deadline: datetime | timedelta | float | None, now: float, what: str) -> float | None:
+    """A deadline as seconds since the epoch: an aware datetime, a timedelta from now, or None."""
+    if deadline is None:
+        return None
+    if isinstance(deadline, timedelta):
+        return now + deadline.total_seconds()
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None:
+            raise ConfigurationError(
+                f"{what}: deadline={deadline!r} is a naive datetime; pass an aware one "
+                "(datetime.now(UTC) + timedelta(days=2)) or a timedelta"
+            )
+        return deadline.timestamp()
+    raise ConfigurationError(
+        f"{what}: deadline must be an aware datetime, a timedelta or None, got {type(deadline).__name__}"
+    )
+
+
+def type_name(answer_type: Any, what: str) -> str | None:
+    """The stored name of an answer type: a builtin, a pydantic model or a dataclass."""
+    if answer_type is None:
+        return None
+    if answer_type in _BUILTINS:
+        return class_name(answer_type)
+    if isinstance(answer_type, type) and (dataclasses.is_dataclass(answer_type) or _is_model(answer_type)):
+        if "<locals>" in answer_type.__qualname__:
+            raise ConfigurationError(
+                f"{what}: answer_type {answer_type.__qualname__} is defined inside a function, so "
+                "the process that answers cannot import it; define it at module level"
+            )
+        return class_name(answer_type)
+    raise ConfigurationError(
+        f"{what}: answer_type must be a pydantic model, a dataclass or one of bool, int, float, "
+        f"str, list, dict, None; got {answer_type!r}"
+    )
+
+
+def make_question(
+    codec: Codec, qid: str, payload: Any, deadline: float | None, default: Any, answer_type: str | None, what: str
+) -> dict[str, Any]:
+    """The ``q`` object of one question (see the module docstring)."""
+    q: dict[str, Any] = {"i": qid, "v": codec.encode(payload, f"{what}: payload")}
+    if (deadline is None) != (default is MISSING):
+        raise ConfigurationError(
+            f"{what}: deadline= and default= go together: the default is the answer a resume "
+            "after the deadline takes when nobody answered (pass both, or neither)"
+        )
+    if deadline is not None:
+        q["d"] = float(deadline)
+        q["df"] = codec.encode(default, f"{what}: default")
+    if answer_type is not None:
+        q["ty"] = answer_type
+    return q
+
+
+def items(rec: Record) -> list[dict[str, Any]]:
+    """The question objects of a suspend record (one, or several for ``suspend_all``)."""
+    q = rec.body.get("q")
+    return list(q) if isinstance(q, list) else [q] if isinstance(q, dict) else []
+
+
+def is_suspension(rec: Record) -> bool:
+    """Whether ``rec`` is a suspend record still waiting (a thread's head that is suspended)."""
+    return rec.kind == "step" and rec.body.get("s") == SUSPENDED and "q" in rec.body
+
+
+def ready(rec: Record, now: float) -> Any:
+    """The tree ``pk.suspend`` returns once every open question of suspend record ``rec`` is
+    answered or past its deadline (defaults taken), or MISSING while one still waits.
+    A timer is ready at its wake time (its value: None)."""
+    qs = items(rec)
+    answers: list[Any] = []
+    for q in qs:
+        if "a" in q:
+            answers.append(q["a"])
+        elif "d" in q and now >= float(q["d"]):
+            answers.append(None if q.get("w") else q.get("df"))
+        else:
+            return MISSING
+    return answers if isinstance(rec.body.get("q"), list) else answers[0]
+
+
+def questions(codec: Codec, rec: Record, open_only: bool = True) -> list[Question]:
+    """The public view of a suspend record's open questions."""
+    out = []
+    asked = datetime.fromtimestamp(float(rec.body.get("t") or 0.0), UTC)
+    for q in items(rec):
+        if open_only and "a" in q:
+            continue
+        d = q.get("d")
+        timer = bool(q.get("w"))
+        out.append(Question(
+            thread_id=rec.row.thread_id, namespace=rec.row.namespace, run_id=rec.row.run_id or "",
+            question_id=str(q["i"]), payload=None if timer else _payload(codec, q.get("v"), rec),
+            deadline=None if d is None else datetime.fromtimestamp(float(d), UTC),
+            has_default="df" in q, answer_type=q.get("ty"), asked_at=asked,
+            kind="timer" if timer else "question",
+        ))
+    return out
+
+
+def _payload(codec: Codec, tree: Any, rec: Record) -> Any:
+    at = f"payload of question at {rec.body.get('p')} of thread {rec.row.thread_id!r}"
+    try:
+        return codec.decode(tree, at, reveal=False)
+    except (SerializationError, SchemaVersionError):  # a class this process cannot revive: as stored
+        return codec.decode(tree, at, reveal=False, plain=True)
+
+
+def now() -> float:
+    return time.time()
+
+
+# -- answering -------------------------------------------------------------------------------
+
+
+def resolve_type(name: str, given: Any, allow: Sequence[str], thread_id: str, qid: str) -> type:
+    """The class a question's answer must fit, in the answering process: ``given``
+    (``answer(..., answer_type=)``, which must be that class), a registered class, or one
+    from an allowlisted module; else a ConfigurationError saying what to do."""
+    if given is not None:
+        if not isinstance(given, type) or class_name(given) != name:
+            raise AnswerError(
+                f"thread {thread_id!r} question {qid}: answer_type={given!r} is not the question's "
+                f"answer type {name}; pass that class, or leave answer_type out",
+                thread_id=thread_id, question=qid,
+            )
+        return given
+    module, _, qualname = name.partition(":")
+    if module == "builtins" and qualname in {t.__name__ for t in _BUILTINS}:
+        found: Any = type(None) if qualname == "NoneType" else getattr(builtins, qualname)
+        return found  # type: ignore[no-any-return]
+    cls = _REGISTRY.get(name)
+    if cls is not None:
+        return cls
+    allowed = tuple(allow) + tuple(_MODULES)
+    if any(module == m or module.startswith(m + ".") for m in allowed):
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = vars(obj)[part]
+            if isinstance(obj, type):
+                return obj
+        except Exception as exc:
+            raise ConfigurationError(f"cannot load answer type {name} for question {qid}: {exc}") from exc
+    dotted = f"{module}.{qualname}"
+    raise ConfigurationError(
+        f"thread {thread_id!r} question {qid}: its answer must be a {dotted}, which this process "
+        f"cannot resolve (it is not registered here). Import it and pass it: store.answer(..., "
+        f"answer_type={qualname.rpartition('.')[2]}), or pk.register({dotted}), or open the store "
+        f"with pk.connect(..., allow_modules=[{module!r}]) (CLI: --allow-module {module})"
+    )
+
+
+def validate(value: Any, cls: type, thread_id: str, qid: str) -> Any:
+    """``value`` as an answer of type ``cls`` (a model or dataclass built from a dict),
+    or AnswerError saying why it does not fit (nothing is stored)."""
+    def refuse(why: str) -> AnswerError:
+        return AnswerError(
+            f"thread {thread_id!r} question {qid}: the answer does not fit its type "
+            f"{cls.__qualname__}: {why}. Nothing was stored; answer again with a valid value",
+            thread_id=thread_id, question=qid,
+        )
+
+    if cls in _BUILTINS:
+        if cls is float and type(value) is int:
+            return float(value)
+        if isinstance(value, cls) and not (cls is int and type(value) is bool):
+            return value
+        raise refuse(f"got {type(value).__name__} {value!r}")
+    if isinstance(value, cls):
+        return value
+    if _is_model(cls):
+        try:
+            return cls.model_validate(value)  # type: ignore[attr-defined]
+        except Exception as exc:  # pydantic's ValidationError
+            raise refuse(str(exc)) from exc
+    if dataclasses.is_dataclass(cls):
+        if not isinstance(value, dict):
+            raise refuse(f"expected a {cls.__qualname__} or a dict of its fields, got {type(value).__name__}")
+        try:
+            from pydantic import TypeAdapter
+        except ImportError:
+            try:
+                return cls(**value)
+            except TypeError as exc:
+                raise refuse(str(exc)) from exc
+        try:
+            return TypeAdapter(cls).validate_python(value)
+        except Exception as exc:
+            raise refuse(str(exc)) from exc
+    raise refuse("not a supported answer type")
+
+
+def _is_model(cls: Any) -> bool:
+    return isinstance(cls, type) and hasattr(cls, "model_validate") and hasattr(cls, "model_fields")
+
+
+def pick(rec: Record, question: str | None, thread_id: str, at: float) -> tuple[int, dict[str, Any]]:
+    """The open question of suspend record ``rec`` that ``answer(question=)`` names."""
+    qs = items(rec)
+    if qs and qs[0].get("w"):
+        wake = datetime.fromtimestamp(float(qs[0].get("d") or 0.0), UTC).isoformat(timespec="seconds")
+        raise AnswerError(
+            f"thread {thread_id!r} is waiting on a timer (pk.sleep) until {wake}, not on a question: "
+            "there is nothing to answer. store.due() lists it once it is due; resume it then",
+            thread_id=thread_id, question=question,
+        )
+    open_ = [(k, q) for k, q in enumerate(qs) if "a" not in q]
+    ids = [str(q["i"]) for _, q in open_]
+    if question is None:
+        if len(open_) != 1:
+            raise AnswerError(
+                f"thread {thread_id!r} has {len(open_)} open questions ({', '.join(ids)}): name one "
+                "with question=<id> (store.pending() lists them)",
+                thread_id=thread_id,
+            )
+        k, q = open_[0]
+    else:
+        hit = [(k, q) for k, q in enumerate(qs) if str(q["i"]) == question]
+        if not hit:
+            raise AnswerError(
+                f"thread {thread_id!r} has no open question {question!r}; its open questions are "
+                f"{', '.join(ids) or 'none'} (store.pending() lists them)",
+                thread_id=thread_id, question=question,
+            )
+        k, q = hit[0]
+        if "a" in q:
+            raise AnswerError(
+                f"thread {thread_id!r}: question {question} was answered already; an answer is "
+                "given once. Nothing was stored",
+                thread_id=thread_id, question=question,
+            )
+    d = q.get("d")
+    if d is not None and at >= float(d):
+        when = datetime.fromtimestamp(float(d), UTC).isoformat(timespec="seconds")
+        raise AnswerError(
+            f"thread {thread_id!r}: question {q['i']} expired at {when}; the run takes its default "
+            "answer when it is resumed (store.due() lists it). Nothing was stored",
+            thread_id=thread_id, question=str(q["i"]),
+        )
+    return k, q
+
+
+def not_suspended(thread_id: str, head: Record, question: str | None) -> PersistkitError:
+    """The error for answering a thread whose head is no open suspension."""
+    if head.kind == "step" and head.body.get("n") in ("pk.suspend", "pk.suspend_all") and head.body.get("s") == "completed":
+        why = (
+            "its question was answered already (the answer is its newest checkpoint, "
+            f"{head.id}); an answer is given once. Resume the run to go on: "
+            f"pk.resume({thread_id!r}, run_id={head.row.run_id!r})"
+        )
+    else:
+        status = head.run_status or head.kind
+        why = f"it is not suspended (its newest checkpoint {head.id} is a {head.kind} record, run status {status})"
+    return AnswerError(
+        f"cannot answer thread {thread_id!r}: {why}. Nothing was stored", thread_id=thread_id, question=question
+    )

@@ -13,6 +13,7 @@ from ._errors import (
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
+    CompensationError,
     ConfigurationError,
     ConflictError,
     IntegrityError,
@@ -22,6 +23,8 @@ from ._errors import (
     PersistkitError,
     RetryableError,
     RunAbandonedError,
+    RunAbortedError,
+    RunCompensatedError,
     SchemaVersionError,
     SecretResolutionError,
     SerializationError,
@@ -34,7 +37,10 @@ from ._retry import Retry, set_testing
 from .codec._serde import register
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._patches import deprecate_patch, patched
+from .engine._replay_check import ReplayReport, RunReplay
 from .engine._run import Run, StepEvent, StepInfo
+from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
 from .secrets._redact import Secret
@@ -58,6 +64,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Checkpoint",
+    "CompensationError",
     "ConfigurationError",
     "ConflictError",
     "DueRun",
@@ -73,11 +80,15 @@ __all__ = [
     "PersistkitError",
     "Question",
     "Reducer",
+    "ReplayReport",
     "Retry",
     "RetryableError",
     "RotationReport",
     "Run",
     "RunAbandonedError",
+    "RunAbortedError",
+    "RunCompensatedError",
+    "RunReplay",
     "SchemaVersionError",
     "Secret",
     "SecretResolutionError",
@@ -101,13 +112,16 @@ __all__ = [
     "asuspend",
     "asuspend_all",
     "checkpointed",
+    "compensate",
     "connect",
     "current_run",
     "current_step",
     "default_store",
+    "deprecate_patch",
     "generate_key",
     "merge",
     "migration",
+    "patched",
     "register",
     "replace",
     "resume",

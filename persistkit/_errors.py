@@ -22,6 +22,9 @@
     │                             or the thread's newest run is unfinished (``unfinished_run``)
     ├── RunAbandonedError         the run was given up with ``store.abandon``: it never runs again
     ├── AnswerError               store.answer refused an answer (not suspended, answered, unknown question, wrong type): nothing stored
+    ├── RunAbortedError           ``run.abort(reason)``: the run fails for good (its compensations run)
+    ├── RunCompensatedError       the run failed for good and was rolled back: a redelivery runs nothing
+    ├── CompensationError         a saga rollback could not undo everything (lists what was and was not undone)
     └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
@@ -46,6 +49,7 @@ __all__ = [
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "CompensationError",
     "ConfigurationError",
     "ConflictError",
     "IntegrityError",
@@ -55,6 +59,8 @@ __all__ = [
     "PersistkitError",
     "RetryableError",
     "RunAbandonedError",
+    "RunAbortedError",
+    "RunCompensatedError",
     "SchemaVersionError",
     "SecretResolutionError",
     "SerializationError",
@@ -214,7 +220,15 @@ class SchemaVersionError(PersistkitError):
 
 
 class NonDeterminismError(PersistkitError):
-    """On replay, the step called at a position is not the step that was recorded there."""
+    """On replay, the code does not do what the run recorded: another step (or other
+    arguments) at a position, a step past a completed run's end, or a deprecated patch
+    reached by a run recorded before the patch. ``position`` and ``step`` say where
+    (None when the error was revived from a record)."""
+
+    def __init__(self, *args: object, position: str | None = None, step: str | None = None) -> None:
+        super().__init__(*args)
+        self.position = position
+        self.step = step
 
 
 class IntegrityError(PersistkitError):
@@ -331,6 +345,78 @@ class AnswerError(PersistkitError):
 
 def _rebuild_answer(message: str, thread_id: str, question: str | None) -> AnswerError:
     return AnswerError(message, thread_id=thread_id, question=question)
+class RunAbortedError(PersistkitError):
+    """Raised by ``run.abort(reason)``: the run fails for good. When it escapes the ``resume``
+    block, the compensations of the run's completed steps run (docs/long-runs.md, Sagas).
+    ``reason`` is the text given to ``abort`` (None without one)."""
+
+    def __init__(self, message: str, *, thread_id: str = "", run_id: str = "", reason: str | None = None) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_aborted, (str(self), self.thread_id, self.run_id, self.reason))
+
+
+def _rebuild_aborted(message: str, thread_id: str, run_id: str, reason: str | None) -> RunAbortedError:
+    return RunAbortedError(message, thread_id=thread_id, run_id=run_id, reason=reason)
+
+
+class RunCompensatedError(PersistkitError):
+    """The run failed for good and its compensations ran (its end status is ``compensated``):
+    a redelivery of it (the same ``run_id``) runs nothing, and neither does the resume that
+    finished a rollback a crash had interrupted. Not retryable: drop the message.
+    ``failure`` is the text of the failure that started the rollback."""
+
+    def __init__(self, message: str, *, thread_id: str = "", run_id: str = "", failure: str = "") -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.failure = _scrub(failure)
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_compensated, (str(self), self.thread_id, self.run_id, self.failure))
+
+
+def _rebuild_compensated(message: str, thread_id: str, run_id: str, failure: str) -> RunCompensatedError:
+    return RunCompensatedError(message, thread_id=thread_id, run_id=run_id, failure=failure)
+
+
+class CompensationError(PersistkitError):
+    """A saga rollback could not undo everything: a compensation still failed after its retries.
+
+    ``undone`` lists the compensations that ran (descriptions such as ``"shop:cancel_flight
+    (undoes step 'book_flight' at 1)"``), ``not_undone`` the ones that did not, each with
+    the error that stopped it, and ``failure`` is the text of the failure that started the
+    rollback (the original exception is also ``__cause__`` when raised at the block's end).
+    The run stays unfinished (status ``compensating``): resuming its ``run_id`` runs only the
+    compensations not undone yet, again; ``store.abandon`` gives it up.
+    """
+
+    def __init__(
+        self, message: str, *, thread_id: str = "", run_id: str = "", undone: list[str] | None = None,
+        not_undone: list[tuple[str, str]] | None = None, failure: str = "",
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.undone = list(undone or [])
+        self.not_undone = [(_scrub(what), _scrub(why)) for what, why in not_undone or []]
+        self.failure = _scrub(failure)
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        args = (str(self), self.thread_id, self.run_id, self.undone, self.not_undone, self.failure)
+        return (_rebuild_compensation, args)
+
+
+def _rebuild_compensation(
+    message: str, thread_id: str, run_id: str, undone: list[str], not_undone: list[tuple[str, str]], failure: str
+) -> CompensationError:
+    return CompensationError(
+        message, thread_id=thread_id, run_id=run_id, undone=undone, not_undone=not_undone, failure=failure
+    )
 
 
 class LeaseLostError(RetryableError):

@@ -19,10 +19,24 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from persistkit import BackendError, ConfigurationError, ConflictError, StoreClosedError
-from persistkit.backends import Backend, CheckpointRow, Head, ThreadedAsync, register_backend
+from persistkit import (
+    BackendError,
+    ConfigurationError,
+    ConflictError,
+    LeaseLostError,
+    StoreClosedError,
+)
+from persistkit.backends import (
+    Backend,
+    CheckpointRow,
+    Head,
+    LeaseRecord,
+    ThreadedAsync,
+    register_backend,
+)
 
 SCHEME = "plainfile"
+LEASED = "plainleased"
 
 
 class PlainFileBackend(ThreadedAsync):
@@ -43,7 +57,7 @@ class PlainFileBackend(ThreadedAsync):
             raise ConfigurationError(f"{SCHEME}: unknown options {sorted(options)}")
         path = urlsplit(url).path
         if not path:
-            raise ConfigurationError(f"{SCHEME}: the URL names no file: {url!r}")
+            raise ConfigurationError(f"{cls.schemes[0]}: the URL names no file: {url!r}")
         return cls(path)
 
     # -- the file ------------------------------------------------------------------
@@ -76,8 +90,19 @@ class PlainFileBackend(ThreadedAsync):
     # -- the primitives --------------------------------------------------------------
 
     def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+        return self._write(row, blobs, expected_version, None)
+
+    def _write(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None
+    ) -> Head:
         key = self._tn(row.thread_id, row.namespace)
         with self._data(write=True) as data:
+            if fence is not None:  # the token check and the write: one critical section
+                lease = data.setdefault("leases", {}).get(key)
+                if lease is None or lease[0] != fence:
+                    raise LeaseLostError(
+                        thread_id=row.thread_id, namespace=row.namespace, token=fence, found=lease[0] if lease else 0
+                    )
             head = data["heads"].get(key)
             version = head[1] if head else 0
             if version != expected_version:
@@ -161,8 +186,50 @@ class PlainFileBackend(ThreadedAsync):
         self._closed = True
 
 
+class PlainFileLeasedBackend(PlainFileBackend):
+    """The same store with the lease primitives (``lease_get``/``lease_swap``/``lease_list``/
+    ``write_fenced``): what a third-party store adds for leases, turns and fencing
+    (``plainleased:///path``)."""
+
+    schemes = (LEASED,)
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.url = f"{LEASED}://{path}"
+
+    def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
+        with self._data() as data:
+            found = data.get("leases", {}).get(self._tn(thread_id, namespace))
+            return LeaseRecord(found[0], base64.b64decode(found[1]), found[2]) if found else None
+
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        key = self._tn(thread_id, namespace)
+        with self._data(write=True) as stored:
+            leases = stored.setdefault("leases", {})
+            version = leases[key][2] if key in leases else 0
+            if version != expected:
+                return False
+            leases[key] = [token, base64.b64encode(data).decode(), version + 1]
+            return True
+
+    def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
+        with self._data() as data:
+            out = []
+            for key, (token, raw, version) in sorted(data.get("leases", {}).items()):
+                thread_id, namespace = json.loads(key)
+                if thread_id.startswith(prefix):
+                    out.append((thread_id, namespace, LeaseRecord(token, base64.b64decode(raw), version)))
+            return out
+
+    def write_fenced(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int
+    ) -> Head:
+        return self._write(row, blobs, expected_version, fence)
+
+
 def _row(thread_id: str, namespace: str, cid: str, found: builtins.list[Any]) -> CheckpointRow:
     return CheckpointRow(thread_id, namespace, cid, found[0], found[1], base64.b64decode(found[2]))
 
 
 register_backend(SCHEME, PlainFileBackend)
+register_backend(LEASED, PlainFileLeasedBackend)

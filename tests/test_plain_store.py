@@ -7,7 +7,10 @@ from pathlib import Path
 import plain_store  # noqa: F401 -- registers plainfile://
 import pytest
 
+from persistkit.testing import PatchConformance, SuspendConformance
 from persistkit.testing.backend_suite import BackendConformance
+from persistkit.testing.lease_suite import LeaseConformance
+from persistkit.testing.saga_suite import SagaConformance
 from persistkit.testing.store_suite import StoreConformance
 
 
@@ -18,3 +21,15 @@ def persistkit_url(tmp_path: Path) -> str:
 
 class TestPlainStore(BackendConformance, StoreConformance):
     pass
+
+
+class TestPlainStoreLongRuns(SuspendConformance, SagaConformance, PatchConformance):
+    pass
+
+
+class TestLeasedPlainStore(LeaseConformance, SuspendConformance, SagaConformance, PatchConformance):
+    """The same store with the lease primitives: leases, turns and the long runs under them."""
+
+    @pytest.fixture
+    def persistkit_url(self, tmp_path: Path) -> str:
+        return f"plainleased://{tmp_path}/store.json"

@@ -9,9 +9,11 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
 * ``_leases``: ``leases``, ``abandon``
 * ``_suspend``: ``answer``, ``pending``, ``due``
+* ``_replay``: ``replay-check``
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
-or ``verify`` found a broken record; 2 a usage error (argparse's, or a thread id,
+or ``verify`` found a broken record, or
+``replay-check`` found a run that would stop; 2 a usage error (argparse's, or a thread id,
 run id or namespace argument that cannot be one); 3 not found (no store
 at the URL, or no such thread or checkpoint), the same for every verb.
 A reader that goes away (``persistkit threads | head -1``) ends a read verb
@@ -28,7 +30,7 @@ import sys
 from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreOptionsError
 from ..engine._store import check_namespace, check_thread_id
 from ..secrets._redact import scrub
-from . import _keys, _leases, _schema, _suspend, _threads
+from . import _keys, _leases, _replay, _schema, _suspend, _threads
 from ._output import Output
 
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
@@ -52,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    for group in (_threads, _schema, _keys, _leases, _suspend):
+    for group in (_threads, _schema, _keys, _leases, _suspend, _replay):
         group.add_parsers(sub, common)
     for verb in sub.choices.values():
         verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)

@@ -35,6 +35,7 @@ from .._io import Plan, run_async, run_sync
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
 from ._lease import Finished, acquire, step_aside
+from ._saga import COMPENSATED
 from ._unfinished import ABANDONED, Unfinished
 
 COMPLETED = "completed"  # the end status of a completed run (engine/_cursor.py names it too)
@@ -55,7 +56,7 @@ def _asker(run: Run, run_id: str | None) -> Callable[[], Plan[bool]] | None:
 
     def finished() -> Plan[bool]:
         status = yield from run.ended(run_id)
-        return status in (COMPLETED, ABANDONED)
+        return status in (COMPLETED, ABANDONED, COMPENSATED)
 
     return finished
 

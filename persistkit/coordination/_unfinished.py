@@ -41,5 +41,5 @@ def check_turn(head: Record, run_id: str) -> None:
     ``run_id`` (a run that has no records yet): that run did not finish (it crashed, or it
     is suspended: ``pk.suspend``, ``pk.sleep``)."""
     other = head.row.run_id
-    if head.kind == "step" and head.run_status in ("running", "suspended") and other and other != run_id:
+    if head.kind == "step" and head.run_status in ("running", "suspended", "compensating") and other and other != run_id:
         raise Unfinished(other)

@@ -27,11 +27,13 @@ from .._errors import (
 from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
+from ..coordination._saga import register_result_undo
 from ..coordination._suspend import end_async as suspend_end_async
 from ..coordination._suspend import end_sync as suspend_end_sync
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from ._inputs import live_inputs
+from ._replay_check import CHECKING
 from ._run import Run, StepInfo
 from ._store import Store, check_namespace, check_thread_id, default_store
 
@@ -163,9 +165,18 @@ class resume:
     def __enter__(self) -> Run:
         from ..coordination._turns import open_sync
 
+        check = CHECKING.get()
+        if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
+            self.store = check.store
         run = self._new_run()
-        # the lease, then the run (after the thread's unfinished run of another turn, if any)
-        self._holding = open_sync(run, self.run_id, *self._busy, current_run())
+        if check is not None:
+            check.open_sync(run, self.run_id)
+        else:  # the lease, then the run (after the thread's unfinished run of another turn, if any)
+            self._holding = open_sync(run, self.run_id, *self._busy, current_run())
+            if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
+                from ..coordination._rollback import finish_sync
+
+                finish_sync(run, self._holding, (_CURRENT, _Frame))
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -175,10 +186,17 @@ class resume:
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
+        if (check := CHECKING.get()) is not None:
+            check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
             if _writes_nothing(run, exc):
                 return run.status == "suspended" and suspend_end_sync(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
+            if exc is not None:  # failed for good: its completed steps' compensations run first (sagas)
+                from ..coordination._rollback import rollback_sync
+
+                if (undo_error := rollback_sync(run, exc, (_CURRENT, _Frame))) is not None:
+                    raise undo_error from exc
             try:
                 run.end_sync(exc)
             except PersistkitError as end_exc:
@@ -197,8 +215,18 @@ class resume:
     async def __aenter__(self) -> Run:
         from ..coordination._turns import open_async
 
+        check = CHECKING.get()
+        if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
+            self.store = check.store
         run = self._new_run()
-        self._holding = await open_async(run, self.run_id, *self._busy, current_run())
+        if check is not None:
+            await check.open_async(run, self.run_id)
+        else:
+            self._holding = await open_async(run, self.run_id, *self._busy, current_run())
+            if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
+                from ..coordination._rollback import finish_async
+
+                await finish_async(run, self._holding, (_CURRENT, _Frame))
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -208,10 +236,17 @@ class resume:
         run = self._run
         assert run is not None and self._token is not None
         _CURRENT.reset(self._token)
+        if (check := CHECKING.get()) is not None:
+            check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
             if _writes_nothing(run, exc):
                 return run.status == "suspended" and await suspend_end_async(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
+            if exc is not None:  # failed for good: its completed steps' compensations run first (sagas)
+                from ..coordination._rollback import rollback_async
+
+                if (undo_error := await rollback_async(run, exc, (_CURRENT, _Frame))) is not None:
+                    raise undo_error from exc
             try:
                 await run.end_async(exc)
             except PersistkitError as end_exc:
@@ -266,6 +301,7 @@ class _Step:
     takes_thread_id: bool
     takes_store: bool = False
     hints_done: bool = False
+    undo: str | None = None  # compensate=: the stored name of undo(result) (sagas)
 
     def register_hints(self) -> None:
         """Trust the types named in the signature (a later process may revive them).
@@ -285,7 +321,8 @@ def checkpointed(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
 @overload
 def checkpointed(
-    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True
+    *, name: str | None = None, retry: Retry | None = None, check_args: bool = True,
+    compensate: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -296,6 +333,7 @@ def checkpointed(
     name: str | None = None,
     retry: Retry | None = None,
     check_args: bool = True,
+    compensate: Callable[..., Any] | None = None,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a function a durable step: inside a ``resume`` block each call is recorded, and a
     recorded call replays its result instead of running again.
@@ -303,6 +341,8 @@ def checkpointed(
     ``name`` (default: the function's qualified name) is what replay matches
     on; ``retry`` retries failed attempts, replaying finished child steps;
     ``check_args`` refuses to replay a step called with different arguments.
+    ``compensate`` (a module-level function) undoes the step: if the run fails for good
+    after the step completed, ``compensate(result)`` runs (see ``pk.compensate``).
     Outside a block, pass ``thread_id=...`` (and ``store=...``, default
     :func:`default_store`) to run the one call as a block.
     """
@@ -326,6 +366,10 @@ def checkpointed(
             params = {}  # type: ignore[assignment]
         step_name: str = name or getattr(f, "__qualname__", None) or repr(f)
         step = _Step(f, step_name, retry, check_args, "thread_id" in params, "store" in params)
+        if compensate is not None:
+            from ..coordination._saga import undo_name
+
+            step.undo = undo_name(compensate, step_name)
         _serde.register_module(getattr(f, "__module__", "") or "__main__")
         if inspect.iscoroutinefunction(f):
             return _async_wrapper(step)  # type: ignore[return-value]
@@ -411,6 +455,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
                 run.step_sync(position, step.name, digest, error=exc)
             raise
         _CURRENT.reset(token)
+        if step.undo is not None:
+            register_result_undo(run, position, step.undo)
         run.step_sync(position, step.name, digest, result=result)
         return result
     attempt = 0
@@ -436,6 +482,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     except Exception as exc:
         run.step_sync(position, step.name, digest, error=exc)
         raise
+    if step.undo is not None:
+        register_result_undo(run, position, step.undo)
     run.step_sync(position, step.name, digest, result=result)
     return result
 
@@ -458,6 +506,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
                 await run.step_async(position, step.name, digest, error=exc)
             raise
         _CURRENT.reset(token)
+        if step.undo is not None:
+            register_result_undo(run, position, step.undo)
         await run.step_async(position, step.name, digest, result=result)
         return result
     attempt = 0
@@ -483,5 +533,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     except Exception as exc:
         await run.step_async(position, step.name, digest, error=exc)
         raise
+    if step.undo is not None:
+        register_result_undo(run, position, step.undo)
     await run.step_async(position, step.name, digest, result=result)
     return result

@@ -23,6 +23,7 @@ from .._ids import new_run_id
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._versions import migrations_ran
+from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
 from ..state._records import Record
 from . import _args
@@ -52,6 +53,8 @@ class ReplayCursor(StateRestore):
             if rows:
                 if rows[-1].run_status == ABANDONED:
                     raise abandoned_error(self.thread_id, run_id, rows[-1])
+                if rows[-1].run_status == COMPENSATED:  # rolled back (sagas): it never runs again
+                    raise compensated_error(self.codec, self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPLETED:
                     self.replay_only = True
                 elif head_rec is None or head_rec.row.run_id != run_id:
@@ -68,7 +71,7 @@ class ReplayCursor(StateRestore):
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")
-            and head_rec.run_status in (RUNNING, FAILED, SUSPENDED)
+            and head_rec.run_status in (RUNNING, FAILED, SUSPENDED, COMPENSATING)
             and head_rec.row.run_id
         ):
             run_id = head_rec.row.run_id
@@ -106,6 +109,8 @@ class ReplayCursor(StateRestore):
                 self._remember(rec.body["p"], rec)  # a str: Record.decode checked it
             elif rec.kind == "end":
                 self._escaped.update(rec.body.get("x") or ())
+            if "pt" in rec.body:  # patch ids the run reached live (engine/_patches)
+                self._patches.update(dict.fromkeys(rec.body["pt"], True))
 
     def ended(self, run_id: str) -> Plan[str | None]:
         """The status of ``run_id``'s end record on this thread (``completed``, ``failed``,
@@ -148,7 +153,8 @@ class ReplayCursor(StateRestore):
                 raise NonDeterminismError(
                     f"thread {self.thread_id!r} run {self.run_id}: the run completed without a step "
                     f"at position {position}, but the code now calls {name!r} there. The run is "
-                    "being replayed because its run_id was reused; use a new run_id to run new code."
+                    "being replayed because its run_id was reused; " + self.remedies(),
+                    position=position, step=name,
                 )
             return None
         recorded = rec.body.get("n")
@@ -156,9 +162,8 @@ class ReplayCursor(StateRestore):
             raise NonDeterminismError(
                 f"thread {self.thread_id!r} run {self.run_id}: at step position {position} the run "
                 f"recorded {recorded!r}, but the code now calls {name!r}. The code changed (or is not "
-                "deterministic between steps) since the run started. Finish this run with the old "
-                "code, start a new run (a new run_id), or fork the thread from a checkpoint before "
-                f"the change: store.fork({self.thread_id!r}, <checkpoint_id>)"
+                "deterministic between steps) since the run started. " + self.remedies(),
+                position=position, step=name,
             )
         # "u": it ran but could not be stored; replay it unless the user asked to retry it
         if rec.body.get("s") == "failed" and (self.retry_failed or not rec.body.get("u")):
@@ -182,9 +187,21 @@ class ReplayCursor(StateRestore):
             raise NonDeterminismError(
                 f"thread {self.thread_id!r} run {self.run_id}: step {name!r} at position {position} "
                 "is called with different arguments than the run recorded, so its recorded result "
-                "may not apply. Make the code before it deterministic, start a new run (a new "
-                "run_id), or decorate the step with check_args=False if the arguments may differ"
+                "may not apply. Make the code before it deterministic, or decorate the step with "
+                "check_args=False if the arguments may differ. " + self.remedies(),
+                position=position, step=name,
             )
+
+    def remedies(self) -> str:
+        """What to do about a run that old code recorded and the code now contradicts."""
+        t = self.thread_id
+        return (
+            "Remedies: finish this run with the code that started it; guard the change with "
+            "`if pk.patched(\"<change-id>\"):` (old runs keep the old path, new runs take the new "
+            "one); run the replay check before deploying (`persistkit replay-check URL "
+            "module:function`, or store.check_replay(entry)); start a new run (a new run_id); "
+            f"or fork the thread from a checkpoint before the change: store.fork({t!r}, <checkpoint_id>)"
+        )
 
     def digest(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The digest a step called with these arguments records (see :meth:`arguments`)."""

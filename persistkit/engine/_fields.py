@@ -61,4 +61,5 @@ class RunFields:
     _result_tree: Any
     _marks: dict[str, dict[str, Any]]
     _attach: dict[str, Any]
+    _patches: dict[str, bool]
     _questions: list[Any]

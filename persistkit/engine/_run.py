@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import (
     ConflictError,
@@ -129,6 +129,9 @@ class Run(Commits):
         #: What a layer records with the run's next checkpoint, whatever it is (patch
         #: markers, effects done): merged into the next row, kept until one lands.
         self._attach: dict[str, Any] = {}
+        #: Patch ids decided in this block (pk.patched): the ids the run recorded, True from
+        #: the start; each other id as first decided, so one block never answers it two ways.
+        self._patches: dict[str, bool] = {}
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
         #: Set by resume() when the block owns its lease: the end record gives it up with it.
         self.release_at_end = False
@@ -164,6 +167,12 @@ class Run(Commits):
     def suspended(self) -> list[Question]:
         """The open questions (or timer) the run waits on once ``status == "suspended"``."""
         return list(self._questions)
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Fail this run for good: raises ``pk.RunAbortedError`` (let it escape the block). The
+        compensations of the completed steps then run (``pk.compensate``) before the run's end."""
+        from ..coordination._saga import abort
+
+        raise abort(self, reason)
 
     def update(self, **changes: Any) -> None:
         """Apply ``changes`` to ``run.state`` through each field's reducer (committed with the next checkpoint)."""

@@ -28,6 +28,7 @@ from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
 from ..wrappers import stack
 from ._heads import ANY_HEAD, AnyHead
+from ._replay_check import ReplayCheckStore
 from ._store_plans import StorePlans
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def _check_limit(limit: object) -> int | None:
     return limit
 
 
-class Store(SuspendStore, StorePlans):
+class Store(SuspendStore, ReplayCheckStore, StorePlans):
     """A durable store. Open one with :func:`connect`; share it across threads and runs."""
 
     def __init__(self, backend: Backend, *, codec: Codec | None = None) -> None:

@@ -11,7 +11,8 @@ it is written on every step:
 ``n``  step name — steps only
 ``s``  step status: ``completed``, ``failed`` or ``suspended`` (a ``pk.suspend`` /
        ``pk.sleep`` record waiting for its answer or wake time) — steps only
-``rs`` run status after this checkpoint: running / completed / failed / suspended
+``rs`` run status after this checkpoint: running / completed / failed / suspended /
+       compensating (rolling back) / compensated (rolled back: the run's end)
 ``sc`` ``[schema name, version]`` of the state, or null for dict state
 ``t``  creation time (seconds since the epoch)
 ``m``  user metadata (encoded tree)
@@ -27,6 +28,14 @@ it is written on every step:
        for ``pk.suspend_all``): ``i`` id, ``v`` payload, ``d`` deadline or wake time,
        ``df`` default answer, ``ty`` answer type, ``w`` 1 for a timer, ``a`` the answer
        given so far (``coordination/_suspend.py``)
+``cp`` compensations a completed step registered (sagas, ``coordination/_saga``): a
+       list of ``{"f": "module:qualname", "a": args tree, "kw": kwargs tree, "rt": retry
+       policy, "at": attempt}``, or ``{"f": ..., "rr": 1}``: called with the step's result
+``cb`` the rollback mark (step ``pk.rollback`` at position ``c``): the plan,
+       ``[[position, index in its cp], ...]``; compensation ``i`` is the step at ``c/i``
+``ce`` the rollback mark: the failure that started the rollback (encoded exception)
+``pt`` patch ids this run reached live (``pk.patched``), attached to the run's
+       next checkpoint of any kind (``engine/_patches``)
 ====  =====================================================================
 """
 
@@ -165,6 +174,11 @@ _FIELDS: dict[str, Any] = {
     "f": lambda v: type(v) is list and len(v) == 2 and all(_is_str(i) for i in v),
     "sg": lambda v: type(v) is dict and all(type(g) is dict for g in v.values()),
     "q": lambda v: _question_ok(v) or (type(v) is list and len(v) > 0 and all(map(_question_ok, v))),
+    "cp": lambda v: type(v) is list and all(type(c) is dict and _is_str(c.get("f")) for c in v),
+    "cb": lambda v: type(v) is list
+    and all(type(i) is list and len(i) == 2 and _is_str(i[0]) and type(i[1]) is int for i in v),
+    "ce": lambda v: type(v) is dict,
+    "pt": lambda v: type(v) is list and all(_is_str(i) for i in v),
 }
 
 

@@ -5,7 +5,8 @@
 history, fork, conflicts) through ``pk.connect``; ``LeaseConformance`` the
 lease primitives (``lease_get``/``lease_swap``/``lease_list``/``write_fenced``,
 see docs/coordination.md); ``SuspendConformance`` suspended runs, answers and durable
-timers (docs/long-runs.md); ``CombinationConformance`` every feature that touches
+timers (docs/long-runs.md); ``PatchConformance`` ``pk.patched`` and the replay
+check (docs/long-runs.md); ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
@@ -14,7 +15,15 @@ a ``persistkit_url`` fixture; see docs/backends.md.
 from .backend_suite import BackendConformance
 from .combination_suite import CombinationConformance
 from .lease_suite import LeaseConformance
+from .patch_suite import PatchConformance
 from .store_suite import StoreConformance
 from .suspend_suite import SuspendConformance
 
-__all__ = ["BackendConformance", "CombinationConformance", "LeaseConformance", "StoreConformance", "SuspendConformance"]
+__all__ = [
+    "BackendConformance",
+    "CombinationConformance",
+    "LeaseConformance",
+    "PatchConformance",
+    "StoreConformance",
+    "SuspendConformance",
+]

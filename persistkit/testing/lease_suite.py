@@ -183,12 +183,14 @@ class LeaseConformance(TurnConformance):
             assert b.head(t, "") is None
             assert b.list(t, "") == []
             assert b.get(t, "", f"{1:024x}") is None
-            assert b.namespaces(t) == []
+            if type(b).namespaces is not Backend.namespaces:  # optional: only where implemented
+                assert b.namespaces(t) == []
             assert b.threads(prefix=t) == []
         assert other.delete_thread(t) is False
         other.write_fenced(_row(t, 1), {}, 0, 2)  # the holder's first write is an ordinary one
         assert backend.threads(prefix=t) == [t]
-        assert backend.namespaces(t) == [""]
+        if type(backend).namespaces is not Backend.namespaces:
+            assert backend.namespaces(t) == [""]
         assert backend.delete_thread(t) is True
         assert backend.threads(prefix=t) == []
         rec = backend.lease_get(t, "")

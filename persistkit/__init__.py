@@ -16,6 +16,7 @@ from ._errors import (
     CompensationError,
     ConfigurationError,
     ConflictError,
+    EffectError,
     IntegrityError,
     LeaseLostError,
     NonDeterminismError,
@@ -35,8 +36,11 @@ from ._errors import (
 )
 from ._retry import Retry, set_testing
 from .codec._serde import register
+from .coordination._outbox import EffectInfo, current_effect
+from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
 from .engine._replay_check import ReplayReport, RunReplay
 from .engine._run import Run, StepEvent, StepInfo
@@ -68,6 +72,8 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "DueRun",
+    "EffectError",
+    "EffectInfo",
     "FileWitness",
     "IntegrityError",
     "IntegrityProblem",
@@ -77,6 +83,8 @@ __all__ = [
     "LeaseLostError",
     "NonDeterminismError",
     "NotFoundError",
+    "OutboxEffect",
+    "OutboxReport",
     "PersistkitError",
     "Question",
     "Reducer",
@@ -107,6 +115,7 @@ __all__ = [
     "Witness",
     "WitnessEntry",
     "add",
+    "after_commit",
     "append",
     "asleep",
     "asuspend",
@@ -114,6 +123,7 @@ __all__ = [
     "checkpointed",
     "compensate",
     "connect",
+    "current_effect",
     "current_run",
     "current_step",
     "default_store",

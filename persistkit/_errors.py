@@ -25,6 +25,8 @@
     ├── RunAbortedError           ``run.abort(reason)``: the run fails for good (its compensations run)
     ├── RunCompensatedError       the run failed for good and was rolled back: a redelivery runs nothing
     ├── CompensationError         a saga rollback could not undo everything (lists what was and was not undone)
+    ├── EffectError               an after-commit effect failed for good (it stays pending), or a
+    │                             stored one cannot be resolved in this process
     └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
@@ -52,6 +54,7 @@ __all__ = [
     "CompensationError",
     "ConfigurationError",
     "ConflictError",
+    "EffectError",
     "IntegrityError",
     "LeaseLostError",
     "NonDeterminismError",
@@ -416,6 +419,39 @@ def _rebuild_compensation(
 ) -> CompensationError:
     return CompensationError(
         message, thread_id=thread_id, run_id=run_id, undone=undone, not_undone=not_undone, failure=failure
+    )
+
+
+class EffectError(PersistkitError):
+    """An after-commit effect (``run.after_commit``) failed for good under its retry policy, or
+    a stored effect cannot be resolved here (its module is not allowlisted).
+
+    The effect stays pending, never dropped: the next resume of its run, or
+    ``store.drain_outbox()``, runs it again with the same idempotency ``key``. The effect's own
+    exception is ``__cause__``.
+    """
+
+    def __init__(
+        self, message: str, *, thread_id: str = "", run_id: str = "", position: str = "",
+        index: int = 0, function: str = "", key: str = "",
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.position = position
+        self.index = index
+        self.function = function
+        self.key = key
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_effect, (str(self), self.thread_id, self.run_id, self.position, self.index, self.function, self.key))
+
+
+def _rebuild_effect(
+    message: str, thread_id: str, run_id: str, position: str, index: int, function: str, key: str
+) -> EffectError:
+    return EffectError(
+        message, thread_id=thread_id, run_id=run_id, position=position, index=index, function=function, key=key
     )
 
 

@@ -7,10 +7,9 @@ from pathlib import Path
 import plain_store  # noqa: F401 -- registers plainfile://
 import pytest
 
-from persistkit.testing import PatchConformance, SuspendConformance
+from persistkit.testing import LongRunsConformance
 from persistkit.testing.backend_suite import BackendConformance
 from persistkit.testing.lease_suite import LeaseConformance
-from persistkit.testing.saga_suite import SagaConformance
 from persistkit.testing.store_suite import StoreConformance
 
 
@@ -23,11 +22,11 @@ class TestPlainStore(BackendConformance, StoreConformance):
     pass
 
 
-class TestPlainStoreLongRuns(SuspendConformance, SagaConformance, PatchConformance):
+class TestPlainStoreLongRuns(LongRunsConformance):
     pass
 
 
-class TestLeasedPlainStore(LeaseConformance, SuspendConformance, SagaConformance, PatchConformance):
+class TestLeasedPlainStore(LeaseConformance, LongRunsConformance):
     """The same store with the lease primitives: leases, turns and the long runs under them."""
 
     @pytest.fixture

@@ -32,6 +32,8 @@ from ..coordination._suspend import end_async as suspend_end_async
 from ..coordination._suspend import end_sync as suspend_end_sync
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
+from . import _outbox
+from ._context import CURRENT
 from ._inputs import live_inputs
 from ._replay_check import CHECKING
 from ._run import Run, StepInfo
@@ -69,7 +71,7 @@ class _Frame:
 _SEQ_LOCK = threading.Lock()
 
 
-_CURRENT: ContextVar[_Frame | None] = ContextVar("persistkit_frame", default=None)
+_CURRENT: ContextVar[_Frame | None] = CURRENT  # in _context: the layers' engine modules read it too
 
 
 def current_step() -> StepInfo | None:
@@ -177,6 +179,10 @@ class resume:
                 from ..coordination._rollback import finish_sync
 
                 finish_sync(run, self._holding, (_CURRENT, _Frame))
+            if run._pending:  # effects committed but not done (the process died): first (engine/_outbox)
+                from ..coordination._hooks import let_go_sync
+
+                _outbox.settle_sync(run, self._holding, let_go_sync)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -227,6 +233,10 @@ class resume:
                 from ..coordination._rollback import finish_async
 
                 await finish_async(run, self._holding, (_CURRENT, _Frame))
+            if run._pending:
+                from ..coordination._hooks import let_go_async
+
+                await _outbox.settle_async(run, self._holding, let_go_async)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -458,6 +468,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
         if step.undo is not None:
             register_result_undo(run, position, step.undo)
         run.step_sync(position, step.name, digest, result=result)
+        if run._effects:  # after-commit effects of this step: run now that it is durable
+            _outbox.after_step_sync(run, position)
         return result
     attempt = 0
 
@@ -469,6 +481,7 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
             return step.fn(*args, **kwargs)
         except BaseException as exc:
             run.mark_escaped(exc)
+            run._marks.pop(position, None)  # what a failed attempt registered is not committed
             raise
         finally:
             _CURRENT.reset(token)
@@ -485,6 +498,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     if step.undo is not None:
         register_result_undo(run, position, step.undo)
     run.step_sync(position, step.name, digest, result=result)
+    if run._effects:
+        _outbox.after_step_sync(run, position)
     return result
 
 
@@ -509,6 +524,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
         if step.undo is not None:
             register_result_undo(run, position, step.undo)
         await run.step_async(position, step.name, digest, result=result)
+        if run._effects:
+            await _outbox.after_step_async(run, position)
         return result
     attempt = 0
 
@@ -520,6 +537,7 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
             return await step.fn(*args, **kwargs)
         except BaseException as exc:
             run.mark_escaped(exc)
+            run._marks.pop(position, None)  # what a failed attempt registered is not committed
             raise
         finally:
             _CURRENT.reset(token)
@@ -536,4 +554,6 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     if step.undo is not None:
         register_result_undo(run, position, step.undo)
     await run.step_async(position, step.name, digest, result=result)
+    if run._effects:
+        await _outbox.after_step_async(run, position)
     return result

@@ -23,6 +23,7 @@ from .._ids import new_run_id
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._versions import migrations_ran
+from ..coordination._outbox import pending_in
 from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
 from ..state._records import Record
@@ -111,6 +112,8 @@ class ReplayCursor(StateRestore):
                 self._escaped.update(rec.body.get("x") or ())
             if "pt" in rec.body:  # patch ids the run reached live (engine/_patches)
                 self._patches.update(dict.fromkeys(rec.body["pt"], True))
+        if rows and not self.replay_only:  # after-commit effects a crash left undone (coordination/_outbox)
+            self._pending = pending_in(rows)
 
     def ended(self, run_id: str) -> Plan[str | None]:
         """The status of ``run_id``'s end record on this thread (``completed``, ``failed``,

@@ -63,3 +63,5 @@ class RunFields:
     _attach: dict[str, Any]
     _patches: dict[str, bool]
     _questions: list[Any]
+    _effects: dict[str, Any]
+    _pending: list[Any]

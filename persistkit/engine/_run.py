@@ -38,7 +38,9 @@ from ._cursor import RUNNING
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
+    from .._retry import Retry
     from ..coordination import Lease
 
 
@@ -132,6 +134,8 @@ class Run(Commits):
         #: Patch ids decided in this block (pk.patched): the ids the run recorded, True from
         #: the start; each other id as first decided, so one block never answers it two ways.
         self._patches: dict[str, bool] = {}
+        self._effects: dict[str, Any] = {}  # after-commit effects registered by running steps (engine/_outbox)
+        self._pending: list[Any] = []  # effects committed but not done when the run opened (Pending)
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
         #: Set by resume() when the block owns its lease: the end record gives it up with it.
         self.release_at_end = False
@@ -177,3 +181,9 @@ class Run(Commits):
     def update(self, **changes: Any) -> None:
         """Apply ``changes`` to ``run.state`` through each field's reducer (committed with the next checkpoint)."""
         self.spec.update(self.state, changes)
+
+    def after_commit(self, fn: Callable[..., Any], /, *args: Any, retry: Retry | None = None, **kwargs: Any) -> None:
+        """Run ``fn(*args, **kwargs)`` once the current step's checkpoint is durable (``pk.after_commit``)."""
+        from ._outbox import after_commit_of
+
+        after_commit_of(self, fn, args, kwargs, retry)

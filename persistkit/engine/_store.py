@@ -22,6 +22,7 @@ from .._io import Call, Plan, call, call_async, call_sync, checked, run_async, r
 from ..backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
 from ..codec._pipeline import Codec
 from ..codec._serde import Serializer
+from ..coordination._outbox_store import OutboxStore
 from ..coordination._suspend_store import SuspendStore
 from ..secrets._redact import Redactor, Vault, scrub
 from ..state._records import Checkpoint, Record
@@ -94,7 +95,7 @@ def _check_limit(limit: object) -> int | None:
     return limit
 
 
-class Store(SuspendStore, ReplayCheckStore, StorePlans):
+class Store(SuspendStore, ReplayCheckStore, OutboxStore, StorePlans):
     """A durable store. Open one with :func:`connect`; share it across threads and runs."""
 
     def __init__(self, backend: Backend, *, codec: Codec | None = None) -> None:

@@ -36,6 +36,10 @@ it is written on every step:
 ``ce`` the rollback mark: the failure that started the rollback (encoded exception)
 ``pt`` patch ids this run reached live (``pk.patched``), attached to the run's
        next checkpoint of any kind (``engine/_patches``)
+``ac`` step records: after-commit effects the step registered, in order, each
+       ``{"f": "module:qualname", "a": arguments tree, "rt": retry}`` (``rt``
+       optional); effect ``i``'s id is ``<checkpoint id>.<i>`` (coordination/_outbox)
+``ad`` any record: ids of effects run since the run's previous checkpoint (done marks)
 ====  =====================================================================
 """
 
@@ -179,6 +183,8 @@ _FIELDS: dict[str, Any] = {
     and all(type(i) is list and len(i) == 2 and _is_str(i[0]) and type(i[1]) is int for i in v),
     "ce": lambda v: type(v) is dict,
     "pt": lambda v: type(v) is list and all(_is_str(i) for i in v),
+    "ac": lambda v: type(v) is list and all(type(e) is dict and _is_str(e.get("f")) and "a" in e for e in v),
+    "ad": lambda v: type(v) is list and all(_is_str(i) for i in v),
 }
 
 

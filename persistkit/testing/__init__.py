@@ -6,7 +6,9 @@ history, fork, conflicts) through ``pk.connect``; ``LeaseConformance`` the
 lease primitives (``lease_get``/``lease_swap``/``lease_list``/``write_fenced``,
 see docs/coordination.md); ``SuspendConformance`` suspended runs, answers and durable
 timers (docs/long-runs.md); ``PatchConformance`` ``pk.patched`` and the replay
-check (docs/long-runs.md); ``CombinationConformance`` every feature that touches
+check (docs/long-runs.md); ``OutboxConformance`` after-commit effects (``run.after_commit``,
+``store.drain_outbox``, docs/long-runs.md); ``SagaConformance`` compensations and the
+rollback; ``LongRunsConformance`` all four of those; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
@@ -15,7 +17,10 @@ a ``persistkit_url`` fixture; see docs/backends.md.
 from .backend_suite import BackendConformance
 from .combination_suite import CombinationConformance
 from .lease_suite import LeaseConformance
+from .long_runs_suite import LongRunsConformance
+from .outbox_suite import OutboxConformance
 from .patch_suite import PatchConformance
+from .saga_suite import SagaConformance
 from .store_suite import StoreConformance
 from .suspend_suite import SuspendConformance
 
@@ -23,7 +28,10 @@ __all__ = [
     "BackendConformance",
     "CombinationConformance",
     "LeaseConformance",
+    "LongRunsConformance",
+    "OutboxConformance",
     "PatchConformance",
+    "SagaConformance",
     "StoreConformance",
     "SuspendConformance",
 ]

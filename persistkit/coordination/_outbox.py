@@ -1,0 +1,380 @@
+"""The after-commit outbox: effects a step registers, run once its checkpoint is durable.
+
+``run.after_commit(fn, *args, **kwargs)`` inside a step (``engine/_outbox.py``) stores the
+effect in that step's own record (key ``ac``: a list of ``{"f": "module:qualname", "a":
+arguments tree, "rt": retry}``), so it is pending in the same atomic write as the step and
+dropped with a step that fails. Once the checkpoint landed the effect runs in the same
+process; its id (``<checkpoint id>.<index>``) is then recorded done (key ``ad``) with the
+run's next checkpoint, whatever it is (a step, the end, a suspend). An effect whose id no
+later row carries is pending: the next resume of its run runs it before the block goes on
+(from the run's own rows, read as it opens: no extra read), and ``store.drain_outbox()``
+(``_outbox_store``) finds it from any process.
+
+This module holds what both share and does no I/O of its own beyond calling the effects:
+naming and resolving effect functions (a stored record never names arbitrary code), the
+pending set of a list of records, the idempotency key, and calling an effect under its
+retry policy with ``pk.current_effect()`` set.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._errors import ConfigurationError, EffectError
+from .._retry import Retry
+from ..codec._pipeline import Codec
+from ..codec._registry import _MODULE_RE, _MODULES
+from ..state._records import Record
+
+__all__ = [
+    "DEFAULT_RETRY",
+    "EffectInfo",
+    "Pending",
+    "call_async",
+    "call_sync",
+    "current_effect",
+    "effect_id",
+    "effect_key",
+    "effect_name",
+    "marker_body",
+    "pending_in",
+    "resolve",
+    "retry_of",
+    "retry_spec",
+]
+
+#: The retry policy of an effect registered without ``retry=``: 3 attempts within 60 s.
+DEFAULT_RETRY = Retry(attempts=3, timeout=60.0)
+
+#: Effect functions registered in this process, by stored name: always resolvable here.
+_EFFECTS: dict[str, Callable[..., Any]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class EffectInfo:
+    """The after-commit effect being run (``pk.current_effect()``).
+
+    ``key`` is the effect's idempotency key: derived from the thread, the run, the
+    position of the step that registered it and its index among that step's effects, so
+    it is the same in every process that runs it (after a crash, a resume, a drain).
+    Pass it to the receiving API (Stripe's ``Idempotency-Key``, a message id) and a run
+    of the effect twice is seen once.
+    """
+
+    thread_id: str
+    run_id: str
+    position: str
+    index: int
+    function: str
+    attempt: int
+    key: str
+
+
+_EFFECT: ContextVar[EffectInfo | None] = ContextVar("persistkit_effect", default=None)
+
+
+def current_effect() -> EffectInfo | None:
+    """The after-commit effect being run (with its idempotency ``key``), or None."""
+    return _EFFECT.get()
+
+
+def effect_key(thread_id: str, run_id: str, position: str, index: int) -> str:
+    """The idempotency key of effect ``index`` of the step at ``position`` of ``run_id``."""
+    raw = f"{thread_id}\x00{run_id}\x00{position}\x00{index}".encode()
+    return "pk-effect-" + hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def effect_id(checkpoint_id: str, index: int) -> str:
+    """What the ``ad`` list of a later row carries once the effect ran."""
+    return f"{checkpoint_id}.{index}"
+
+
+# -- naming and resolving effect functions ---------------------------------------------------
+
+
+def effect_name(fn: Any) -> str:
+    """``module:qualname`` of ``fn``, checked to name exactly this function, or a
+    ``ConfigurationError``: a lambda, a closure or a bound method cannot be found again by
+    another process, so a crash would strand the effect."""
+    if not callable(fn):
+        raise ConfigurationError(f"after_commit() takes a function, got {fn!r}")
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    what = f"after_commit({getattr(fn, '__qualname__', fn)!r})"
+    if inspect.ismethod(fn) or isinstance(fn, functools.partial):
+        raise ConfigurationError(
+            f"{what}: a bound method or functools.partial cannot be stored (another process cannot "
+            "rebuild its object). Register a module-level function and pass the data it needs as "
+            "arguments: run.after_commit(post_reply, channel, text)"
+        )
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        raise ConfigurationError(
+            f"{what}: a lambda, a nested function or a closure cannot be stored: if the process "
+            "dies before the effect ran, the next resume or store.drain_outbox() must find the "
+            "function by its module and name. Define it at the top level of a module and pass "
+            "what it captured as arguments"
+        )
+    name = f"{module}:{qualname}"
+    if module == "__main__" or not _MODULE_RE.match(module):
+        found = None
+    else:
+        found = _lookup(module, qualname)
+    same = found is fn or (module == "__main__" and _in_main(qualname) is fn)
+    if not same:
+        raise ConfigurationError(
+            f"{what}: {name} does not name this function in its module (it is decorated or "
+            "replaced there), so another process would call something else. Register the "
+            "module-level name itself"
+        )
+    _EFFECTS[name] = fn
+    return name
+
+
+def _in_main(qualname: str) -> Any:
+    import sys
+
+    main = sys.modules.get("__main__")
+    return None if main is None else _walk(main, qualname)
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    import sys
+
+    mod = sys.modules.get(module)
+    return None if mod is None else _walk(mod, qualname)
+
+
+def _walk(obj: Any, qualname: str) -> Any:
+    try:
+        for part in qualname.split("."):
+            obj = vars(obj)[part]  # vars(), not getattr(): no module __getattr__ hooks
+    except (KeyError, TypeError):
+        return None
+    return obj
+
+
+def resolve(name: str, codec: Codec, where: str) -> Callable[..., Any]:
+    """The function a stored effect names: registered in this process, or defined in an
+    allowlisted module (``connect(allow_modules=...)``, the modules of ``@checkpointed``
+    functions and ``State`` classes): a stored record never makes us import anything else."""
+    fn = _EFFECTS.get(name)
+    if fn is not None:
+        return fn
+    module, _, qualname = name.partition(":")
+    allowed = codec.serializer.allow_modules + tuple(_MODULES)
+    if (
+        not _MODULE_RE.match(module)
+        or not qualname
+        or "<" in qualname
+        or not any(module == m or module.startswith(m + ".") for m in allowed)
+    ):
+        raise EffectError(
+            f"{where}: the effect function {name} is not allowed in this process: its module is "
+            "not allowlisted, so it was not imported. Open the store with "
+            f"pk.connect(url, allow_modules=[{module!r}]) (or import the module before draining); "
+            "the effect stays pending",
+            function=name,
+        )
+    try:
+        obj: Any = _walk(importlib.import_module(module), qualname)
+    except Exception as exc:
+        raise EffectError(f"{where}: cannot import the effect function {name} ({type(exc).__name__}: {exc}); "
+                          "it stays pending", function=name) from exc
+    if not callable(obj):
+        raise EffectError(f"{where}: {name} is no function in this code (renamed or removed?); it stays "
+                          "pending: restore it, or keep a function of that name", function=name)
+    _EFFECTS[name] = obj
+    return obj  # type: ignore[no-any-return]
+
+
+# -- retry policies as stored ---------------------------------------------------------------
+
+
+def retry_spec(retry: Retry) -> list[Any]:
+    """The stored form of a policy (its ``on=`` is not stored: another process retries any Exception)."""
+    return [retry.attempts, retry.timeout, retry.wait_initial, retry.wait_max, retry.wait_jitter]
+
+
+def retry_of(spec: Any) -> Retry:
+    if type(spec) is not list or len(spec) != 5:
+        return DEFAULT_RETRY
+    try:
+        return Retry(attempts=spec[0], timeout=spec[1], wait_initial=spec[2], wait_max=spec[3], wait_jitter=spec[4])
+    except ConfigurationError:
+        return DEFAULT_RETRY
+
+
+# -- pending effects in a list of records ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A committed effect whose done mark is in no later row."""
+
+    rec: Record
+    index: int
+    entry: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return effect_id(self.rec.id, self.index)
+
+    @property
+    def position(self) -> str:
+        return str(self.rec.body.get("p"))
+
+    def info(self, attempt: int = 1) -> EffectInfo:
+        t, r = self.rec.row.thread_id, self.rec.row.run_id or ""
+        return EffectInfo(t, r, self.position, self.index, str(self.entry.get("f")), attempt,
+                          effect_key(t, r, self.position, self.index))
+
+    def where(self) -> str:
+        r = self.rec.row
+        return (f"thread {r.thread_id!r} run {r.run_id}: effect {self.index} ({self.entry.get('f')}) of "
+                f"step {self.rec.body.get('n')!r} at {self.position} (checkpoint {r.checkpoint_id})")
+
+
+def pending_in(records: Iterable[Record]) -> list[Pending]:
+    """The effects registered in ``records`` (oldest first) that none of them marks done."""
+    done: set[str] = set()
+    registered: list[Record] = []
+    for rec in records:
+        body = rec.body
+        if "ad" in body:
+            done.update(body["ad"])
+        if "ac" in body:
+            registered.append(rec)
+    return [
+        Pending(rec, i, entry)
+        for rec in registered
+        for i, entry in enumerate(rec.body["ac"])
+        if effect_id(rec.id, i) not in done
+    ]
+
+
+def marker_body(head: Record, done: list[str], now: float) -> dict[str, Any]:
+    """A copy of the thread's head record that carries ``done`` (the ids of effects a drain
+    ran): the same kind, run, status, state refs and result, so every reader treats it as
+    the head it copies (a crashed run continues, a suspended one waits, a finished one
+    stays finished); the effects the head registered are left out (they are its own)."""
+    body = {k: v for k, v in head.body.items() if k not in ("ac", "ad")}
+    body["ad"] = done
+    body["t"] = now
+    return body
+
+
+# -- calling an effect ---------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _takes_key(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "idempotency_key" in params
+
+
+def _arguments(fn: Callable[..., Any], info: EffectInfo, kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        takes = _takes_key(fn)
+    except TypeError:  # an unhashable callable
+        takes = False
+    return {**kwargs, "idempotency_key": info.key} if takes else kwargs
+
+
+def _failed(info: EffectInfo, exc: BaseException, retry: Retry) -> EffectError:
+    return EffectError(
+        f"thread {info.thread_id!r} run {info.run_id}: the after-commit effect {info.function} "
+        f"(effect {info.index} of the step at {info.position}, idempotency key {info.key}) failed "
+        f"after {info.attempt} attempt(s): {type(exc).__name__}: {exc}. Its step is committed and the "
+        "effect stays pending, never dropped: the next resume of this run, or store.drain_outbox(), "
+        "runs it again with the same key. Fix the cause, or give it more attempts with "
+        f"after_commit(..., retry=pk.Retry(attempts=...)) (this one had {retry.attempts})",
+        thread_id=info.thread_id, run_id=info.run_id, position=info.position, index=info.index,
+        function=info.function, key=info.key,
+    )
+
+
+def call_sync(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], info: EffectInfo, retry: Retry) -> None:
+    """Call the effect under ``retry``; raise ``EffectError`` once it failed for good.
+
+    An ``async def`` effect is run to completion with ``asyncio.run`` when no event loop
+    runs in this thread; inside a running loop it cannot be awaited from here (a sync step
+    of an async run): a ``ConfigurationError``, and the effect stays pending."""
+    import tenacity
+
+    attempt = 0
+    try:
+        for att in tenacity.Retrying(**retry.tenacity_kwargs()):
+            with att:
+                attempt += 1
+                now = replace(info, attempt=attempt)
+                token = _EFFECT.set(now)
+                try:
+                    out = fn(*args, **_arguments(fn, now, kwargs))
+                    if inspect.isawaitable(out):
+                        _await_here(out, now)
+                finally:
+                    _EFFECT.reset(token)
+    except _NotAwaitable:
+        raise
+    except Exception as exc:
+        raise _failed(replace(info, attempt=attempt), exc, retry) from exc
+
+
+async def call_async(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], info: EffectInfo, retry: Retry
+) -> None:
+    """``call_sync`` for an async run: an ``async def`` effect is awaited, a plain one called."""
+    import tenacity
+
+    attempt = 0
+    try:
+        async for att in tenacity.AsyncRetrying(**retry.tenacity_kwargs()):
+            with att:
+                attempt += 1
+                now = replace(info, attempt=attempt)
+                token = _EFFECT.set(now)
+                try:
+                    out = fn(*args, **_arguments(fn, now, kwargs))
+                    if inspect.isawaitable(out):
+                        await out
+                finally:
+                    _EFFECT.reset(token)
+    except _NotAwaitable:
+        raise
+    except Exception as exc:
+        raise _failed(replace(info, attempt=attempt), exc, retry) from exc
+
+
+class _NotAwaitable(ConfigurationError):
+    """An async effect reached where it cannot be awaited (raised as it is, not as EffectError)."""
+
+
+def _await_here(out: Any, info: EffectInfo) -> None:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(_wait(out))
+        return
+    if inspect.iscoroutine(out):
+        out.close()
+    raise _NotAwaitable(
+        f"thread {info.thread_id!r} run {info.run_id}: the effect {info.function} is async, but it was "
+        "reached from a sync step inside a running event loop, where it cannot be awaited. Register "
+        "it from an async step (async def), or make the effect a plain function. It stays pending: "
+        "the next resume of the run under `async with pk.resume(...)`, or store.adrain_outbox(), runs it"
+    )
+
+
+async def _wait(out: Any) -> None:
+    await out

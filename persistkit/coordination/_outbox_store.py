@@ -1,0 +1,311 @@
+"""``store.drain_outbox()`` / ``adrain_outbox()``: run committed effects no process ran.
+
+A sweeper (cron, a loop, ``persistkit drain-outbox``) calls it. For each thread (``prefix``,
+or one ``thread_id``) and namespace it reads the thread's rows (newest first, pages of
+500) and finds the effects registered by committed steps (``ac``) that no later row marks
+done (``ad``). A thread with none is left alone, without touching its lease. Otherwise it
+takes the thread's lease the way ``store.abandon`` does (ahead of the queue, within
+``_PATIENCE`` seconds; a live holder: the thread is skipped and reported), reads the
+thread again under it, runs the pending effects oldest first (each under its retry policy,
+with its idempotency key; the first that fails for good stops the thread's drain and is
+reported, it and those after it stay pending), and records the ones that ran in one
+write: a copy of the head record carrying their ids (``_outbox.marker_body``), fenced by
+the lease, so every reader sees the head it was (a crashed run still continues, a
+suspended one still waits).
+
+Cost: every row of every thread looked at is read and decoded once per drain (O(rows)):
+pass ``prefix=`` or ``thread_id=`` to bound it. Uses only the store protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigurationError, PersistkitError, ThreadBusyError
+from .._ids import next_checkpoint_id
+from .._io import Plan, call, run_async, run_sync
+from ..backends._protocol import new_row
+from ..state._records import Record
+from . import _outbox as ob
+from ._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
+
+if TYPE_CHECKING:
+    from ..backends._protocol import Backend, Head
+    from ..codec._pipeline import Codec
+
+__all__ = ["OutboxEffect", "OutboxReport", "OutboxStore"]
+
+#: Seconds a drain waits for a held lease (a waiting turn looks at the thread for a moment
+#: every second) before it skips the thread: a run that holds it longer is live, and runs
+#: its pending effects itself when it resumes.
+_PATIENCE = 2.0
+_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEffect:
+    """One effect a drain found pending: where it was registered, and what became of it."""
+
+    thread_id: str
+    namespace: str
+    run_id: str | None
+    checkpoint_id: str
+    position: str
+    index: int
+    function: str
+    key: str
+    #: None: it ran and is recorded done (or, with ``dry_run``, it is pending). Else why it did not.
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxReport:
+    """What ``store.drain_outbox()`` did. ``ok`` is False when an effect failed for good."""
+
+    threads: int
+    done: tuple[OutboxEffect, ...] = ()
+    failed: tuple[OutboxEffect, ...] = ()
+    pending: tuple[OutboxEffect, ...] = ()  # dry_run: what would run
+    skipped: tuple[tuple[str, str, str], ...] = ()  # (thread, namespace, why): a live holder
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def _effect(p: ob.Pending, error: str | None = None) -> OutboxEffect:
+    row = p.rec.row
+    return OutboxEffect(row.thread_id, row.namespace, row.run_id, row.checkpoint_id, p.position, p.index,
+                        str(p.entry.get("f")), p.info().key, error)
+
+
+def _scan(codec: Codec, t: str, ns: str) -> Plan[tuple[list[ob.Pending], Record | None, Head | None]]:
+    """The thread's pending effects, its head record and head (nothing: no head)."""
+    found = yield call("head_row", t, ns)
+    if found is None:
+        return [], None, None
+    recs: list[Record] = []
+    before = None
+    while True:
+        page = yield call("list", t, ns, before=before, limit=_PAGE)
+        recs.extend(Record.decode(codec, row) for row in page)
+        if len(page) < _PAGE:
+            break
+        before = page[-1].checkpoint_id
+    recs.reverse()
+    return ob.pending_in(recs), Record.decode(codec, found[1]), found[0]
+
+
+def _targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[list[tuple[str, str]]]:
+    if thread_id is not None:
+        threads = [thread_id]
+    else:
+        threads, after = [], None
+        while True:
+            page = yield call("threads", prefix=prefix, after=after, limit=_PAGE)
+            threads.extend(page)
+            if len(page) < _PAGE:
+                break
+            after = page[-1]
+    out: list[tuple[str, str]] = []
+    for t in threads:
+        if namespace is not None:
+            out.append((t, namespace))
+            continue
+        try:
+            spaces: list[str] = yield call("namespaces", t)
+        except ConfigurationError:  # a store without namespaces(): the default one
+            spaces = [""]
+        out.extend((t, ns) for ns in spaces)
+    return out
+
+
+def _mark(codec: Codec, top: Record, head: Head, done: list[str], lease: Lease | None) -> Plan[None]:
+    body = ob.marker_body(top, done, time.time())
+    row = new_row(top.row.thread_id, top.row.namespace, next_checkpoint_id(top.id), top.id, top.row.run_id,
+                  codec.pack_tree(body))
+    if lease is None:
+        yield call("write", row, {}, head.version)
+    else:
+        yield call("write_fenced", row, {}, head.version, lease.token)
+
+
+class _Drain:
+    """One drain's bookkeeping."""
+
+    def __init__(self) -> None:
+        self.threads = 0
+        self.done: list[OutboxEffect] = []
+        self.failed: list[OutboxEffect] = []
+        self.pending: list[OutboxEffect] = []
+        self.skipped: list[tuple[str, str, str]] = []
+
+    def report(self) -> OutboxReport:
+        return OutboxReport(self.threads, tuple(self.done), tuple(self.failed), tuple(self.pending), tuple(self.skipped))
+
+    def unmarked(self, ran: list[ob.Pending], exc: PersistkitError) -> None:
+        why = (f"it ran, but its done mark could not be written ({type(exc).__name__}: {exc}); it runs "
+               "again, with the same idempotency key, at the next resume or drain")
+        self.failed.extend(_effect(p, why) for p in ran)
+
+
+def _check(prefix: str, thread_id: str | None, namespace: str | None, dry_run: bool) -> None:
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"drain_outbox(prefix=...) must be a str, got {type(prefix).__name__}")
+    if thread_id is not None and (not isinstance(thread_id, str) or not thread_id.strip()):
+        raise ConfigurationError(f"drain_outbox(thread_id=...) must be a non-empty str, got {thread_id!r}")
+    if namespace is not None and not isinstance(namespace, str):
+        raise ConfigurationError(f"drain_outbox(namespace=...) must be a str or None, got {namespace!r}")
+    if not isinstance(dry_run, bool):
+        raise ConfigurationError(f"drain_outbox(dry_run=...) must be True or False, got {dry_run!r}")
+
+
+def _lease_plan(t: str, ns: str, top: Record) -> Plan[Lease]:
+    return acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True)
+
+
+def _give_back(lease: Lease, top: Record) -> Plan[None]:
+    """Release the lease; reserved again for the thread's unfinished run (crashed or
+    suspended), as taking it cleared that: the thread's turns keep waiting for that run."""
+    run_id = top.row.run_id
+    if top.kind == "step" and top.run_status in ("running", "suspended") and run_id:
+        return step_aside(lease, run_id, "wait")
+    return release(lease)
+
+
+def _call_of(codec: Codec, p: ob.Pending) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
+    where = p.where()
+    fn = ob.resolve(str(p.entry.get("f")), codec, where)
+    value = codec.decode(p.entry.get("a"), f"{where}: arguments")
+    return fn, tuple(value.get("a") or ()), dict(value.get("k") or {}), ob.retry_of(p.entry.get("rt"))
+
+
+class OutboxStore:
+    """``pk.Store``'s outbox methods (``Store`` inherits this mixin)."""
+
+    backend: Backend
+    codec: Codec
+
+    if TYPE_CHECKING:  # Store's own
+
+        def _check_open(self) -> None: ...
+        def run_sync(self, plan: Plan[Any]) -> Any: ...
+        async def run_async(self, plan: Plan[Any]) -> Any: ...
+
+    def drain_outbox(
+        self, *, prefix: str = "", thread_id: str | None = None, namespace: str | None = None, dry_run: bool = False
+    ) -> OutboxReport:
+        """Run the after-commit effects that committed but that no process ran (its process died
+        between a checkpoint and its effects), and record them done (docs/long-runs.md).
+
+        Looks at the threads starting with ``prefix`` (or the one ``thread_id``), in every
+        namespace (or ``namespace``; a third-party store without the optional ``namespaces()``
+        primitive lists only the default namespace: pass ``namespace=`` for the others). A thread whose lease a live run holds is skipped (that run
+        runs them). ``dry_run``: list the pending effects, run nothing. Reads every row of
+        each thread it looks at."""
+        from ._drive import Heartbeat  # imports asyncio: not on `import persistkit`
+
+        _check(prefix, thread_id, namespace, dry_run)
+        self._check_open()
+        drain = _Drain()
+        for t, ns in self.run_sync(_targets(thread_id, prefix, namespace)):
+            drain.threads += 1
+            pending, top, _ = self.run_sync(_scan(self.codec, t, ns))
+            if not pending or top is None:
+                continue
+            if dry_run:
+                drain.pending.extend(_effect(p) for p in pending)
+                continue
+            lease = None
+            if self.backend.supports_leases:
+                try:
+                    lease = run_sync(self.backend, _lease_plan(t, ns, top))
+                except ThreadBusyError as exc:
+                    drain.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
+                    continue
+            beat = Heartbeat(self.backend, lease) if lease is not None else None
+            try:
+                self._drain_one_sync(drain, t, ns, lease)
+            finally:
+                if beat is not None:
+                    beat.stop()
+                if lease is not None and lease.lost is None:
+                    run_sync(self.backend, _give_back(lease, top))
+        return drain.report()
+
+    def _drain_one_sync(self, drain: _Drain, t: str, ns: str, lease: Lease | None) -> None:
+        pending, top, head = self.run_sync(_scan(self.codec, t, ns))  # again, under the lease
+        ran: list[ob.Pending] = []
+        for p in pending:
+            try:
+                fn, args, kwargs, retry = _call_of(self.codec, p)
+                ob.call_sync(fn, args, kwargs, p.info(), retry)
+            except PersistkitError as exc:
+                drain.failed.append(_effect(p, str(exc)))
+                break
+            ran.append(p)
+        if not ran:
+            return
+        try:
+            self.run_sync(_mark(self.codec, top, head, [p.id for p in ran], lease))
+        except PersistkitError as exc:
+            drain.unmarked(ran, exc)
+            return
+        drain.done.extend(_effect(p) for p in ran)
+
+    async def adrain_outbox(
+        self, *, prefix: str = "", thread_id: str | None = None, namespace: str | None = None, dry_run: bool = False
+    ) -> OutboxReport:
+        """``drain_outbox`` for async code: ``async def`` effects are awaited, plain ones called."""
+        from ._drive import AsyncHeartbeat
+
+        _check(prefix, thread_id, namespace, dry_run)
+        self._check_open()
+        drain = _Drain()
+        for t, ns in await self.run_async(_targets(thread_id, prefix, namespace)):
+            drain.threads += 1
+            pending, top, _ = await self.run_async(_scan(self.codec, t, ns))
+            if not pending or top is None:
+                continue
+            if dry_run:
+                drain.pending.extend(_effect(p) for p in pending)
+                continue
+            lease = None
+            if self.backend.supports_leases:
+                try:
+                    lease = await run_async(self.backend, _lease_plan(t, ns, top))
+                except ThreadBusyError as exc:
+                    drain.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
+                    continue
+            beat = AsyncHeartbeat(self.backend, lease) if lease is not None else None
+            try:
+                await self._drain_one_async(drain, t, ns, lease)
+            finally:
+                if beat is not None:
+                    await beat.stop()
+                if lease is not None and lease.lost is None:
+                    await run_async(self.backend, _give_back(lease, top))
+        return drain.report()
+
+    async def _drain_one_async(self, drain: _Drain, t: str, ns: str, lease: Lease | None) -> None:
+        pending, top, head = await self.run_async(_scan(self.codec, t, ns))
+        ran: list[ob.Pending] = []
+        for p in pending:
+            try:
+                fn, args, kwargs, retry = _call_of(self.codec, p)
+                await ob.call_async(fn, args, kwargs, p.info(), retry)
+            except PersistkitError as exc:
+                drain.failed.append(_effect(p, str(exc)))
+                break
+            ran.append(p)
+        if not ran:
+            return
+        try:
+            await self.run_async(_mark(self.codec, top, head, [p.id for p in ran], lease))
+        except PersistkitError as exc:
+            drain.unmarked(ran, exc)
+            return
+        drain.done.extend(_effect(p) for p in ran)

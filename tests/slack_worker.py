@@ -11,6 +11,8 @@ stops the FIRST process that reaches it, across processes: it creates ``DIR/<poi
   committed (a worker killed mid-turn).
 * ``post``: inside the fake Slack client, before it records the post — the reply step
   committed, the post not made (a worker killed between the commit and the post).
+
+With ``SLACK_DOWN=1`` every post fails (``ConnectionError``), without retry waits.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def lookup(order_id: str) -> dict[str, Any] | None:
 
 def post(self: example.FakeSlack, **kw: Any) -> dict[str, Any]:
     stop("post", kw["metadata"]["event_payload"]["event_id"])
+    if os.environ.get("SLACK_DOWN"):
+        raise ConnectionError("slack is down (SLACK_DOWN)")
     return _post(self, **kw)
 
 
@@ -62,4 +66,6 @@ example.Shop.lookup = staticmethod(lookup)  # type: ignore[method-assign]
 example.FakeSlack.chat_postMessage = post  # type: ignore[method-assign]
 
 if __name__ == "__main__":
+    if os.environ.get("SLACK_DOWN"):
+        pk.set_testing(True)  # the effect's retries without their backoff waits
     sys.exit(example.main(sys.argv[1:]))

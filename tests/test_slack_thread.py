@@ -78,9 +78,9 @@ class Slack:
         (self.tmp / f"{event_id}.json").write_text(json.dumps(envelope))
         return event_id
 
-    def run(self, *args: str, stop: str = "") -> subprocess.Popen[str]:
+    def run(self, *args: str, stop: str = "", **more: str) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "SLACK_FAKE_DIR": str(self.fake), "SLACK_GATE": str(self.gate), "SLACK_STOP": stop}
+               "SLACK_FAKE_DIR": str(self.fake), "SLACK_GATE": str(self.gate), "SLACK_STOP": stop, **more}
         env.pop("PERSISTKIT_URL", None)
         out = open(self.tmp / f"out-{len(self.procs)}", "w+")  # noqa: SIM115  (read back by done())
         p = subprocess.Popen([sys.executable, str(WORKER), "--url", self.url, *args],
@@ -89,18 +89,18 @@ class Slack:
         self.procs.append(p)
         return p
 
-    def handle(self, event_id: str, stop: str = "") -> subprocess.Popen[str]:
-        return self.run("handle", str(self.tmp / f"{event_id}.json"), stop=stop)
+    def handle(self, event_id: str, stop: str = "", **more: str) -> subprocess.Popen[str]:
+        return self.run("handle", str(self.tmp / f"{event_id}.json"), stop=stop, **more)
 
     def answer(self, decision: str, stop: str = "") -> subprocess.Popen[str]:
         return self.run("answer", self.ts, decision, "--channel", CHANNEL, stop=stop)
 
-    def done(self, p: subprocess.Popen[str]) -> dict[str, Any]:
-        """Wait for a worker to exit 0; its printed outcome."""
+    def done(self, p: subprocess.Popen[str], exit_code: int = 0) -> dict[str, Any]:
+        """Wait for a worker to exit (0 unless said); its printed outcome."""
         code = p.wait(DEADLINE)
         p.out.seek(0)  # type: ignore[attr-defined]
         text = p.out.read()  # type: ignore[attr-defined]
-        assert code == 0, text
+        assert code == exit_code, text
         result: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
         return result
 
@@ -233,6 +233,18 @@ def test_a_post_a_dead_worker_left_is_made_by_drain_once(slack: Slack) -> None:
     assert slack.done(slack.handle(status)) == {"status": "completed"}  # the redelivery ends the turn
     assert slack.done(slack.run("drain"))["posted"] == 0
     assert len(slack.posts()) == 1
+
+
+def test_a_post_that_keeps_failing_stays_pending_and_goes_out_once(slack: Slack) -> None:
+    status = slack.event("status")
+    failed = slack.done(slack.handle(status, SLACK_DOWN="1"), exit_code=4)  # every attempt refused
+    assert failed["status"] == "post pending" and slack.posts() == []
+    assert slack.head() == (status, None)  # the block ended with the error: the run's end record
+    assert slack.done(slack.handle(status)) == {"status": "completed"}  # the event's retry posts it
+    assert [p["metadata"]["event_payload"]["key"] for p in slack.posts()] == [failed["key"]]
+    assert slack.done(slack.run("drain"))["posted"] == 0
+    assert slack.done(slack.handle(status)) == {"status": "completed"}
+    assert len(slack.posts()) == 1 and slack.model_calls() == 2
 
 
 def test_a_declined_refund_is_not_made(slack: Slack) -> None:

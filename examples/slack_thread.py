@@ -281,9 +281,11 @@ def find_thread(store: pk.Store, thread_ts: str, channel: str | None) -> str:
     if channel:
         return thread_of(channel, thread_ts)
     found = [t for t in store.threads(prefix="slack:") if t.endswith(f":{thread_ts}")]
-    if len(found) != 1:
-        what = "no thread" if not found else f"{len(found)} threads ({', '.join(found)})"
-        raise pk.ConfigurationError(f"{what} with thread_ts {thread_ts}: give --channel")
+    if not found:
+        raise pk.NotFoundError(f"no Slack thread with thread_ts {thread_ts} in this store")
+    if len(found) > 1:
+        raise pk.ConfigurationError(f"{len(found)} threads have thread_ts {thread_ts} ({', '.join(found)}): "
+                                    "say which with --channel")
     return found[0]
 
 
@@ -395,28 +397,38 @@ def main(argv: list[str] | None = None) -> int:
         demo(args.url)
         return 0
     with pk.connect(args.url) as store:
-        if args.command == "handle":
-            raw = sys.stdin.read() if args.envelope == "-" else Path(args.envelope).read_text()
-            try:
-                status = handle(store, json.loads(raw), args.busy_timeout)
-            except pk.ThreadBusyError as exc:  # retryable: the queue delivers it again later
-                print(json.dumps({"status": "busy", "waiting_for": exc.unfinished_run}))
-                return 3
-            except pk.EffectError as exc:  # Slack kept failing: the reply is committed, its post pending
-                print(json.dumps({"status": "post pending", "key": exc.key, "error": str(exc)}))
-                return 4
-            print(json.dumps({"status": status}))
-        elif args.command == "answer":
-            thread = find_thread(store, args.thread_ts, args.channel)
-            print(json.dumps({"status": answer(store, thread, args.decision == "yes", args.by)}))
-        elif args.command == "pending":
-            for q in store.pending(prefix="slack:"):
-                print(json.dumps({"thread": q.thread_id, "run": q.run_id, "id": q.question_id, "question": q.payload}))
-        else:  # a sweeper (cron): posts committed replies whose process died before posting them
-            report = store.drain_outbox(prefix="slack:")
-            print(json.dumps({"posted": len(report.done), "failed": [e.error for e in report.failed],
-                              "skipped": [t for t, _, _ in report.skipped]}))
-            return 0 if report.ok else 1
+        try:
+            return command(store, args)
+        except pk.ThreadBusyError as exc:  # retryable: the queue delivers the event again later
+            print(json.dumps({"status": "busy", "waiting_for": exc.unfinished_run}))
+            return 3
+        except pk.EffectError as exc:  # Slack kept failing: the reply is committed, its post pending
+            print(json.dumps({"status": "post pending", "key": exc.key, "error": str(exc)}))
+            return 4
+        except pk.PersistkitError as exc:
+            print(f"slack_thread: {exc}", file=sys.stderr)
+            return 1
+
+
+def command(store: pk.Store, args: argparse.Namespace) -> int:
+    if args.command == "handle":
+        try:
+            envelope = json.loads(sys.stdin.read() if args.envelope == "-" else Path(args.envelope).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"slack_thread: cannot read the envelope {args.envelope}: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"status": handle(store, envelope, args.busy_timeout)}))
+    elif args.command == "answer":
+        thread = find_thread(store, args.thread_ts, args.channel)
+        print(json.dumps({"status": answer(store, thread, args.decision == "yes", args.by)}))
+    elif args.command == "pending":
+        for q in store.pending(prefix="slack:"):
+            print(json.dumps({"thread": q.thread_id, "run": q.run_id, "id": q.question_id, "question": q.payload}))
+    else:  # a sweeper (cron): posts committed replies whose process died before posting them
+        report = store.drain_outbox(prefix="slack:")
+        print(json.dumps({"posted": len(report.done), "failed": [e.error for e in report.failed],
+                          "skipped": [t for t, _, _ in report.skipped]}))
+        return 0 if report.ok else 1
     return 0
 
 

@@ -31,6 +31,12 @@ is one turn, ``pk.resume(thread, run_id=<event_id>, busy="queue")``:
   died between the commit and the post leaves it to the next resume of the turn, or
   to ``drain``), with the effect's idempotency key passed to Slack.
 
+Exit codes: 0 done (each command prints one JSON line: ``completed``, ``suspended`` or
+``ignored`` for ``handle``); 1 a persistkit error, said in one line; 2 an unreadable
+envelope; 3 the thread stayed busy past ``--busy-timeout`` (retry the event later); 4 the
+reply is committed but Slack kept refusing its post (it stays pending: retry the event,
+or ``drain``).
+
 In production, ``handle`` runs on a job queue (see examples/celery_worker.py): the
 HTTP endpoint acks Slack at once and enqueues the envelope, and a turn waiting behind
 a run that waits for a person (``ThreadBusyError`` after ``--busy-timeout``) is

@@ -26,7 +26,7 @@
     ├── RunCompensatedError       the run failed for good and was rolled back: a redelivery runs nothing
     ├── CompensationError         a saga rollback could not undo everything (lists what was and was not undone)
     ├── EffectError               an after-commit effect failed for good (it stays pending), or a
-    │                             stored one cannot be resolved in this process
+    │                             stored one cannot be resolved in this process (a RetryableError)
     └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
 
 Errors raised by the user's own step functions pass through untouched; they
@@ -422,13 +422,15 @@ def _rebuild_compensation(
     )
 
 
-class EffectError(PersistkitError):
+class EffectError(RetryableError):
     """An after-commit effect (``run.after_commit``) failed for good under its retry policy, or
     a stored effect cannot be resolved here (its module is not allowlisted).
 
     The effect stays pending, never dropped: the next resume of its run, or
     ``store.drain_outbox()``, runs it again with the same idempotency ``key``. The effect's own
-    exception is ``__cause__``.
+    exception is ``__cause__``. A ``RetryableError``: a block it escapes writes no end record,
+    so the run stays unfinished, the thread's next turns wait for it (no later reply is posted
+    before this one), and the queue's retry of the run posts it first.
     """
 
     def __init__(

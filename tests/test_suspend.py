@@ -365,3 +365,18 @@ def test_a_suspended_run_can_be_abandoned(local_store: pk.Store) -> None:
     assert later.status == "completed"
     with pytest.raises(pk.RunAbandonedError), pk.resume(t, store=local_store, run_id="A"):
         pass
+
+
+def test_an_answered_run_nobody_resumed_is_due(local_store: pk.Store) -> None:
+    """The process that answered died before it resumed the run: ``due()`` lists the run (the
+    Slack example's finding), and once it is resumed, no more."""
+    t = f"answered-{uuid.uuid4().hex[:8]}"
+    with pk.resume(t, store=local_store) as run:
+        pk.suspend({"refund": 80}, answer_type=bool)
+    assert local_store.due() == [] or all(d.thread_id != t for d in local_store.due())
+    local_store.answer(t, True)
+    due = [d for d in local_store.due() if d.thread_id == t]
+    assert [(d.run_id, d.questions) for d in due] == [(run.run_id, ())]
+    with pk.resume(t, store=local_store, run_id=run.run_id) as again:
+        assert pk.suspend({"refund": 80}, answer_type=bool) is True
+    assert again.status == "completed" and all(d.thread_id != t for d in local_store.due())

@@ -71,6 +71,8 @@ __all__ = [
 
 #: The step status and run status of a suspend record.
 SUSPENDED = "suspended"
+#: The names of the records a run waits in: an answer to one, left at the head, is a run to resume.
+ANSWERABLE = ("pk.suspend", "pk.suspend_all")
 
 #: The JSON-like builtin answer types (checked by isinstance; an int is also a float).
 _BUILTINS = (bool, int, float, str, list, dict, type(None))
@@ -111,7 +113,8 @@ class Question:
 @dataclass(frozen=True, slots=True)
 class DueRun:
     """A suspended run that a resume now continues (``store.due()``): every open question's
-    deadline (or the timer's wake time) passed. Resume it with
+    deadline (or the timer's wake time) passed, or its questions were answered and nobody
+    resumed it since (then ``questions`` is empty and ``due_at`` is the answer's time). Resume it with
     ``pk.resume(thread_id, run_id=run_id, namespace=namespace)`` running the same code."""
 
     thread_id: str
@@ -283,6 +286,12 @@ def items(rec: Record) -> list[dict[str, Any]]:
     """The question objects of a suspend record (one, or several for ``suspend_all``)."""
     q = rec.body.get("q")
     return list(q) if isinstance(q, list) else [q] if isinstance(q, dict) else []
+
+
+def is_answered(rec: Record) -> bool:
+    """Whether ``rec`` (a thread's head) is an answer nobody has resumed its run with yet:
+    the answer record is still the newest checkpoint, so the run waits for a resume."""
+    return rec.kind == "step" and rec.body.get("n") in ANSWERABLE and rec.body.get("s") == "completed"
 
 
 def is_suspension(rec: Record) -> bool:

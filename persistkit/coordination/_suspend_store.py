@@ -48,8 +48,9 @@ def _when(now: datetime | float | None) -> float:
     raise ConfigurationError(f"now must be an aware datetime, seconds since the epoch or None, got {now!r}")
 
 
-def _suspensions(codec: Codec, prefix: str, namespace: str) -> Plan[list[Record]]:
-    """The suspend record at the head of every thread (under ``prefix``) that has one."""
+def _suspensions(codec: Codec, prefix: str, namespace: str, answered: bool = False) -> Plan[list[Record]]:
+    """The suspend record at the head of every thread (under ``prefix``) that has one (and,
+    with ``answered``, the answer record of a run nobody resumed since)."""
     if not isinstance(prefix, str):
         raise ConfigurationError(f"prefix must be a str, got {type(prefix).__name__}")
     out: list[Record] = []
@@ -61,7 +62,7 @@ def _suspensions(codec: Codec, prefix: str, namespace: str) -> Plan[list[Record]
             if found is None:
                 continue
             rec = Record.decode(codec, found[1])
-            if S.is_suspension(rec):
+            if S.is_suspension(rec) or (answered and S.is_answered(rec)):
                 out.append(rec)
         if len(page) < _PAGE:
             return out
@@ -79,9 +80,15 @@ def _pending(codec: Codec, prefix: str, namespace: str, at: float) -> Plan[list[
 
 
 def _due(codec: Codec, prefix: str, namespace: str, at: float) -> Plan[list[S.DueRun]]:
-    recs = yield from _suspensions(codec, prefix, namespace)
+    recs = yield from _suspensions(codec, prefix, namespace, answered=True)
     out: list[S.DueRun] = []
     for rec in recs:
+        if S.is_answered(rec):  # answered, and the process that answered never resumed it
+            out.append(S.DueRun(
+                thread_id=rec.row.thread_id, namespace=rec.row.namespace, run_id=rec.row.run_id or "",
+                due_at=datetime.fromtimestamp(float(rec.body.get("t") or at), UTC), questions=(),
+            ))
+            continue
         if S.ready(rec, at) is S.MISSING:
             continue
         qs = S.questions(codec, rec)
@@ -147,7 +154,10 @@ class SuspendStore:
 
     def due(self, now: datetime | float | None = None, *, prefix: str = "", namespace: str = "") -> list[S.DueRun]:
         """Suspended runs that a resume now continues: a timer (``pk.sleep``) whose wake time
-        passed, or questions whose deadlines passed (their defaults are taken). For a
+        passed, questions whose deadlines passed (their defaults are taken), and runs whose
+        questions were answered but that nobody resumed since (the answering process died
+        before its resume; ``questions`` is empty for those — one a worker is resuming right
+        now may be listed too: resuming it again waits for its lease, then replays). For a
         scheduler (cron, Celery beat, a loop): resume each with ``pk.resume(thread_id,
         run_id=run_id)`` running the same code. Oldest first. Reads each thread's head."""
         result: list[S.DueRun] = self.run_sync(_due(self.codec, prefix, _check(namespace, "namespace"), _when(now)))

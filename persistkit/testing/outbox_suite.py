@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .._errors import ConfigurationError, EffectError
+from .._errors import ConfigurationError, EffectError, ThreadBusyError
 from .._retry import Retry
 from ..coordination._outbox import current_effect
 from ..engine._api import checkpointed, current_run, resume
@@ -229,13 +229,18 @@ class OutboxConformance:
         with pytest.raises(EffectError) as err, resume(t, store=one, run_id="r1"):
             reply_retried(t, "a", 2)
         assert err.value.key and err.value.position == "0" and "stays pending" in str(err.value)
-        assert isinstance(err.value.__cause__, ValueError)
-        assert [c.run_status for c in one.history(t) if c.kind == "end"] == ["failed"]
+        assert isinstance(err.value.__cause__, ValueError) and err.value.retryable
+        # a RetryableError: no end record, the run stays unfinished (the thread's other turns wait)
+        assert [c.kind for c in one.history(t)] == ["step"]
+        if two.backend.supports_leases:
+            with pytest.raises(ThreadBusyError) as busy, resume(t, store=two, run_id="r2", busy="reject"):
+                pass
+            assert busy.value.unfinished_run == "r1"
         FAIL[t] = 5
         report = two.drain_outbox(thread_id=t)
         assert not report.ok and report.failed[0].key == err.value.key and _seen(t) == []
         FAIL[t] = 1  # one more failure, then it works: its own policy (2 attempts) covers it
-        with resume(t, store=one, run_id="r1") as run:  # the failed run continues: its effect first
+        with resume(t, store=one, run_id="r1") as run:  # the queue's retry continues it: its effect first
             assert _seen(t) == ["a"]
             reply_retried(t, "a", 2)
         assert run.status == "completed" and _seen(t) == ["a"]

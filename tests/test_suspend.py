@@ -380,3 +380,59 @@ def test_an_answered_run_nobody_resumed_is_due(local_store: pk.Store) -> None:
     with pk.resume(t, store=local_store, run_id=run.run_id) as again:
         assert pk.suspend({"refund": 80}, answer_type=bool) is True
     assert again.status == "completed" and all(d.thread_id != t for d in local_store.due())
+
+
+def test_a_caught_suspension_runs_no_step_after_it(local_store: pk.Store) -> None:
+    """An agent that catches pk.Suspended (against the advice) cannot run a step past the
+    question: the step raises the suspension again, the head stays the suspend record and the
+    question stays answerable (found from outside)."""
+    t, ran = f"caught-{uuid.uuid4().hex[:8]}", []
+
+    @pk.checkpointed(name="charge")
+    def charge(n: int) -> int:
+        ran.append(n)
+        return n
+
+    def block() -> pk.Run:
+        with pk.resume(t, store=local_store) as run:
+            charge(1)
+            try:  # noqa: SIM105 -- what an agent that catches it writes
+                pk.suspend({"charge": 2})
+            except pk.Suspended:
+                pass
+            charge(2)
+        return run
+
+    assert block().status == "suspended" and ran == [1]
+    assert [q.thread_id for q in local_store.pending() if q.thread_id == t] == [t]
+    local_store.answer(t, True)
+    assert block().status == "completed" and ran == [1, 2]
+
+
+def test_code_that_cannot_replay_a_suspended_run_leaves_it_suspended(local_store: pk.Store) -> None:
+    """A deploy that changed the step order: its resume raises NonDeterminismError and writes
+    nothing, so the question stays open and the thread's other turns still wait for the run."""
+    t = f"nde-{uuid.uuid4().hex[:8]}"
+
+    @pk.checkpointed(name="old")
+    def old() -> int:
+        return 1
+
+    @pk.checkpointed(name="new")
+    def new() -> int:
+        return 2
+
+    with pk.resume(t, store=local_store, run_id="r1"):
+        old()
+        pk.suspend({"q": 1})
+    with pytest.raises(pk.NonDeterminismError), pk.resume(t, store=local_store):
+        new()
+    assert [q.run_id for q in local_store.pending() if q.thread_id == t] == ["r1"]
+    with pytest.raises(pk.ThreadBusyError) as busy, pk.resume(t, store=local_store, run_id="r2", busy="reject"):
+        pass
+    assert busy.value.unfinished_run == "r1"
+    local_store.answer(t, True)
+    with pk.resume(t, store=local_store, run_id="r1") as run:  # the old code finishes it
+        old()
+        assert pk.suspend({"q": 1}) is True
+    assert run.status == "completed"

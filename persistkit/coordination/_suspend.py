@@ -141,6 +141,13 @@ class Suspended(BaseException):
         super().__init__(f"thread {thread_id!r} run {run_id} suspended on {what}")
 
 
+def suspended_again(run: Any) -> Suspended:
+    """What a step called after the run suspended raises (the block caught ``pk.Suspended``,
+    or another task goes on): the run's suspension again, so nothing runs past the question
+    and the thread's head stays the suspend record."""
+    return Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
+
+
 def suppressed(run: Any, exc: BaseException | None) -> Suspended | None:
     """This run's :class:`Suspended` that ``pk.resume``'s exit suppresses: ``exc`` itself, or
     one of an exception group of only those (from a ``TaskGroup``); else None."""

@@ -19,6 +19,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .._errors import (
     ConfigurationError,
+    NonDeterminismError,
     PersistkitError,
     RetryableError,
     SchemaVersionError,
@@ -30,6 +31,7 @@ from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, chec
 from ..coordination._saga import register_result_undo
 from ..coordination._suspend import end_async as suspend_end_async
 from ..coordination._suspend import end_sync as suspend_end_sync
+from ..coordination._suspend import suspended_again
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from . import _outbox
@@ -277,12 +279,15 @@ def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
     """A replayed run writes nothing; an interrupt or a ``pk.RetryableError`` (a busy or lost
     lease, a store briefly unavailable: retrying the same run_id continues it) leaves the
     run unfinished, not failed for good; a run that
-    could not load a recorded state (a failed migration) must not move the head; a run
+    could not load a recorded state (a failed migration) must not move the head, nor one
+    that this code cannot replay (``NonDeterminismError``: the run stays as it was, a
+    suspended one keeps its question, for the code that can finish it); a run
     whose lease was lost must write nothing more."""
     return (
         run.replay_only
         or run.status == "suspended"  # pk.suspend / pk.sleep: no end record, even if it was caught
         or run.load_error is not None
+        or isinstance(exc, NonDeterminismError)
         or (exc is not None and not isinstance(exc, Exception))
         or run.lease_lost(exc)
         or isinstance(exc, RetryableError)  # left unfinished: the queue's retry continues it
@@ -436,6 +441,8 @@ def _begin(
     run = frame.run
     if run.load_error is not None:
         raise SchemaVersionError(f"this run cannot go on: {run.load_error}")
+    if run.status == "suspended":  # no step after pk.suspend, even if its pk.Suspended was caught
+        raise suspended_again(run)
     position = frame.child()
     # run.lookup() decides; a position the run has not recorded runs live without asking
     rec = run.lookup(position, step.name) if position in run._index or run.replay_only else None

@@ -399,3 +399,61 @@ def test_records_with_malformed_saga_keys_are_refused() -> None:
     assert _check_body({**base, "cp": [{"f": "m:f"}], "cb": [["0", 0]], "ce": {}}) is None
     for bad in ({"cp": "x"}, {"cp": [{"a": 1}]}, {"cb": [["0", "0"]]}, {"cb": [[0, 0]]}, {"ce": []}):
         assert _check_body({**base, **bad}) is not None
+
+
+# -- found from outside: a compensation that asks, a compensation with an effect ------------
+
+_ASKED: list[str] = []
+
+
+def _undo_ask(x: str) -> None:
+    _ASKED.append(f"ask {x}")
+    if pk.suspend({"refund?": x}, answer_type=bool):
+        _ASKED.append(f"refunded {x}")
+
+
+def _undo_notify(x: str) -> None:
+    pk.after_commit(_notify, f"undone {x}")
+
+
+def _notify(text: str) -> None:
+    _ASKED.append(text)
+
+
+@pk.checkpointed(name="saga.book_for")
+def _book_for(x: str, undo: str) -> str:
+    pk.compensate(_undo_ask if undo == "ask" else _undo_notify, x)
+    return x
+
+
+@pk.checkpointed(name="saga.declined")
+def _declined() -> None:
+    raise ValueError("declined")
+
+
+def test_a_compensation_that_asks_suspends_the_rollback_cleanly(local_store: pk.Store) -> None:
+    _ASKED.clear()
+    t = f"ask-{uuid.uuid4().hex[:8]}"
+
+    def block() -> pk.Run:
+        with pk.resume(t, store=local_store, run_id="r1") as run:
+            _book_for("B1", "ask")
+            _declined()
+        return run
+
+    assert block().status == "suspended" and _ASKED == ["ask B1"]  # pk.Suspended did not escape
+    local_store.answer(t, True)
+    with pytest.raises(pk.RunCompensatedError):  # the resume finishes the rollback
+        block()
+    assert _ASKED == ["ask B1", "ask B1", "refunded B1"]
+    assert local_store.history(t)[0].run_status == "compensated"
+
+
+def test_an_effect_registered_by_a_compensation_runs_after_its_commit(local_store: pk.Store) -> None:
+    _ASKED.clear()
+    t = f"notify-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ValueError), pk.resume(t, store=local_store):
+        _book_for("B2", "notify")
+        _declined()
+    assert _ASKED == ["undone B2"]
+    assert local_store.drain_outbox(thread_id=t, dry_run=True).pending == ()

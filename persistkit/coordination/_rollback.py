@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 __all__ = ["finish_async", "finish_sync", "rollback_async", "rollback_sync"]
 
 #: The engine's frame variable and frame class: ``(run, path, name, attempt) -> frame``.
-Frames = tuple[ContextVar[Any], Any]
+#: The engine's frame variable, its frame class, and what runs a step's after-commit effects
+#: once its checkpoint landed (``engine/_outbox.after_step_sync`` / ``after_step_async``).
+Frames = tuple[ContextVar[Any], Any, Any]
 
 
 def _storable(run: Run) -> None:
@@ -73,7 +75,7 @@ def _awaited(result: Any, item: Item) -> Any:
 
 
 def _one_sync(run: Run, item: Item, rb: Rollback, frames: Frames) -> None:
-    var, frame = frames
+    var, frame, after_step = frames
     try:
         fn, args, kwargs, policy = rb.call(item)
     except PersistkitError as exc:
@@ -110,10 +112,12 @@ def _one_sync(run: Run, item: Item, rb: Rollback, frames: Frames) -> None:
     run._attach["rs"] = COMPENSATING
     run.step_sync(item.position, item.name, None, result=None)  # its return value is not kept
     rb.done(item)
+    if run._effects:  # pk.after_commit inside the compensation: as after any step's commit
+        after_step(run, item.position)
 
 
 async def _one_async(run: Run, item: Item, rb: Rollback, frames: Frames) -> None:
-    var, frame = frames
+    var, frame, after_step = frames
     try:
         fn, args, kwargs, policy = rb.call(item)
     except PersistkitError as exc:
@@ -151,6 +155,8 @@ async def _one_async(run: Run, item: Item, rb: Rollback, frames: Frames) -> None
     run._attach["rs"] = COMPENSATING
     await run.step_async(item.position, item.name, None, result=None)
     rb.done(item)
+    if run._effects:
+        await after_step(run, item.position)
 
 
 def _run_sync(run: Run, rb: Rollback, frames: Frames, mark: bool) -> None:

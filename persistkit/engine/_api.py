@@ -29,9 +29,9 @@ from .._retry import Retry
 from ..codec import _serde
 from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
 from ..coordination._saga import register_result_undo
+from ..coordination._suspend import Suspended, suspended_again
 from ..coordination._suspend import end_async as suspend_end_async
 from ..coordination._suspend import end_sync as suspend_end_sync
-from ..coordination._suspend import suspended_again
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from . import _outbox
@@ -180,7 +180,7 @@ class resume:
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_sync
 
-                finish_sync(run, self._holding, (_CURRENT, _Frame))
+                finish_sync(run, self._holding, (_CURRENT, _Frame, _outbox.after_step_sync))
             if run._pending:  # effects committed but not done (the process died): first (engine/_outbox)
                 from ..coordination._hooks import let_go_sync
 
@@ -203,7 +203,11 @@ class resume:
             if exc is not None:  # failed for good: its completed steps' compensations run first (sagas)
                 from ..coordination._rollback import rollback_sync
 
-                if (undo_error := rollback_sync(run, exc, (_CURRENT, _Frame))) is not None:
+                try:
+                    undo_error = rollback_sync(run, exc, (_CURRENT, _Frame, _outbox.after_step_sync))
+                except Suspended as asked:  # a compensation asked (pk.suspend): the rollback waits
+                    return suspend_end_sync(run, asked)
+                if undo_error is not None:
                     raise undo_error from exc
             try:
                 run.end_sync(exc)
@@ -234,7 +238,7 @@ class resume:
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_async
 
-                await finish_async(run, self._holding, (_CURRENT, _Frame))
+                await finish_async(run, self._holding, (_CURRENT, _Frame, _outbox.after_step_async))
             if run._pending:
                 from ..coordination._hooks import let_go_async
 
@@ -257,7 +261,11 @@ class resume:
             if exc is not None:  # failed for good: its completed steps' compensations run first (sagas)
                 from ..coordination._rollback import rollback_async
 
-                if (undo_error := await rollback_async(run, exc, (_CURRENT, _Frame))) is not None:
+                try:
+                    undo_error = await rollback_async(run, exc, (_CURRENT, _Frame, _outbox.after_step_async))
+                except Suspended as asked:
+                    return await suspend_end_async(run, asked)
+                if undo_error is not None:
                     raise undo_error from exc
             try:
                 await run.end_async(exc)

@@ -328,3 +328,33 @@ def test_an_async_effect_that_fails_for_good(store: pk.Store) -> None:
 
     asyncio.run(main())
     assert [c.status for c in store.history(t) if c.kind == "step"] == ["completed"]
+
+
+def test_keys_differ_between_namespaces(local_store: pk.Store) -> None:
+    """The same thread and run id in two namespaces (two tenants) never share an idempotency
+    key, of a step or of an effect: a receiver that deduplicates by key would drop the second
+    tenant's call (found from outside). The default namespace keeps the keys it always had."""
+    import hashlib
+
+    t, step_keys = tag(), []
+    KEYS_SEEN.clear()
+    for ns in ("", "tenant-a", "tenant-b"):
+        with pk.resume(t, store=local_store, run_id="same", namespace=ns):
+            step_keys.append(_keys_step())
+    assert len(set(step_keys)) == 3 and len(set(KEYS_SEEN)) == 3
+    assert step_keys[0] == "pk-" + hashlib.blake2b(f"{t}\x00same\x000".encode(), digest_size=16).hexdigest()
+
+
+KEYS_SEEN: list[str] = []
+
+
+def _key_effect(*, idempotency_key: str) -> None:
+    KEYS_SEEN.append(idempotency_key)
+
+
+@pk.checkpointed(name="outbox.keys_step")
+def _keys_step() -> str:
+    step = pk.current_step()
+    assert step is not None
+    pk.after_commit(_key_effect)
+    return step.key

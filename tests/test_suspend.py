@@ -436,3 +436,20 @@ def test_code_that_cannot_replay_a_suspended_run_leaves_it_suspended(local_store
         old()
         assert pk.suspend({"q": 1}) is True
     assert run.status == "completed"
+
+
+def test_a_default_is_checked_against_the_answer_type_and_returned_as_it(local_store: pk.Store) -> None:
+    """A deadline's default is an answer too: refused when it does not fit ``answer_type``
+    (nothing stored), and returned as that type after the deadline, as an answer would be."""
+    t = f"default-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(pk.ConfigurationError, match="does not fit answer_type"), pk.resume(t, store=local_store):
+        pk.suspend({"q": 1}, answer_type=bool, deadline=timedelta(seconds=-1), default="maybe")
+    assert local_store.history(t) == [] or all(c.step != "pk.suspend" for c in local_store.history(t))
+    with pk.resume(t, store=local_store, run_id="r1"):
+        pk.suspend({"q": 1}, answer_type=Refund, deadline=timedelta(milliseconds=1),
+                   default={"amount": 5, "reason": "timeout"})
+    time.sleep(0.01)
+    with pk.resume(t, store=local_store, run_id="r1"):
+        got = pk.suspend({"q": 1}, answer_type=Refund, deadline=timedelta(milliseconds=1),
+                         default={"amount": 5, "reason": "timeout"})
+    assert isinstance(got, Refund) and got.amount == 5

@@ -85,9 +85,11 @@ def current_effect() -> EffectInfo | None:
     return _EFFECT.get()
 
 
-def effect_key(thread_id: str, run_id: str, position: str, index: int) -> str:
-    """The idempotency key of effect ``index`` of the step at ``position`` of ``run_id``."""
-    raw = f"{thread_id}\x00{run_id}\x00{position}\x00{index}".encode()
+def effect_key(thread_id: str, run_id: str, position: str, index: int, namespace: str = "") -> str:
+    """The idempotency key of effect ``index`` of the step at ``position`` of ``run_id``
+    (a namespace other than the default one is part of it: two tenants never share a key)."""
+    ns = f"\x00{namespace}" if namespace else ""
+    raw = f"{thread_id}\x00{run_id}\x00{position}\x00{index}{ns}".encode()
     return "pk-effect-" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
@@ -232,7 +234,7 @@ class Pending:
     def info(self, attempt: int = 1) -> EffectInfo:
         t, r = self.rec.row.thread_id, self.rec.row.run_id or ""
         return EffectInfo(t, r, self.position, self.index, str(self.entry.get("f")), attempt,
-                          effect_key(t, r, self.position, self.index))
+                          effect_key(t, r, self.position, self.index, self.rec.row.namespace))
 
     def where(self) -> str:
         r = self.rec.row

@@ -82,7 +82,7 @@ def current_step() -> StepInfo | None:
     if frame is None or frame.name is None:
         return None
     run = frame.run
-    return StepInfo(run.thread_id, run.run_id, frame.path, frame.name, frame.attempt)
+    return StepInfo(run.thread_id, run.run_id, frame.path, frame.name, frame.attempt, run.namespace)
 
 
 def current_run() -> Run | None:

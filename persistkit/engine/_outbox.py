@@ -209,7 +209,7 @@ def after_step_sync(run: Run, position: str) -> None:
     try:
         for i, (fn, args, kwargs, retry) in enumerate(live.calls):
             info = ob.EffectInfo(run.thread_id, run.run_id, position, i, live.stored[i]["f"], 1,
-                                 ob.effect_key(run.thread_id, run.run_id, position, i))
+                                 ob.effect_key(run.thread_id, run.run_id, position, i, run.namespace))
             ob.call_sync(fn, args, kwargs, info, retry)
             ran.append(ob.effect_id(rec.id, i))
     finally:
@@ -228,7 +228,7 @@ async def after_step_async(run: Run, position: str) -> None:
     try:
         for i, (fn, args, kwargs, retry) in enumerate(live.calls):
             info = ob.EffectInfo(run.thread_id, run.run_id, position, i, live.stored[i]["f"], 1,
-                                 ob.effect_key(run.thread_id, run.run_id, position, i))
+                                 ob.effect_key(run.thread_id, run.run_id, position, i, run.namespace))
             await ob.call_async(fn, args, kwargs, info, retry)
             ran.append(ob.effect_id(rec.id, i))
     finally:

@@ -52,7 +52,9 @@ class StepInfo:
     """The step being executed (``pk.current_step()``).
 
     ``key`` is stable across retries, crashes and resumes of the same run and
-    position: pass it as the idempotency key of external calls.
+    position: pass it as the idempotency key of external calls. A namespace other than the
+    default one is part of it, so the same thread and run id in two namespaces (two
+    tenants, two agents) never share a key.
     """
 
     thread_id: str
@@ -60,10 +62,12 @@ class StepInfo:
     position: str
     name: str
     attempt: int
+    namespace: str = ""
 
     @property
     def key(self) -> str:
-        raw = f"{self.thread_id}\x00{self.run_id}\x00{self.position}".encode()
+        ns = f"\x00{self.namespace}" if self.namespace else ""  # "": the key as it always was
+        raw = f"{self.thread_id}\x00{self.run_id}\x00{self.position}{ns}".encode()
         return "pk-" + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 

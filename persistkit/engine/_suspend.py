@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._errors import AnswerError, ConfigurationError
 from ..codec._registry import register
 from ..coordination import _suspend as S
 from ..state._records import Record
@@ -57,6 +57,14 @@ def _questions(run: Run, body_q: Any, position: str, what: str, payloads: Sequen
                default: Any, answer_type: Any) -> Any:
     name = S.type_name(answer_type, what)
     at = S.deadline_of(deadline, time.time(), what)
+    if answer_type is not None and default is not S.MISSING:  # the default is an answer too
+        try:
+            default = S.validate(default, answer_type, run.thread_id, position)
+        except AnswerError as exc:
+            raise ConfigurationError(
+                f"{what}: default={default!r} does not fit answer_type {answer_type!r}: a resume after "
+                f"the deadline would return it as the answer ({exc}). Pass a default of that type"
+            ) from None
     qs = [S.make_question(run.codec, position if body_q is None else f"{position}.{k}", p, at, default, name, what)
           for k, p in enumerate(payloads)]
     return qs[0] if body_q is None else qs

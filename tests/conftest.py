@@ -72,9 +72,14 @@ def postgres_url() -> Iterator[str]:
     except Exception as exc:  # any driver failure means "not reachable"
         unavailable("postgres", f"cannot connect to {POSTGRES_URL}: {exc}")
     yield POSTGRES_URL
-    # This session's schema only: other runs may be using theirs.
+    # This session's schemas only (make_url's, isolated ones too): other runs may be using theirs.
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS pktest_{SESSION_TAG} CASCADE")
+        names = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname = %s OR nspname LIKE %s",
+            (f"pktest_{SESSION_TAG}", f"pktest_{SESSION_TAG}_%"),
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 @pytest.fixture(scope="session")
@@ -181,8 +186,13 @@ def s3_endpoint() -> Iterator[str]:
         proc.kill()
 
 
-def make_url(kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A URL for a fresh, isolated store of ``kind``."""
+def make_url(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
+) -> str:
+    """A URL for a fresh, isolated store of ``kind``. PostgreSQL stores share this session's
+    schema (threads apart by id) unless ``isolated``: a test that lists the whole store
+    (``store.pending()``, ``due()``, ``drain_outbox()``) gets a schema of its own, so it never
+    meets another test's threads (sealed with keys it does not have)."""
     tag = uuid.uuid4().hex[:10]
     if kind == "memory":
         return f"memory://{tag}"
@@ -190,7 +200,7 @@ def make_url(kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest
         return f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/store.db"
     if kind == "postgres":
         base = request.getfixturevalue("postgres_url")
-        return f"{base}?schema=pktest_{SESSION_TAG}"
+        return f"{base}?schema=pktest_{SESSION_TAG}" + (f"_{tag}" if isolated else "")
     if kind == "redis":
         base = request.getfixturevalue("redis_url")
         return f"{base}?prefix=pktest:{SESSION_TAG}:{tag}:"

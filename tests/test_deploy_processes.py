@@ -97,7 +97,7 @@ V2_UNGUARDED = "        text = refund_v2(run_id)"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_url(request.param, request, tmp_path_factory)
+    return make_url(request.param, request, tmp_path_factory, isolated=True)
 
 
 def _version(tmp: Path, name: str, refund: str) -> Path:

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 @pytest.fixture(params=["postgres", "sqlite"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_url(request.param, request, tmp_path_factory)
+    return make_url(request.param, request, tmp_path_factory, isolated=True)
 
 
 def agent(url: str, thread: str, run_id: str, receiver: Path, mode: str) -> tuple[int, dict[str, object] | None]:

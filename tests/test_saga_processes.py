@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 @pytest.fixture(params=["postgres", "sqlite"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_url(request.param, request, tmp_path_factory)
+    return make_url(request.param, request, tmp_path_factory, isolated=True)
 
 
 def _agent(url: str, thread: str, run_id: str, effects: Path, kill: str) -> subprocess.CompletedProcess[str]:

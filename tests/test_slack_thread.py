@@ -44,7 +44,7 @@ REPLIES = {"refund": "Done: $80.00 refunded on order #1042.",
 
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_url(request.param, request, tmp_path_factory)
+    return make_url(request.param, request, tmp_path_factory, isolated=True)
 
 
 def until(check: Callable[[], Any], what: str) -> Any:

@@ -35,7 +35,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE),
 
 @pytest.fixture(params=["postgres", "sqlite"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_url(request.param, request, tmp_path_factory)
+    return make_url(request.param, request, tmp_path_factory, isolated=True)
 
 
 @pytest.fixture

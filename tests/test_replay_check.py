@@ -344,3 +344,72 @@ def test_concurrent_branches_in_a_check(store: pk.Store) -> None:
     expected = ("continues", "1/1", "astep") if x_done else ("continues", "0", "branch")
     assert [(r.outcome, r.position, r.step) for r in report.runs] == [expected]
     assert BODIES == []
+
+
+# -- functions stored by name: a rollback's compensations, pending effects (found from outside) --
+
+
+class _Die(BaseException):
+    pass
+
+
+def rc_undo(x: str) -> None:
+    if x == "die":
+        raise _Die
+
+
+def rc_effect(x: str) -> None:
+    raise _Die  # the process dies inside the effect: it stays pending
+
+
+@pk.checkpointed(name="rc.book")
+def rc_book(x: str) -> str:
+    pk.compensate(rc_undo, x)
+    return x
+
+
+@pk.checkpointed(name="rc.reply")
+def rc_reply(x: str) -> str:
+    pk.after_commit(rc_effect, x)
+    return x
+
+
+@pk.checkpointed(name="rc.fail")
+def rc_fail() -> None:
+    raise ValueError("declined")
+
+
+def _rc_entry(thread_id: str, run_id: str, *, store: pk.Store) -> None:
+    with pk.resume(thread_id, store=store, run_id=run_id):
+        rc_book("a")
+
+
+def test_a_rollback_whose_compensation_is_gone_would_stop(store: pk.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose rollback a crash interrupted never runs its block again, but its remaining
+    compensations run by name: a deploy that renamed one must not be called safe."""
+    t = uid("rc")
+    with pytest.raises(_Die), pk.resume(t, store=store, run_id="r1"):
+        rc_book("a")
+        rc_book("die")  # undone first (newest first): the process dies in it
+        rc_fail()
+    assert store.history(t, limit=1)[0].run_status == "compensating"
+    ok = store.check_replay(_rc_entry)
+    assert [(r.thread_id, r.outcome) for r in ok.runs if r.thread_id == t] == [(t, "continues")]
+    monkeypatch.delattr(sys.modules[__name__], "rc_undo")
+    report = store.check_replay(_rc_entry)
+    [run] = [r for r in report.runs if r.thread_id == t]
+    assert (run.outcome, run.position, run.step) == ("stops", "c/0", "rc.book") and "rc_undo" in (run.error or "")
+    assert not report.ok
+
+
+def test_a_pending_effect_whose_function_is_gone_would_stop(store: pk.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = uid("rc")
+    with pytest.raises(_Die), pk.resume(t, store=store, run_id="r1"):
+        rc_reply("a")
+    from persistkit.coordination import _outbox
+
+    monkeypatch.delattr(sys.modules[__name__], "rc_effect")
+    monkeypatch.setattr(_outbox, "_EFFECTS", {})  # as in the new code's process: nothing registered yet
+    report = store.check_replay(_rc_entry)
+    [run] = [r for r in report.runs if r.thread_id == t]
+    assert (run.outcome, run.position, run.step) == ("stops", "0", "rc.reply") and "rc_effect" in (run.error or "")

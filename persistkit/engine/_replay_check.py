@@ -74,6 +74,8 @@ CHECKING: ContextVar[_Check | None] = ContextVar("persistkit_replay_check", defa
 
 #: The statuses of a head record whose run a resume continues.
 UNFINISHED = ("running", "failed", "suspended")
+#: A run rolling back (sagas): its block never runs again, but its compensations will.
+ROLLING_BACK = "compensating"
 
 
 class Frontier(BaseException):
@@ -375,9 +377,52 @@ def _waiting(store: Store, threads: Iterable[str] | None, prefix: str, namespace
             continue
         rec = Record.decode(store.codec, found[1])
         rs = rec.run_status
-        if rec.kind in ("step", "end") and rs in UNFINISHED and rec.row.run_id:
+        if rec.kind in ("step", "end") and rs in (*UNFINISHED, ROLLING_BACK) and rec.row.run_id:
             out.append((t, rec.row.run_id, str(rs)))
     return out
+
+
+def _stored_functions(store: Store, thread_id: str, namespace: str, run_id: str, status: str) -> Plan[RunReplay | None]:
+    """The run's functions stored by name that a resume would call — its pending after-commit
+    effects, and the compensations of a run rolling back — resolved in this code: a
+    ``stops`` result naming the first that is gone (renamed, moved, not allowlisted), else None."""
+    from ..coordination import _outbox as ob
+    from ..coordination import _saga
+
+    rows: list[Record] = []
+    before = None
+    while True:
+        page = yield call("list", thread_id, namespace, run_id=run_id, before=before, limit=500)
+        rows.extend(Record.decode(store.codec, row) for row in page)
+        if len(page) < 500:
+            break
+        before = page[-1].checkpoint_id
+    rows.reverse()
+    wanted: list[tuple[str, str, str, str]] = []  # (kind, name, position, step)
+    for p in ob.pending_in(rows):
+        wanted.append(("after-commit effect", str(p.entry.get("f")), p.position, str(p.rec.body.get("n"))))
+    if status == ROLLING_BACK:
+        done = {str(r.body.get("p")) for r in rows if r.kind == "step" and r.body.get("s") == "completed"}
+        mark = next((r for r in reversed(rows) if r.kind == "step" and "cb" in r.body), None)
+        steps = {str(r.body.get("p")): r for r in rows if r.kind == "step" and "cp" in r.body and "dm" not in r.body}
+        for i, (pos, k) in enumerate(mark.body["cb"] if mark is not None else ()):
+            src = steps.get(str(pos))
+            if f"c/{i}" in done or src is None or k >= len(src.body["cp"]):
+                continue
+            wanted.append(("compensation", str(src.body["cp"][k].get("f")), f"c/{i}", str(src.body.get("n"))))
+    for kind, name, position, step in wanted:
+        where = f"thread {thread_id!r} run {run_id}: the {kind} {name} of step {step!r} at {position}"
+        try:
+            if kind == "compensation":
+                _saga.resolve(store.codec, name, where)
+            else:
+                ob.resolve(name, store.codec, where)
+        except PersistkitError as exc:
+            return RunReplay(
+                thread_id=thread_id, namespace=namespace, run_id=run_id, status=status, outcome="stops",
+                position=position, step=step, error=str(exc), error_type=type(exc).__name__,
+            )
+    return None
 
 
 def _entry_call(entry: Callable[..., Any], store: Store, thread_id: str, run_id: str) -> Any:
@@ -431,6 +476,10 @@ class ReplayCheckStore:
         found: list[tuple[str, str, str]] = store.run_sync(_waiting(store, ids, prefix, namespace))
         results = []
         for t, r, status in found:
+            gone: RunReplay | None = store.run_sync(_stored_functions(store, t, namespace, r, status))
+            if gone is not None or status == ROLLING_BACK:  # a rollback never runs the block again
+                results.append(gone or RunReplay(t, namespace, r, status, "continues", position="c"))
+                continue
             check = _Check(view, t, namespace, r, status)
             token = CHECKING.set(check)
             try:
@@ -461,6 +510,10 @@ class ReplayCheckStore:
         found: list[tuple[str, str, str]] = await store.run_async(_waiting(store, ids, prefix, namespace))
         results = []
         for t, r, status in found:
+            gone: RunReplay | None = await store.run_async(_stored_functions(store, t, namespace, r, status))
+            if gone is not None or status == ROLLING_BACK:
+                results.append(gone or RunReplay(t, namespace, r, status, "continues", position="c"))
+                continue
             check = _Check(view, t, namespace, r, status)
             token = CHECKING.set(check)
             try:

@@ -299,7 +299,8 @@ def _failed(info: EffectInfo, exc: BaseException, retry: Retry) -> EffectError:
         f"after {info.attempt} attempt(s): {type(exc).__name__}: {exc}. Its step is committed and the "
         "effect stays pending, never dropped: the next resume of this run, or store.drain_outbox(), "
         "runs it again with the same key. Fix the cause, or give it more attempts with "
-        f"after_commit(..., retry=pk.Retry(attempts=...)) (this one had {retry.attempts})",
+        f"after_commit(..., retry=pk.Retry(attempts=...)) (this one allows up to {retry.attempts}; "
+        "it stops sooner past its timeout, or on an exception its on= does not list)",
         thread_id=info.thread_id, run_id=info.run_id, position=info.position, index=info.index,
         function=info.function, key=info.key,
     )

@@ -101,6 +101,10 @@ def _due(ns: argparse.Namespace, out: Output) -> int:
             now = datetime.fromisoformat(ns.now)
         except ValueError as exc:
             raise ConfigurationError(f"--now {ns.now!r} is not an ISO time (2026-01-31T12:00:00+00:00)") from exc
+        if now.tzinfo is None:
+            raise ConfigurationError(
+                f"--now {ns.now!r} has no time zone: add one (2026-01-31T12:00:00+00:00, or Z for UTC)"
+            )
     with open_store(resolve_url(ns.url), display=True) as store:
         due = store.due(now, prefix=ns.prefix, namespace=ns.namespace)
     if out.as_json:

@@ -23,6 +23,7 @@ from .._ids import next_checkpoint_id
 from .._io import Plan, call, run_async, run_sync
 from ..backends._protocol import new_row
 from ..state._records import Checkpoint, Record
+from ._fence import write_under
 from ._lease import DEFAULT_TTL, Lease, acquire, release
 from ._unfinished import ABANDONED
 
@@ -81,10 +82,7 @@ def _plan(store: Store, thread_id: str, namespace: str, run_id: str, lease: Leas
     body = {"k": "end", "rs": ABANDONED, "ch": top.body.get("ch") or {}, "sc": top.body.get("sc"), "t": time.time()}
     row = new_row(t, ns, next_checkpoint_id(top.id), top.id, run_id, codec.pack_tree(body))
     try:
-        if lease is None:
-            yield call("write", row, {}, head.version)
-        else:
-            yield call("write_fenced", row, {}, head.version, lease.token)
+        yield write_under(lease, row, head.version)
     except ConflictError as exc:
         raise ConflictError(
             f"cannot abandon run {run_id} of thread {where}: another writer moved the thread's head "

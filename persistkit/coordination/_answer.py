@@ -25,6 +25,7 @@ from .._io import Plan, call, run_async, run_sync
 from ..backends._protocol import CheckpointRow, Head, new_row
 from ..state._records import Checkpoint, Record
 from . import _suspend as S
+from ._fence import write_under
 from ._lease import DEFAULT_TTL, Lease, acquire, release
 
 if TYPE_CHECKING:
@@ -96,10 +97,7 @@ def _plan(
     body["sc"] = rec.body.get("sc")
     row = new_row(t, ns, next_checkpoint_id(rec.id), rec.id, rec.row.run_id, codec.pack_tree(body))
     try:
-        if lease is None:
-            yield call("write", row, {}, head.version)
-        else:
-            yield call("write_fenced", row, {}, head.version, lease.token)
+        yield write_under(lease, row, head.version)
     except ConflictError as exc:
         raise AnswerError(
             f"cannot answer thread {_where(t, ns)}: another writer moved the thread's head while the "

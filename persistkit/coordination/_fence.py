@@ -14,7 +14,7 @@ from typing import Any
 from .._io import Call, call
 from ._lease import Lease
 
-__all__ = ["fence_for", "fenced", "write_call"]
+__all__ = ["fence_for", "fenced", "write_call", "write_under"]
 
 _FENCES: ContextVar[tuple[Lease, ...]] = ContextVar("persistkit_fences", default=())
 
@@ -48,3 +48,12 @@ def write_call(thread_id: str, namespace: str, *args: Any) -> Call:
     if lease.lost is not None:
         raise lease.lost
     return call("write_fenced", *args, lease.token)
+
+
+def write_under(lease: Lease | None, row: Any, expected: int) -> Call:
+    """The request writing ``row`` (no blobs) over the thread's head at version ``expected``,
+    fenced by ``lease``'s token when one is held; a store without leases: a plain write. What
+    the maintenance writes over a head use (``abandon``, ``answer``, a drain's done mark)."""
+    if lease is None:
+        return call("write", row, {}, expected)
+    return call("write_fenced", row, {}, expected, lease.token)

@@ -30,6 +30,7 @@ from .._io import Plan, call, run_async, run_sync
 from ..backends._protocol import new_row
 from ..state._records import Record
 from . import _outbox as ob
+from ._fence import write_under
 from ._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
 
 if TYPE_CHECKING:
@@ -127,10 +128,7 @@ def _mark(codec: Codec, top: Record, head: Head, done: list[str], lease: Lease |
     body = ob.marker_body(top.body, done, time.time())
     row = new_row(top.row.thread_id, top.row.namespace, next_checkpoint_id(top.id), top.id, top.row.run_id,
                   codec.pack_tree(body))
-    if lease is None:
-        yield call("write", row, {}, head.version)
-    else:
-        yield call("write_fenced", row, {}, head.version, lease.token)
+    yield write_under(lease, row, head.version)
 
 
 class _Drain:

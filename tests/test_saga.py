@@ -352,7 +352,7 @@ class _Holder:
         (lambda: None, "lambda"),
         (_closure(), "inside another function"),
         (_Holder().method, "bound method"),
-        (functools.partial(undo, 1), "no module"),
+        (functools.partial(undo, 1), "functools.partial"),
         (os.getcwd, "allow_modules"),
         ("undo", "expected a function"),
     ],

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -29,8 +28,8 @@ from typing import Any
 
 from .._errors import ConfigurationError, EffectError
 from .._retry import Retry
+from ..codec._functions import NotFound, find, stored_name
 from ..codec._pipeline import Codec
-from ..codec._registry import _MODULE_RE, _MODULES
 from ..state._records import Record
 
 __all__ = [
@@ -107,58 +106,10 @@ def effect_name(fn: Any) -> str:
     another process, so a crash would strand the effect."""
     if not callable(fn):
         raise ConfigurationError(f"after_commit() takes a function, got {fn!r}")
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     what = f"after_commit({getattr(fn, '__qualname__', fn)!r})"
-    if inspect.ismethod(fn) or isinstance(fn, functools.partial):
-        raise ConfigurationError(
-            f"{what}: a bound method or functools.partial cannot be stored (another process cannot "
-            "rebuild its object). Register a module-level function and pass the data it needs as "
-            "arguments: run.after_commit(post_reply, channel, text)"
-        )
-    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
-        raise ConfigurationError(
-            f"{what}: a lambda, a nested function or a closure cannot be stored: if the process "
-            "dies before the effect ran, the next resume or store.drain_outbox() must find the "
-            "function by its module and name. Define it at the top level of a module and pass "
-            "what it captured as arguments"
-        )
-    name = f"{module}:{qualname}"
-    if module == "__main__" or not _MODULE_RE.match(module):
-        found = None
-    else:
-        found = _lookup(module, qualname)
-    same = found is fn or (module == "__main__" and _in_main(qualname) is fn)
-    if not same:
-        raise ConfigurationError(
-            f"{what}: {name} does not name this function in its module (it is decorated or "
-            "replaced there), so another process would call something else. Register the "
-            "module-level name itself"
-        )
+    name = stored_name(fn, what, "the next resume or store.drain_outbox(), after a crash,")
     _EFFECTS[name] = fn
     return name
-
-
-def _in_main(qualname: str) -> Any:
-    import sys
-
-    main = sys.modules.get("__main__")
-    return None if main is None else _walk(main, qualname)
-
-
-def _lookup(module: str, qualname: str) -> Any:
-    import sys
-
-    mod = sys.modules.get(module)
-    return None if mod is None else _walk(mod, qualname)
-
-
-def _walk(obj: Any, qualname: str) -> Any:
-    try:
-        for part in qualname.split("."):
-            obj = vars(obj)[part]  # vars(), not getattr(): no module __getattr__ hooks
-    except (KeyError, TypeError):
-        return None
-    return obj
 
 
 def resolve(name: str, codec: Codec, where: str) -> Callable[..., Any]:
@@ -168,31 +119,25 @@ def resolve(name: str, codec: Codec, where: str) -> Callable[..., Any]:
     fn = _EFFECTS.get(name)
     if fn is not None:
         return fn
-    module, _, qualname = name.partition(":")
-    allowed = codec.serializer.allow_modules + tuple(_MODULES)
-    if (
-        not _MODULE_RE.match(module)
-        or not qualname
-        or "<" in qualname
-        or not any(module == m or module.startswith(m + ".") for m in allowed)
-    ):
-        raise EffectError(
-            f"{where}: the effect function {name} is not allowed in this process: its module is "
-            "not allowlisted, so it was not imported. Open the store with "
-            f"pk.connect(url, allow_modules=[{module!r}]) (or import the module before draining); "
-            "the effect stays pending",
-            function=name,
-        )
     try:
-        obj: Any = _walk(importlib.import_module(module), qualname)
-    except Exception as exc:
-        raise EffectError(f"{where}: cannot import the effect function {name} ({type(exc).__name__}: {exc}); "
-                          "it stays pending", function=name) from exc
-    if not callable(obj):
+        fn = find(name, tuple(codec.serializer.allow_modules))
+    except NotFound as missing:
+        module = name.partition(":")[0]
+        if missing.kind == "not allowed":
+            raise EffectError(
+                f"{where}: the effect function {name} is not allowed in this process: its module is "
+                "not allowlisted, so it was not imported. Open the store with "
+                f"pk.connect(url, allow_modules=[{module!r}]) (or import the module before draining); "
+                "the effect stays pending",
+                function=name,
+            ) from None
+        if missing.kind == "no import":
+            raise EffectError(f"{where}: cannot import the effect function {name} {missing.detail}; "
+                              "it stays pending", function=name) from missing
         raise EffectError(f"{where}: {name} is no function in this code (renamed or removed?); it stays "
-                          "pending: restore it, or keep a function of that name", function=name)
-    _EFFECTS[name] = obj
-    return obj  # type: ignore[no-any-return]
+                          "pending: restore it, or keep a function of that name", function=name) from None
+    _EFFECTS[name] = fn
+    return fn
 
 
 # -- retry policies as stored ---------------------------------------------------------------

@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import inspect
-import re
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +47,8 @@ from .._errors import (
     SerializationError,
 )
 from .._retry import Retry
-from ..codec._registry import _MODULES, register_module
+from ..codec._functions import NotFound, allowed, find, stored_name, walk
+from ..codec._registry import register_module
 from ..state._records import Record
 
 #: The run being rolled back (``engine._run.Run``, not named here: the engine's replay
@@ -79,8 +77,6 @@ COMPENSATING, COMPENSATED = "compensating", "compensated"
 #: forward step (the run cannot end well without it). ``pk.Retry(attempts=1)``: no retries.
 DEFAULT_RETRY = Retry(attempts=5, timeout=300.0, wait_initial=0.5, wait_max=30.0, wait_jitter=1.0)
 
-_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
-_QUALNAME_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 
 
 # -- functions by name ---------------------------------------------------------------------
@@ -90,48 +86,11 @@ def function_name(fn: Any, what: str) -> str:
     """``module:qualname`` of a module-level function (or a class's static method),
     refused with a clear error for a lambda, a closure, a bound method or a callable
     object: a later process must find the very same function by that name."""
-    target = fn.__func__ if isinstance(fn, staticmethod) else fn
-    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
-    if not callable(target) or inspect.isclass(target):
-        raise ConfigurationError(f"{what}: expected a function, got {fn!r}")
-    if inspect.ismethod(target):
-        raise ConfigurationError(
-            f"{what}: {qualname or fn!r} is a bound method; its object cannot be stored with the run. "
-            "Pass a module-level function and the data it needs as arguments"
-        )
-    if not isinstance(module, str) or not isinstance(qualname, str):
-        raise ConfigurationError(
-            f"{what}: {fn!r} has no module and qualified name (a functools.partial or a callable "
-            "object?); pass a module-level function and the data it needs as arguments"
-        )
-    if "<lambda>" in qualname or "<locals>" in qualname or not _QUALNAME_RE.match(qualname):
-        kind = "a lambda" if "<lambda>" in qualname else "a function defined inside another function"
-        raise ConfigurationError(
-            f"{what}: {module}.{qualname} is {kind}: it cannot be found by name in the process that "
-            "runs the rollback (a crash may hand it to another one). Define it at module level "
-            "and pass what it needs as arguments"
-        )
-    found = _walk(sys.modules.get(module), qualname)
-    if found is not target:
-        raise ConfigurationError(
-            f"{what}: {fn!r} is not what {module}:{qualname} names (a decorated or replaced function?), "
-            "so another process would call something else. Pass the function its module defines"
-        )
-    return f"{module}:{qualname}"
-
-
-def _walk(obj: Any, qualname: str) -> Any:
-    for part in qualname.split("."):
-        try:
-            obj = vars(obj)[part]  # vars(), not getattr(): no module __getattr__ hooks
-        except (TypeError, KeyError):
-            return None
-    return obj.__func__ if isinstance(obj, staticmethod) else obj
+    return stored_name(fn, what, "the process that runs the rollback after a crash")
 
 
 def _allowed(codec: Any, module: str) -> bool:
-    allowed = tuple(getattr(codec.serializer, "allow_modules", ())) + tuple(_MODULES)
-    return bool(_MODULE_RE.match(module)) and any(module == m or module.startswith(m + ".") for m in allowed)
+    return allowed(module, tuple(getattr(codec.serializer, "allow_modules", ())))
 
 
 def _not_allowed(name: str, what: str) -> ConfigurationError:
@@ -146,19 +105,18 @@ def _not_allowed(name: str, what: str) -> ConfigurationError:
 
 def resolve(codec: Any, name: str, what: str) -> Callable[..., Any]:
     """The function stored as ``name``, imported only from an allowlisted module."""
-    module, _, qualname = name.partition(":")
-    if not _allowed(codec, module) or not _QUALNAME_RE.match(qualname):
-        raise _not_allowed(name, what)
     try:
-        fn = _walk(importlib.import_module(module), qualname)
-    except Exception as exc:
-        raise ConfigurationError(f"{what}: cannot import module {module!r} ({type(exc).__name__}: {exc})") from exc
-    if fn is None or not callable(fn) or inspect.isclass(fn):
+        return find(name, tuple(getattr(codec.serializer, "allow_modules", ())))
+    except NotFound as missing:
+        if missing.kind == "not allowed":
+            raise _not_allowed(name, what) from None
+        if missing.kind == "no import":
+            module = name.partition(":")[0]
+            raise ConfigurationError(f"{what}: cannot import module {module!r} {missing.detail}") from missing
         raise ConfigurationError(
             f"{what}: {name} is not a function of this code (renamed or removed since the run "
             "registered it?). Restore it under that name, then resume the run again"
-        )
-    return fn  # type: ignore[no-any-return]
+        ) from None
 
 
 def undo_name(fn: Any, step: str) -> str:
@@ -204,7 +162,7 @@ def retry_policy(codec: Any, spec: Any, what: str) -> Retry:
         if cls is None:
             if not _allowed(codec, module):
                 raise _not_allowed(str(name), what + " (retry on=)")
-            cls = _walk(importlib.import_module(module), qualname)
+            cls = walk(importlib.import_module(module), qualname)
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise ConfigurationError(f"{what}: its retry policy names {name}, which is not an exception class")
         types.append(cls)

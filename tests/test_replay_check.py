@@ -413,3 +413,26 @@ def test_a_pending_effect_whose_function_is_gone_would_stop(store: pk.Store, mon
     report = store.check_replay(_rc_entry)
     [run] = [r for r in report.runs if r.thread_id == t]
     assert (run.outcome, run.position, run.step) == ("stops", "0", "rc.reply") and "rc_effect" in (run.error or "")
+
+
+def rc_undo_ask(x: str) -> None:
+    pk.suspend({"release?": x})
+
+
+@pk.checkpointed(name="rc.hold")
+def rc_hold(x: str) -> str:
+    pk.compensate(rc_undo_ask, x)
+    return x
+
+
+def test_a_rollback_waiting_on_a_question_continues(store: pk.Store) -> None:
+    """A compensation that asks (pk.suspend) leaves the run suspended mid-rollback: the check
+    looks at its compensations, never replays its block (found from outside: it said 'stops')."""
+    t = uid("rc")
+    with pk.resume(t, store=store, run_id="r1") as run:
+        rc_hold("a")
+        rc_fail()
+    assert run.status == "suspended"
+    report = store.check_replay(_rc_entry)
+    [found] = [r for r in report.runs if r.thread_id == t]
+    assert (found.outcome, found.position) == ("continues", "c") and report.ok

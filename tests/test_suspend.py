@@ -375,11 +375,12 @@ def test_an_answered_run_nobody_resumed_is_due(local_store: pk.Store) -> None:
         pk.suspend({"refund": 80}, answer_type=bool)
     assert local_store.due() == [] or all(d.thread_id != t for d in local_store.due())
     local_store.answer(t, True)
-    due = [d for d in local_store.due() if d.thread_id == t]
+    assert all(d.thread_id != t for d in local_store.due())  # a timer scheduler does not get it
+    due = [d for d in local_store.due(answered=True) if d.thread_id == t]
     assert [(d.run_id, d.questions) for d in due] == [(run.run_id, ())]
     with pk.resume(t, store=local_store, run_id=run.run_id) as again:
         assert pk.suspend({"refund": 80}, answer_type=bool) is True
-    assert again.status == "completed" and all(d.thread_id != t for d in local_store.due())
+    assert again.status == "completed" and all(d.thread_id != t for d in local_store.due(answered=True))
 
 
 def test_a_caught_suspension_runs_no_step_after_it(local_store: pk.Store) -> None:
@@ -453,3 +454,24 @@ def test_a_default_is_checked_against_the_answer_type_and_returned_as_it(local_s
         got = pk.suspend({"q": 1}, answer_type=Refund, deadline=timedelta(milliseconds=1),
                          default={"amount": 5, "reason": "timeout"})
     assert isinstance(got, Refund) and got.amount == 5
+
+
+def test_update_state_refuses_a_waiting_run(local_store: pk.Store) -> None:
+    """An edit on top of a suspended run, or of an answer nobody resumed, would strand it (its
+    question or answer lost, its steps run again by a new run): refused, nothing written."""
+    t = f"edit-{uuid.uuid4().hex[:8]}"
+    with pk.resume(t, store=local_store, run_id="r1"):
+        note(f"{t}:asking")
+        pk.suspend({"refund": 50})
+    before = local_store.history(t)
+    with pytest.raises(pk.ConfigurationError, match="is suspended"):
+        local_store.update_state(t, {"note": "customer called"})
+    local_store.answer(t, True)
+    with pytest.raises(pk.ConfigurationError, match="was answered"):
+        local_store.update_state(t, {"note": "customer called"})
+    assert len(local_store.history(t)) == len(before) + 1  # the answer only
+    with pk.resume(t, store=local_store, run_id="r1") as run:
+        note(f"{t}:asking")
+        assert pk.suspend({"refund": 50}) is True
+    assert run.status == "completed" and BODIES.count(f"{t}:asking") == 1
+    local_store.update_state(t, {"note": "after the run"})  # a finished run: edits as before

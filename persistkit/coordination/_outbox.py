@@ -127,8 +127,8 @@ def resolve(name: str, codec: Codec, where: str) -> Callable[..., Any]:
             raise EffectError(
                 f"{where}: the effect function {name} is not allowed in this process: its module is "
                 "not allowlisted, so it was not imported. Open the store with "
-                f"pk.connect(url, allow_modules=[{module!r}]) (or import the module before draining); "
-                "the effect stays pending",
+                f"pk.connect(url, allow_modules=[{module!r}]) (CLI: persistkit drain-outbox --import "
+                f"{module}); the effect stays pending",
                 function=name,
             ) from None
         if missing.kind == "no import":

@@ -155,6 +155,11 @@ def _check(prefix: str, thread_id: str | None, namespace: str | None, dry_run: b
         raise ConfigurationError(f"drain_outbox(prefix=...) must be a str, got {type(prefix).__name__}")
     if thread_id is not None and (not isinstance(thread_id, str) or not thread_id.strip()):
         raise ConfigurationError(f"drain_outbox(thread_id=...) must be a non-empty str, got {thread_id!r}")
+    if thread_id is not None and prefix:
+        raise ConfigurationError(
+            f"drain_outbox(prefix={prefix!r}, thread_id={thread_id!r}): give one or the other (one "
+            "thread, or the threads whose ids start with the prefix), not both"
+        )
     if namespace is not None and not isinstance(namespace, str):
         raise ConfigurationError(f"drain_outbox(namespace=...) must be a str or None, got {namespace!r}")
     if not isinstance(dry_run, bool):

@@ -213,6 +213,12 @@ def register_result_undo(run: Run, position: str, name: str) -> None:
 def abort(run: Run, reason: str | None) -> RunAbortedError:
     if reason is not None and not isinstance(reason, str):
         raise ConfigurationError(f"run.abort(reason=...) takes a str or None, got {type(reason).__name__}")
+    if run.status != "running" or run.replay_only:
+        raise ConfigurationError(
+            f"thread {run.thread_id!r}: run {run.run_id} cannot be aborted: it is {run.status}"
+            + (" (replayed read-only)" if run.replay_only else "")
+            + ", so nothing of it would roll back. Call run.abort() inside its pk.resume block, while it runs"
+        )
     why = f": {reason}" if reason else ""
     return RunAbortedError(
         f"thread {run.thread_id!r}: run {run.run_id} was aborted{why}. It fails for good: the "

@@ -113,8 +113,9 @@ class Question:
 @dataclass(frozen=True, slots=True)
 class DueRun:
     """A suspended run that a resume now continues (``store.due()``): every open question's
-    deadline (or the timer's wake time) passed, or its questions were answered and nobody
-    resumed it since (then ``questions`` is empty and ``due_at`` is the answer's time). Resume it with
+    deadline (or the timer's wake time) passed, or (``due(answered=True)``) its questions were
+    answered and nobody resumed it since (then ``questions`` is empty and ``due_at`` is the
+    answer's time). Resume it with
     ``pk.resume(thread_id, run_id=run_id, namespace=namespace)`` running the same code."""
 
     thread_id: str
@@ -234,19 +235,32 @@ async def end_async(run: Any, exc: BaseException | None) -> bool:
 # -- asking --------------------------------------------------------------------------------
 
 
+def in_range(at: float, what: str, given: object) -> float:
+    """``at`` (seconds since the epoch), refused unless it is a time a datetime can hold: a
+    deadline or wake time past year 9999 would be stored and then fail every listing."""
+    try:
+        datetime.fromtimestamp(at, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ConfigurationError(
+            f"{what}: {given!r} puts the time at {at!r} seconds since the epoch, outside the years "
+            "1-9999: pass a real date or duration (seconds, not milliseconds); for no deadline pass none"
+        ) from None
+    return at
+
+
 def deadline_of(deadline: datetime | timedelta | float | None, now: float, what: str) -> float | None:
     """A deadline as seconds since the epoch: an aware datetime, a timedelta from now, or None."""
     if deadline is None:
         return None
     if isinstance(deadline, timedelta):
-        return now + deadline.total_seconds()
+        return in_range(now + deadline.total_seconds(), what, deadline)
     if isinstance(deadline, datetime):
         if deadline.tzinfo is None:
             raise ConfigurationError(
                 f"{what}: deadline={deadline!r} is a naive datetime; pass an aware one "
                 "(datetime.now(UTC) + timedelta(days=2)) or a timedelta"
             )
-        return deadline.timestamp()
+        return in_range(deadline.timestamp(), what, deadline)
     raise ConfigurationError(
         f"{what}: deadline must be an aware datetime, a timedelta or None, got {type(deadline).__name__}"
     )

@@ -44,7 +44,7 @@ def _when(now: datetime | float | None) -> float:
             raise ConfigurationError(f"now={now!r} is a naive datetime; pass an aware one (datetime.now(UTC))")
         return now.timestamp()
     if isinstance(now, (int, float)) and not isinstance(now, bool):
-        return float(now)
+        return S.in_range(float(now), "now", now)
     raise ConfigurationError(f"now must be an aware datetime, seconds since the epoch or None, got {now!r}")
 
 
@@ -79,8 +79,8 @@ def _pending(codec: Codec, prefix: str, namespace: str, at: float) -> Plan[list[
     return out
 
 
-def _due(codec: Codec, prefix: str, namespace: str, at: float) -> Plan[list[S.DueRun]]:
-    recs = yield from _suspensions(codec, prefix, namespace, answered=True)
+def _due(codec: Codec, prefix: str, namespace: str, at: float, answered: bool) -> Plan[list[S.DueRun]]:
+    recs = yield from _suspensions(codec, prefix, namespace, answered=answered)
     out: list[S.DueRun] = []
     for rec in recs:
         if S.is_answered(rec):  # answered, and the process that answered never resumed it
@@ -152,24 +152,37 @@ class SuspendStore:
         )
         return result
 
-    def due(self, now: datetime | float | None = None, *, prefix: str = "", namespace: str = "") -> list[S.DueRun]:
+    def due(
+        self, now: datetime | float | None = None, *, prefix: str = "", namespace: str = "", answered: bool = False
+    ) -> list[S.DueRun]:
         """Suspended runs that a resume now continues: a timer (``pk.sleep``) whose wake time
-        passed, questions whose deadlines passed (their defaults are taken), and runs whose
-        questions were answered but that nobody resumed since (the answering process died
-        before its resume; ``questions`` is empty for those — one a worker is resuming right
-        now may be listed too: resuming it again waits for its lease, then replays). For a
+        passed, and questions whose deadlines passed (their defaults are taken). With
+        ``answered=True`` also runs whose questions were answered but that nobody resumed
+        since (the answering process died before its resume; ``questions`` is empty for those,
+        and one a worker is resuming right now may be listed too: resuming it again waits for
+        its lease, then replays) — for the code that resumes answered runs, not for a timer
+        scheduler, whose entry may not be the run's. For a
         scheduler (cron, Celery beat, a loop): resume each with ``pk.resume(thread_id,
         run_id=run_id)`` running the same code. Oldest first. Reads each thread's head."""
-        result: list[S.DueRun] = self.run_sync(_due(self.codec, prefix, _check(namespace, "namespace"), _when(now)))
+        _flag(answered)
+        result: list[S.DueRun] = self.run_sync(
+            _due(self.codec, prefix, _check(namespace, "namespace"), _when(now), answered)
+        )
         return result
 
     async def adue(
-        self, now: datetime | float | None = None, *, prefix: str = "", namespace: str = ""
+        self, now: datetime | float | None = None, *, prefix: str = "", namespace: str = "", answered: bool = False
     ) -> list[S.DueRun]:
+        _flag(answered)
         result: list[S.DueRun] = await self.run_async(
-            _due(self.codec, prefix, _check(namespace, "namespace"), _when(now))
+            _due(self.codec, prefix, _check(namespace, "namespace"), _when(now), answered)
         )
         return result
+
+
+def _flag(answered: object) -> None:
+    if not isinstance(answered, bool):
+        raise ConfigurationError(f"answered must be True or False, got {answered!r}")
 
 
 def _question(question: object) -> str | None:

@@ -20,6 +20,7 @@ from .._errors import ConfigurationError, ConflictError
 from .._ids import next_checkpoint_id
 from .._retry import Retry
 from ..backends._protocol import CheckpointRow, new_row
+from ..codec._functions import allowed
 from ..coordination import _outbox as ob
 from ._context import CURRENT as _CURRENT
 
@@ -79,6 +80,15 @@ def register(
 ) -> None:
     """Record ``fn(*args, **kwargs)`` with the checkpoint of the step ``frame`` runs."""
     name = ob.effect_name(fn)
+    module = name.partition(":")[0]
+    if not allowed(module, tuple(run.codec.serializer.allow_modules)):
+        raise ConfigurationError(
+            f"after_commit({name.replace(':', '.')}): its module {module!r} is not allowlisted, so the "
+            "process that runs the effect after a crash (the next resume, store.drain_outbox()) could "
+            "not call it: a stored record may only name code of allowlisted modules. Move it next to "
+            "your @pk.checkpointed functions (their modules are allowlisted), or open the store with "
+            f"pk.connect(..., allow_modules=[{module!r}])"
+        )
     if frame is None or frame.run is not run or frame.name is None:
         where = "outside any step" if frame is None or frame.run is run else "in a step of another run"
         raise ConfigurationError(

@@ -385,7 +385,9 @@ def _waiting(store: Store, threads: Iterable[str] | None, prefix: str, namespace
 def _stored_functions(store: Store, thread_id: str, namespace: str, run_id: str, status: str) -> Plan[RunReplay | None]:
     """The run's functions stored by name that a resume would call — its pending after-commit
     effects, and the compensations of a run rolling back — resolved in this code: a
-    ``stops`` result naming the first that is gone (renamed, moved, not allowlisted), else None."""
+    ``stops`` result naming the first that is gone (renamed, moved, not allowlisted); for a
+    run rolling back (also one whose rollback waits on a question or a timer) ``continues``
+    at ``c`` when all resolve (its block never runs again); else None: replay its block."""
     from ..coordination import _outbox as ob
     from ..coordination import _saga
 
@@ -401,9 +403,10 @@ def _stored_functions(store: Store, thread_id: str, namespace: str, run_id: str,
     wanted: list[tuple[str, str, str, str]] = []  # (kind, name, position, step)
     for p in ob.pending_in(rows):
         wanted.append(("after-commit effect", str(p.entry.get("f")), p.position, str(p.rec.body.get("n"))))
-    if status == ROLLING_BACK:
+    mark = next((r for r in reversed(rows) if r.kind == "step" and "cb" in r.body), None)
+    rolling = status == ROLLING_BACK or mark is not None
+    if rolling:
         done = {str(r.body.get("p")) for r in rows if r.kind == "step" and r.body.get("s") == "completed"}
-        mark = next((r for r in reversed(rows) if r.kind == "step" and "cb" in r.body), None)
         steps = {str(r.body.get("p")): r for r in rows if r.kind == "step" and "cp" in r.body and "dm" not in r.body}
         for i, (pos, k) in enumerate(mark.body["cb"] if mark is not None else ()):
             src = steps.get(str(pos))
@@ -422,7 +425,7 @@ def _stored_functions(store: Store, thread_id: str, namespace: str, run_id: str,
                 thread_id=thread_id, namespace=namespace, run_id=run_id, status=status, outcome="stops",
                 position=position, step=step, error=str(exc), error_type=type(exc).__name__,
             )
-    return None
+    return RunReplay(thread_id, namespace, run_id, status, "continues", position="c") if rolling else None
 
 
 def _entry_call(entry: Callable[..., Any], store: Store, thread_id: str, run_id: str) -> Any:
@@ -476,9 +479,9 @@ class ReplayCheckStore:
         found: list[tuple[str, str, str]] = store.run_sync(_waiting(store, ids, prefix, namespace))
         results = []
         for t, r, status in found:
-            gone: RunReplay | None = store.run_sync(_stored_functions(store, t, namespace, r, status))
-            if gone is not None or status == ROLLING_BACK:  # a rollback never runs the block again
-                results.append(gone or RunReplay(t, namespace, r, status, "continues", position="c"))
+            settled: RunReplay | None = store.run_sync(_stored_functions(store, t, namespace, r, status))
+            if settled is not None:  # a function it will call is gone, or a rollback (its block never runs again)
+                results.append(settled)
                 continue
             check = _Check(view, t, namespace, r, status)
             token = CHECKING.set(check)
@@ -510,9 +513,9 @@ class ReplayCheckStore:
         found: list[tuple[str, str, str]] = await store.run_async(_waiting(store, ids, prefix, namespace))
         results = []
         for t, r, status in found:
-            gone: RunReplay | None = await store.run_async(_stored_functions(store, t, namespace, r, status))
-            if gone is not None or status == ROLLING_BACK:
-                results.append(gone or RunReplay(t, namespace, r, status, "continues", position="c"))
+            settled: RunReplay | None = await store.run_async(_stored_functions(store, t, namespace, r, status))
+            if settled is not None:
+                results.append(settled)
                 continue
             check = _Check(view, t, namespace, r, status)
             token = CHECKING.set(check)

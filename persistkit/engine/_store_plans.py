@@ -197,6 +197,7 @@ class StorePlans:
             rec, state = None, spec.empty()
         else:
             rec = yield from self.read_record(thread_id, namespace, head.checkpoint_id)
+            _refuse_waiting(thread_id, namespace, rec)
             loader = Loader(self.codec, thread_id, namespace)
             state = yield from self.load_state(rec, spec, loader)
             # a head of another schema version: lists are written anew (a chain holds one version)
@@ -211,3 +212,27 @@ class StorePlans:
 
 
 _MISSING = object()
+
+#: Run statuses of a head whose run waits to go on (docs/long-runs.md): an edit on top of it
+#: would strand the run (its question, answer, timer or rollback is the head it replays to).
+_WAITING = {"suspended": "is suspended (pk.suspend / pk.sleep): answer it, or let its timer come due, and resume it",
+            "compensating": "is rolling back (its compensations are not all done): resume it to finish the rollback"}
+
+
+def _refuse_waiting(thread_id: str, namespace: str, rec: Record) -> None:
+    """``update_state`` on a thread whose newest run waits (suspended, answered and not resumed
+    yet, or rolling back): refused, nothing written — the edit would become the head and the
+    run could never go on (found from outside: the question, the answer or the rollback was lost)."""
+    waiting = _WAITING.get(rec.run_status or "")
+    if waiting is None and rec.kind == "step" and rec.body.get("n") in ("pk.suspend", "pk.suspend_all") \
+            and rec.body.get("s") == "completed" and rec.run_status == "running":
+        waiting = "was answered and waits for its resume: resume it first"
+    if waiting is None or rec.kind != "step":
+        return
+    where = f"{thread_id!r}" + (f" (namespace {namespace!r})" if namespace else "")
+    raise ConfigurationError(
+        f"cannot update the state of thread {where} now: its run {rec.row.run_id} {waiting} "
+        f"(pk.resume({thread_id!r}, run_id={rec.row.run_id!r})); an edit written on top of it would "
+        "strand the run. Edit the state inside the run (run.update(...)) once it goes on, or give the "
+        f"run up first: store.abandon({thread_id!r}, {rec.row.run_id!r}). Nothing was written"
+    )

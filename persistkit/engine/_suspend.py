@@ -212,6 +212,7 @@ def _seconds(duration: object, suspend_above: object) -> tuple[float, float]:
         raise ConfigurationError(f"pk.sleep() takes seconds (a number) or a timedelta, got {duration!r}")
     if not secs >= 0 or secs == float("inf"):
         raise ConfigurationError(f"pk.sleep() needs a finite duration >= 0, got {duration!r}")
+    S.in_range(time.time() + secs, "pk.sleep()", duration)
     if not isinstance(suspend_above, (int, float)) or isinstance(suspend_above, bool) or not suspend_above >= 0:
         raise ConfigurationError(f"pk.sleep(suspend_above=) must be a number of seconds >= 0, got {suspend_above!r}")
     return secs, float(suspend_above)

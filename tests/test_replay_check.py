@@ -393,10 +393,10 @@ def test_a_rollback_whose_compensation_is_gone_would_stop(store: pk.Store, monke
         rc_book("die")  # undone first (newest first): the process dies in it
         rc_fail()
     assert store.history(t, limit=1)[0].run_status == "compensating"
-    ok = store.check_replay(_rc_entry)
+    ok = store.check_replay(_rc_entry, threads=[t])
     assert [(r.thread_id, r.outcome) for r in ok.runs if r.thread_id == t] == [(t, "continues")]
     monkeypatch.delattr(sys.modules[__name__], "rc_undo")
-    report = store.check_replay(_rc_entry)
+    report = store.check_replay(_rc_entry, threads=[t])
     [run] = [r for r in report.runs if r.thread_id == t]
     assert (run.outcome, run.position, run.step) == ("stops", "c/0", "rc.book") and "rc_undo" in (run.error or "")
     assert not report.ok
@@ -410,7 +410,7 @@ def test_a_pending_effect_whose_function_is_gone_would_stop(store: pk.Store, mon
 
     monkeypatch.delattr(sys.modules[__name__], "rc_effect")
     monkeypatch.setattr(_outbox, "_EFFECTS", {})  # as in the new code's process: nothing registered yet
-    report = store.check_replay(_rc_entry)
+    report = store.check_replay(_rc_entry, threads=[t])
     [run] = [r for r in report.runs if r.thread_id == t]
     assert (run.outcome, run.position, run.step) == ("stops", "0", "rc.reply") and "rc_effect" in (run.error or "")
 
@@ -433,6 +433,6 @@ def test_a_rollback_waiting_on_a_question_continues(store: pk.Store) -> None:
         rc_hold("a")
         rc_fail()
     assert run.status == "suspended"
-    report = store.check_replay(_rc_entry)
+    report = store.check_replay(_rc_entry, threads=[t])
     [found] = [r for r in report.runs if r.thread_id == t]
     assert (found.outcome, found.position) == ("continues", "c") and report.ok

@@ -83,7 +83,7 @@ class StepEvent:
 
 class Run(Commits):
     """One invocation on a thread. ``run.state`` is the working state; it is committed
-    with every step. ``run.status`` is running, completed, failed or suspended."""
+    with every step. ``run.status`` is running, completed, failed, suspended, compensating or compensated."""
 
     def __init__(
         self,

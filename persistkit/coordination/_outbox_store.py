@@ -28,7 +28,7 @@ from .._errors import ConfigurationError, PersistkitError, ThreadBusyError
 from .._ids import next_checkpoint_id
 from .._io import Plan, call, run_async, run_sync
 from ..backends._protocol import new_row
-from ..state._records import Record
+from ..state._records import Record, read_rows
 from . import _outbox as ob
 from ._fence import write_under
 from ._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
@@ -88,15 +88,7 @@ def _scan(codec: Codec, t: str, ns: str) -> Plan[tuple[list[ob.Pending], Record 
     found = yield call("head_row", t, ns)
     if found is None:
         return [], None, None
-    recs: list[Record] = []
-    before = None
-    while True:
-        page = yield call("list", t, ns, before=before, limit=_PAGE)
-        recs.extend(Record.decode(codec, row) for row in page)
-        if len(page) < _PAGE:
-            break
-        before = page[-1].checkpoint_id
-    recs.reverse()
+    recs = yield from read_rows(codec, t, ns)
     return ob.pending_in(recs), Record.decode(codec, found[1]), found[0]
 
 

@@ -26,7 +26,7 @@ from ..codec._versions import migrations_ran
 from ..coordination._outbox import pending_in
 from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
-from ..state._records import Record
+from ..state._records import Record, read_rows
 from . import _args
 from ._restore import StateRestore
 
@@ -50,7 +50,7 @@ class ReplayCursor(StateRestore):
         head, head_rec = (found[0], Record.decode(self.codec, found[1])) if found else (None, None)
         rows: list[Record] = []
         if run_id is not None:
-            rows = yield from self._rows_of(run_id)
+            rows = yield from read_rows(self.codec, t, ns, run_id)
             if rows:
                 if rows[-1].run_status == ABANDONED:
                     raise abandoned_error(self.thread_id, run_id, rows[-1])
@@ -76,7 +76,7 @@ class ReplayCursor(StateRestore):
             and head_rec.row.run_id
         ):
             run_id = head_rec.row.run_id
-            rows = yield from self._rows_of(run_id)
+            rows = yield from read_rows(self.codec, t, ns, run_id)
         self.run_id = run_id or new_run_id()
         self.status = COMPLETED if self.replay_only else RUNNING
         self._head = head
@@ -124,18 +124,6 @@ class ReplayCursor(StateRestore):
             return None
         rec = Record.decode(self.codec, page[0])
         return rec.run_status if rec.kind == "end" else None
-
-    def _rows_of(self, run_id: str) -> Plan[list[Record]]:
-        out: list[Record] = []
-        before = None
-        while True:
-            page = yield call("list", self.thread_id, self.namespace, run_id=run_id, before=before, limit=500)
-            out.extend(Record.decode(self.codec, row) for row in page)
-            if len(page) < 500:
-                break
-            before = page[-1].checkpoint_id
-        out.reverse()
-        return out
 
     def _remember(self, pos: str, rec: Record) -> None:
         """``rec``, the step at ``pos``, replays in this run."""

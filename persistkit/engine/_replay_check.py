@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._errors import ConfigurationError, NonDeterminismError, PersistkitError
 from .._io import Plan, call
 from ..backends import Backend, CheckpointRow
-from ..state._records import Record
+from ..state._records import Record, read_rows
 
 if TYPE_CHECKING:
     from ..codec._pipeline import Codec
@@ -391,15 +391,7 @@ def _stored_functions(store: Store, thread_id: str, namespace: str, run_id: str,
     from ..coordination import _outbox as ob
     from ..coordination import _saga
 
-    rows: list[Record] = []
-    before = None
-    while True:
-        page = yield call("list", thread_id, namespace, run_id=run_id, before=before, limit=500)
-        rows.extend(Record.decode(store.codec, row) for row in page)
-        if len(page) < 500:
-            break
-        before = page[-1].checkpoint_id
-    rows.reverse()
+    rows = yield from read_rows(store.codec, thread_id, namespace, run_id)
     wanted: list[tuple[str, str, str, str]] = []  # (kind, name, position, step)
     for p in ob.pending_in(rows):
         wanted.append(("after-commit effect", str(p.entry.get("f")), p.position, str(p.rec.body.get("n"))))

@@ -53,10 +53,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._errors import SerializationError, StoreOptionsError, damaged_record_advice
+from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..codec._pipeline import Codec
 
-__all__ = ["Checkpoint", "Record"]
+__all__ = ["Checkpoint", "Record", "read_rows"]
 
 KINDS = frozenset({"step", "end", "fork", "update"})
 
@@ -222,6 +223,22 @@ def _check_body(body: Any) -> str | None:
     if kind == "step" and not ("p" in body and "n" in body and "s" in body):
         return "a step record without position, name or status"
     return None
+
+
+def read_rows(codec: Codec, thread_id: str, namespace: str, run_id: str | None = None) -> Plan[list[Record]]:
+    """Every record of ``(thread_id, namespace)`` — only ``run_id``'s when given — decoded,
+    oldest first, read newest first in pages of 500 (the run a resume continues; what a
+    drain or the replay check looks through)."""
+    out: list[Record] = []
+    before = None
+    while True:
+        page = yield call("list", thread_id, namespace, run_id=run_id, before=before, limit=500)
+        out.extend(Record.decode(codec, row) for row in page)
+        if len(page) < 500:
+            break
+        before = page[-1].checkpoint_id
+    out.reverse()
+    return out
 
 
 def _where(row: CheckpointRow) -> str:

@@ -21,13 +21,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import ConfigurationError, EffectError
+from .._ids import next_checkpoint_id
 from .._retry import Retry
+from ..backends._protocol import CheckpointRow, new_row
 from ..codec._functions import NotFound, find, stored_name
 from ..codec._pipeline import Codec
 from ..state._records import Record
@@ -39,10 +42,10 @@ __all__ = [
     "call_async",
     "call_sync",
     "current_effect",
+    "done_mark",
     "effect_id",
     "effect_key",
     "effect_name",
-    "marker_body",
     "pending_in",
     "resolve",
     "retry_of",
@@ -205,16 +208,22 @@ def pending_in(records: Iterable[Record]) -> list[Pending]:
     ]
 
 
-def marker_body(head: dict[str, Any], done: list[str], now: float) -> dict[str, Any]:
-    """A copy of the thread's head record that carries ``done`` (the ids of effects a drain
-    ran): the same kind, run, status, state refs and result, so every reader treats it as
-    the head it copies (a crashed run continues, a suspended one waits, a finished one
-    stays finished); the effects the head registered are left out (they are its own)."""
-    body = {k: v for k, v in head.items() if k not in ("ac", "ad", "sg")}
+def done_mark(
+    codec: Codec, thread_id: str, namespace: str, run_id: str | None, head_id: str, head_body: dict[str, Any],
+    done: list[str],
+) -> tuple[CheckpointRow, dict[str, Any]]:
+    """The row (and its body) that records ``done`` (the ids of effects that ran): a copy of
+    the thread's head record (``head_id``, ``head_body``) — the same kind, run, status, state refs and result, so
+    every reader treats it as the head it copies (a crashed run continues, a suspended one
+    waits, a finished one stays finished) — without the effects the head registered (they
+    are its own) or its list segments (the copied refs name the rows that hold them). Written
+    right after a run's effects ran (``engine/_outbox``), or by a drain."""
+    body = {k: v for k, v in head_body.items() if k not in ("ac", "ad", "sg")}
     body["ad"] = done
     body["dm"] = 1  # a done mark: replay keeps the record it copies (it has the args digest)
-    body["t"] = now
-    return body
+    body["t"] = time.time()
+    row = new_row(thread_id, namespace, next_checkpoint_id(head_id), head_id, run_id, codec.pack_tree(body))
+    return row, body
 
 
 # -- calling an effect ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ takes the thread's lease the way ``store.abandon`` does (ahead of the queue, wit
 thread again under it, runs the pending effects oldest first (each under its retry policy,
 with its idempotency key; the first that fails for good stops the thread's drain and is
 reported, it and those after it stay pending), and records the ones that ran in one
-write: a copy of the head record carrying their ids (``_outbox.marker_body``), fenced by
+write: a copy of the head record carrying their ids (``_outbox.done_mark``), fenced by
 the lease, so every reader sees the head it was (a crashed run still continues, a
 suspended one still waits).
 
@@ -19,15 +19,12 @@ pass ``prefix=`` or ``thread_id=`` to bound it. Uses only the store protocol.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, PersistkitError, ThreadBusyError
-from .._ids import next_checkpoint_id
 from .._io import Plan, call, run_async, run_sync
-from ..backends._protocol import new_row
 from ..state._records import Record, read_rows
 from . import _outbox as ob
 from ._fence import write_under
@@ -117,9 +114,8 @@ def _targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[
 
 
 def _mark(codec: Codec, top: Record, head: Head, done: list[str], lease: Lease | None) -> Plan[None]:
-    body = ob.marker_body(top.body, done, time.time())
-    row = new_row(top.row.thread_id, top.row.namespace, next_checkpoint_id(top.id), top.id, top.row.run_id,
-                  codec.pack_tree(body))
+    r = top.row
+    row, _ = ob.done_mark(codec, r.thread_id, r.namespace, r.run_id, top.id, top.body, done)
     yield write_under(lease, row, head.version)
 
 

@@ -13,13 +13,11 @@ with ``store.drain_outbox()`` is ``coordination/_outbox.py``.
 from __future__ import annotations
 
 import inspect
-import time
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, ConflictError
-from .._ids import next_checkpoint_id
 from .._retry import Retry
-from ..backends._protocol import CheckpointRow, new_row
+from ..backends._protocol import CheckpointRow
 from ..codec._functions import allowed
 from ..coordination import _outbox as ob
 from ._context import CURRENT as _CURRENT
@@ -152,16 +150,13 @@ def _done(run: Run, ids: list[str]) -> None:
 
 def _marker(run: Run, ids: list[str]) -> tuple[CheckpointRow, dict[str, Any]] | None:
     """The done mark of ``ids`` as a row to write now: a copy of the run's head record (its own
-    newest row) carrying them (``ob.marker_body``), or None when the head is not this run's row
+    newest row) carrying them (``ob.done_mark``), or None when the head is not this run's row
     as it knows it (then the ids ride on the run's next checkpoint)."""
     head = run._head
     top = run._loader.rows.get(head.checkpoint_id) if head is not None and not run.replay_only else None
     if top is None or head is None:
         return None
-    body = ob.marker_body(top, ids, time.time())
-    row = new_row(run.thread_id, run.namespace, next_checkpoint_id(head.checkpoint_id), head.checkpoint_id,
-                  run.run_id, run.codec.pack_tree(body))
-    return row, body
+    return ob.done_mark(run.codec, run.thread_id, run.namespace, run.run_id, head.checkpoint_id, top, ids)
 
 
 def mark_done_sync(run: Run, ids: list[str]) -> None:

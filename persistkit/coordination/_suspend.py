@@ -500,7 +500,7 @@ def pick(rec: Record, question: str | None, thread_id: str, at: float) -> tuple[
 
 def not_suspended(thread_id: str, head: Record, question: str | None) -> PersistkitError:
     """The error for answering a thread whose head is no open suspension."""
-    if head.kind == "step" and head.body.get("n") in ("pk.suspend", "pk.suspend_all") and head.body.get("s") == "completed":
+    if is_answered(head):
         why = (
             "its question was answered already (the answer is its newest checkpoint, "
             f"{head.id}); an answer is given once. Resume the run to go on: "

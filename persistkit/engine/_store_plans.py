@@ -24,6 +24,7 @@ from .._io import Plan, call
 from ..backends import Backend, Head
 from ..codec._pipeline import Codec
 from ..coordination._fence import write_call
+from ..coordination._suspend import is_answered
 from ..state._channels import Loader, Tracker
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
@@ -224,8 +225,7 @@ def _refuse_waiting(thread_id: str, namespace: str, rec: Record) -> None:
     yet, or rolling back): refused, nothing written — the edit would become the head and the
     run could never go on (found from outside: the question, the answer or the rollback was lost)."""
     waiting = _WAITING.get(rec.run_status or "")
-    if waiting is None and rec.kind == "step" and rec.body.get("n") in ("pk.suspend", "pk.suspend_all") \
-            and rec.body.get("s") == "completed" and rec.run_status == "running":
+    if waiting is None and is_answered(rec):
         waiting = "was answered and waits for its resume: resume it first"
     if waiting is None or rec.kind != "step":
         return

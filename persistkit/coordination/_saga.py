@@ -273,6 +273,33 @@ class Item:
         return f"{self.entry['f']} (undoes step {self.source.body.get('n')!r} at {self.source.body.get('p')})"
 
 
+def plan_items(index: dict[str, Record], steps: list[list[Any]], thread_id: str, run_id: str) -> list[Item]:
+    """The compensations a rollback plan (``cb``: ``[position, index in its cp]`` pairs) names,
+    found in ``index`` (a run's records by position, later ones winning, as the cursor keeps
+    them); a ``ConfigurationError`` when the run did not record one (damaged records)."""
+    items = []
+    for i, (pos, k) in enumerate(steps):
+        source = index.get(pos)
+        cp = source.body.get("cp") if source is not None else None
+        if source is None or type(cp) is not list or not 0 <= k < len(cp) or type(cp[k]) is not dict:
+            raise ConfigurationError(
+                f"thread {thread_id!r} run {run_id}: the rollback plan names compensation {k} of "
+                f"the step at {pos}, which the run did not record; the run's records are damaged"
+            )
+        items.append(Item(i, source, cp[k]))
+    return items
+
+
+def remaining(index: dict[str, Record], thread_id: str, run_id: str) -> list[Item] | None:
+    """The compensations a run's recorded rollback has still to run (not recorded completed),
+    or None when the run recorded no rollback mark (what the replay check asks)."""
+    mark = index.get(ROLLBACK)
+    if mark is None:
+        return None
+    items = plan_items(index, list(mark.body.get("cb") or []), thread_id, run_id)
+    return [it for it in items if (rec := index.get(it.position)) is None or rec.body.get("s") != "completed"]
+
+
 class Rollback:
     """The rollback of one run: its plan, what is done, and what to tell the user (no I/O)."""
 
@@ -281,16 +308,7 @@ class Rollback:
         self.steps = steps
         self.failure = failure
         self.failure_tree = failure_tree
-        self.items: list[Item] = []
-        for i, (pos, k) in enumerate(steps):
-            source = run._index.get(pos)
-            cp = source.body.get("cp") if source is not None else None
-            if source is None or type(cp) is not list or not 0 <= k < len(cp) or type(cp[k]) is not dict:
-                raise ConfigurationError(
-                    f"thread {run.thread_id!r} run {run.run_id}: the rollback plan names compensation {k} of "
-                    f"the step at {pos}, which the run did not record; the run's records are damaged"
-                )
-            self.items.append(Item(i, source, cp[k]))
+        self.items = plan_items(run._index, steps, run.thread_id, run.run_id)
         self.undone_before: list[str] = []
         self.undone: list[str] = []
         self.failed: list[tuple[str, str]] = []

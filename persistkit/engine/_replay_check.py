@@ -395,16 +395,15 @@ def _stored_functions(store: Store, thread_id: str, namespace: str, run_id: str,
     wanted: list[tuple[str, str, str, str]] = []  # (kind, name, position, step)
     for p in ob.pending_in(rows):
         wanted.append(("after-commit effect", str(p.entry.get("f")), p.position, str(p.rec.body.get("n"))))
-    mark = next((r for r in reversed(rows) if r.kind == "step" and "cb" in r.body), None)
-    rolling = status == ROLLING_BACK or mark is not None
-    if rolling:
-        done = {str(r.body.get("p")) for r in rows if r.kind == "step" and r.body.get("s") == "completed"}
-        steps = {str(r.body.get("p")): r for r in rows if r.kind == "step" and "cp" in r.body and "dm" not in r.body}
-        for i, (pos, k) in enumerate(mark.body["cb"] if mark is not None else ()):
-            src = steps.get(str(pos))
-            if f"c/{i}" in done or src is None or k >= len(src.body["cp"]):
-                continue
-            wanted.append(("compensation", str(src.body["cp"][k].get("f")), f"c/{i}", str(src.body.get("n"))))
+    index = {str(r.body["p"]): r for r in rows if r.kind == "step" and "dm" not in r.body}  # as the cursor keeps them
+    try:
+        todo = _saga.remaining(index, thread_id, run_id)
+    except PersistkitError as exc:  # a plan naming what the run did not record: damaged records
+        return RunReplay(thread_id, namespace, run_id, status, "stops", position="c", error=str(exc),
+                         error_type=type(exc).__name__)
+    rolling = status == ROLLING_BACK or todo is not None
+    for item in todo or ():
+        wanted.append(("compensation", str(item.entry.get("f")), item.position, str(item.source.body.get("n"))))
     for kind, name, position, step in wanted:
         where = f"thread {thread_id!r} run {run_id}: the {kind} {name} of step {step!r} at {position}"
         try:

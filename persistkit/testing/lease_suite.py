@@ -46,10 +46,6 @@ class LeaseConformance(TurnConformance):
     its place, ``store.abandon``)."""
 
     @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {}
-
-    @pytest.fixture
     def backend(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[Backend]:
         b = open_backend(persistkit_url, **backend_options)
         yield b

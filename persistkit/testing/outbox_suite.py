@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from ..coordination._outbox import current_effect
 from ..engine._api import checkpointed, current_run, resume
 from ..engine._outbox import after_commit
 from ..engine._store import Store, connect
+from ._stores import TwoStores
 
 __all__ = ["OutboxConformance"]
 
@@ -122,15 +122,9 @@ async def areply(thread: str, text: str) -> str:
     return text
 
 
-class OutboxConformance:
+class OutboxConformance(TwoStores):
     """Mix into a test class that provides ``persistkit_url``."""
 
-    @pytest.fixture
-    def stores(self, persistkit_url: str) -> Iterator[tuple[Store, Store]]:
-        a, b = connect(persistkit_url), connect(persistkit_url)
-        yield a, b
-        a.close()
-        b.close()
 
     @staticmethod
     def thread() -> str:

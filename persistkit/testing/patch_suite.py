@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,7 +28,8 @@ import pytest
 from .._errors import NonDeterminismError
 from ..engine._api import checkpointed, resume
 from ..engine._patches import patched
-from ..engine._store import Store, connect
+from ..engine._store import Store
+from ._stores import TwoStores
 
 __all__ = ["PatchConformance", "store_bytes"]
 
@@ -99,19 +99,9 @@ def store_bytes(store: Store, prefix: str) -> Any:
     return out, sorted((t, ns, rec.version, rec.token, bytes(rec.data)) for t, ns, rec in leases)
 
 
-class PatchConformance:
+class PatchConformance(TwoStores):
     """Mix into a test class that provides ``persistkit_url``."""
 
-    @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {}
-
-    @pytest.fixture
-    def stores(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[tuple[Store, Store]]:
-        a, b = connect(persistkit_url, **backend_options), connect(persistkit_url, **backend_options)
-        yield a, b
-        a.close()
-        b.close()
 
     def test_old_run_finishes_on_the_old_path_new_run_takes_the_new(self, stores: tuple[Store, Store]) -> None:
         old_proc, new_proc = stores

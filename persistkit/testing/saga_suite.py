@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +31,8 @@ from .._errors import CompensationError, RunAbortedError, RunCompensatedError, T
 from .._retry import Retry
 from ..engine._api import checkpointed, current_run, current_step, resume
 from ..engine._saga import compensate
-from ..engine._store import Store, connect
+from ..engine._store import Store
+from ._stores import TwoStores
 
 __all__ = ["SagaConformance"]
 
@@ -119,22 +119,16 @@ def _saga(store: Store, thread: str, run_id: str, names: list[str], **kw: Any) -
         fail("card declined")
 
 
-class SagaConformance:
+class SagaConformance(TwoStores):
     """Mix into a test class that provides ``persistkit_url``."""
 
     @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {}
-
-    @pytest.fixture
-    def saga_stores(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[tuple[Store, Store]]:
-        a, b = connect(persistkit_url, **backend_options), connect(persistkit_url, **backend_options)
+    def saga_stores(self, stores: tuple[Store, Store]) -> tuple[Store, Store]:
+        """The two stores, with this module's records of what ran cleared."""
         LOG.clear()
         FAILING.clear()
         CRASHING.clear()
-        yield a, b
-        a.close()
-        b.close()
+        return stores
 
     @staticmethod
     def saga_thread() -> str:

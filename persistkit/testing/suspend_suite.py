@@ -19,7 +19,6 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,8 +27,9 @@ import pytest
 from .._errors import AnswerError, ConfigurationError, NotFoundError, ThreadBusyError
 from ..coordination._suspend import Suspended
 from ..engine._api import checkpointed, current_run, resume
-from ..engine._store import Store, connect
+from ..engine._store import Store
 from ..engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
+from ._stores import TwoStores
 
 __all__ = ["SuspendConformance"]
 
@@ -72,19 +72,9 @@ def _ran(thread: str) -> list[str]:
     return [b.partition(":")[2] for b in _BODIES if b.startswith(thread + ":")]
 
 
-class SuspendConformance:
+class SuspendConformance(TwoStores):
     """Mix into a test class that provides ``persistkit_url``."""
 
-    @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {}
-
-    @pytest.fixture
-    def stores(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[tuple[Store, Store]]:
-        a, b = connect(persistkit_url, **backend_options), connect(persistkit_url, **backend_options)
-        yield a, b
-        a.close()
-        b.close()
 
     @staticmethod
     def thread() -> str:

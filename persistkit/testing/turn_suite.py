@@ -15,7 +15,7 @@ import pickle
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +29,7 @@ from .._errors import (
 )
 from ..engine._api import checkpointed, current_run, resume
 from ..engine._store import Store, connect
+from ._stores import TwoStores
 
 __all__ = ["TurnConformance"]
 
@@ -67,15 +68,9 @@ def _until(cond: Callable[[], bool], what: str) -> None:
         time.sleep(0.005)
 
 
-class TurnConformance:
+class TurnConformance(TwoStores):
     """Mix into a test class that provides ``persistkit_url`` (``LeaseConformance`` does)."""
 
-    @pytest.fixture
-    def stores(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[tuple[Store, Store]]:
-        a, b = connect(persistkit_url, **backend_options), connect(persistkit_url, **backend_options)
-        yield a, b
-        a.close()
-        b.close()
 
     @staticmethod
     def crashed(store: Store, steps: int = 3, crash_after: int = 2) -> str:

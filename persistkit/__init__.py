@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import secrets
 from ._errors import (
+    AccessDeniedError,
     AnswerError,
     BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
+    ClaimLostError,
     CompensationError,
     ConfigurationError,
     ConflictError,
@@ -33,6 +35,7 @@ from ._errors import (
     StoreClosedError,
     StoreOptionsError,
     ThreadBusyError,
+    WriteRejectedError,
 )
 from ._retry import Retry, set_testing
 from .codec._serde import register
@@ -63,11 +66,13 @@ if _TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AnswerError",
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "Checkpoint",
+    "ClaimLostError",
     "CompensationError",
     "ConfigurationError",
     "ConflictError",
@@ -114,6 +119,7 @@ __all__ = [
     "TrackedList",
     "Witness",
     "WitnessEntry",
+    "WriteRejectedError",
     "add",
     "after_commit",
     "append",

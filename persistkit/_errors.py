@@ -27,7 +27,10 @@
     ├── CompensationError         a saga rollback could not undo everything (lists what was and was not undone)
     ├── EffectError               an after-commit effect failed for good (it stays pending), or a
     │                             stored one cannot be resolved in this process (a RetryableError)
-    └── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
+    ├── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
+    │   └── ClaimLostError        a board claim expired and another worker claimed the item: its complete/release is refused
+    ├── AccessDeniedError         a scoped board handle (board.scoped) or the database refused a key outside the grants
+    └── WriteRejectedError        a board write failed a validator (schema or content check) of its prefix: nothing stored
 
 Errors raised by the user's own step functions pass through untouched; they
 are never wrapped in these classes.
@@ -47,10 +50,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 __all__ = [
+    "AccessDeniedError",
     "AnswerError",
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "ClaimLostError",
     "CompensationError",
     "ConfigurationError",
     "ConflictError",
@@ -71,6 +76,7 @@ __all__ = [
     "StoreClosedError",
     "StoreOptionsError",
     "ThreadBusyError",
+    "WriteRejectedError",
 ]
 
 
@@ -146,12 +152,23 @@ class ConflictError(BackendError):
         expected: int = 0,
         found: int = 0,
         found_checkpoint: str | None = None,
+        key: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.namespace = namespace
         self.expected = expected
         self.found = found
         self.found_checkpoint = found_checkpoint
+        #: the key of a shared space (store.board()) whose compare-and-swap failed; None for a thread head
+        self.key = key
+        if message is None and key is not None:
+            where = repr(key) + (f" (board {namespace!r})" if namespace else "")
+            message = (
+                f"key {where}: expected version {expected}, found version {found}"
+                + (" (0: the key does not exist)" if found == 0 else "")
+                + ". Another writer changed it first, so nothing was written. Read it again "
+                "(board.get) and retry, or let board.update(key, fn) retry for you."
+            )
         if message is None:
             where = repr(thread_id) + (f" (namespace {namespace!r})" if namespace else "")
             message = (
@@ -173,6 +190,7 @@ class ConflictError(BackendError):
                 self.expected,
                 self.found,
                 self.found_checkpoint,
+                self.key,
             ),
         )
 
@@ -184,6 +202,7 @@ def _rebuild_conflict(
     expected: int,
     found: int,
     found_checkpoint: str | None,
+    key: str | None = None,
 ) -> ConflictError:
     return ConflictError(
         message,
@@ -192,6 +211,7 @@ def _rebuild_conflict(
         expected=expected,
         found=found,
         found_checkpoint=found_checkpoint,
+        key=key,
     )
 
 
@@ -520,3 +540,68 @@ def damaged_record_advice(
         "records as they are, so repair or fork this thread first (a copied damaged record is "
         "then sealed as if it were sound)"
     )
+
+
+class ClaimLostError(LeaseLostError):
+    """A board claim (``board.claim``) expired and another worker claimed the item since:
+    this worker's ``complete`` / ``release`` / ``renew`` is refused and nothing is written.
+
+    ``key`` is the item, ``token`` this claim's fencing token, ``found`` the item's current
+    version (0: the item is gone).
+    """
+
+    def __init__(self, message: str | None = None, *, key: str = "", board: str = "", token: int = 0, found: int = 0) -> None:
+        self.key = key
+        self.board = board
+        if message is None:
+            message = (
+                f"board {board!r}: the claim on {key!r} (fencing token {token}) is no longer held: "
+                + ("the item is gone" if found == 0 else f"the item moved on to version {found}")
+                + " (the claim expired and another worker took it, or it was released), so nothing "
+                "was written. Drop this item: its new claimer finishes it. Raise lease_ttl= in "
+                "board.claim(...) (or call claim.renew()) if work on one item takes longer than that"
+            )
+        super().__init__(message, thread_id="", namespace=board, token=token, found=found)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_claim_lost, (str(self), self.key, self.board, self.token, self.found))
+
+
+def _rebuild_claim_lost(message: str, key: str, board: str, token: int, found: int) -> ClaimLostError:
+    return ClaimLostError(message, key=key, board=board, token=token, found=found)
+
+
+class AccessDeniedError(PersistkitError, PermissionError):
+    """A scoped board handle (``board.scoped``) was asked for a key outside its grants, or
+    the database's own access rules (PostgreSQL row-level security) refused it. Names the
+    agent, the key, the operation and the grants; nothing was read or written."""
+
+    def __init__(self, message: str, *, agent: str = "", key: str = "", operation: str = "") -> None:
+        self.agent = agent
+        self.key = key
+        self.operation = operation
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_denied, (str(self), self.agent, self.key, self.operation))
+
+
+def _rebuild_denied(message: str, agent: str, key: str, operation: str) -> AccessDeniedError:
+    return AccessDeniedError(message, agent=agent, key=key, operation=operation)
+
+
+class WriteRejectedError(PersistkitError):
+    """A board write failed a validator of its key's prefix (a pydantic schema or a content
+    check such as ``pk.instruction_check``): nothing was stored. Names the key and the rule."""
+
+    def __init__(self, message: str, *, key: str = "", rule: str = "") -> None:
+        self.key = key
+        self.rule = rule
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_rejected, (str(self), self.key, self.rule))
+
+
+def _rebuild_rejected(message: str, key: str, rule: str) -> WriteRejectedError:
+    return WriteRejectedError(message, key=key, rule=rule)

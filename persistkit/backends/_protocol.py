@@ -41,6 +41,29 @@ blob key
     A ``str`` of printable ASCII (``[0-9A-Za-z:._~%-]``), unique within a
     thread. Blobs are content-addressed or otherwise immutable: writing a key
     that exists must keep the existing bytes and must not fail.
+
+Optional capabilities
+---------------------
+A store declares what it has beyond the required methods in ``capabilities``
+(names in ``persistkit.backends._capabilities``); the conformance suite checks the
+declaration against the methods the store overrides and runs one suite per
+capability. ``leases``/``fencing``: the lease record and the fenced head write.
+``kv``: a versioned key-value space per scope (``kv_*``), what ``store.board()``
+builds on. ``watch``: hints that keys of a scope changed (``watch_open``), pushed
+where the store can; without it the board polls ``kv_list``.
+
+kv scope
+    A ``str`` of ``[A-Za-z0-9_.-]``, 1 to 64 characters (the layer above validates):
+    one independent space of keys. Scopes never see each other's keys.
+kv key
+    A non-empty ``str`` of any unicode except NUL, at most 1024 characters; listed
+    in code-point order (UTF-8 byte order is the same order).
+kv version
+    Every write of a key (a delete included) makes the next version: 1, 2, 3, ...
+    Versions never go back, so a delete leaves a tombstone (``value is None``) that
+    keeps the key's latest version. The newest ``keep`` versions of each key stay
+    readable (``kv_get(version=)``, ``kv_history``); older ones are removed by the
+    write that pushes them out.
 """
 
 from __future__ import annotations
@@ -53,7 +76,18 @@ from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from .._errors import ConfigurationError
 
-__all__ = ["Backend", "CheckpointRow", "ForwardLeases", "Head", "LeaseRecord", "ThreadedAsync"]
+__all__ = [
+    "Backend",
+    "CheckpointRow",
+    "ForwardLeases",
+    "Head",
+    "KvEntry",
+    "KvHint",
+    "KvOp",
+    "KvWatch",
+    "LeaseRecord",
+    "ThreadedAsync",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +122,63 @@ class LeaseRecord:
     token: int
     data: bytes
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    """One version of a key of a kv scope. ``value is None``: the key was deleted at ``version``."""
+
+    key: str
+    version: int
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class KvOp:
+    """One write of ``Backend.kv_write``: ``key`` goes from version ``expected`` to ``expected + 1``.
+
+    ``expected`` is the key's latest version, a tombstone's included (0: the key was never
+    written, or its scope was dropped). ``value is None`` deletes (writes a tombstone).
+    """
+
+    key: str
+    expected: int
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class KvHint:
+    """A hint from a watch: ``key`` of the watched scope reached ``version``.
+
+    ``key is None``: anything may have changed (a poll saw the store move, or the watch
+    reconnected and hints may have been lost): the reader lists the scope again. A hint
+    is never the data; the reader reads the key.
+    """
+
+    key: str | None
+    version: int = 0
+
+
+class KvWatch(abc.ABC):
+    """An open watch on one kv scope (``Backend.watch_open``); close it when done."""
+
+    @abc.abstractmethod
+    def hints(self, timeout: float) -> builtins.list[KvHint]:
+        """Block up to ``timeout`` seconds for hints of writes committed after the watch
+        opened; return them (possibly coalesced, in any order), or ``[]`` on timeout.
+        After a dropped connection the next call reconnects and returns ``[KvHint(None)]``
+        first. Raises ``StoreClosedError`` once closed."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop watching and release the connection. Idempotent."""
+
+    async def ahints(self, timeout: float) -> builtins.list[KvHint]:
+        """``hints`` for async callers; the default waits in a worker thread."""
+        return await _in_thread(self.hints, timeout)
+
+    async def aclose(self) -> None:
+        await _in_thread(self.close)
 
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__, which
@@ -145,6 +236,11 @@ class Backend(abc.ABC):
     #: True when ``rewrite`` replaces stored bytes (key rotation needs it). A
     #: wrapper whose records cannot change in place (the integrity chain) sets False.
     supports_rewrite: ClassVar[bool] = True
+
+    #: The optional capabilities this store implements, by name ("fencing", "leases",
+    #: "kv", "watch"; see ``persistkit.backends._capabilities``). The conformance suite
+    #: fails a store whose declaration and overridden methods disagree.
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     #: The URL the backend was opened from, with any password masked.
     url: str = ""
@@ -319,6 +415,81 @@ class Backend(abc.ABC):
         head = self.write_fenced(row, blobs, expected_version, fence)
         return head, self.lease_swap(row.thread_id, row.namespace, lease_version, fence, lease_data)
 
+    # -- kv: a versioned key-value space per scope (store.board()) -----------------
+    # Not abstract: a store without them still passes the required suites; the board
+    # then refuses to open with a ConfigurationError naming the capability.
+
+    @property
+    def supports_kv(self) -> bool:
+        """Whether this store implements the kv primitives (wrappers ask their inner store)."""
+        return type(self).kv_write is not Backend.kv_write
+
+    @property
+    def supports_watch(self) -> bool:
+        """Whether this store pushes (or cheaply polls) hints of kv writes (``watch_open``)."""
+        return type(self).watch_open is not Backend.watch_open
+
+    def kv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
+        """The latest version of ``key`` (a tombstone included), or ``version`` of it if that
+        version is still kept; ``None`` when there is none."""
+        raise _missing(self, "kv_get", _KV)
+
+    def kv_history(
+        self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        """The kept versions of ``key``, newest first (tombstones included), only those with
+        ``version < before`` when given, at most ``limit`` when given."""
+        raise _missing(self, "kv_history", _KV)
+
+    def kv_list(
+        self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        """The latest version of every key that is not deleted, whose key starts with
+        ``prefix``, only keys ``> after`` when given, in code-point order of the keys, at
+        most ``limit`` when given (tombstones are skipped, not counted)."""
+        raise _missing(self, "kv_list", _KV)
+
+    def kv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:
+        """Apply ``ops`` (distinct keys) atomically: every key moves from ``op.expected`` to
+        ``op.expected + 1`` (storing ``op.value``, or a tombstone for ``None``), or nothing
+        changes. A key whose latest version is not ``op.expected`` raises
+        ``ConflictError(key=, namespace=scope, expected=, found=<latest version or 0>)``
+        for the first such op, and nothing is written. Versions of a written key older than
+        its newest ``keep`` (``keep >= 1``) are removed in the same write. Keys of every
+        watch open on the scope get a hint once the write is committed (``watch`` stores)."""
+        raise _missing(self, "kv_write", _KV)
+
+    def kv_drop(self, scope: str) -> bool:
+        """Remove every key and version of ``scope``; whether anything existed."""
+        raise _missing(self, "kv_drop", _KV)
+
+    def watch_open(self, scope: str) -> KvWatch:
+        """Start watching ``scope``: the watch's ``hints`` returns hints of kv writes
+        committed after this call, in this process and in others (see ``KvWatch``)."""
+        raise _missing(self, "watch_open", _KV)
+
+    async def akv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
+        return await _in_thread(self.kv_get, scope, key, version)
+
+    async def akv_history(
+        self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        return await _in_thread(self.kv_history, scope, key, before=before, limit=limit)
+
+    async def akv_list(
+        self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        return await _in_thread(self.kv_list, scope, prefix=prefix, after=after, limit=limit)
+
+    async def akv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:
+        await _in_thread(self.kv_write, scope, ops, keep=keep)
+
+    async def akv_drop(self, scope: str) -> bool:
+        return await _in_thread(self.kv_drop, scope)
+
+    async def awatch_open(self, scope: str) -> KvWatch:
+        return await _in_thread(self.watch_open, scope)
+
     # -- async twins (overridden by native-async backends) -------------------
 
     async def awrite(
@@ -405,6 +576,12 @@ _MAINTENANCE = "key rotation and store-wide maintenance need; implement it (see 
 _LEASES = (
     "leases (pk.resume(..., busy=...)) need; implement the lease primitives (see "
     "persistkit.backends.Backend and persistkit.testing) or run without a lease: busy=None"
+)
+
+_KV = (
+    "the shared space (store.board()) needs; implement the kv primitives (see "
+    "persistkit.backends.Backend and persistkit.testing.kv_suite) or open the board on a store "
+    "that has them: memory, sqlite, postgresql, redis, s3"
 )
 
 
@@ -516,3 +693,68 @@ class ForwardLeases(Backend):
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
         return await self.lease_inner().alease_list(prefix=prefix)
+
+
+class ForwardKv(Backend):
+    """The kv and watch primitives of a wrapper that leaves values as they are: its inner store's.
+
+    A wrapper that changes value bytes (encryption seals them, integrity tags them, offload
+    moves big ones) overrides ``kv_get``, ``kv_history``, ``kv_list`` and ``kv_write``
+    and keeps the rest.
+    """
+
+    def kv_inner(self) -> Backend:
+        inner: Backend = getattr(self, "inner")  # noqa: B009 - each wrapper names its inner store so
+        return inner
+
+    @property
+    def supports_kv(self) -> bool:
+        return self.kv_inner().supports_kv
+
+    @property
+    def supports_watch(self) -> bool:
+        return self.kv_inner().supports_watch
+
+    def kv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
+        return self.kv_inner().kv_get(scope, key, version)
+
+    def kv_history(
+        self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        return self.kv_inner().kv_history(scope, key, before=before, limit=limit)
+
+    def kv_list(
+        self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        return self.kv_inner().kv_list(scope, prefix=prefix, after=after, limit=limit)
+
+    def kv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:
+        self.kv_inner().kv_write(scope, ops, keep=keep)
+
+    def kv_drop(self, scope: str) -> bool:
+        return self.kv_inner().kv_drop(scope)
+
+    def watch_open(self, scope: str) -> KvWatch:
+        return self.kv_inner().watch_open(scope)
+
+    async def akv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
+        return await self.kv_inner().akv_get(scope, key, version)
+
+    async def akv_history(
+        self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        return await self.kv_inner().akv_history(scope, key, before=before, limit=limit)
+
+    async def akv_list(
+        self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        return await self.kv_inner().akv_list(scope, prefix=prefix, after=after, limit=limit)
+
+    async def akv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:
+        await self.kv_inner().akv_write(scope, ops, keep=keep)
+
+    async def akv_drop(self, scope: str) -> bool:
+        return await self.kv_inner().akv_drop(scope)
+
+    async def awatch_open(self, scope: str) -> KvWatch:
+        return await self.kv_inner().awatch_open(scope)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl
@@ -31,7 +32,16 @@ from .._errors import (
     StoreClosedError,
 )
 from . import unknown_options
-from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync
+from ._protocol import (
+    CheckpointRow,
+    Head,
+    KvEntry,
+    KvHint,
+    KvOp,
+    KvWatch,
+    LeaseRecord,
+    ThreadedAsync,
+)
 
 __all__ = ["MemoryBackend"]
 
@@ -45,6 +55,41 @@ class _Data:
         self.heads: dict[tuple[str, str], Head] = {}
         self.rows: dict[tuple[str, str], dict[str, CheckpointRow]] = {}
         self.blobs: dict[str, dict[str, bytes]] = {}
+        # kv: scope -> key -> its kept versions, oldest first (the last is the latest)
+        self.kv: dict[str, dict[str, builtins.list[KvEntry]]] = {}
+        self.watches: dict[str, weakref.WeakSet[_MemoryWatch]] = {}
+
+
+class _MemoryWatch(KvWatch):
+    """Hints of one scope's writes, appended by the writer under the store's lock."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._ready = threading.Condition()
+        self._pending: dict[str, int] = {}
+        self._closed = False
+
+    def notify(self, hints: builtins.list[KvHint]) -> None:
+        with self._ready:
+            for h in hints:
+                if h.key is not None:
+                    self._pending[h.key] = max(h.version, self._pending.get(h.key, 0))
+            self._ready.notify_all()
+
+    def hints(self, timeout: float) -> builtins.list[KvHint]:
+        with self._ready:
+            if self._closed:
+                raise StoreClosedError(f"this watch on {self._url!r} was closed; open a new one")
+            if not self._pending:
+                self._ready.wait_for(lambda: self._pending or self._closed, timeout=max(timeout, 0.0))
+            found = [KvHint(k, v) for k, v in self._pending.items()]
+            self._pending.clear()
+            return found
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
 
 
 _NAMED: dict[str, _Data] = {}
@@ -55,6 +100,7 @@ class MemoryBackend(ThreadedAsync):
     """Checkpoints in dicts. Not durable: for tests, examples and as the reference."""
 
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
 
     def __init__(self, data: _Data | None = None, url: str = "memory://") -> None:
         self._data = data if data is not None else _Data()
@@ -273,3 +319,68 @@ class MemoryBackend(ThreadedAsync):
         with d.lock:
             return sorted((t, ns, rec) for (t, ns), rec in d.leases.items() if t.startswith(prefix))
 
+
+    # -- kv ------------------------------------------------------------------------
+
+    def kv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
+        d = self._open()
+        with d.lock:
+            kept = d.kv.get(scope, {}).get(key)
+            if not kept:
+                return None
+            if version is None:
+                return kept[-1]
+            return next((e for e in kept if e.version == version), None)
+
+    def kv_history(
+        self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        d = self._open()
+        with d.lock:
+            kept = [*d.kv.get(scope, {}).get(key, ())]
+        picked = [e for e in reversed(kept) if before is None or e.version < before]
+        return picked if limit is None else picked[: max(limit, 0)]
+
+    def kv_list(
+        self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
+    ) -> builtins.list[KvEntry]:
+        d = self._open()
+        with d.lock:
+            latest = [kept[-1] for kept in d.kv.get(scope, {}).values() if kept]
+        picked = sorted(
+            (e for e in latest if e.value is not None and e.key.startswith(prefix) and (after is None or e.key > after)),
+            key=lambda e: e.key,
+        )
+        return picked if limit is None else picked[: max(limit, 0)]
+
+    def kv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:
+        d = self._open()
+        entries = [KvEntry(op.key, op.expected + 1, None if op.value is None else bytes(op.value)) for op in ops]
+        with d.lock:
+            space = d.kv.get(scope, {})
+            for op in ops:
+                kept = space.get(op.key)
+                found = kept[-1].version if kept else 0
+                if found != op.expected:
+                    raise ConflictError(key=op.key, namespace=scope, expected=op.expected, found=found)
+            space = d.kv.setdefault(scope, space)
+            for entry in entries:
+                kept = space.setdefault(entry.key, [])
+                kept.append(entry)
+                del kept[: max(len(kept) - max(keep, 1), 0)]
+            watches = [*d.watches.get(scope, ())]
+        hints = [KvHint(e.key, e.version) for e in entries]
+        for w in watches:
+            w.notify(hints)
+
+    def kv_drop(self, scope: str) -> bool:
+        d = self._open()
+        with d.lock:
+            return bool(d.kv.pop(scope, None))
+
+    def watch_open(self, scope: str) -> KvWatch:
+        d = self._open()
+        watch = _MemoryWatch(self.url)
+        with d.lock:
+            d.watches.setdefault(scope, weakref.WeakSet()).add(watch)
+        return watch

@@ -1,0 +1,14 @@
+"""The shipped kv and watch conformance checks (persistkit.testing.kv_suite, watch_suite) on every store."""
+
+from __future__ import annotations
+
+from persistkit.testing.kv_suite import KvConformance
+from persistkit.testing.watch_suite import WatchConformance
+
+
+class TestKv(KvConformance):
+    """``persistkit_url`` comes from conftest: one fresh store per backend."""
+
+
+class TestWatch(WatchConformance):
+    """``persistkit_url`` comes from conftest."""

@@ -56,6 +56,13 @@ from .state._spec import Reducer, TrackedList, add, append, merge, migration, re
 from .wrappers._keys import KeyRing, generate_key
 
 if _TYPE_CHECKING:
+    from .blackboard._acl import ScopedBoard
+    from .blackboard._board import Batch as BoardBatch
+    from .blackboard._claims import Claim
+    from .blackboard._entries import BoardChange, BoardEntry
+    from .blackboard._space import Board
+    from .blackboard._validate import instruction_check
+    from .blackboard._watch import BoardWatch
     from .coordination import LeaseInfo
     from .coordination._thread_lease import ThreadLease
     from .state._model import State
@@ -71,7 +78,13 @@ __all__ = [
     "BackendError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "Board",
+    "BoardBatch",
+    "BoardChange",
+    "BoardEntry",
+    "BoardWatch",
     "Checkpoint",
+    "Claim",
     "ClaimLostError",
     "CompensationError",
     "ConfigurationError",
@@ -103,6 +116,7 @@ __all__ = [
     "RunCompensatedError",
     "RunReplay",
     "SchemaVersionError",
+    "ScopedBoard",
     "Secret",
     "SecretResolutionError",
     "SerializationError",
@@ -135,6 +149,7 @@ __all__ = [
     "default_store",
     "deprecate_patch",
     "generate_key",
+    "instruction_check",
     "merge",
     "migration",
     "patched",
@@ -161,6 +176,14 @@ _LAZY = {
     "WitnessEntry": ".wrappers._witness",
     "LeaseInfo": ".coordination",
     "ThreadLease": ".coordination._thread_lease",
+    "Board": ".blackboard._space",
+    "BoardBatch": ".blackboard._board",
+    "BoardEntry": ".blackboard._entries",
+    "BoardChange": ".blackboard._entries",
+    "BoardWatch": ".blackboard._watch",
+    "Claim": ".blackboard._claims",
+    "ScopedBoard": ".blackboard._acl",
+    "instruction_check": ".blackboard._validate",
 }
 
 

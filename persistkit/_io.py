@@ -92,6 +92,17 @@ def _moved_on(req: Call, head: Head | None) -> bool:
     return (head.version if head else 0) != req.args[2] and (head is None or head.checkpoint_id != row.checkpoint_id)
 
 
+def _kv_landed(ops: Any, found: list[Any]) -> bool:
+    """After an ambiguous ``kv_write`` (the connection died around the commit): whether it
+    landed, judged by reading its keys back. A batch is atomic, so every key is at the version
+    and value it wrote, or the write did not happen (a retry then writes it, or, if another
+    writer moved a key since, raises the conflict it meets)."""
+    return all(
+        e is not None and e.version == op.expected + 1 and e.value == (None if op.value is None else bytes(op.value))
+        for op, e in zip(ops, found, strict=True)
+    )
+
+
 def checked(method: str, exc: BaseException) -> BaseException:
     if isinstance(exc, PersistkitError):
         return exc
@@ -115,6 +126,10 @@ def call_sync(backend: Backend, req: Call, failed: BackendUnavailableError | Non
                 landed = _resolve_write(req, head, stored)
                 if landed is not None:
                     return landed
+            if last is not None and req.method == "kv_write":
+                scope, ops = req.args[0], req.args[1]
+                if _kv_landed(ops, [backend.kv_get(scope, op.key) for op in ops]):
+                    return None
             return getattr(backend, req.method)(*req.args, **req.kwargs)
         except BackendUnavailableError as exc:
             last = exc
@@ -143,6 +158,10 @@ async def call_async(backend: Backend, req: Call, failed: BackendUnavailableErro
                 landed = _resolve_write(req, head, stored)
                 if landed is not None:
                     return landed
+            if last is not None and req.method == "kv_write":
+                scope, ops = req.args[0], req.args[1]
+                if _kv_landed(ops, [await backend.akv_get(scope, op.key) for op in ops]):
+                    return None
             return await getattr(backend, "a" + req.method)(*req.args, **req.kwargs)
         except BackendUnavailableError as exc:
             last = exc

@@ -211,6 +211,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("codec", ("persistkit.codec",)),
     ("state", ("persistkit.state",)),
     ("coordination", ("persistkit.coordination",)),
+    ("blackboard", ("persistkit.blackboard",)),
     ("engine", ("persistkit.engine",)),
     ("surface", ("persistkit", "persistkit.__main__", "persistkit._cli", "persistkit.testing")),
 ]

@@ -33,6 +33,7 @@ from ._replay_check import ReplayCheckStore
 from ._store_plans import StorePlans
 
 if TYPE_CHECKING:
+    from ..blackboard._space import Board
     from ..coordination import Lease, LeaseInfo
     from ..wrappers._encryption import RotationReport
     from ..wrappers._verify import IntegrityReport
@@ -105,6 +106,8 @@ class Store(SuspendStore, ReplayCheckStore, OutboxStore, StorePlans):
         self.codec = codec or Codec()
         self.codec.redactor.attach(backend)  # the store's handle key names detected secrets' handles
         self._closed = False
+        self._boards: dict[str, Board] = {}
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -209,6 +212,22 @@ class Store(SuspendStore, ReplayCheckStore, OutboxStore, StorePlans):
 
         self._check_open()
         return await leases_async(self, prefix)
+
+    def board(self, name: str = "default", *, history: int | None = None) -> Board:
+        """The shared space ``name`` of this store (docs/shared-state.md): the same object
+        for the same name, so policies set on it hold for every caller in this process.
+        ``history``: versions kept per key (10 unless set; ``board.policy`` per prefix)."""
+        from ..blackboard._entries import check_name
+        from ..blackboard._space import Board
+
+        self._check_open()
+        with self._lock:
+            found = self._boards.get(check_name(name))
+            if found is None:
+                found = self._boards[name] = Board(self, name)
+        if history is not None:
+            found.policy("", history=history)
+        return found
 
     def close(self) -> None:
         """Close the backend. Idempotent."""

@@ -80,6 +80,7 @@ from .._errors import (
 )
 from . import mask_url, unknown_options
 from ._protocol import Backend, CheckpointRow, Head, LeaseRecord
+from ._redis_kv import RedisKv
 from ._redis_ops import (
     SOURCES,
     Batch,
@@ -243,7 +244,7 @@ def _check_prefix(prefix: object) -> str:
     return prefix
 
 
-class RedisBackend(Backend):
+class RedisBackend(RedisKv, Backend):
     """Checkpoints in Redis through redis-py (sync) and redis.asyncio (native async).
 
     Open with :meth:`from_url`, or pass your own clients:
@@ -256,6 +257,8 @@ class RedisBackend(Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
     native_async: ClassVar[bool] = True
+    # kv and watch: _redis_kv.py (the RedisKv mixin, its key layout and scripts)
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
 
     def __init__(
         self,
@@ -343,6 +346,14 @@ class RedisBackend(Backend):
 
     def _closed_error(self) -> StoreClosedError:
         return StoreClosedError(f"the redis store {self.url!r} was closed; open a new one")
+
+    def _closed_check(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    def _watch_error(self, exc: Exception) -> PersistkitError:
+        """The persistkit error for a watch connection's driver error (see _map_error)."""
+        return _map_error(exc, self.url, self._reached)
 
     def _run(self, op: Op[_T]) -> _T:
         if self._closed:

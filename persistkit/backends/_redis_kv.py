@@ -226,7 +226,8 @@ def op_kv_drop(k: Keys, scope: str) -> Op[bool]:
 
 # -- watches -------------------------------------------------------------------------------
 
-_MapError = Callable[[Exception], PersistkitError]
+# (driver error, whether this watch's connection ever reached the server) -> the error to raise
+_MapError = Callable[[Exception, bool], PersistkitError]
 
 
 def _dedicated_kwargs(client: Any, scope: str, retry: Any) -> tuple[Any, dict[str, Any]]:
@@ -265,11 +266,16 @@ class RedisWatch(KvWatch):
 
     def __init__(self, client: Any, scope: str, chan: bytes, url: str, fail: _MapError) -> None:
         cls, kwargs = _dedicated_kwargs(client, scope, redis.retry.Retry(NoBackoff(), 0))
-        self._make = lambda: redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
+
+        def make() -> Any:
+            return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
+
+        self._make: Callable[[], Any] = make
         self._chan, self._url, self._fail = chan, url, fail
         self._lock = threading.Lock()
         self._pubsub: Any = None
         self._closed = False
+        self._reached = False
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -288,8 +294,9 @@ class RedisWatch(KvWatch):
         except rexc.RedisError as exc:
             pubsub.close()
             client.connection_pool.disconnect()
-            raise self._fail(exc) from exc
+            raise self._fail(exc, self._reached) from exc
         self._pubsub = pubsub
+        self._reached = True
 
     def _drop(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
@@ -316,11 +323,12 @@ class RedisWatch(KvWatch):
                     return pending.hints()
                 if time.monotonic() >= end:
                     return []
-        except (rexc.RedisError, OSError, AttributeError):
-            # AttributeError: close() from another thread released the connection under us.
+        except Exception as exc:
             with self._lock:
-                if self._closed:
+                if self._closed:  # close() from another thread released the connection under us
                     return []
+                if not isinstance(exc, rexc.RedisError | OSError):
+                    raise
                 self._drop()
                 self._subscribe()  # raises BackendUnavailableError; the next call tries again
                 return [KvHint(None)]
@@ -338,6 +346,7 @@ class AsyncRedisWatch(KvWatch):
         self._make, self._chan, self._url, self._fail = make, chan, url, fail
         self._pubsub: Any = None
         self._closed = False
+        self._reached = False
 
     async def subscribe(self) -> None:
         client = self._make()
@@ -354,8 +363,9 @@ class AsyncRedisWatch(KvWatch):
         except rexc.RedisError as exc:
             await pubsub.aclose()
             await client.connection_pool.disconnect()
-            raise self._fail(exc) from exc
+            raise self._fail(exc, self._reached) from exc
         self._pubsub = pubsub
+        self._reached = True
 
     async def _drop(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
@@ -387,9 +397,11 @@ class AsyncRedisWatch(KvWatch):
                     return pending.hints()
                 if time.monotonic() >= end:
                     return []
-        except (rexc.RedisError, OSError, AttributeError):
+        except Exception as exc:
             if self._closed:
                 return []
+            if not isinstance(exc, rexc.RedisError | OSError):
+                raise
             await self._drop()
             await self.subscribe()
             return [KvHint(None)]
@@ -421,7 +433,7 @@ class RedisKv:
 
         async def _arun(self, op: Op[_T]) -> _T: ...
 
-        def _watch_error(self, exc: Exception) -> PersistkitError: ...
+        def _watch_error(self, exc: Exception, reached: bool) -> PersistkitError: ...
 
         def _closed_check(self) -> None: ...
 

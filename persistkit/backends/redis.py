@@ -351,9 +351,10 @@ class RedisBackend(RedisKv, Backend):
         if self._closed:
             raise self._closed_error()
 
-    def _watch_error(self, exc: Exception) -> PersistkitError:
-        """The persistkit error for a watch connection's driver error (see _map_error)."""
-        return _map_error(exc, self.url, self._reached)
+    def _watch_error(self, exc: Exception, reached: bool) -> PersistkitError:
+        """The persistkit error for a watch connection's driver error (see _map_error);
+        ``reached``: that watch's own connection once reached the server."""
+        return _map_error(exc, self.url, self._reached or reached)
 
     def _run(self, op: Op[_T]) -> _T:
         if self._closed:

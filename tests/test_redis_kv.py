@@ -20,7 +20,13 @@ from typing import Any
 
 import pytest
 
-from persistkit import BackendError, BackendUnavailableError, ConfigurationError, ConflictError, StoreClosedError
+from persistkit import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConflictError,
+    StoreClosedError,
+)
 from persistkit.backends._protocol import KvEntry, KvHint, KvOp
 
 pytest.importorskip("redis")
@@ -277,8 +283,10 @@ def test_write_to_hint_latency(backend: RedisBackend, other: RedisBackend, capsy
             start = time.perf_counter()
             other.kv_write(scope, [KvOp("t", v, b"x")], keep=1)
             got = False
-            while not got:
-                got = any(h.key == "t" and h.version == v + 1 for h in watch.hints(5.0))
+            while not got and time.perf_counter() - start < 10:
+                # (a "list again" hint also ends the wait: the reader would re-read now)
+                got = any(h.key is None or (h.key == "t" and h.version == v + 1) for h in watch.hints(5.0))
+            assert got, f"no hint of version {v + 1} within 10 s"
             samples.append((time.perf_counter() - start) * 1000)
     finally:
         watch.close()
@@ -290,3 +298,49 @@ def test_write_to_hint_latency(backend: RedisBackend, other: RedisBackend, capsy
             f"{statistics.median(samples):.3f} ms, p95 {samples[94]:.3f} ms, max {samples[-1]:.3f} ms"
         )
     assert len(samples) == 100
+
+
+def test_user_supplied_clients_watch_on_their_own_connection(redis_url: str, prefix: str, admin: Any) -> None:
+    """A user's client keeps its settings (redis-py retries on); the watch's own connection
+    has them off, so a kill is seen as a drop (never silently re-made) and says "list again"."""
+    import redis.asyncio
+
+    scope = _scope()
+    sync_client = redis.Redis.from_url(redis_url)
+    async_client = redis.asyncio.Redis.from_url(redis_url)
+    b = RedisBackend(sync_client, async_client, prefix=prefix)
+    try:
+        watch = b.watch_open(scope)
+        b.kv_write(scope, [KvOp("u", 0, b"1")], keep=1)
+        assert seen(watch, b, scope, "u", 1)
+        [old] = _watch_client_ids(admin, scope)
+        admin.execute_command("CLIENT", "KILL", "ID", old)
+        assert watch.hints(10.0) == [KvHint(None)]
+        watch.close()
+
+        async def go() -> list[KvHint]:
+            awatch = await b.awatch_open(scope)
+            try:
+                assert isinstance(awatch, _redis_kv.AsyncRedisWatch)
+                await b.akv_write(scope, [KvOp("u", 1, b"2")], keep=1)
+                return await awatch.ahints(10.0)
+            finally:
+                await awatch.aclose()
+                await async_client.aclose()
+
+        assert asyncio.run(go()) == [KvHint("u", 2)]
+        only_sync = RedisBackend(sync_client, prefix=prefix)  # awatch_open: the blocking watch in a thread
+
+        async def threaded() -> list[KvHint]:
+            awatch = await only_sync.awatch_open(scope)
+            try:
+                assert isinstance(awatch, _redis_kv.RedisWatch)
+                await only_sync.akv_write(scope, [KvOp("u", 2, None)], keep=1)
+                return await awatch.ahints(10.0)
+            finally:
+                await awatch.aclose()
+
+        assert asyncio.run(threaded()) == [KvHint("u", 3)]
+    finally:
+        b.kv_drop(scope)
+        sync_client.close()

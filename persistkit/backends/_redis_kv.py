@@ -344,6 +344,7 @@ class AsyncRedisWatch(KvWatch):
 
     def __init__(self, make: Callable[[], Any], chan: bytes, url: str, fail: _MapError) -> None:
         self._make, self._chan, self._url, self._fail = make, chan, url, fail
+        self._closing: asyncio.Task[None] | None = None
         self._pubsub: Any = None
         self._closed = False
         self._reached = False
@@ -407,8 +408,14 @@ class AsyncRedisWatch(KvWatch):
             return [KvHint(None)]
 
     def close(self) -> None:
-        # Only the flag: the connection belongs to the loop; aclose releases it.
+        """Stop watching. Called from the watch's own loop, the connection is released by a
+        task of that loop; prefer ``await watch.aclose()``, which waits for it."""
         self._closed = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop here: the connection is freed with the watch
+            return
+        self._closing = loop.create_task(self._drop())
 
     async def aclose(self) -> None:
         self._closed = True

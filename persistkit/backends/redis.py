@@ -49,6 +49,9 @@ re-sent here (an ambiguous commit is resolved above by reading the head);
 reads are retried once. Clients made from a URL have redis-py's own retries
 turned off for the same reason; user-supplied clients keep their settings.
 
+The kv and watch capabilities (versioned keys per scope, pub/sub hints) live in
+:mod:`persistkit.backends._redis_kv`, with their own key layout under ``P{k.<scope>}:``.
+
 One copy of the logic: each operation is a generator that yields batches of
 commands and receives their replies (no I/O of its own); a blocking driver
 and an awaiting driver run it.

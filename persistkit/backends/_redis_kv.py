@@ -10,6 +10,8 @@ hold, so no scope tag equals a thread's)::
     P{k.S}:all       zset   every key that has a hash, tombstones included (kv_drop)
     P{k.S}:c                the pub/sub channel of the scope's hints (a channel, not a key)
 
+The store's ``ttl=`` applies to threads only: kv keys never expire (a board outlives runs).
+
 Redis Cluster: the ``{k.S}`` hash tag puts every key of one scope in one slot, so each
 script is single-slot (one scope is limited to one node's memory and throughput).
 Listing reads the ``live`` sorted set with ``ZRANGE BYLEX`` (member = the key's UTF-8,
@@ -173,8 +175,10 @@ def op_kv_get(k: Keys, scope: str, key: str, version: int | None) -> Op[KvEntry 
     if version is None:
         [found] = yield Batch((_script(_KV_GET, (h,), ()),), True)
         return None if not found else _entry(key, found[0], found[1])
+    if int(version) <= 0:
+        return None
     [raw] = yield Batch((("HGET", h, str(int(version)).encode()),), True)
-    return None if raw is None or int(version) <= 0 else _entry(key, version, raw)
+    return None if raw is None else _entry(key, version, raw)
 
 
 def op_kv_history(k: Keys, scope: str, key: str, before: int | None, limit: int | None) -> Op[list[KvEntry]]:

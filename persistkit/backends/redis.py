@@ -49,6 +49,9 @@ re-sent here (an ambiguous commit is resolved above by reading the head);
 reads are retried once. Clients made from a URL have redis-py's own retries
 turned off for the same reason; user-supplied clients keep their settings.
 
+The kv and watch capabilities (versioned keys per scope, pub/sub hints) live in
+:mod:`persistkit.backends._redis_kv`, with their own key layout under ``P{k.<scope>}:``.
+
 One copy of the logic: each operation is a generator that yields batches of
 commands and receives their replies (no I/O of its own); a blocking driver
 and an awaiting driver run it.
@@ -80,6 +83,7 @@ from .._errors import (
 )
 from . import mask_url, unknown_options
 from ._protocol import Backend, CheckpointRow, Head, LeaseRecord
+from ._redis_kv import RedisKv
 from ._redis_ops import (
     SOURCES,
     Batch,
@@ -243,7 +247,7 @@ def _check_prefix(prefix: object) -> str:
     return prefix
 
 
-class RedisBackend(Backend):
+class RedisBackend(RedisKv, Backend):
     """Checkpoints in Redis through redis-py (sync) and redis.asyncio (native async).
 
     Open with :meth:`from_url`, or pass your own clients:
@@ -256,6 +260,8 @@ class RedisBackend(Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
     native_async: ClassVar[bool] = True
+    # kv and watch: _redis_kv.py (the RedisKv mixin, its key layout and scripts)
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
 
     def __init__(
         self,
@@ -343,6 +349,15 @@ class RedisBackend(Backend):
 
     def _closed_error(self) -> StoreClosedError:
         return StoreClosedError(f"the redis store {self.url!r} was closed; open a new one")
+
+    def _closed_check(self) -> None:
+        if self._closed:
+            raise self._closed_error()
+
+    def _watch_error(self, exc: Exception, reached: bool) -> PersistkitError:
+        """The persistkit error for a watch connection's driver error (see _map_error);
+        ``reached``: that watch's own connection once reached the server."""
+        return _map_error(exc, self.url, self._reached or reached)
 
     def _run(self, op: Op[_T]) -> _T:
         if self._closed:

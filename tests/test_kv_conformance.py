@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from persistkit.testing.kv_suite import KvConformance
-from persistkit.testing.watch_suite import WatchConformance
+from persistkit.testing import KvConformance, WatchConformance
 
 
 class TestKv(KvConformance):

@@ -52,14 +52,30 @@ def _may_overlap(grant: str, prefix: str) -> bool:
 class ScopedBoard:
     """The board as one agent may use it. Made by ``board.scoped(...)``; same methods."""
 
+    __slots__ = ("_board", "agent", "name", "read_grants", "write_grants")
+    _board: Board
+    agent: str
+    name: str
+    read_grants: tuple[str, ...]
+    write_grants: tuple[str, ...]
+
     def __init__(self, board: Board, agent: str, *, read: Any = (), write: Any = ()) -> None:
         if not isinstance(agent, str) or not agent or len(agent) > 256:
             raise ConfigurationError(f"agent must name the agent (a non-empty str), got {agent!r}")
-        self.__board = board
-        self.agent = agent
-        self.read_grants = _grants("read", read)
-        self.write_grants = _grants("write", write)
-        self.name = board.name
+        set_ = object.__setattr__
+        set_(self, "_board", board)
+        set_(self, "agent", agent)
+        set_(self, "read_grants", _grants("read", read))
+        set_(self, "write_grants", _grants("write", write))
+        set_(self, "name", board.name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # The grants are fixed when the handle is made: an agent's code cannot widen them by
+        # assignment (it can still open the store itself: see the module docstring).
+        raise AccessDeniedError(
+            f"a scoped board handle cannot be changed (tried to set {name!r}); make a new one "
+            "from the board with board.scoped(...)", agent=self.agent, operation="change the handle",
+        )
 
     def __repr__(self) -> str:
         return f"<persistkit ScopedBoard {self.name!r} agent={self.agent!r} read={list(self.read_grants)} write={list(self.write_grants)}>"
@@ -105,19 +121,19 @@ class ScopedBoard:
     # -- reads -----------------------------------------------------------------------------
 
     def get(self, key: str, *, version: int | None = None) -> BoardEntry | None:
-        return self.__board.get(self._read(key, "read"), version=version)
+        return self._board.get(self._read(key, "read"), version=version)
 
     def value(self, key: str, default: Any = None) -> Any:
-        return self.__board.value(self._read(key, "read"), default)
+        return self._board.value(self._read(key, "read"), default)
 
     def history(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
-        return self.__board.history(self._read(key, "read the history of"), limit=limit)
+        return self._board.history(self._read(key, "read the history of"), limit=limit)
 
     def list(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         self._prefix(prefix, "list", self.read_grants, "read")
         out: builtins.list[BoardEntry] = []
         while len(out) < limit:
-            page = self.__board.list(prefix, after=after, limit=limit)
+            page = self._board.list(prefix, after=after, limit=limit)
             out += [e for e in page if self.can_read(e.key)]
             if len(page) < limit:
                 break
@@ -126,25 +142,25 @@ class ScopedBoard:
 
     def scan(self, prefix: str = "") -> Iterator[BoardEntry]:
         self._prefix(prefix, "list", self.read_grants, "read")
-        return (e for e in self.__board.scan(prefix) if self.can_read(e.key))
+        return (e for e in self._board.scan(prefix) if self.can_read(e.key))
 
     # -- writes ----------------------------------------------------------------------------
 
     def put(self, key: str, value: Any, *, ttl: float | None = None) -> int:
-        return self.__board.put(self._write(key, "write"), value, ttl=ttl)
+        return self._board.put(self._write(key, "write"), value, ttl=ttl)
 
     def cas(self, key: str, value: Any, expected_version: int, *, ttl: float | None = None) -> int:
-        return self.__board.cas(self._write(key, "write"), value, expected_version, ttl=ttl)
+        return self._board.cas(self._write(key, "write"), value, expected_version, ttl=ttl)
 
     def delete(self, key: str, *, expected_version: int | None = None) -> bool:
-        return self.__board.delete(self._write(key, "delete"), expected_version=expected_version)
+        return self._board.delete(self._write(key, "delete"), expected_version=expected_version)
 
     def update(self, key: str, fn: Callable[[Any], Any], *, default: Any = None, ttl: float | None = None) -> BoardEntry:
         self._read(key, "update")
-        return self.__board.update(self._write(key, "update"), fn, default=default, ttl=ttl)
+        return self._board.update(self._write(key, "update"), fn, default=default, ttl=ttl)
 
     def batch(self) -> Batch:
-        batch = self.__board.batch()
+        batch = self._board.batch()
         batch.guard = self._write
         return batch
 
@@ -153,31 +169,31 @@ class ScopedBoard:
     def claim(self, prefix: str, owner: str, *, lease_ttl: float = 60.0) -> Claim | None:
         self._prefix(prefix, "claim", self.read_grants, "read")
         self._prefix(prefix, "claim", self.write_grants, "write")
-        result: Claim | None = self.__board.store.run_sync(
-            claim_plan(self.__board, prefix, owner, lease_ttl, allow=self._claimable, guard=self._write)
+        result: Claim | None = self._board.store.run_sync(
+            claim_plan(self._board, prefix, owner, lease_ttl, allow=self._claimable, guard=self._write)
         )
         return result
 
     def watch(self, pattern: str = "*", *, poll_interval: float | None = None, since: dict[str, int] | None = None) -> BoardWatch:
         self._prefix(E.literal_prefix(pattern) if isinstance(pattern, str) else pattern, "watch", self.read_grants, "read")
-        return BoardWatch(self.__board, pattern, poll_interval=poll_interval, since=since, allow=self.can_read)
+        return BoardWatch(self._board, pattern, poll_interval=poll_interval, since=since, allow=self.can_read)
 
     # -- async twins ----------------------------------------------------------------------------
 
     async def aget(self, key: str, *, version: int | None = None) -> BoardEntry | None:
-        return await self.__board.aget(self._read(key, "read"), version=version)
+        return await self._board.aget(self._read(key, "read"), version=version)
 
     async def avalue(self, key: str, default: Any = None) -> Any:
-        return await self.__board.avalue(self._read(key, "read"), default)
+        return await self._board.avalue(self._read(key, "read"), default)
 
     async def ahistory(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
-        return await self.__board.ahistory(self._read(key, "read the history of"), limit=limit)
+        return await self._board.ahistory(self._read(key, "read the history of"), limit=limit)
 
     async def alist(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         self._prefix(prefix, "list", self.read_grants, "read")
         out: builtins.list[BoardEntry] = []
         while len(out) < limit:
-            page = await self.__board.alist(prefix, after=after, limit=limit)
+            page = await self._board.alist(prefix, after=after, limit=limit)
             out += [e for e in page if self.can_read(e.key)]
             if len(page) < limit:
                 break
@@ -185,29 +201,29 @@ class ScopedBoard:
         return out[:limit]
 
     async def aput(self, key: str, value: Any, *, ttl: float | None = None) -> int:
-        return await self.__board.aput(self._write(key, "write"), value, ttl=ttl)
+        return await self._board.aput(self._write(key, "write"), value, ttl=ttl)
 
     async def acas(self, key: str, value: Any, expected_version: int, *, ttl: float | None = None) -> int:
-        return await self.__board.acas(self._write(key, "write"), value, expected_version, ttl=ttl)
+        return await self._board.acas(self._write(key, "write"), value, expected_version, ttl=ttl)
 
     async def adelete(self, key: str, *, expected_version: int | None = None) -> bool:
-        return await self.__board.adelete(self._write(key, "delete"), expected_version=expected_version)
+        return await self._board.adelete(self._write(key, "delete"), expected_version=expected_version)
 
     async def aupdate(self, key: str, fn: Callable[[Any], Any], *, default: Any = None, ttl: float | None = None) -> BoardEntry:
         self._read(key, "update")
-        return await self.__board.aupdate(self._write(key, "update"), fn, default=default, ttl=ttl)
+        return await self._board.aupdate(self._write(key, "update"), fn, default=default, ttl=ttl)
 
     async def aclaim(self, prefix: str, owner: str, *, lease_ttl: float = 60.0) -> Claim | None:
         self._prefix(prefix, "claim", self.read_grants, "read")
         self._prefix(prefix, "claim", self.write_grants, "write")
-        result: Claim | None = await self.__board.store.run_async(
-            claim_plan(self.__board, prefix, owner, lease_ttl, allow=self._claimable, guard=self._write)
+        result: Claim | None = await self._board.store.run_async(
+            claim_plan(self._board, prefix, owner, lease_ttl, allow=self._claimable, guard=self._write)
         )
         return result
 
     def awatch(self, pattern: str = "*", *, poll_interval: float | None = None, since: dict[str, int] | None = None) -> AsyncBoardWatch:
         self._prefix(E.literal_prefix(pattern) if isinstance(pattern, str) else pattern, "watch", self.read_grants, "read")
-        return AsyncBoardWatch(self.__board, pattern, poll_interval=poll_interval, since=since, allow=self.can_read)
+        return AsyncBoardWatch(self._board, pattern, poll_interval=poll_interval, since=since, allow=self.can_read)
 
     # -- refused -----------------------------------------------------------------------------------
 

@@ -51,7 +51,8 @@ stored as a tagged marker, not a bare tombstone (format in ``wrappers/_kv.py``).
 A read (``kv_get``, ``kv_history``, ``kv_list``) refuses, with an
 ``IntegrityError`` naming scope, key and version, a value that was edited, a
 value copied to another key, version or scope, and a delete written without the
-key (a bare tombstone). The hash chain does not apply to kv: no tag links one
+key (a bare tombstone; ``kv_list`` cannot see one, as the store skips
+tombstones, so a listing leaves that key out). The hash chain does not apply to kv: no tag links one
 version to the next, so NOT caught are a store that serves an older kept
 version as the latest (its newer versions removed), a key or a whole scope
 removed, and, after ``kv_drop``, a value of the dropped scope put back at the

@@ -4,6 +4,8 @@ pk.connect's options, and what only a wrapper promises (stored bytes, moved or a
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from persistkit import IntegrityError
 from persistkit.backends import Backend, open_backend
 from persistkit.backends._protocol import KvEntry, KvOp
 from persistkit.testing.kv_suite import KvConformance
-from persistkit.testing.watch_suite import WatchConformance
+from persistkit.testing.watch_suite import WatchConformance, seen
 from persistkit.wrappers._kv import ValueKv
 from persistkit.wrappers._offload import KV_BLOB_THREAD, kv_blob_thread
 
@@ -272,5 +274,31 @@ def test_a_missing_offloaded_object_is_an_integrity_error(persistkit_url: str, b
         with pytest.raises(IntegrityError, match="key 'big' version 1 was offloaded"):
             backend.kv_get(scope, "big")
     finally:
+        for b in (backend, raw, blobs):
+            b.close()
+
+
+def test_another_process_writes_through_the_same_wrappers(tmp_path: Path, scope: str) -> None:
+    """The watch suite skips its child process under options; here the child opens the stack too."""
+    url, blob_url = _primary_url("sqlite", tmp_path), f"sqlite:///{tmp_path}/blobs.db"
+    backend, raw, blobs = _open(url, blob_url, "stacked")
+    watch = backend.watch_open(scope)
+    code = (
+        "import sys; import persistkit as pk; from persistkit.backends._protocol import KvOp\n"
+        "s = pk.connect(sys.argv[1], blobs=sys.argv[2], blob_threshold=int(sys.argv[3]),\n"
+        "               encryption=bytes.fromhex(sys.argv[4]), integrity=bytes.fromhex(sys.argv[5]))\n"
+        "s.backend.kv_write(sys.argv[6], [KvOp('child', 0, b'from the child ' * 100)], keep=1); s.close()\n"
+    )
+    try:
+        subprocess.run(
+            [sys.executable, "-c", code, url, blob_url, str(THRESHOLD), ENC_KEY.hex(), INT_KEY.hex(), scope],
+            check=True, timeout=120,
+        )
+        assert seen(watch, backend, scope, "child", 1)
+        assert backend.kv_get(scope, "child") == KvEntry("child", 1, b"from the child " * 100)
+        stored = raw.kv_get(scope, "child")
+        assert stored is not None and stored.value is not None and len(stored.value) < 200  # offloaded
+    finally:
+        watch.close()
         for b in (backend, raw, blobs):
             b.close()

@@ -458,7 +458,8 @@ class EncryptedBackend(ForwardLeases, ValueKv, Backend):
         encrypt_plaintext: bool = False,
     ) -> Plan[RotationReport]:
         """Re-seal, under the active key, every record of one thread (or of every thread
-        after ``after``) that is sealed with another key; one ``rewrite`` per batch."""
+        after ``after``) that is sealed with another key; one ``rewrite`` per batch.
+        kv values are not re-sealed (module docs: keep their key in the ring)."""
         from .._io import call
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

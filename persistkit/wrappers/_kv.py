@@ -25,6 +25,7 @@ it does not is written in ``wrappers/_integrity.py``'s module docs.
 
 from __future__ import annotations
 
+import abc
 import builtins
 import hashlib
 import hmac
@@ -50,11 +51,13 @@ class ValueKv(ForwardKv):
     the sync ones (CPU-only work) and are overridden by a wrapper that does I/O there.
     """
 
+    @abc.abstractmethod
     def _kv_seal(self, scope: str, ops: Sequence[KvOp]) -> builtins.list[KvOp]:
-        raise NotImplementedError
+        """``ops`` with each value in its stored form (``op.expected + 1`` is its version)."""
 
+    @abc.abstractmethod
     def _kv_open(self, scope: str, entries: Sequence[KvEntry]) -> builtins.list[KvEntry]:
-        raise NotImplementedError
+        """Stored ``entries`` with their values back; ``IntegrityError`` naming one that fails."""
 
     async def _akv_seal(self, scope: str, ops: Sequence[KvOp]) -> builtins.list[KvOp]:
         return self._kv_seal(scope, ops)

@@ -11,6 +11,7 @@ module             ``pk.connect`` option            what it does
 ``_integrity``     ``integrity=``, ``witness=``     keyed hash chain per thread, checked on every read
 ``_witness``       (``witness=``)                   the newest head tag per thread, kept outside the store
 ``_verify``        (``store.verify``)               offline walk of an integrity store's chains
+``_kv``            (the three above)                kv values sealed, tagged and moved like records
 =================  ===============================  =========================================
 
 :func:`stack` is the one place that puts them together, innermost first

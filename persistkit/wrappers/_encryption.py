@@ -25,6 +25,19 @@ migrated, with ``accept_plaintext=True``; ``store.rotate_keys(...,
 encrypt_plaintext=True)`` seals them in place. The codec's own envelopes start
 with ``0x01``/``0x02``, so a persistkit record is never mistaken for either.
 
+kv values (the shared space) are sealed the same way, each value (never a
+delete: a tombstone carries no bytes) with associated data binding its scope,
+key and version (``op.expected + 1``): a value copied to another key, version or
+scope fails to open (``IntegrityError`` naming scope, key and version). Scopes,
+keys, versions, value sizes and deletes stay visible; a delete or a removed
+version written past this wrapper is not detected (``integrity=`` tags deletes).
+``accept_plaintext=True`` reads unsealed values as they are, as for records.
+Key rotation does NOT re-seal kv values: the protocol has no in-place rewrite
+for them (a ``kv_write`` would make a new version and race the board's writers).
+A value is re-sealed under the active key when it is next written; keep a
+retired key in the ring while kv values sealed with it are kept (``keep``
+versions of each key), or write those keys again before retiring it.
+
 Nonces are 96 random bits: stay well under 2**32 records per key, i.e. rotate
 (new active key) at least every few hundred million checkpoints.
 """
@@ -43,8 +56,9 @@ from .._errors import (
     IntegrityError,
     damaged_record_advice,
 )
-from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
+from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
 from ._keys import KeyRing
+from ._kv import ValueKv, kv_where
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -98,6 +112,11 @@ def blob_aad(thread_id: str, key: str) -> bytes:
     return b"pk-blob\x00" + _field(thread_id) + _field(key)
 
 
+def kv_aad(scope: str, key: str, version: int) -> bytes:
+    """Associated data of a kv value: its scope, key and version."""
+    return b"pk-kv\x00" + _field(scope) + _field(key) + version.to_bytes(8, "big")
+
+
 def key_id_of(data: bytes) -> str | None:
     """The key id a record is sealed with, or None for a plaintext (or unreadable) record."""
     if len(data) < 2 or data[0] != MAGIC:
@@ -133,7 +152,7 @@ class RotationReport:
         )
 
 
-class EncryptedBackend(ForwardLeases, Backend):
+class EncryptedBackend(ForwardLeases, ValueKv, Backend):
     """``inner`` with every row payload and blob sealed by AES-256-GCM under ``keyring``.
 
     Heads, ids and blob keys pass through in plaintext (see the module docs).
@@ -219,7 +238,7 @@ class EncryptedBackend(ForwardLeases, Backend):
         except InvalidTag:
             raise IntegrityError(
                 f"{where} failed authentication under encryption key {kid!r}: the record was "
-                "altered, moved from another thread, namespace, checkpoint or key, or the key "
+                "altered, moved from another thread, namespace, checkpoint, key or version, or the key "
                 f"with that id is not the one it was sealed with{damaged}"
             ) from None
 
@@ -257,6 +276,23 @@ class EncryptedBackend(ForwardLeases, Backend):
 
     def _open_row_or_none(self, row: CheckpointRow | None) -> CheckpointRow | None:
         return None if row is None else self.open_row(row)
+
+    # -- kv values: sealed on the way down, opened on the way up (ValueKv drives) -----------
+
+    def _kv_seal(self, scope: str, ops: Sequence[KvOp]) -> builtins.list[KvOp]:
+        return [
+            op if op.value is None else KvOp(op.key, op.expected, self._seal(op.value, kv_aad(scope, op.key, op.expected + 1)))
+            for op in ops
+        ]
+
+    def _kv_open(self, scope: str, entries: Sequence[KvEntry]) -> builtins.list[KvEntry]:
+        return [
+            e if e.value is None else KvEntry(e.key, e.version, self._open(
+                e.value, kv_aad(scope, e.key, e.version), kv_where(scope, e.key, e.version),
+                plaintext_ok=self.accept_plaintext,
+            ))
+            for e in entries
+        ]
 
     # -- the protocol, sync ------------------------------------------------------------
 
@@ -422,7 +458,8 @@ class EncryptedBackend(ForwardLeases, Backend):
         encrypt_plaintext: bool = False,
     ) -> Plan[RotationReport]:
         """Re-seal, under the active key, every record of one thread (or of every thread
-        after ``after``) that is sealed with another key; one ``rewrite`` per batch."""
+        after ``after``) that is sealed with another key; one ``rewrite`` per batch.
+        kv values are not re-sealed (module docs: keep their key in the ring)."""
         from .._io import call
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

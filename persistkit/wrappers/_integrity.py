@@ -43,6 +43,21 @@ blob reads     each blob's tag.
 ``write``      one MAC; the previous head row's tag comes from a per-thread
                cache filled by the last write or head read (else one ``head``
                and one ``get``); then one witness record.
+
+kv values (the shared space)
+----------------------------
+Each kv value is tagged over (scope, key, version, value), a delete too: it is
+stored as a tagged marker, not a bare tombstone (format in ``wrappers/_kv.py``).
+A read (``kv_get``, ``kv_history``, ``kv_list``) refuses, with an
+``IntegrityError`` naming scope, key and version, a value that was edited, a
+value copied to another key, version or scope, and a delete written without the
+key (a bare tombstone; ``kv_list`` cannot see one, as the store skips
+tombstones, so a listing leaves that key out). The hash chain does not apply to kv: no tag links one
+version to the next, so NOT caught are a store that serves an older kept
+version as the latest (its newer versions removed), a key or a whole scope
+removed, and, after ``kv_drop``, a value of the dropped scope put back at the
+same key and version. No witness records kv versions, and ``store.verify()``
+walks threads only: the store protocol has no listing of kv scopes.
 """
 
 from __future__ import annotations
@@ -65,8 +80,9 @@ from .._errors import (
     damaged_record_advice,
 )
 from ..backends import mask_url
-from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
+from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
 from ._keys import KeyRing
+from ._kv import ValueKv, open_kv_tagged, tag_kv_op
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]
@@ -304,7 +320,7 @@ def _req(method: str, *args: Any, **kwargs: Any) -> _Req:
     return (method, args, kwargs)
 
 
-class IntegrityBackend(ForwardLeases, Backend):
+class IntegrityBackend(ForwardLeases, ValueKv, Backend):
     """Seals every row and blob written through it and refuses any read that fails its checks.
 
     ``keyring`` is a ``KeyRing(purpose="integrity")``: the active key seals,
@@ -648,6 +664,14 @@ class IntegrityBackend(ForwardLeases, Backend):
         finally:
             if self.witness is not None:
                 self.witness.close()
+
+    # -- kv values: tagged on the way down, checked on the way up (ValueKv drives) -----------
+
+    def _kv_seal(self, scope: str, ops: Sequence[KvOp]) -> builtins.list[KvOp]:
+        return [tag_kv_op(scope, op, self.keyring) for op in ops]
+
+    def _kv_open(self, scope: str, entries: Sequence[KvEntry]) -> builtins.list[KvEntry]:
+        return [open_kv_tagged(scope, e, self.keyring) for e in entries]
 
     # -- the protocol, async ----------------------------------------------------------------
 

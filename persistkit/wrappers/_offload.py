@@ -23,6 +23,19 @@ to start with the marker is offloaded whatever its size, so an inline value in
 the primary starting with the marker is always a pointer (rows alike). Reads check size
 and hash: a missing or altered offloaded object is an ``IntegrityError`` that
 names the thread and key. Data loss is never silent.
+
+kv values (the shared space) above the threshold (or starting with the marker)
+go the same way: the object is put first, under ``v:<sha256>`` in the blob
+thread of the value's scope, ``__persistkit__kv:<scope>`` (:func:`kv_blob_thread`;
+the blob store has no head there, so ``threads()`` never lists it), then the
+primary's ``kv_write`` stores the pointer. Reads fetch and check the objects, a
+page in one ``get_blobs``. Objects are content-addressed, so equal values of one
+scope share one, and no version owns its object: a version pushed out by
+``keep``, a delete, and a lost compare-and-swap all leave objects behind. They
+stay until ``kv_drop`` of the scope deletes its blob thread (after the primary's
+scope, so no pointer outlives its object; a write racing the drop may still
+land a pointer whose object is gone, read as an ``IntegrityError``, as for
+``delete_thread``).
 """
 
 from __future__ import annotations
@@ -34,9 +47,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._errors import ConfigurationError, IntegrityError
-from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head
+from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
+from ._kv import ValueKv, kv_where
 
-__all__ = ["DEFAULT_THRESHOLD", "OffloadBackend"]
+__all__ = ["DEFAULT_THRESHOLD", "KV_BLOB_THREAD", "OffloadBackend", "kv_blob_thread"]
 
 DEFAULT_THRESHOLD = 256 * 1024
 _MARKER = b"\x00PKREF1:"
@@ -74,7 +88,35 @@ def _row_key(payload: bytes) -> str:
     return "r:" + hashlib.sha256(payload).hexdigest()
 
 
-class OffloadBackend(ForwardLeases, Backend):
+#: The blob thread of a kv scope is this plus the scope (as ``secrets._handlekey``'s, reserved).
+KV_BLOB_THREAD = "__persistkit__kv:"
+
+
+def kv_blob_thread(scope: str) -> str:
+    """The thread of the blob store that holds the offloaded kv values of ``scope``."""
+    return KV_BLOB_THREAD + scope
+
+
+def _kv_resolve(scope: str, entries: Sequence[KvEntry], fetched: Mapping[str, bytes]) -> builtins.list[KvEntry]:
+    out: builtins.list[KvEntry] = []
+    for e in entries:
+        if e.value is None or not e.value.startswith(_MARKER):
+            out.append(e)
+            continue
+        ref = _parse(kv_blob_thread(scope), e.key, e.value)
+        value = fetched.get(ref.key)
+        if value is None or len(value) != ref.size or hashlib.sha256(value).hexdigest() != ref.sha256:
+            state = "is missing" if value is None else f"does not match its pointer ({len(value)} bytes, expected {ref.size})"
+            raise IntegrityError(
+                f"{kv_where(scope, e.key, e.version)} was offloaded to the blob store under thread "
+                f"{kv_blob_thread(scope)!r} key {ref.key!r}, and that object {state}. Restore the blob "
+                "store from a backup, or write the key again."
+            )
+        out.append(KvEntry(e.key, e.version, value))
+    return out
+
+
+class OffloadBackend(ForwardLeases, ValueKv, Backend):
     """``primary`` for everything; blobs above ``threshold`` bytes live in ``blobs``.
 
     Both are ordinary backends (typically SQL/Redis + S3). Blob keys are the
@@ -95,6 +137,11 @@ class OffloadBackend(ForwardLeases, Backend):
         # native_async is a ClassVar on Backend; this wrapper is as native as its primary.
         setattr(self, "native_async", primary.native_async)  # noqa: B010
         self.url = f"{primary.url} (blobs: {blobs.url})"
+
+    @property
+    def inner(self) -> Backend:
+        """The store this wraps, as every wrapper names it (the blob store is ``blobs``)."""
+        return self.primary
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> OffloadBackend:
@@ -252,6 +299,62 @@ class OffloadBackend(ForwardLeases, Backend):
         if large:
             await self.blobs.aput_blobs(thread_id, large)
         await self.primary.aput_blobs(thread_id, inline)
+
+    # -- kv values: big ones to the scope's blob thread first (ValueKv drives) ------------
+
+    def _kv_split(self, ops: Sequence[KvOp]) -> tuple[builtins.list[KvOp], dict[str, bytes]]:
+        """(the ops the primary stores, the objects for the blob store)."""
+        stored: builtins.list[KvOp] = []
+        large: dict[str, bytes] = {}
+        for op in ops:
+            v = op.value
+            if v is None or (len(v) <= self.threshold and not v.startswith(_MARKER)):
+                stored.append(op)
+                continue
+            key = "v:" + hashlib.sha256(v).hexdigest()
+            large[key] = bytes(v)
+            stored.append(KvOp(op.key, op.expected, _pointer(key, v)))
+        return stored, large
+
+    @staticmethod
+    def _kv_wanted(scope: str, entries: Sequence[KvEntry]) -> builtins.list[str]:
+        refs = {_parse(kv_blob_thread(scope), e.key, e.value).key for e in entries if e.value and e.value.startswith(_MARKER)}
+        return sorted(refs)
+
+    def _kv_seal(self, scope: str, ops: Sequence[KvOp]) -> builtins.list[KvOp]:
+        stored, large = self._kv_split(ops)
+        if large:
+            self.blobs.put_blobs(kv_blob_thread(scope), large)
+        return stored
+
+    async def _akv_seal(self, scope: str, ops: Sequence[KvOp]) -> builtins.list[KvOp]:
+        stored, large = self._kv_split(ops)
+        if large:
+            await self.blobs.aput_blobs(kv_blob_thread(scope), large)
+        return stored
+
+    def _kv_open(self, scope: str, entries: Sequence[KvEntry]) -> builtins.list[KvEntry]:
+        wanted = self._kv_wanted(scope, entries)
+        if not wanted:
+            return list(entries)
+        return _kv_resolve(scope, entries, self.blobs.get_blobs(kv_blob_thread(scope), wanted))
+
+    async def _akv_open(self, scope: str, entries: Sequence[KvEntry]) -> builtins.list[KvEntry]:
+        wanted = self._kv_wanted(scope, entries)
+        if not wanted:
+            return list(entries)
+        return _kv_resolve(scope, entries, await self.blobs.aget_blobs(kv_blob_thread(scope), wanted))
+
+    def kv_drop(self, scope: str) -> bool:
+        # the primary first: once its pointers are gone nothing references the objects
+        existed = self.primary.kv_drop(scope)
+        self.blobs.delete_thread(kv_blob_thread(scope))
+        return existed
+
+    async def akv_drop(self, scope: str) -> bool:
+        existed = await self.primary.akv_drop(scope)
+        await self.blobs.adelete_thread(kv_blob_thread(scope))
+        return existed
 
     # -- maintenance -------------------------------------------------------------------
 

@@ -32,3 +32,15 @@ class TestLeasedPlainStore(LeaseConformance, LongRunsConformance):
     @pytest.fixture
     def persistkit_url(self, tmp_path: Path) -> str:
         return f"plainleased://{tmp_path}/store.json"
+
+
+def test_a_store_without_kv_refuses_a_board_and_says_what_to_do(tmp_path: Path) -> None:
+    import persistkit as pk
+    from persistkit.testing import KvConformance  # noqa: F401 -- named in the message's advice
+
+    store = pk.connect(f"plainfile://{tmp_path}/store.json")
+    assert not store.backend.supports_kv
+    with pytest.raises(pk.ConfigurationError) as info:
+        store.board()
+    text = str(info.value)
+    assert "'kv' capability" in text and "store.board()" in text and "kv_write" in text and "postgresql" in text

@@ -126,8 +126,11 @@ _DROP = (
     "DELETE FROM pk_kv_versions WHERE scope = ?",
 )
 _TOP_SEQ = "SELECT seq FROM sqlite_sequence WHERE name = 'pk_kv_versions'"
+# The writes since the last poll by a range of the rowid (seq): what it costs is the
+# writes since, of every scope. "+scope" keeps the planner off the (scope, key,
+# version) index, whose scan would cost the whole scope on every poll.
 _CHANGED = """SELECT key, max(version) FROM pk_kv_versions
-    WHERE seq > ?1 AND seq <= ?2 AND scope = ?3 GROUP BY key"""
+    WHERE seq > ?1 AND seq <= ?2 AND +scope = ?3 GROUP BY key"""
 _NO_BEFORE = 2**63 - 1
 
 # database file (real path) -> scope -> the watches open on it in this process
@@ -212,10 +215,11 @@ class SQLiteKv(Backend):
             raise ConfigurationError(
                 f"kv_write on scope {scope!r}: a key appears twice in one batch; give each key once"
             )
+        if not ops:
+            self._conn()  # a closed store refuses even an empty batch
+            return
         conn = self._kv_conn(create=True)
         assert conn is not None
-        if not ops:
-            return
         keep = max(keep, 1)
         rows = [(op.key, op.expected + 1, None if op.value is None else bytes(op.value)) for op in ops]
         # BEGIN IMMEDIATE: the write lock before the versions are read, so two writers
@@ -231,7 +235,8 @@ class SQLiteKv(Backend):
                 conn.execute(_PUT_HEAD, (scope, key, version, seq, value is not None))
                 if version > keep:
                     conn.execute(_TRIM, (scope, key, version - keep))
-        _notify(self.path, scope, [KvHint(key, version) for key, version, _ in rows])
+        if _WATCHES:  # a watch is open in this process: push the hints now, not at its next poll
+            _notify(self._kv_file(), scope, [KvHint(key, version) for key, version, _ in rows])
 
     def kv_drop(self, scope: str) -> bool:
         conn = self._kv_conn(create=False)
@@ -249,6 +254,14 @@ class SQLiteKv(Backend):
             _WATCHES.setdefault(watch.file, {}).setdefault(scope, weakref.WeakSet()).add(watch)
             self._kv_watches().add(watch)
         return watch
+
+    def _kv_file(self) -> str:
+        """The database file's real path: what watches of this process are keyed by (a
+        symlinked or relative path to the same file finds the same watches)."""
+        file: str | None = self.__dict__.get("_kv_realpath")
+        if file is None:
+            file = self.__dict__["_kv_realpath"] = os.path.realpath(self.path)
+        return file
 
     def _kv_watches(self) -> weakref.WeakSet[_SQLiteWatch]:
         watches: weakref.WeakSet[_SQLiteWatch] | None = self.__dict__.get("_watches")
@@ -270,7 +283,7 @@ class _SQLiteWatch(KvWatch):
     def __init__(self, backend: SQLiteKv, scope: str) -> None:
         self._backend = backend
         self._scope = scope
-        self.file = os.path.realpath(backend.path)
+        self.file = backend._kv_file()
         self._interval = backend.watch_interval / 1000
         self._ready = threading.Condition()  # guards _pending, _delivered, _closed
         self._pending: dict[str, int] = {}  # pushed by this process's writers, not yet returned
@@ -382,21 +395,25 @@ class _SQLiteWatch(KvWatch):
                 return
             self._closed = True
             self._ready.notify_all()
-        with _WATCHES_LOCK:
+        with _WATCHES_LOCK:  # and forget emptied entries: kv_write skips the push when none is left
             scopes = _WATCHES.get(self.file, {})
-            scopes.get(self._scope, weakref.WeakSet()).discard(self)
+            watches = scopes.get(self._scope)
+            if watches is not None:
+                watches.discard(self)
+                if not watches:
+                    del scopes[self._scope]
+            if not scopes:
+                _WATCHES.pop(self.file, None)
         with self._poll_lock:
             conn, self._conn = self._conn, None
             if conn is not None and self._pid == os.getpid():
                 conn.close()
 
 
-def _notify(path: str, scope: str, hints: builtins.list[KvHint]) -> None:
-    """Push ``hints`` to this process's watches of ``scope`` on the file at ``path``."""
-    if not _WATCHES:  # no watch open in this process: nothing to find
-        return
+def _notify(file: str, scope: str, hints: builtins.list[KvHint]) -> None:
+    """Push ``hints`` to this process's watches of ``scope`` on ``file`` (a real path)."""
     with _WATCHES_LOCK:
-        watches = list(_WATCHES.get(os.path.realpath(path), {}).get(scope, ()))
+        watches = list(_WATCHES.get(file, {}).get(scope, ()))
     for w in watches:
         w.notify(hints)
 

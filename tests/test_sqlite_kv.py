@@ -252,6 +252,28 @@ def test_a_failed_watch_connection_reopens_and_says_list_again(backend: SQLiteBa
         watch.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_watch_and_a_store_inherited_by_a_forked_child(backend: SQLiteBackend) -> None:
+    """The child's copy of a watch reopens its connection and says "list again"; the
+    child writes through the inherited store; the parent's watch polls that write."""
+    watch = backend.watch_open("s")
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if all went as documented
+            ok = False
+            try:
+                ok = watch.hints(0) == [KvHint(None)]
+                backend.kv_write("s", [KvOp("child", 0, b"1")], keep=1)
+                ok = ok and watch.hints(5) == [KvHint("child", 1)]  # pushed in the child
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert ("child", 1) in _collect(watch, {("child", 1)})
+    finally:
+        watch.close()
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "x", "60001"])
 def test_bad_watch_interval(db: Path, value: str) -> None:
     with pytest.raises(ConfigurationError, match="watch_interval"):

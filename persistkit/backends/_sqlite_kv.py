@@ -25,7 +25,7 @@ Created on first kv use, not by a schema migration
 The tables are made with ``CREATE TABLE IF NOT EXISTS`` by the first kv write or
 watch on a file (a kv read on a file without them reads nothing and creates
 nothing). The schema version (``sqlite.SCHEMA_VERSION``) stays where it is, because:
-a stores that never uses kv (most) gets no new tables and no write when it opens;
+a store that never uses kv (most) gets no new tables and no write when it opens;
 a file stays openable by the previous persistkit release, so processes of two
 releases can share one file during an upgrade (a bumped version makes the older
 one refuse the file with ``SchemaVersionError``); and the kv tables stand alone (no
@@ -136,6 +136,16 @@ _NO_BEFORE = 2**63 - 1
 # database file (real path) -> scope -> the watches open on it in this process
 _WATCHES: dict[str, dict[str, weakref.WeakSet[_SQLiteWatch]]] = {}
 _WATCHES_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    # Another thread of the parent may have held the lock at the fork: the child starts
+    # with a fresh one. (A child's copy of a watch reopens its connection: _SQLiteWatch._poll.)
+    global _WATCHES_LOCK
+    _WATCHES_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 # Watch connections inherited by a forked child: never used nor closed there (see
 # sqlite._FORK_ORPHANS); kept referenced so the garbage collector does not close them.
 _FORK_ORPHANS: list[sqlite3.Connection] = []

@@ -17,6 +17,9 @@ Options (in the query string, or as keyword arguments of ``open_backend``)
 ``busy_timeout=<ms>`` (default 5000)
     How long a writer waits for another writer's lock before the write fails
     with :class:`~persistkit.BackendUnavailableError` (which is retried).
+``watch_interval=<ms>`` (default 5)
+    How often a kv watch polls the file for other connections' commits
+    (``backends/_sqlite_kv.py``); writes of this process wake it at once.
 
 How it uses SQLite (the habits of python-diskcache's ``core.py``):
 
@@ -67,10 +70,13 @@ from .._errors import (
 )
 from . import unknown_options
 from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync, new_head
+from ._sqlite_kv import SQLiteKv, watch_interval
+from ._sqlite_kv import is_busy as _is_busy
+from ._sqlite_kv import prefix_end as _prefix_end
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
-_OPTIONS = ("busy_timeout", "synchronous")
+_OPTIONS = ("busy_timeout", "synchronous", "watch_interval")
 #: The directory of the default store (``pk.connect()`` with no URL): the one directory created on demand.
 DEFAULT_DIR = ".persistkit"
 #: What the compare-and-swap trigger says when the head is not where the writer expected it.
@@ -328,16 +334,20 @@ class _Connection(sqlite3.Connection):
     """A subclass only so that connections can be weakly referenced."""
 
 
-class SQLiteBackend(ThreadedAsync):
+class SQLiteBackend(SQLiteKv, ThreadedAsync):
     """Checkpoints in one SQLite file (WAL). Thread-safe and multi-process safe."""
 
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
 
-    def __init__(self, path: str, *, url: str, synchronous: str, busy_timeout: int) -> None:
+    def __init__(
+        self, path: str, *, url: str, synchronous: str, busy_timeout: int, watch_interval: float = 5.0
+    ) -> None:
         self.path = path
         self.url = url
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
+        self.watch_interval = watch_interval  # milliseconds
         self._closed = False
         self._pid = os.getpid()
         self._local = threading.local()
@@ -408,7 +418,8 @@ class SQLiteBackend(ThreadedAsync):
             raise ConfigurationError(
                 f"busy_timeout={raw_timeout!r} in {url!r}: give milliseconds as an integer >= 0"
             )
-        return cls(os.path.abspath(path), url=url, synchronous=sync, busy_timeout=timeout)
+        interval = watch_interval(given, url)
+        return cls(os.path.abspath(path), url=url, synchronous=sync, busy_timeout=timeout, watch_interval=interval)
 
     # -- connections -----------------------------------------------------------
 
@@ -707,6 +718,7 @@ class SQLiteBackend(ThreadedAsync):
     def close(self) -> None:
         """Close this process's connections. Idempotent; later calls raise StoreClosedError."""
         self._closed = True
+        self._close_watches()
         if self._pid != _pid:
             return  # a forked child never touches the parent's connections
         with self._lock:
@@ -761,28 +773,6 @@ def _rollback(conn: sqlite3.Connection, exc: BaseException) -> None:
             exc.add_note(f"(the ROLLBACK also failed: {rollback_exc})")
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        return True
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
 def _sql_limit(limit: int | None) -> int:
     """SQLite reads a negative LIMIT as "no limit"."""
     return -1 if limit is None else max(limit, 0)
-
-
-def _prefix_end(prefix: str) -> str | None:
-    """The smallest string greater than every string starting with ``prefix``
-    (code-point order, which is SQLite's BINARY order of UTF-8), or None if unbounded."""
-    chars = list(prefix)
-    while chars:
-        code = ord(chars.pop()) + 1
-        if code <= 0x10FFFF:
-            if 0xD800 <= code <= 0xDFFF:  # surrogates cannot be encoded; skip over them
-                code = 0xE000
-            return "".join(chars) + chr(code)
-    return None
-

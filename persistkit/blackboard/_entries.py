@@ -74,16 +74,24 @@ def check_name(name: object) -> str:
 
 
 def check_key(key: object) -> str:
-    if not isinstance(key, str) or not key or "\x00" in key or len(key) > MAX_KEY:
+    if not isinstance(key, str) or not key or "\x00" in key or len(key) > MAX_KEY or not _utf8(key):
         raise ConfigurationError(
-            f"a board key must be a non-empty str without NUL, at most {MAX_KEY} characters "
-            f"(a path such as 'tasks/pending/item-42'), got {key!r:.80}"
+            f"a board key must be a non-empty str of valid unicode (no lone surrogates) without NUL, "
+            f"at most {MAX_KEY} characters (a path such as 'tasks/pending/item-42'), got {key!r:.80}"
         )
     return key
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str) or "\x00" in prefix or len(prefix) > MAX_KEY:
+    if not isinstance(prefix, str) or "\x00" in prefix or len(prefix) > MAX_KEY or not _utf8(prefix):
         raise ConfigurationError(f"a key prefix must be a str without NUL ('' for every key), got {prefix!r:.80}")
     return prefix
 

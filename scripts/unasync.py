@@ -51,6 +51,17 @@ RULES: list[Rule] = [
             ),
         ),
     ),
+    Rule(
+        "persistkit/backends/_postgres_kv_async.py",
+        "persistkit/backends/_postgres_kv_sync.py",
+        (
+            ("import asyncio\n", ""),
+            ("import time\n", "import threading\nimport time\n"),
+            ("asyncio.Lock", "threading.Lock"),
+            ("from ._postgres_async import", "from ._postgres_sync import"),
+            ("(async)", "(sync twin)"),
+        ),
+    ),
 ]
 
 # Common token rules, applied in order to every line, on word boundaries.

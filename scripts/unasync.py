@@ -58,7 +58,15 @@ RULES: list[Rule] = [
             ("import asyncio\n", ""),
             ("import time\n", "import threading\nimport time\n"),
             ("asyncio.Lock", "threading.Lock"),
-            ("from ._postgres_async import", "from ._postgres_sync import"),
+            # The sync core's module sorts after the SQL modules (isort order).
+            (
+                "from ._postgres_async import AsyncCore, Cur, _fetch\n"
+                "from ._postgres_kv_sql import KvQueries, channel, glob_of, hint_of\n"
+                "from ._postgres_sql import log, map_error\n",
+                "from ._postgres_kv_sql import KvQueries, channel, glob_of, hint_of\n"
+                "from ._postgres_sql import log, map_error\n"
+                "from ._postgres_sync import Core, Cur, _fetch\n",
+            ),
             ("(async)", "(sync twin)"),
         ),
     ),

@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 
 from .._errors import AccessDeniedError, ConflictError, StoreClosedError
 from ._postgres_async import AsyncCore, Cur, _fetch
-from ._postgres_kv_sql import KvQueries, channel, hint_of
+from ._postgres_kv_sql import KvQueries, channel, glob_of, hint_of
 from ._postgres_sql import log, map_error
 from ._protocol import KvEntry, KvHint, KvOp
 
@@ -164,7 +164,7 @@ async def _read(
 def _denial(
     url: str, scope: str, key: str, operation: str, grants: Sequence[tuple[Any, ...]], exc: psycopg.Error
 ) -> AccessDeniedError:
-    shown = ", ".join(f"{mode} {pattern!r}" for mode, pattern in grants) or "none readable"
+    shown = ", ".join(f"{mode} {glob_of(pattern)!r}" for mode, pattern in grants) or "none readable"
     detail = " ".join(str(exc).split()) or type(exc).__name__
     return AccessDeniedError(
         f"PostgreSQL store {url}: the database refused the {operation} of key {key!r} in scope {scope!r} for this "

@@ -28,7 +28,7 @@ import hashlib
 
 from ._protocol import KvHint
 
-__all__ = ["KvQueries", "channel", "hint_of", "like_pattern"]
+__all__ = ["KvQueries", "channel", "glob_of", "hint_of", "like_pattern"]
 
 # Bytes of a key above which its hint is sent as "re-list" (a payload must stay under 8000).
 _HINT_KEY_BYTES = 7000
@@ -148,3 +148,15 @@ def like_pattern(glob: str) -> str:
     literal) as a ``LIKE`` pattern (backslash escapes ``%``, ``_`` and ``\\``)."""
     escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped.replace("*", "%")
+
+
+def glob_of(pattern: str) -> str:
+    """The glob a grant's ``LIKE`` pattern was made from (the inverse of :func:`like_pattern`)."""
+    out: list[str] = []
+    chars = iter(pattern)
+    for c in chars:
+        if c == "\\":
+            out.append(next(chars, ""))
+        else:
+            out.append("*" if c == "%" else c)
+    return "".join(out)

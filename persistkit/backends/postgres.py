@@ -10,7 +10,14 @@ Errors, mapped where the driver is called::
     psycopg OperationalError / InterfaceError, pool timeout,
     serialization failure (40001), deadlock (40P01)   -> BackendUnavailableError
     the head CAS matched nothing                       -> ConflictError
+    a kv op's key not at its expected version          -> ConflictError (key=)
+    insufficient_privilege (42501) on the kv tables,
+    row-level security refusing a kv write             -> AccessDeniedError
     any other psycopg.Error                            -> BackendError
+
+The kv space and its watch (``store.board()``) live in ``_postgres_kv.py`` (a mixin of
+this class); database-enforced access per role in ``_postgres_kv_access.py``
+(:func:`grant_board_access`, :func:`revoke_board_access`).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ _NOT_CONNINFO = {"autocommit", "prepare_threshold", "row_factory", "cursor_facto
 class PostgresBackend(PostgresKv):
     """Checkpoints in PostgreSQL tables ``checkpoints`` (a thread's head is its row
     with the highest version), ``runs``, ``blobs``, ``leases`` (and ``migrations``) of one schema; every row carries its ``thread_id``, so one
-    database serves many tenants.
+    database serves many tenants. The kv space: ``kv_keys``, ``kv_versions``, ``kv_grants``.
 
     Open it from a URL (:meth:`from_url`), a user's ``psycopg_pool`` pools
     (``PostgresBackend(pool=..., async_pool=..., conninfo=...)``) or one user

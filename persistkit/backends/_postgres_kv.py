@@ -4,12 +4,15 @@ The operations live in ``_postgres_kv_async.py`` (hand-written) and its generate
 ``_postgres_kv_sync.py``; the SQL, channel and payload in ``_postgres_kv_sql.py``;
 database-enforced access (row-level security) in ``_postgres_kv_access.py``.
 
-Writes. ``kv_write`` is one statement in one transaction (``BEGIN``, the statement,
-``COMMIT``: three round trips): every op's compare-and-swap on ``kv_keys``, the new
-versions, the removal of versions beyond ``keep`` and a ``pg_notify`` per moved key. If
-any op did not move its key the transaction is rolled back and the first op (in the
-caller's order) whose key is not at its expected version is the ``ConflictError``;
-nothing was written and nothing notified. Rows are locked in key order, so batches over
+Writes. ``kv_write`` is ONE statement on an autocommit connection (one round trip, one
+transaction): every op's compare-and-swap on ``kv_keys``, the new versions, the removal
+of versions beyond ``keep`` and a ``pg_notify`` per moved key. If any op did not move its
+key, the statement's last step (``kv_all_moved``, migration 4) fails it with SQLSTATE
+``PKC01``, which rolls everything back, the queued notifications included; the store
+then reads the keys' versions and raises the ``ConflictError`` of the first op (in the
+caller's order) not at its expected version. (``BEGIN`` / statement / ``COMMIT`` with the
+decision in Python was measured first: three round trips, and under CPU contention each
+is a wake-up of the server and the client, which is what a p99 pays for.) Rows are locked in key order, so batches over
 the same keys do not deadlock. Writes are not retried here: a connection lost around the
 commit is a ``BackendUnavailableError`` saying the outcome is unknown (read the key).
 Reads are retried at once on a dead connection, as the store's other reads.

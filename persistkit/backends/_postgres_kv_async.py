@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 
 from .._errors import AccessDeniedError, ConflictError, StoreClosedError
 from ._postgres_async import AsyncCore, Cur, _fetch
-from ._postgres_kv_sql import KvQueries, channel, glob_of, hint_of
+from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of
 from ._postgres_sql import log, map_error
 from ._protocol import KvEntry, KvHint, KvOp
 
@@ -28,10 +28,6 @@ __all__ = ["AsyncKvCore", "AsyncWatchCore"]
 
 # A waiting watch wakes at least this often to notice a close from another thread.
 _WAIT_SLICE = 0.25
-
-
-class _Moved(Exception):
-    """Not every op moved its key: roll the write back (raised inside the transaction)."""
 
 
 def _entry(key: str, found: tuple[Any, ...]) -> KvEntry:
@@ -93,18 +89,18 @@ class AsyncKvCore:
             "values": [None if o.value is None else bytes(o.value) for o in ordered],
             "keep": max(keep, 1),
             "channel": channel(self._q.schema, scope),
+            "n": len(ordered),
         }
 
         async def op(cur: Cur) -> None:
             try:
-                async with cur.connection.transaction():
-                    moved = await _fetch(cur, self._q.write, params)
-                    if int(moved[0][0]) != len(ordered):
-                        raise _Moved
-            except _Moved:
-                await self._conflict(cur, scope, ops)
+                await _fetch(cur, self._q.write, params)
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise await self._denied(cur, scope, ops, exc) from exc
+            except psycopg.Error as exc:
+                if exc.sqlstate != NOT_ALL_MOVED:
+                    raise
+                await self._conflict(cur, scope, ops)
 
         await self._core._run(f"kv write of {len(ops)} key(s) in scope {scope!r}", None, op, read=False)
 
@@ -168,8 +164,9 @@ def _denial(
     detail = " ".join(str(exc).split()) or type(exc).__name__
     return AccessDeniedError(
         f"PostgreSQL store {url}: the database refused the {operation} of key {key!r} in scope {scope!r} for this "
-        f"connection's role ({detail}); its grants in the scope: {shown}. Nothing was written. "
-        "Grant access with persistkit.backends.postgres.grant_board_access (as the schema's owner).",
+        f"connection's role ({detail}); its grants in the scope: {shown}. "
+        + ("Nothing was written. " if operation != "read" else "")
+        + "Grant access with persistkit.backends.postgres.grant_board_access (as the schema's owner).",
         key=key,
         operation=operation,
     )

@@ -10,7 +10,9 @@ re-checks the condition on the newest row version, so of two writers of one vers
 exactly one moves it) or creates (``INSERT ... ON CONFLICT DO NOTHING``: a concurrent
 creator waits for the first one's commit and then inserts nothing). ``kv_versions
 (scope, key, version) -> value`` holds every kept version, the latest included (``value
-IS NULL``: a tombstone), so a read of one key never needs the other table.
+IS NULL``: a tombstone), so a read of one key never needs the other table. A write of
+several keys is one statement; the function ``kv_all_moved`` (migration 4) fails it, and
+so rolls all of it back, when any op's key was not at its expected version.
 
 Watch: the write statement calls ``pg_notify`` for every key it moved. A notification
 is queued by the transaction and delivered at its commit, never after a rollback, so a
@@ -28,7 +30,7 @@ import hashlib
 
 from ._protocol import KvHint
 
-__all__ = ["KvQueries", "channel", "glob_of", "hint_of", "like_pattern"]
+__all__ = ["NOT_ALL_MOVED", "KvQueries", "channel", "glob_of", "hint_of", "like_pattern"]
 
 # Bytes of a key above which its hint is sent as "re-list" (a payload must stay under 8000).
 _HINT_KEY_BYTES = 7000
@@ -63,7 +65,10 @@ sent AS (
         THEN %(scope)s::text || ' ' || m.version::text || ' ' || m.key ELSE %(scope)s::text END)
     FROM moved m
 )
-SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM sent)"""
+SELECT {s}.kv_all_moved((SELECT count(*) FROM moved), %(n)s::bigint), (SELECT count(*) FROM sent)"""
+
+#: The SQLSTATE of kv_all_moved (migration 4): not every op of a write moved its key.
+NOT_ALL_MOVED = "PKC01"
 
 _SQL = {
     "get": """SELECT version, value FROM {s}.kv_versions

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import Connection
 
 from .._errors import AccessDeniedError, ConflictError, StoreClosedError
-from ._postgres_kv_sql import KvQueries, channel, glob_of, hint_of
+from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of
 from ._postgres_sql import log, map_error
 from ._postgres_sync import Core, Cur, _fetch
 from ._protocol import KvEntry, KvHint, KvOp
@@ -29,10 +29,6 @@ __all__ = ["KvCore", "WatchCore"]
 
 # A waiting watch wakes at least this often to notice a close from another thread.
 _WAIT_SLICE = 0.25
-
-
-class _Moved(Exception):
-    """Not every op moved its key: roll the write back (raised inside the transaction)."""
 
 
 def _entry(key: str, found: tuple[Any, ...]) -> KvEntry:
@@ -94,18 +90,18 @@ class KvCore:
             "values": [None if o.value is None else bytes(o.value) for o in ordered],
             "keep": max(keep, 1),
             "channel": channel(self._q.schema, scope),
+            "n": len(ordered),
         }
 
         def op(cur: Cur) -> None:
             try:
-                with cur.connection.transaction():
-                    moved = _fetch(cur, self._q.write, params)
-                    if int(moved[0][0]) != len(ordered):
-                        raise _Moved
-            except _Moved:
-                self._conflict(cur, scope, ops)
+                _fetch(cur, self._q.write, params)
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise self._denied(cur, scope, ops, exc) from exc
+            except psycopg.Error as exc:
+                if exc.sqlstate != NOT_ALL_MOVED:
+                    raise
+                self._conflict(cur, scope, ops)
 
         self._core._run(f"kv write of {len(ops)} key(s) in scope {scope!r}", None, op, read=False)
 
@@ -169,8 +165,9 @@ def _denial(
     detail = " ".join(str(exc).split()) or type(exc).__name__
     return AccessDeniedError(
         f"PostgreSQL store {url}: the database refused the {operation} of key {key!r} in scope {scope!r} for this "
-        f"connection's role ({detail}); its grants in the scope: {shown}. Nothing was written. "
-        "Grant access with persistkit.backends.postgres.grant_board_access (as the schema's owner).",
+        f"connection's role ({detail}); its grants in the scope: {shown}. "
+        + ("Nothing was written. " if operation != "read" else "")
+        + "Grant access with persistkit.backends.postgres.grant_board_access (as the schema's owner).",
         key=key,
         operation=operation,
     )

@@ -147,6 +147,18 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 mode text COLLATE "C" NOT NULL CHECK (mode IN ('read', 'write')),
                 pattern text COLLATE "C" NOT NULL,
                 PRIMARY KEY (role, scope, mode, pattern))""",
+            # A kv write is one statement on an autocommit connection; when not every op
+            # moved its key, this makes the statement fail (SQLSTATE PKC01), which rolls
+            # all of it back, notifications included: one round trip, not BEGIN/COMMIT.
+            """CREATE OR REPLACE FUNCTION {s}.kv_all_moved(moved bigint, wanted bigint)
+                RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+                BEGIN
+                    IF moved <> wanted THEN
+                        RAISE EXCEPTION 'kv write: % of % keys were at their expected version', moved, wanted
+                            USING ERRCODE = 'PKC01';
+                    END IF;
+                    RETURN moved;
+                END $$""",
         ),
     ),
 )
@@ -488,7 +500,7 @@ def map_error(
         and not state.startswith(_PERMANENT_CLASSES)
     ):
         advice = (
-            "It is safe to retry; the write may or may not have committed, so read the head first."
+            "It is safe to retry; the write may or may not have committed, so read the head (or the kv key) first."
             if write
             else "The operation is idempotent: it is safe to retry."
         )

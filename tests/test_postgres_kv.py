@@ -14,7 +14,13 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from persistkit import AccessDeniedError, ConfigurationError, ConflictError  # noqa: E402
+from persistkit import (  # noqa: E402
+    AccessDeniedError,
+    BackendUnavailableError,
+    ConfigurationError,
+    ConflictError,
+    StoreClosedError,
+)
 from persistkit.backends._postgres_kv import AsyncPgWatch, PgWatch  # noqa: E402
 from persistkit.backends._postgres_kv_sql import glob_of, hint_of, like_pattern  # noqa: E402
 from persistkit.backends._protocol import KvEntry, KvHint, KvOp, KvWatch  # noqa: E402
@@ -167,6 +173,52 @@ def test_payloads_and_patterns() -> None:
     assert like_pattern("a_b%c\\*") == "a\\_b\\%c\\\\%"
     for glob in ("research/*", "a_b%c\\*", "x"):
         assert glob_of(like_pattern(glob)) == glob
+
+
+def test_killed_store_connection_kv_write_is_unavailable_then_resolves(
+    url: str, admin: Any
+) -> None:
+    """A kv write on a killed connection fails as unavailable (never retried: its outcome
+    is unknown) or succeeds; reading the key resolves it, and the batch is whole either way."""
+    app = f"pkkvfault_{_tag()}"
+    b = PostgresBackend.from_url(f"{url}&application_name={app}")
+    scope = f"s_{_tag()}"
+    try:
+        unavailable = 0
+        for n in range(12):
+            if n % 3 == 0:
+                b.kv_get(scope, "a")  # the store holds a connection to kill
+                assert admin.execute(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (app,),
+                ).fetchone()[0] >= 1
+            ops = [KvOp("a", n, b"%d" % (n + 1)), KvOp("b", n, b"%d" % (n + 1))]
+            try:
+                b.kv_write(scope, ops, keep=2)
+            except BackendUnavailableError:
+                unavailable += 1
+                a, c = b.kv_get(scope, "a"), b.kv_get(scope, "b")  # reads retry by themselves
+                assert (a.version if a else 0) == (c.version if c else 0) == n
+                b.kv_write(scope, ops, keep=2)
+        assert [(e.key, e.version) for e in b.kv_list(scope)] == [("a", 12), ("b", 12)]
+        assert unavailable >= 1  # the fault path ran
+        b.kv_drop(scope)
+    finally:
+        b.close()
+
+
+def test_closed_store_and_watch(url: str) -> None:
+    b = PostgresBackend.from_url(url)
+    watch = b.watch_open("s")
+    watch.close()
+    with pytest.raises(StoreClosedError):
+        watch.hints(0)
+    b.close()
+    with pytest.raises(StoreClosedError):
+        b.kv_get("s", "k")
+    with pytest.raises(StoreClosedError):
+        b.watch_open("s")
 
 
 # -- row-level security with a real role --------------------------------------------

@@ -24,10 +24,13 @@ and its next ``hints`` reconnects, ``LISTEN``s again and returns ``[KvHint(None)
 reader re-lists: nothing committed after the new ``LISTEN`` is missed, and the re-list
 covers the gap), there is no dispatcher thread to start, fork or stop, and the async
 twin waits on its own ``AsyncConnection`` in its own event loop. The cost is one server
-connection per open watch: a process watching many scopes should share a watch per
-scope (the board does), and a server behind a transaction-pooling PgBouncer cannot
-``LISTEN`` at all (give watches a direct URL). Delivery is a socket read on the
-listener as the writer commits: no polling, sub-millisecond on a local server.
+connection per open watch: a process with many watchers of one scope should share one
+watch of it (the layer above fans its hints out). A watch needs a session: open the
+store on a direct (or session-pooled) URL, since behind a transaction-pooling PgBouncer
+the ``LISTEN`` is not kept and hints would not arrive. Delivery is a socket read on the
+listener as the writer commits, no polling: measured write-to-hint (from the start of
+``kv_write`` to ``hints`` returning, local server, a 2-core machine under a load of ~4)
+p50 0.5-0.9 ms, p99 6-7 ms, nearly all of it the write's own commit.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ any run of characters (``/`` included); every other character is literal, so
 ``"research/*"`` is everything under ``research/`` and ``"output/summary"`` one key.
 A write grant implies reading the same keys (a compare-and-swap must see the version).
 
-What it protects: a role's connection cannot read, list or watch-read values of keys
-outside its read grants (the rows are invisible: a read finds nothing, a listing skips
+What it protects: a role's connection cannot read, list or see the history of keys
+outside its grants (the rows are invisible: a read finds nothing, a listing skips
 them, a write based on them sees version 0 and conflicts), and cannot create, change or
 delete keys outside its write grants: the database refuses (SQLSTATE 42501), which the
 store raises as ``AccessDeniedError`` naming the key and the operation; nothing of the

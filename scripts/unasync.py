@@ -51,6 +51,25 @@ RULES: list[Rule] = [
             ),
         ),
     ),
+    Rule(
+        "persistkit/backends/_postgres_kv_async.py",
+        "persistkit/backends/_postgres_kv_sync.py",
+        (
+            ("import asyncio\n", ""),
+            ("import time\n", "import threading\nimport time\n"),
+            ("asyncio.Lock", "threading.Lock"),
+            # The sync core's module sorts after the SQL modules (isort order).
+            (
+                "from ._postgres_async import AsyncCore, Cur, _fetch\n"
+                "from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of\n"
+                "from ._postgres_sql import log, map_error\n",
+                "from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of\n"
+                "from ._postgres_sql import log, map_error\n"
+                "from ._postgres_sync import Core, Cur, _fetch\n",
+            ),
+            ("(async)", "(sync twin)"),
+        ),
+    ),
 ]
 
 # Common token rules, applied in order to every line, on word boundaries.

@@ -120,6 +120,47 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE {s}.checkpoints DROP COLUMN IF EXISTS created_at",
         ),
     ),
+    # 4: the kv space (store.board(); persistkit/backends/_postgres_kv.py). New tables
+    # only, so a database of an older persistkit migrates in place and its processes
+    # keep running. kv_keys holds each key's latest version (the row a compare-and-swap
+    # updates, and what a listing walks in key order), kv_versions every kept version
+    # (the latest included), kv_grants the per-role grants row-level security reads
+    # (empty and unused until grant_board_access enables it).
+    (
+        4,
+        (
+            """CREATE TABLE IF NOT EXISTS {s}.kv_keys (
+                scope text COLLATE "C" NOT NULL,
+                key text COLLATE "C" NOT NULL,
+                version bigint NOT NULL,
+                live boolean NOT NULL,
+                PRIMARY KEY (scope, key))""",
+            """CREATE TABLE IF NOT EXISTS {s}.kv_versions (
+                scope text COLLATE "C" NOT NULL,
+                key text COLLATE "C" NOT NULL,
+                version bigint NOT NULL,
+                value bytea,
+                PRIMARY KEY (scope, key, version))""",
+            """CREATE TABLE IF NOT EXISTS {s}.kv_grants (
+                role text COLLATE "C" NOT NULL,
+                scope text COLLATE "C" NOT NULL,
+                mode text COLLATE "C" NOT NULL CHECK (mode IN ('read', 'write')),
+                pattern text COLLATE "C" NOT NULL,
+                PRIMARY KEY (role, scope, mode, pattern))""",
+            # A kv write is one statement on an autocommit connection; when not every op
+            # moved its key, this makes the statement fail (SQLSTATE PKC01), which rolls
+            # all of it back, notifications included: one round trip, not BEGIN/COMMIT.
+            """CREATE OR REPLACE FUNCTION {s}.kv_all_moved(moved bigint, wanted bigint)
+                RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+                BEGIN
+                    IF moved <> wanted THEN
+                        RAISE EXCEPTION 'kv write: % of % keys were at their expected version', moved, wanted
+                            USING ERRCODE = 'PKC01';
+                    END IF;
+                    RETURN moved;
+                END $$""",
+        ),
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1][0]
 
@@ -459,7 +500,7 @@ def map_error(
         and not state.startswith(_PERMANENT_CLASSES)
     ):
         advice = (
-            "It is safe to retry; the write may or may not have committed, so read the head first."
+            "It is safe to retry; the write may or may not have committed, so read the head (or the kv key) first."
             if write
             else "The operation is idempotent: it is safe to retry."
         )

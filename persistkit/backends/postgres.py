@@ -10,7 +10,14 @@ Errors, mapped where the driver is called::
     psycopg OperationalError / InterfaceError, pool timeout,
     serialization failure (40001), deadlock (40P01)   -> BackendUnavailableError
     the head CAS matched nothing                       -> ConflictError
+    a kv op's key not at its expected version          -> ConflictError (key=)
+    insufficient_privilege (42501) on the kv tables,
+    row-level security refusing a kv write             -> AccessDeniedError
     any other psycopg.Error                            -> BackendError
+
+The kv space and its watch (``store.board()``) live in ``_postgres_kv.py`` (a mixin of
+this class); database-enforced access per role in ``_postgres_kv_access.py``
+(:func:`grant_board_access`, :func:`revoke_board_access`).
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from .._errors import BackendError, BackendUnavailableError, ConfigurationError, PersistkitError
 from . import URL_PASSWORD_MASK, mask_url, unknown_options
 from ._postgres_async import AsyncAccess, AsyncCore
+from ._postgres_kv import PostgresKv
+from ._postgres_kv_access import grant, revoke
 from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
 from ._postgres_sync import Access, Core
-from ._protocol import Backend, CheckpointRow, Head, LeaseRecord
+from ._protocol import CheckpointRow, Head, LeaseRecord
 
-__all__ = ["LATEST_VERSION", "MigrationStatus", "PostgresBackend"]
+__all__ = ["LATEST_VERSION", "MigrationStatus", "PostgresBackend", "grant_board_access", "revoke_board_access"]
 
 # Options persistkit reads itself (from the URL query or as keywords); every
 # other URL query parameter goes to libpq untouched.
@@ -44,10 +53,10 @@ _FALSE = {"0", "false", "no", "off"}
 _NOT_CONNINFO = {"autocommit", "prepare_threshold", "row_factory", "cursor_factory", "context"}
 
 
-class PostgresBackend(Backend):
+class PostgresBackend(PostgresKv):
     """Checkpoints in PostgreSQL tables ``checkpoints`` (a thread's head is its row
     with the highest version), ``runs``, ``blobs``, ``leases`` (and ``migrations``) of one schema; every row carries its ``thread_id``, so one
-    database serves many tenants.
+    database serves many tenants. The kv space: ``kv_keys``, ``kv_versions``, ``kv_grants``.
 
     Open it from a URL (:meth:`from_url`), a user's ``psycopg_pool`` pools
     (``PostgresBackend(pool=..., async_pool=..., conninfo=...)``) or one user
@@ -89,6 +98,7 @@ class PostgresBackend(Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     native_async: ClassVar[bool] = True
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
 
     _sync: Core | None = None  # None: opened on an async connection
     _async: AsyncCore | None = None  # None: opened on a sync connection
@@ -183,6 +193,8 @@ class PostgresBackend(Backend):
                 timeout=timeout,
             ),
         )
+        # kv and watch (_postgres_kv.py); a watch connects on its own with these.
+        self._kv_attach(info, connect)
         if migrate:
             # On the user's pool, or else on the dedicated connection, opened
             # now: a wrong password or an unreachable server fails here with
@@ -255,10 +267,12 @@ class PostgresBackend(Backend):
             self._async = AsyncCore(
                 self._shared, AsyncAccess(connection=conn, conninfo=conninfo, no_prepare=no_prepare)
             )
+            self._kv_attach(conninfo, {})
             return self
         self._sync = Core(
             self._shared, Access(connection=conn, conninfo=conninfo, no_prepare=no_prepare)
         )
+        self._kv_attach(conninfo, {})
         if migrate:
             self._sync.migrate()
         return self
@@ -526,6 +540,33 @@ class PostgresBackend(Backend):
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self.url!r}, schema={self._shared.queries.schema!r})"
+
+
+def grant_board_access(
+    url: str, role: str, *, board: str, read: Sequence[str] = (), write: Sequence[str] = ()
+) -> None:
+    """Let database role ``role`` read keys of board ``board`` (its kv scope) matching the
+    ``read`` and ``write`` globs and write those matching ``write``, enforced by the server
+    (row-level security; see ``_postgres_kv_access.py`` for what it does and does not
+    protect). Replaces the role's earlier grants in that board. Run it with ``url`` of
+    the schema's owner; the agent then connects as ``role``
+    (``postgresql://role@host/db?schema=...``), where a refused write raises
+    ``AccessDeniedError`` and keys outside the grants are invisible."""
+    store = PostgresBackend.from_url(url)
+    try:
+        grant(store._sync_core(), role, board, list(read), list(write))
+    finally:
+        store.close()
+
+
+def revoke_board_access(url: str, role: str, *, board: str | None = None) -> None:
+    """Remove ``role``'s grants in ``board`` (all boards when ``None``); a role with no
+    grant left also loses its privileges on the schema's tables."""
+    store = PostgresBackend.from_url(url)
+    try:
+        revoke(store._sync_core(), role, board)
+    finally:
+        store.close()
 
 
 def _close_async_from_sync(access: AsyncAccess) -> None:

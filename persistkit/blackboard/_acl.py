@@ -18,7 +18,7 @@ database itself limits (PostgreSQL row-level security: docs/shared-state.md).
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._errors import AccessDeniedError, ConfigurationError
@@ -185,6 +185,12 @@ class ScopedBoard:
 
     async def avalue(self, key: str, default: Any = None) -> Any:
         return await self._board.avalue(self._read(key, "read"), default)
+
+    async def ascan(self, prefix: str = "") -> AsyncIterator[BoardEntry]:
+        self._prefix(prefix, "list", self.read_grants, "read")
+        async for entry in self._board.ascan(prefix):
+            if self.can_read(entry.key):
+                yield entry
 
     async def ahistory(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
         return await self._board.ahistory(self._read(key, "read the history of"), limit=limit)

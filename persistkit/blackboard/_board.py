@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +73,10 @@ class BoardCore:
     ) -> Policy:
         """Set the rules of the keys under ``prefix`` (the longest matching prefix wins):
         ``history`` versions kept per key, a ``ttl`` in seconds (with ``refresh_on_read``),
-        a pydantic ``schema`` and content ``checks`` run before a write is stored. Rules
-        live in this process: set the same ones in every process that writes the board."""
+        a pydantic ``schema`` and content ``checks`` run before a write is stored. The policy
+        of a key's longest matching prefix applies whole: rules are not merged with a shorter
+        prefix's (repeat the checks you want kept). Rules live in this process: set the same
+        ones in every process that writes the board."""
         p = Policy(prefix, history=history, ttl=ttl, refresh_on_read=refresh_on_read, schema=schema, checks=tuple(checks))
         self._policies.set(p)
         return p
@@ -95,8 +97,8 @@ class BoardCore:
 
     def _get(self, key: str, version: int | None) -> Plan[BoardEntry | None]:
         E.check_key(key)
-        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
-            raise ConfigurationError(f"version must be an int >= 1 or None, got {version!r}")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**62):
+            raise ConfigurationError(f"version must be an int from 1 to 2**62 (a version the key had), or None, got {version!r}")
         s = yield from self._read(key, version)
         if s is None:
             return None
@@ -312,6 +314,14 @@ class BoardCore:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._list(prefix, after, limit))
         return result
 
+    async def ascan(self, prefix: str = "") -> AsyncIterator[BoardEntry]:
+        """``scan`` for async callers: ``async for entry in board.ascan(prefix)``."""
+        after = None
+        while page := await self.alist(prefix, after=after, limit=_PAGE):
+            for entry in page:
+                yield entry
+            after = page[-1].key
+
     async def ahistory(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._history(key, limit))
         return result
@@ -337,7 +347,7 @@ class BoardCore:
 
 
 def _expected(v: object, *, zero: bool = True) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < (0 if zero else 1):
+    if not isinstance(v, int) or isinstance(v, bool) or v < (0 if zero else 1) or v >= 2**62:
         least = "0 (must not exist)" if zero else "1"
         raise ConfigurationError(f"expected_version must be an int >= {least}, got {v!r}")
     return v
@@ -348,7 +358,7 @@ class Batch:
     none does (a ``cas`` that fails raises ``ConflictError`` and nothing is written)."""
 
     def __init__(self, board: BoardCore) -> None:
-        self.board = board
+        self._board = board  # private: a scoped handle's batch must not hand out the unscoped board
         self._intents: builtins.list[_Intent] = []
         #: the new version of each written key, once committed
         self.versions: dict[str, int] = {}
@@ -379,14 +389,14 @@ class Batch:
         if self._done:
             raise ConfigurationError("this batch was committed already; start a new one with board.batch()")
         self._done = True
-        return self.board._write(self._intents)
+        return self._board._write(self._intents)
 
     def commit(self) -> dict[str, int]:
-        self.versions = self.board.store.run_sync(self._plan())
+        self.versions = self._board.store.run_sync(self._plan())
         return self.versions
 
     async def acommit(self) -> dict[str, int]:
-        self.versions = await self.board.store.run_async(self._plan())
+        self.versions = await self._board.store.run_async(self._plan())
         return self.versions
 
     def __enter__(self) -> Batch:

@@ -51,9 +51,11 @@ def _check(owner: object, lease_ttl: object) -> tuple[str, float]:
 @dataclass
 class Claim:
     """An item one worker holds until ``until`` (``board.claim``). ``token`` is its fencing
-    token: the item's version this claim wrote; every write of the claim expects it."""
+    token: the item's version this claim wrote; every write of the claim expects it.
+    ``board`` names the board; the claim keeps no public way to the board itself (a scoped
+    handle's claim must not hand its agent the unscoped board)."""
 
-    board: Board
+    _board: Board = field(repr=False)
     key: str
     value: Any
     owner: str
@@ -63,6 +65,11 @@ class Claim:
     _expires_at: float | None = field(repr=False, default=None)
     #: a scoped handle's write check, run on every key ``complete`` writes
     _guard: Callable[[str, str], object] | None = field(repr=False, default=None)
+
+    @property
+    def board(self) -> str:
+        """The name of the board the item is on."""
+        return self._board.name
 
     @property
     def expires(self) -> datetime:
@@ -79,19 +86,19 @@ class Claim:
                 self._guard(k, "write")
             intents.append(_Intent(E.check_key(k), v, _ANY))
         try:
-            versions: dict[str, int] = yield from self.board._write(intents)
+            versions: dict[str, int] = yield from self._board._write(intents)
         except ConflictError as exc:
             if exc.key != self.key:
                 raise
-            raise ClaimLostError(key=self.key, board=self.board.name, token=self.token, found=exc.found) from None
+            raise ClaimLostError(key=self.key, board=self._board.name, token=self.token, found=exc.found) from None
         return versions
 
     def _swap(self, claim: tuple[str, float] | None) -> Plan[None]:
-        data = E.pack(self.board.store.codec, self._tree, expires_at=self._expires_at, claim=claim)
+        data = E.pack(self._board.store.codec, self._tree, expires_at=self._expires_at, claim=claim)
         try:
-            yield call("kv_write", self.board.name, [KvOp(self.key, self.token, data)], keep=self.board.policy_of(self.key).history)
+            yield call("kv_write", self._board.name, [KvOp(self.key, self.token, data)], keep=self._board.policy_of(self.key).history)
         except ConflictError as exc:
-            raise ClaimLostError(key=self.key, board=self.board.name, token=self.token, found=exc.found) from None
+            raise ClaimLostError(key=self.key, board=self._board.name, token=self.token, found=exc.found) from None
         self.token += 1
         if claim is not None:
             self.until = claim[1]
@@ -105,26 +112,26 @@ class Claim:
     def complete(self, *, results: dict[str, Any] | None = None) -> dict[str, int]:
         """Finish the item: delete it and write ``results`` (keys to values) in one atomic batch;
         their new versions. ``pk.ClaimLostError`` if the claim is no longer held (nothing written)."""
-        versions: dict[str, int] = self.board.store.run_sync(self._complete(results))
+        versions: dict[str, int] = self._board.store.run_sync(self._complete(results))
         return versions
 
     def release(self) -> None:
         """Give the item back unfinished: the next claimer may take it at once."""
-        self.board.store.run_sync(self._swap(None))
+        self._board.store.run_sync(self._swap(None))
 
     def renew(self, lease_ttl: float | None = None) -> None:
         """Hold the item ``lease_ttl`` seconds more (default: as long as the claim first ran)."""
-        self.board.store.run_sync(self._swap(self._renew_claim(lease_ttl)))
+        self._board.store.run_sync(self._swap(self._renew_claim(lease_ttl)))
 
     async def acomplete(self, *, results: dict[str, Any] | None = None) -> dict[str, int]:
-        versions: dict[str, int] = await self.board.store.run_async(self._complete(results))
+        versions: dict[str, int] = await self._board.store.run_async(self._complete(results))
         return versions
 
     async def arelease(self) -> None:
-        await self.board.store.run_async(self._swap(None))
+        await self._board.store.run_async(self._swap(None))
 
     async def arenew(self, lease_ttl: float | None = None) -> None:
-        await self.board.store.run_async(self._swap(self._renew_claim(lease_ttl)))
+        await self._board.store.run_async(self._swap(self._renew_claim(lease_ttl)))
 
 
 def claim_plan(

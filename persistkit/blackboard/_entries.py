@@ -169,11 +169,18 @@ class Stored:
         if data is None:
             return cls(key, version, None, None, deleted=True)
         path = f"board {board!r} key {key!r} version {version}"
-        env = codec.unpack_tree(data, path)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise SerializationError(f"the store returned {type(data).__name__}, not bytes: written by something else?", path=path)
+        env = codec.unpack_tree(bytes(data), path)
         if type(env) is not dict or "v" not in env:
             raise SerializationError("not a board value (no envelope): written by something else?", path=path)
-        claim = env.get("c") or {}
-        return cls(key, version, env["v"], env.get("t"), env.get("x"), claim.get("o"), claim.get("u"))
+        claim = env.get("c")
+        if claim is not None and not (type(claim) is dict and isinstance(claim.get("o"), str)):
+            raise SerializationError("the value's claim is not {owner, until}: written by something else?", path=path)
+        return cls(
+            key, version, env["v"], _time(env.get("t"), path, "written at"), _time(env.get("x"), path, "expires at"),
+            claim.get("o") if claim else None, _time(claim.get("u"), path, "claimed until") if claim else None,
+        )
 
     def entry(self, codec: Codec, board: str) -> BoardEntry:
         value = None if self.deleted else codec.decode(self.tree, f"board {board!r} key {self.key!r}")
@@ -181,6 +188,15 @@ class Stored:
             self.key, self.version, value, _when(self.written_at), _when(self.expires_at),
             self.claim_owner, _when(self.claim_until), self.deleted,
         )
+
+
+def _time(t: Any, path: str, what: str) -> float | None:
+    """A stored time (unix seconds), checked: a number within the years 1970 to 9999."""
+    if t is None:
+        return None
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < 253402300800:
+        raise SerializationError(f"the value's {what} time {t!r:.40} is not a time: written by something else?", path=path)
+    return float(t)
 
 
 def pack(

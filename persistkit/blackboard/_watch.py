@@ -52,11 +52,13 @@ class _Tracker:
         self.board = board
         self.pattern = pattern
         self.prefix = E.literal_prefix(pattern)
-        self.seen: dict[str, int] = dict(since or {})
+        self.allow = allow  # a scoped handle's read check: other keys are never read nor emitted
+        # A position may come from a wider watch (or be made up): only the keys this watch may
+        # see are kept, so it never reads nor reports another key.
+        self.seen: dict[str, int] = {k: v for k, v in (since or {}).items() if self.matches(k)}
         self.emit_listing = since is not None  # the first listing reports what moved since then
         self.queue: deque[BoardChange] = deque()
         self.closed = False
-        self.allow = allow  # a scoped handle's read check: other keys are never read nor emitted
 
     def matches(self, key: str) -> bool:
         return E.matches(self.pattern, key) and (self.allow is None or self.allow(key))

@@ -529,9 +529,11 @@ class Serializer:
             if TAG in node:
                 return self._dec_tagged(node, depth)
             out: dict[str, Any] = {}
+            reveal = self.reveal
             try:
                 for k, v in node.items():
-                    out[k] = dec(v, d)
+                    # a key is text too: its handles (and escaped literal "$CRED{") come back as values do
+                    out[k if reveal is None or "$CRED{" not in k else reveal(k)] = dec(v, d)
             except _Fail as fail:
                 fail.parts.append(_key_seg(k))
                 raise

@@ -139,7 +139,7 @@ class S3Kv:
         self._watch_interval = watch_interval
         self._pending_timeout = pending_timeout
         self._known: dict[str, str] = {}  # ETag of a version object -> its txn ("" = single write)
-        self._committed: set[str] = set()  # txn ids seen committed (final)
+        self._settled: dict[str, str] = {}  # txn id -> committed/aborted, seen (both are final)
         self._seen_pending: dict[str, float] = {}  # txn id -> when this instance first saw it pending
 
     # -- names -----------------------------------------------------------------------
@@ -206,8 +206,8 @@ class S3Kv:
         if not txn:
             return _COMMITTED
         with self._lock:
-            if txn in self._committed:
-                return _COMMITTED
+            if txn in self._settled:
+                return self._settled[txn]
         name = self._txn_name(scope, txn)
         try:
             resp = self._client.get_object(Bucket=self._bucket, Key=name)
@@ -217,11 +217,9 @@ class S3Kv:
             raise _map_error(exc, f"reading kv batch record {name!r}") from exc
         record = json.loads(resp["Body"].read())
         status = str(record["s"])
-        if status == _COMMITTED:
-            with self._lock:
-                self._committed.add(txn)
-                self._seen_pending.pop(txn, None)
-        elif status == _PENDING and self._age(txn, resp) > self._pending_timeout:
+        if status != _PENDING:
+            self._note_settled(txn, status)
+        elif self._age(txn, resp) > self._pending_timeout:
             return self._flip(scope, txn, record, str(resp.get("ETag", "")), _ABORTED)
         return status
 
@@ -249,11 +247,15 @@ class S3Kv:
             with self._lock:
                 self._seen_pending.pop(txn, None)
             return self._txn_status(scope, txn)  # someone else settled it first
+        self._note_settled(txn, status)
+        return status
+
+    def _note_settled(self, txn: str, status: str) -> None:
         with self._lock:
             self._seen_pending.pop(txn, None)
-            if status == _COMMITTED:
-                self._committed.add(txn)
-        return status
+            if len(self._settled) > 100_000:
+                self._settled.clear()
+            self._settled[txn] = status
 
     def _settle(self, scope: str, objs: builtins.list[_Obj]) -> tuple[int, int]:
         """(index in ``objs`` of the newest committed version or -1, its version or 0):
@@ -270,19 +272,55 @@ class S3Kv:
         got = self._fetch(name)
         if got is None:
             return None
-        key, version, _, value = _decode(got[0])
+        key, version, txn, value = _decode(got[0])
+        self._remember(got[1], txn or "")
         return KvEntry(key, version, value)
+
+    def _latest_once(self, scope: str, objs: builtins.list[_Obj]) -> KvEntry | None:
+        """The newest committed version among ``objs`` (None: none, or one vanished)."""
+        for obj in reversed(objs):
+            with self._lock:
+                txn = self._known.get(obj.etag)
+            entry: KvEntry | None = None
+            if txn is None:  # status unknown: read the whole object (header and value) at once
+                got = self._fetch(obj.name)
+                if got is None:
+                    return None
+                key, version, read_txn, value = _decode(got[0])
+                txn = read_txn or ""
+                self._remember(got[1], txn)
+                entry = KvEntry(key, version, value)
+            if self._txn_status(scope, txn) == _COMMITTED:
+                return entry or self._entry(obj.name)
+        return None
+
+    def _latest(self, scope: str, prefix: str, objs: builtins.list[_Obj]) -> KvEntry | None:
+        """``_latest_once``, listing the key again when its objects moved meanwhile (a write
+        trimmed the version this read chose): None only for a listing that held still."""
+        for _ in range(50):
+            found = self._latest_once(scope, objs)
+            if found is not None or not objs:
+                return found
+            again = [_Obj(n, int(n[len(prefix) :]), e) for n, e in self._kv_listing(prefix)]
+            if again == objs:
+                return None
+            objs = again
+        raise BackendUnavailableError(f"S3 kv key under {prefix!r} kept changing while being read; retry")
 
     def kv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
         self._check_open()
-        objs = self._versions(scope, key)
-        idx, _ = self._settle(scope, objs)
-        if idx < 0:
-            return None
-        if version is None:
-            return self._entry(objs[idx].name)
-        found = [o for o in objs[: idx + 1] if o.version == version]
-        return self._entry(found[0].name) if found else None
+        prefix = self._kv_prefix(scope, key)
+        if version is not None:
+            if version <= 0:
+                return None
+            # a kept committed version, or a pending/aborted batch's object in the top slot
+            got = self._fetch(f"{prefix}{version:0{_VDIGITS}d}")
+            if got is None:
+                return None
+            k, v, txn, value = _decode(got[0])
+            self._remember(got[1], txn or "")
+            return KvEntry(k, v, value) if self._txn_status(scope, txn or "") == _COMMITTED else None
+        return self._latest(scope, prefix, self._versions(scope, key))
 
     def kv_history(
         self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
@@ -328,9 +366,7 @@ class S3Kv:
             segs = [s for unit in units[i : i + chunk] for s in unit]
 
             def latest(seg: str) -> KvEntry | None:
-                objs = groups[seg]
-                idx, _ = self._settle(scope, objs)
-                return self._entry(objs[idx].name) if idx >= 0 else None
+                return self._latest(scope, f"{base}{seg}!", groups[seg])
 
             found = [e for e in self._map(latest, segs) if e is not None]
             for e in sorted(found, key=lambda e: _utf8(e.key)):
@@ -395,10 +431,12 @@ class S3Kv:
         record_etag = ""
         if txn is not None:
             record = {"s": _PENDING, "ops": [[op.key, op.expected + 1] for op in ops]}
-            made = self._create(self._txn_name(scope, txn), json.dumps(record).encode("ascii"), None, "recording a kv batch")
-            if made is None:
+            created = self._create(
+                self._txn_name(scope, txn), json.dumps(record).encode("ascii"), None, "recording a kv batch"
+            )
+            if created is None:
                 raise BackendError("S3 store: a kv batch record id was taken (random ids collide?); retry")
-            record_etag = made
+            record_etag = created
 
         def create(item: tuple[KvOp, tuple[builtins.list[_Obj], str | None]]) -> str | None:
             op, (_, slot) = item
@@ -426,9 +464,10 @@ class S3Kv:
             lost = [ops[0]]  # aborted as stalled by another instance before the commit
         if lost:
             if txn is not None:
+                # Its objects stay: once the record says aborted, the next writer of a slot
+                # may replace the object there (If-Match), and a delete cannot be made
+                # conditional on the object still being ours.
                 self._flip(scope, txn, record, record_etag, _ABORTED)
-                mine = [f"{self._kv_prefix(scope, op.key)}{op.expected + 1:0{_VDIGITS}d}" for op in ops if op.key in made]
-                self._delete_quietly(mine)
             op = lost[0]
             raise ConflictError(key=op.key, namespace=scope, expected=op.expected, found=self._found(scope, op.key))
         old = [o.name for op, (objs, _) in zip(ops, plans, strict=True) for o in objs if o.version <= op.expected + 1 - keep]
@@ -440,15 +479,6 @@ class S3Kv:
             return self._plan(scope, op)
         except ConflictError as exc:
             return exc
-
-    def _delete_quietly(self, names: builtins.list[str]) -> None:
-        """Best effort: objects of an aborted batch are invisible, so a failure here leaves
-        leftovers only (the next writer of each slot replaces them)."""
-        try:
-            if names:
-                self._delete_keys(names, "removing the objects of an aborted kv batch")
-        except BackendError:
-            pass
 
     def kv_drop(self, scope: str) -> bool:
         self._check_open()
@@ -474,6 +504,7 @@ class _S3Watch(KvWatch):
         self._closed = False
         self._last, self._records = self._snapshot()
         self._polled = time.monotonic()
+        self._lost = False  # a poll failed: the next good one says "list again"
 
     def _snapshot(self) -> tuple[dict[str, tuple[int, str]], dict[str, str]]:
         base = self._store._kv_base(self._scope)
@@ -495,8 +526,8 @@ class _S3Watch(KvWatch):
                     relist = True
                 else:
                     hints.append(KvHint(_unb64(seg).decode("utf-8", "surrogatepass"), top[0]))
-        relist = relist or any(seg not in tops for seg in self._last)  # a dropped scope
-        self._last, self._records = tops, records
+        relist = relist or self._lost or any(seg not in tops for seg in self._last)  # a dropped scope
+        self._last, self._records, self._lost = tops, records, False
         return [KvHint(None), *hints] if relist else hints
 
     def hints(self, timeout: float) -> builtins.list[KvHint]:
@@ -505,9 +536,15 @@ class _S3Watch(KvWatch):
             while True:
                 if self._closed:
                     raise StoreClosedError(f"this watch on {self._store.url!r} was closed; open a new one")
+                self._store._check_open()
                 now = time.monotonic()
                 if now >= self._polled + self._interval:
-                    found = self._poll()
+                    try:
+                        found = self._poll()
+                    except BackendUnavailableError:
+                        # S3 unreachable for now: poll again next interval, then say "list again"
+                        self._lost, self._polled = True, now
+                        continue
                     if found:
                         return found
                     continue

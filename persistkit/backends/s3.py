@@ -88,7 +88,6 @@ from .._errors import (
     StoreClosedError,
 )
 from . import _s3_leases, unknown_options
-from ._s3_kv import S3Kv
 from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync
 from ._s3_keys import (
     _CONFLICT_CODES,
@@ -111,6 +110,7 @@ from ._s3_keys import (
     _utf8,
     _with_payload,
 )
+from ._s3_kv import S3Kv
 
 __all__ = ["S3Backend"]
 

@@ -22,38 +22,51 @@ before the PUT the writer lists the key's objects (one LIST) and checks that ``n
 the newest committed version (``0``: no object). Requests: LIST + PUT, plus one
 ``DeleteObjects`` when versions beyond ``keep`` go, plus one GET of the newest object's
 header when this instance did not write it (its status is then cached by ETag).
+``kv_get``: LIST + GET (an object this instance has not seen is read whole, header
+and value at once); ``kv_get(version=)``: one GET; ``kv_list``: the LISTs of the range
+plus one GET per key (in parallel, 16 at a time).
+
+The conditions are evaluated atomically by AWS S3; moto (the test server) is run by
+``tests/moto_s3.py``, which serializes conditional requests for the same reason as for
+the heads (see ``s3.py``).
 
 Multi-key batches (all or nothing)
 ----------------------------------
 S3 has no transaction over two objects, so a batch commits through its record:
 
-1. list every key and check its expected version (a stale op raises before
-   anything is written);
+1. list every key (in parallel) and check its expected version: a stale op raises
+   ``ConflictError`` before anything is written;
 2. PUT the record ``kvt/<scope>/<id>`` with status ``pending``;
-3. create every key's version object, its header naming ``<id>`` (``If-None-Match``,
-   or ``If-Match`` over an aborted object in that slot);
+3. create the keys' version objects, each header naming ``<id>`` (``If-None-Match``,
+   or ``If-Match`` over the object of an aborted batch in that slot), ONE BY ONE in
+   key order: two batches over the same keys race for the same first slot, so one
+   of them wins (in parallel each could take one key and both would lose);
 4. flip the record to ``committed`` with ``If-Match`` its ETag: the commit point;
 5. trim versions beyond ``keep`` (one ``DeleteObjects`` for all keys).
 
 A reader that meets a version object of a ``pending`` or ``aborted`` (or missing)
 record takes it for absent and reads the version below, so nothing of a batch is
-visible before step 4 and all of it is after. A lost slot in step 3 flips the record
-to ``aborted`` (``If-Match``), deletes the objects it made, and raises
-``ConflictError``. A record found ``pending`` for longer than ``kv_pending_timeout``
-(seconds, option, default 10; age by the server's clock, or by how long this instance
-has seen it pending) belongs to a crashed or stalled writer: a reader or writer flips
-it to ``aborted``; a stalled writer's own flip to ``committed`` then fails and it
-raises ``ConflictError`` (nothing of it is visible). A writer that meets a young
-pending record on one of its keys waits for it to resolve. Requests per batch of N
-keys: N LISTs (parallel), 2 PUTs for the record, N PUTs (parallel), one DeleteObjects.
-Reading a batch's version costs one extra GET of its record the first time
-(committed records are cached: that status is final).
+visible before step 4 and all of it is after. A slot lost in step 3 flips the record
+to ``aborted`` (``If-Match``) and raises ``ConflictError`` (its ``found`` is the key's
+committed version, which equals ``expected`` when the slot is held by a batch still in
+flight). A record found ``pending`` for longer than ``kv_pending_timeout`` (seconds,
+option, default 10; age by the server's clock, ``Date`` minus ``Last-Modified``, or by
+how long this instance has seen it pending) belongs to a crashed or stalled writer: a
+reader or writer flips it to ``aborted``. A stalled writer's own flip to ``committed``
+then fails and it raises ``ConflictError``; nothing of it was ever visible. A writer
+that meets a young pending batch on one of its keys waits for it to settle (polls its
+record every 50 ms); readers never wait. Committed and aborted are final, so both are
+cached per instance. Requests per batch of N keys: N LISTs, N + 2 PUTs, one
+``DeleteObjects`` when something is trimmed; a reader of a batch's version pays one
+extra GET of its record, once per instance.
 
-Leftovers (harmless, said here once): a crash after step 5's PUTs but before the
-trim leaves older versions beyond ``keep``, trimmed by the key's next write; a crash
-in step 3 leaves objects of a pending record, invisible and replaced by the next
-writer of that slot once the record is aborted. Records stay (a few hundred bytes per
-batch) until ``kv_drop``.
+Leftovers, all harmless: a crash between a write and its trim leaves versions beyond
+``keep`` (readable, correct history; the key's next write trims them).
+The objects of an aborted batch stay in their slots, invisible, until the next writer
+of each slot replaces them (``If-Match`` on the aborted object): they are not deleted
+because a delete cannot be made conditional on the object still being the aborted
+one, and a writer may already have replaced it. Batch records (a few hundred bytes
+each) stay until ``kv_drop``.
 
 Watch
 -----
@@ -394,7 +407,12 @@ class S3Kv:
             if txn is None:
                 continue  # vanished under us (replaced or dropped): look again
             status = self._txn_status(scope, txn)
-            if status == _ABORTED and len(above) == 1:
+            if status == _ABORTED:
+                if len(above) > 1:  # only the slot above the newest version is ever written
+                    raise BackendError(
+                        f"S3 kv key {op.key!r} of scope {scope!r} has versions above an aborted batch's "
+                        f"({[o.version for o in above]}): not written by this store; kv_drop the scope"
+                    )
                 return objs, above[0].etag
             if status == _COMMITTED:
                 continue  # committed between the two reads: the listing is stale

@@ -196,6 +196,12 @@ def test_racing_batches_one_winner_and_never_half_visible(url: str, scope: str) 
     problems: list[str] = []
 
     def read() -> None:
+        try:
+            read_until_stopped()
+        except BaseException as exc:  # a failed read fails the test, not only this thread
+            problems.append(f"the reader raised {exc!r}")
+
+    def read_until_stopped() -> None:
         while not stop.is_set():
             x = reader.kv_get(scope, "x")
             z = reader.kv_get(scope, "z")

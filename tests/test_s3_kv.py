@@ -374,3 +374,20 @@ def test_watch_hints_keys_and_a_batch_at_its_commit(store: S3Backend, url: str, 
         watch.close()
         other.kv_drop(scope)
         other.close()
+
+
+def test_a_list_with_a_limit_reads_only_what_it_needs(s3_endpoint: str, url: str, scope: str) -> None:
+    import boto3
+
+    writer = _open(url)
+    writer.kv_write(scope, [KvOp(f"k{i:03d}", 0, b"v") for i in range(40)], keep=1)
+    theirs = boto3.client("s3", endpoint_url=s3_endpoint)
+    reader = _open(url.split("?", 1)[0], client=theirs)
+    counter = _Counter(theirs)
+    assert [e.key for e in reader.kv_list(scope, limit=2)] == ["k000", "k001"]
+    calls = counter.take()
+    assert calls["ListObjectsV2"] == 1 and calls["GetObject"] < 25, calls  # a chunk of keys, not all 40
+    assert len(reader.kv_list(scope)) == 40
+    writer.kv_drop(scope)
+    writer.close()
+    reader.close()

@@ -84,7 +84,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
@@ -170,15 +170,19 @@ class S3Kv:
 
     def _kv_listing(self, prefix: str, start_after: str = "") -> builtins.list[tuple[str, str]]:
         """(name, ETag) of every object under ``prefix``, ascending."""
-        out: builtins.list[tuple[str, str]] = []
+        return list(self._kv_pages(prefix, start_after))
+
+    def _kv_pages(self, prefix: str, start_after: str = "") -> Iterator[tuple[str, str]]:
+        """``_kv_listing`` page by page, so a caller that has enough stops listing."""
         kwargs: dict[str, Any] = {"Prefix": prefix}
         if start_after:
             kwargs["StartAfter"] = start_after
         while True:
             resp = self._call(f"listing {prefix!r}", "list_objects_v2", **kwargs)
-            out += [(str(o["Key"]), str(o.get("ETag", ""))) for o in resp.get("Contents", ())]
+            for o in resp.get("Contents", ()):
+                yield str(o["Key"]), str(o.get("ETag", ""))
             if not resp.get("IsTruncated"):
-                return out
+                return
             kwargs["ContinuationToken"] = resp["NextContinuationToken"]
 
     def _versions(self, scope: str, key: str) -> builtins.list[_Obj]:
@@ -359,34 +363,43 @@ class S3Kv:
             raw = _utf8(after)
             # '"' sorts above '!' (end of after's own objects) and below the alphabet
             start = base + (_b64(raw) + '"' if len(raw) <= _MAX_ID_BYTES else _b64(raw[:_MAX_ID_BYTES]))
-        groups: dict[str, builtins.list[_Obj]] = {}
-        for name, etag in self._kv_listing(base + _prefix_seg(prefix), start):
-            seg, _, ver = name[len(base) :].rpartition("!")
-            groups.setdefault(seg, []).append(_Obj(name, int(ver), etag))
-        # units resolved together: one key, or every hashed long key sharing its first 240 bytes
-        units: builtins.list[builtins.list[str]] = []
-        last_unit = ""
-        for seg in groups:
-            unit = seg.split(".", 1)[0] + "." if "." in seg else seg
-            if unit == last_unit and unit.endswith("."):
-                units[-1].append(seg)
-            else:
-                units.append([seg])
-            last_unit = unit
         out: builtins.list[KvEntry] = []
         chunk = max(min(limit or 64, 256), 16)
-        for i in range(0, len(units), chunk):
-            segs = [s for unit in units[i : i + chunk] for s in unit]
 
-            def latest(seg: str) -> KvEntry | None:
-                return self._latest(scope, f"{base}{seg}!", groups[seg])
-
-            found = [e for e in self._map(latest, segs) if e is not None]
-            for e in sorted(found, key=lambda e: _utf8(e.key)):
+        def resolve(units: builtins.list[builtins.list[tuple[str, builtins.list[_Obj]]]]) -> bool:
+            """Add the live entries of complete ``units`` to ``out``; True once ``limit`` is reached."""
+            groups = [group for unit in units for group in unit]
+            found = self._map(lambda g: self._latest(scope, f"{base}{g[0]}!", g[1]), groups)
+            # units are in key order; inside a unit of hashed long keys only the values know it
+            for e in sorted((e for e in found if e is not None), key=lambda e: _utf8(e.key)):
                 if e.value is not None and e.key.startswith(prefix) and (after is None or e.key > after):
                     out.append(e)
                     if limit is not None and len(out) >= limit:
-                        return out
+                        return True
+            return False
+
+        # A unit is one key's objects, or those of every hashed long key sharing its first
+        # 240 bytes (their order is only known from the values); units complete in key order,
+        # resolved a chunk at a time, so a listing with a limit stops early.
+        units: builtins.list[builtins.list[tuple[str, builtins.list[_Obj]]]] = []
+        last_unit = ""
+        for name, etag in self._kv_pages(base + _prefix_seg(prefix), start):
+            seg, _, ver = name[len(base) :].rpartition("!")
+            obj = _Obj(name, int(ver), etag)
+            if units and units[-1][-1][0] == seg:
+                units[-1][-1][1].append(obj)
+                continue
+            unit = seg.split(".", 1)[0] + "." if "." in seg else seg
+            if units and unit == last_unit and unit.endswith("."):
+                units[-1].append((seg, [obj]))
+                continue
+            if len(units) >= chunk:  # a new unit starts, so all before it are complete
+                if resolve(units):
+                    return out
+                units = []
+            units.append([(seg, [obj])])
+            last_unit = unit
+        resolve(units)
         return out
 
     # -- writes --------------------------------------------------------------------------

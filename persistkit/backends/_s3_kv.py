@@ -154,6 +154,7 @@ class S3Kv:
         self._known: dict[str, str] = {}  # ETag of a version object -> its txn ("" = single write)
         self._settled: dict[str, str] = {}  # txn id -> committed/aborted, seen (both are final)
         self._seen_pending: dict[str, float] = {}  # txn id -> when this instance first saw it pending
+        self._gates: dict[str, threading.RLock] = {}  # txn id -> held while its record is read
 
     # -- names -----------------------------------------------------------------------
 
@@ -225,6 +226,16 @@ class S3Kv:
         with self._lock:
             if txn in self._settled:
                 return self._settled[txn]
+            if len(self._gates) > 10_000:
+                self._gates.clear()
+            gate = self._gates.setdefault(txn, threading.RLock())
+        with gate:  # parallel readers of one batch's keys read its record once
+            with self._lock:
+                if txn in self._settled:
+                    return self._settled[txn]
+            return self._read_status(scope, txn)
+
+    def _read_status(self, scope: str, txn: str) -> str:
         name = self._txn_name(scope, txn)
         try:
             resp = self._client.get_object(Bucket=self._bucket, Key=name)
@@ -270,6 +281,7 @@ class S3Kv:
     def _note_settled(self, txn: str, status: str) -> None:
         with self._lock:
             self._seen_pending.pop(txn, None)
+            self._gates.pop(txn, None)
             if len(self._settled) > 100_000:
                 self._settled.clear()
             self._settled[txn] = status

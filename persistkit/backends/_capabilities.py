@@ -26,7 +26,7 @@ BUILT_IN: dict[str, tuple[str, ...]] = {
     "leases": ("memory", "sqlite", "postgresql", "redis", "s3"),
     "fencing": ("memory", "sqlite", "postgresql", "redis", "s3"),
     "kv": ("memory", "sqlite", "postgresql", "redis", "s3"),
-    "watch": ("memory", "sqlite", "postgresql", "redis"),
+    "watch": ("memory", "sqlite", "postgresql", "redis", "s3"),
 }
 
 

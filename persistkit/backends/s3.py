@@ -3,7 +3,10 @@
 URL: ``s3://bucket/prefix?endpoint_url=http://host:port&region=eu-west-1``.
 Works with AWS S3 and S3-compatible servers (``endpoint_url``). ``from_url``
 also accepts ``client=`` (your own boto3 S3 client), ``endpoint_url=`` and
-``region=`` as keyword options; keywords win over the URL's query.
+``region=`` as keyword options; keywords win over the URL's query. The kv space
+and watch (``_s3_kv``) take ``watch_interval`` (seconds between a watch's
+listings, default 1) and ``kv_pending_timeout`` (seconds after which a pending
+kv batch counts as crashed and may be aborted, default 10).
 
 Layout under ``<prefix>/``
 --------------------------
@@ -107,21 +110,43 @@ from ._s3_keys import (
     _utf8,
     _with_payload,
 )
+from ._s3_kv import S3Kv
 
 __all__ = ["S3Backend"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-_OPTIONS = ("client", "endpoint_url", "region")
-class S3Backend(ThreadedAsync):
+_OPTIONS = ("client", "endpoint_url", "region", "watch_interval", "kv_pending_timeout")
+
+
+def _seconds(url: str, name: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(f"S3 option {name}={value!r} of {url!r} is not a number of seconds > 0")
+    return seconds
+
+
+class S3Backend(S3Kv, ThreadedAsync):
     """Checkpoints in S3 objects; see the module docstring for layout and guarantees."""
 
     schemes: ClassVar[tuple[str, ...]] = ("s3",)
     atomic_blobs: ClassVar[bool] = False  # blobs go first; a lost CAS leaves them unreferenced
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
 
     def __init__(
-        self, client: Any, bucket: str, prefix: str, *, url: str, owns_client: bool
+        self,
+        client: Any,
+        bucket: str,
+        prefix: str,
+        *,
+        url: str,
+        owns_client: bool,
+        watch_interval: float = 1.0,
+        kv_pending_timeout: float = 10.0,
     ) -> None:
         self._client = client
         self._bucket = bucket
@@ -132,6 +157,7 @@ class S3Backend(ThreadedAsync):
         self._heads: dict[tuple[str, str], _HeadState] = {}  # heads this instance last saw
         self._pool: ThreadPoolExecutor | None = None
         self.url = url
+        self._kv_setup(watch_interval, kv_pending_timeout)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> S3Backend:
@@ -143,7 +169,7 @@ class S3Backend(ThreadedAsync):
         unknown = sorted(set(query) - set(_OPTIONS) | set(options) - set(_OPTIONS))
         if unknown or "client" in query:
             raise unknown_options(
-                "S3", url, unknown or ["client"], ("endpoint_url", "region"), "client= (keyword only)"
+                "S3", url, unknown or ["client"], _OPTIONS[1:], "client= (keyword only)"
             )
         prefix = parts.path.strip("/")
         if len(_utf8(prefix)) > 200:
@@ -166,7 +192,8 @@ class S3Backend(ThreadedAsync):
                 region_name=settings.get("region") or None,
                 config=config,
             )
-        return cls(client, parts.netloc, prefix, url=url, owns_client=owns)
+        timing = {name: _seconds(url, name, settings[name]) for name in _OPTIONS[3:] if name in settings}
+        return cls(client, parts.netloc, prefix, url=url, owns_client=owns, **timing)
 
     # -- plumbing ---------------------------------------------------------------------
 

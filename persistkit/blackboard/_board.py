@@ -77,6 +77,8 @@ class BoardCore:
         of a key's longest matching prefix applies whole: rules are not merged with a shorter
         prefix's (repeat the checks you want kept). Rules live in this process: set the same
         ones in every process that writes the board."""
+        if isinstance(checks, (str, bytes)) or not isinstance(checks, (list, tuple)):
+            raise ConfigurationError(f"checks must be a list of functions check(key, value) -> str | None, got {checks!r}")
         p = Policy(prefix, history=history, ttl=ttl, refresh_on_read=refresh_on_read, schema=schema, checks=tuple(checks))
         self._policies.set(p)
         return p
@@ -107,7 +109,9 @@ class BoardCore:
             if not s.live(now):
                 return None
             policy = self._policies.of(key)
-            if policy.refresh_on_read and policy.ttl is not None and s.expires_at is not None:
+            # A refresh is a write (a version, a watch event): made only once less than half
+            # the TTL is left, so reads in a loop (or a watcher reading each change) do not write.
+            if policy.refresh_on_read and policy.ttl is not None and s.expires_at is not None and s.expires_at - now < policy.ttl / 2:
                 s = yield from self._refresh(s, policy.ttl, now)
         return s.entry(self.store.codec, self.name)
 
@@ -144,8 +148,9 @@ class BoardCore:
         found: builtins.list[KvEntry] = yield call("kv_history", self.name, key, limit=limit)
         return [s.entry(self.store.codec, self.name) for e in found if (s := self._load(e)) is not None]
 
-    def _write(self, intents: builtins.list[_Intent]) -> Plan[dict[str, int]]:
-        """Apply ``intents`` atomically; the new version of each key. A ``cas`` whose key is
+    def _write(self, intents: builtins.list[_Intent]) -> Plan[dict[str, Stored]]:
+        """Apply ``intents`` atomically; what each written key now holds (a delete of a key that
+        does not exist writes nothing and is absent). A ``cas`` whose key is
         not at its expected version raises ``ConflictError``; puts and deletes read again and
         retry when another writer got there first."""
         keys = [i.key for i in intents]
@@ -155,6 +160,7 @@ class BoardCore:
         for attempt in range(ATTEMPTS):
             now = time.time()
             ops: builtins.list[KvOp] = []
+            written: dict[str, Stored] = {}
             for intent, tree in zip(intents, prepared, strict=True):
                 current = yield from self._read(intent.key)
                 stored_version = current.version if current is not None else 0
@@ -165,14 +171,15 @@ class BoardCore:
                     if current is None or current.deleted:
                         continue  # nothing to delete: no write
                     ops.append(KvOp(intent.key, stored_version, None))
+                    written[intent.key] = Stored(intent.key, stored_version + 1, None, None, deleted=True)
                     continue
                 policy = self._policies.of(intent.key)
                 ttl = intent.ttl if intent.ttl is not None else policy.ttl
-                data = E.pack(
-                    self.store.codec, tree, expires_at=None if ttl is None else now + ttl,
-                    claim=intent.claim, now=now,
-                )
+                expires_at = None if ttl is None else now + ttl
+                data = E.pack(self.store.codec, tree, expires_at=expires_at, claim=intent.claim, now=now)
                 ops.append(KvOp(intent.key, stored_version, data))
+                claim = intent.claim or (None, None)
+                written[intent.key] = Stored(intent.key, stored_version + 1, tree, now, expires_at, claim[0], claim[1])
             if not ops:
                 return {}
             keep = max(self._policies.of(op.key).history for op in ops)
@@ -184,7 +191,7 @@ class BoardCore:
                 if attempt > 2:
                     yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
                 continue
-            return {op.key: op.expected + 1 for op in ops}
+            return written
         raise ConflictError(
             f"board {self.name!r}: {ATTEMPTS} attempts to write {keys[:5]} all met other writers; "
             "the keys are written too often for last-writer-wins: shard them, or use cas/update",
@@ -207,16 +214,16 @@ class BoardCore:
             version = current.version if current is not None else 0
             new = fn(current.value if current is not None else default)
             try:
-                versions = yield from self._write([_Intent(key, new, version, ttl=ttl)])
+                written = yield from self._write([_Intent(key, new, version, ttl=ttl)])
             except ConflictError as exc:
                 if exc.key != key:
                     raise
                 if attempt > 2:
                     yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
                 continue
-            got = yield from self._get(key, versions[key])
-            assert got is not None
-            return got
+            # What this write stored, not a read of the key: by now another writer may have
+            # written (and a small history pushed this version out).
+            return written[key].entry(self.store.codec, self.name)
         raise ConflictError(
             f"board {self.name!r}: update of {key!r} met another writer {ATTEMPTS} times in a row; "
             "the key is written too often: shard it", key=key, namespace=self.name,
@@ -248,8 +255,8 @@ class BoardCore:
         """Delete the key (its history stays until pushed out); whether it existed.
         ``expected_version``: only if it is at that version (``ConflictError`` otherwise)."""
         exp = _ANY if expected_version is None else _expected(expected_version, zero=False)
-        versions: dict[str, int] = self.store.run_sync(self._write([_Intent(key, None, exp, delete=True)]))
-        return bool(versions)
+        written: dict[str, Stored] = self.store.run_sync(self._write([_Intent(key, None, exp, delete=True)]))
+        return bool(written)
 
     def list(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         """Live entries whose key starts with ``prefix``, in key order (code points), only keys
@@ -307,8 +314,8 @@ class BoardCore:
 
     async def adelete(self, key: str, *, expected_version: int | None = None) -> bool:
         exp = _ANY if expected_version is None else _expected(expected_version, zero=False)
-        versions: dict[str, int] = await self.store.run_async(self._write([_Intent(key, None, exp, delete=True)]))
-        return bool(versions)
+        written: dict[str, Stored] = await self.store.run_async(self._write([_Intent(key, None, exp, delete=True)]))
+        return bool(written)
 
     async def alist(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._list(prefix, after, limit))
@@ -338,12 +345,12 @@ class BoardCore:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _one(self, intent: _Intent) -> int:
-        versions: dict[str, int] = self.store.run_sync(self._write([intent]))
-        return versions[intent.key]
+        written: dict[str, Stored] = self.store.run_sync(self._write([intent]))
+        return written[intent.key].version
 
     async def _aone(self, intent: _Intent) -> int:
-        versions: dict[str, int] = await self.store.run_async(self._write([intent]))
-        return versions[intent.key]
+        written: dict[str, Stored] = await self.store.run_async(self._write([intent]))
+        return written[intent.key].version
 
 
 def _expected(v: object, *, zero: bool = True) -> int:
@@ -389,7 +396,8 @@ class Batch:
         if self._done:
             raise ConfigurationError("this batch was committed already; start a new one with board.batch()")
         self._done = True
-        return self._board._write(self._intents)
+        written = yield from self._board._write(self._intents)
+        return {k: w.version for k, w in written.items()}
 
     def commit(self) -> dict[str, int]:
         self.versions = self._board.store.run_sync(self._plan())

@@ -61,6 +61,8 @@ class Claim:
     owner: str
     token: int
     until: float
+    #: seconds each claim or renewal holds the item (``renew()`` without an argument)
+    lease_ttl: float
     _tree: Any = field(repr=False, default=None)
     _expires_at: float | None = field(repr=False, default=None)
     #: a scoped handle's write check, run on every key ``complete`` writes
@@ -86,12 +88,12 @@ class Claim:
                 self._guard(k, "write")
             intents.append(_Intent(E.check_key(k), v, _ANY))
         try:
-            versions: dict[str, int] = yield from self._board._write(intents)
+            written = yield from self._board._write(intents)
         except ConflictError as exc:
             if exc.key != self.key:
                 raise
             raise ClaimLostError(key=self.key, board=self._board.name, token=self.token, found=exc.found) from None
-        return versions
+        return {k: w.version for k, w in written.items()}
 
     def _swap(self, claim: tuple[str, float] | None) -> Plan[None]:
         data = E.pack(self._board.store.codec, self._tree, expires_at=self._expires_at, claim=claim)
@@ -104,8 +106,8 @@ class Claim:
             self.until = claim[1]
 
     def _renew_claim(self, lease_ttl: float | None) -> tuple[str, float]:
-        ttl = self.until - time.time() if lease_ttl is None else _check(self.owner, lease_ttl)[1]
-        return self.owner, time.time() + max(ttl, 0.001)
+        ttl = self.lease_ttl if lease_ttl is None else _check(self.owner, lease_ttl)[1]
+        return self.owner, time.time() + ttl
 
     # -- sync and async ------------------------------------------------------------------------
 
@@ -120,7 +122,7 @@ class Claim:
         self._board.store.run_sync(self._swap(None))
 
     def renew(self, lease_ttl: float | None = None) -> None:
-        """Hold the item ``lease_ttl`` seconds more (default: as long as the claim first ran)."""
+        """Hold the item ``lease_ttl`` seconds from now (default: the claim's own ``lease_ttl``)."""
         self._board.store.run_sync(self._swap(self._renew_claim(lease_ttl)))
 
     async def acomplete(self, *, results: dict[str, Any] | None = None) -> dict[str, int]:
@@ -159,7 +161,7 @@ def claim_plan(
             except ConflictError:
                 continue  # another worker took it (or wrote it) first: the next one
             value = codec.decode(s.tree, f"board {board.name!r} key {s.key!r}")
-            return Claim(board, s.key, value, owner, s.version + 1, until, s.tree, s.expires_at, guard)
+            return Claim(board, s.key, value, owner, s.version + 1, until, ttl, s.tree, s.expires_at, guard)
         if len(page) < _PAGE:
             return None
         after = page[-1].key

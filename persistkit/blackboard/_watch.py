@@ -56,6 +56,9 @@ class _Tracker:
         # A position may come from a wider watch (or be made up): only the keys this watch may
         # see are kept, so it never reads nor reports another key.
         self.seen: dict[str, int] = {k: v for k, v in (since or {}).items() if self.matches(k)}
+        # What the caller has been given (or was there when the watch started): the position.
+        # ``seen`` runs ahead of it by the changes still queued.
+        self.delivered: dict[str, int] = dict(self.seen)
         self.emit_listing = since is not None  # the first listing reports what moved since then
         self.queue: deque[BoardChange] = deque()
         self.closed = False
@@ -82,7 +85,14 @@ class _Tracker:
                 self.seen[key] = version
                 if emit:
                     self.queue.append(BoardChange(key, version, "put"))
+                else:
+                    self.delivered[key] = version
         return [k for k in self.seen if k not in listed]
+
+    def pop(self) -> BoardChange:
+        change = self.queue.popleft()
+        self.delivered[change.key] = change.version
+        return change
 
     def check_open(self) -> None:
         if self.closed:
@@ -105,8 +115,9 @@ class BoardWatch:
 
     @property
     def position(self) -> dict[str, int]:
-        """The version last seen of every matching key: pass it as ``since=`` to go on later."""
-        return dict(self._t.seen)
+        """The version of every matching key as of the last change ``next`` returned (changes still
+        queued are not in it): pass it as ``since=`` to go on later without missing one."""
+        return dict(self._t.delivered)
 
     def _relist(self) -> None:
         listed: dict[str, int] = {}
@@ -141,7 +152,7 @@ class BoardWatch:
                     self._relist()
                 elif self._t.wanted(hint):
                     self._read(hint.key)
-        return self._t.queue.popleft()
+        return self._t.pop()
 
     def __iter__(self) -> Iterator[BoardChange]:
         while True:
@@ -175,7 +186,7 @@ class AsyncBoardWatch:
 
     @property
     def position(self) -> dict[str, int]:
-        return dict(self._t.seen)
+        return dict(self._t.delivered)
 
     async def _start(self) -> None:
         if not self._started:
@@ -217,7 +228,7 @@ class AsyncBoardWatch:
                     await self._relist()
                 elif self._t.wanted(hint):
                     await self._read(hint.key)
-        return self._t.queue.popleft()
+        return self._t.pop()
 
     def __aiter__(self) -> AsyncIterator[BoardChange]:
         return self._iterate()

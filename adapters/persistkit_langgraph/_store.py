@@ -1,0 +1,456 @@
+"""``PersistkitStore``: LangGraph's long-term memory (``BaseStore``) on a persistkit board.
+
+Layout: one board of the store (``store.board("langgraph")`` unless told otherwise) holds
+every item; the board key of item ``key`` in namespace ``(l1, ..., ln)`` is the path
+``l1/.../ln/key``, each part with ``%``, ``/`` and NUL percent-escaped (``%25``, ``%2F``,
+``%00``). So a namespace's items and its sub-namespaces' items share the key prefix
+``l1/.../ln/`` (a search is one prefix listing), and two different (namespace, key) pairs
+never share a board key. The board value is an envelope::
+
+    {"value": <the item's dict>, "created_at": <unix s>, "updated_at": <unix s>, "ttl": <minutes or None>}
+
+``created_at`` survives updates (a put reads the item and writes under compare-and-swap);
+``ttl`` is kept so that a read can push the expiry forward again. Values go through the
+board, so the store's codec applies: secrets become handles, encryption and integrity
+tags wrap the stored bytes.
+
+Semantics follow LangGraph's ``InMemoryStore`` (tests/test_langgraph_store.py runs both on
+the same random operations), with these documented differences: search results come in
+board-key order (the path order above) where ``InMemoryStore`` keeps insertion order; a
+namespace exists while it holds an item (``InMemoryStore`` keeps listing a namespace after
+its last item is deleted, or after a ``get`` touched it); a range operator (``$gt`` ...)
+on a value that is missing or not a number does not match (``InMemoryStore`` raises
+``TypeError``); there is no vector index, so ``query`` is ignored (as ``InMemoryStore``
+without ``index`` ignores it) and every ``score`` is None.
+
+Every operation is written once, as a generator of board calls, driven by a blocking or
+an awaiting loop (as the saver does).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Generator, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    validate_op_namespace,
+)
+
+import persistkit as pk
+
+__all__ = ["PersistkitStore"]
+
+T = TypeVar("T")
+#: a request to the driver: (board method, args, kwargs); "commit" applies a list of writes
+Req = tuple[str, tuple[Any, ...], dict[str, Any]]
+Plan = Generator[Req, Any, T]
+
+_PAGE = 200
+_ATTEMPTS = 50
+_ESCAPE = re.compile(r"[%/\x00]")
+_UNESCAPE = re.compile(r"%(25|2F|00)")
+_CHARS = {"%": "%25", "/": "%2F", "\x00": "%00"}
+_BACK = {"25": "%", "2F": "/", "00": "\x00"}
+_TTL_KEYS = frozenset({"default_ttl", "refresh_on_read", "sweep_interval_minutes", "omit_expired"})
+_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
+
+
+def _esc(part: str) -> str:
+    return _ESCAPE.sub(lambda m: _CHARS[m.group()], part)
+
+
+def _unesc(part: str) -> str:
+    return _UNESCAPE.sub(lambda m: _BACK[m.group(1)], part)
+
+
+def board_prefix(namespace: tuple[str, ...]) -> str:
+    """The board-key prefix of every item in ``namespace`` and in the namespaces under it."""
+    return "".join(_esc(label) + "/" for label in namespace)
+
+
+def board_key(namespace: tuple[str, ...], key: str) -> str:
+    """The board key of item ``key`` in ``namespace``."""
+    return board_prefix(namespace) + _esc(key)
+
+
+def parse_key(bkey: str) -> tuple[tuple[str, ...], str] | None:
+    """``(namespace, key)`` of a board key, or None for a key no namespace has (no ``/``)."""
+    parts = bkey.split("/")
+    if len(parts) < 2 or "" in parts[:-1]:
+        return None
+    return tuple(_unesc(p) for p in parts[:-1]), _unesc(parts[-1])
+
+
+def _when(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def check_ttl_config(ttl: object) -> TTLConfig | None:
+    """``ttl`` as LangGraph's ``TTLConfig``, checked: unknown keys and bad values raise."""
+    if ttl is None:
+        return None
+    if not isinstance(ttl, Mapping):
+        raise pk.ConfigurationError(f"ttl must be a TTLConfig dict (default_ttl=minutes, refresh_on_read=bool) or None, got {ttl!r}")
+    unknown = set(ttl) - _TTL_KEYS
+    if unknown:
+        raise pk.ConfigurationError(f"ttl: unknown TTLConfig keys {sorted(unknown)}; known: {sorted(_TTL_KEYS)}")
+    default = ttl.get("default_ttl")
+    if default is not None:
+        _minutes(default, "ttl['default_ttl']")
+    for flag in ("refresh_on_read", "omit_expired"):
+        if flag in ttl and not isinstance(ttl[flag], bool):
+            raise pk.ConfigurationError(f"ttl[{flag!r}] must be True or False, got {ttl[flag]!r}")
+    sweep = ttl.get("sweep_interval_minutes")
+    if sweep is not None and (not isinstance(sweep, (int, float)) or isinstance(sweep, bool) or not sweep > 0):
+        raise pk.ConfigurationError(f"ttl['sweep_interval_minutes'] must be minutes > 0 or None, got {sweep!r}")
+    return TTLConfig(**ttl)  # type: ignore[typeddict-item]
+
+
+def _minutes(ttl: object, what: str) -> float:
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl) or not ttl > 0:
+        raise pk.ConfigurationError(f"{what} must be minutes > 0 or None, got {ttl!r}")
+    return float(ttl)
+
+
+def _count(v: object, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise pk.ConfigurationError(f"{what} must be an int >= 0, got {v!r}")
+    return v
+
+
+# -- filters and namespace conditions: LangGraph's InMemoryStore semantics -----------------------
+
+
+def matches_filter(value: dict[str, Any], filter: dict[str, Any] | None) -> bool:
+    """Whether an item's value passes a search ``filter`` (top-level keys; nested dicts and
+    lists compared element-wise; ``{"$op": x}`` compares with an operator)."""
+    if not filter:
+        return True
+    return all(_compare(value.get(k), v) for k, v in filter.items())
+
+
+def _compare(item_value: Any, filter_value: Any) -> bool:
+    if isinstance(filter_value, dict):
+        if any(isinstance(k, str) and k.startswith("$") for k in filter_value):
+            return all(_operator(item_value, op, arg) for op, arg in filter_value.items())
+        if not isinstance(item_value, dict):
+            return False
+        return all(_compare(item_value.get(k), v) for k, v in filter_value.items())
+    if isinstance(filter_value, (list, tuple)):
+        return (
+            isinstance(item_value, (list, tuple))
+            and len(item_value) == len(filter_value)
+            and all(_compare(i, f) for i, f in zip(item_value, filter_value, strict=True))
+        )
+    return bool(item_value == filter_value)
+
+
+def _operator(value: Any, op: str, arg: Any) -> bool:
+    if op not in _OPERATORS:
+        raise pk.ConfigurationError(f"search filter: unsupported operator {op!r}; supported: {sorted(_OPERATORS)}")
+    if op == "$eq":
+        return bool(value == arg)
+    if op == "$ne":
+        return bool(value != arg)
+    try:
+        a, b = float(value), float(arg)
+    except (TypeError, ValueError):
+        return False  # missing or not a number: no match (InMemoryStore raises here)
+    if op == "$gt":
+        return a > b
+    if op == "$gte":
+        return a >= b
+    if op == "$lt":
+        return a < b
+    return a <= b
+
+
+def matches_condition(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
+    """Whether ``namespace`` starts (``prefix``) or ends (``suffix``) with the condition's
+    path, ``"*"`` matching any one label."""
+    path = tuple(condition.path)
+    if len(namespace) < len(path):
+        return False
+    if condition.match_type == "prefix":
+        pairs = zip(namespace, path, strict=False)
+    elif condition.match_type == "suffix":
+        pairs = zip(reversed(namespace), reversed(path), strict=False)
+    else:
+        raise pk.ConfigurationError(f"match_type must be 'prefix' or 'suffix', got {condition.match_type!r}")
+    return all(p == "*" or k == p for k, p in pairs)
+
+
+# -- the store -------------------------------------------------------------------------------------
+
+
+class PersistkitStore(BaseStore):
+    """LangGraph's ``BaseStore`` (long-term memory) over a persistkit board:
+    ``graph = builder.compile(checkpointer=saver, store=PersistkitStore("s3://bucket/agents"))``.
+
+    ``store_or_url``: a ``pk.Store`` (left open by :meth:`close`) or a URL to open (closed by
+    :meth:`close`); the store must have the ``kv`` capability. ``board``: the board's name.
+    ``ttl``: LangGraph's ``TTLConfig`` — ``default_ttl`` (minutes) for puts without ``ttl=``,
+    ``refresh_on_read`` (default True) whether reads push an item's expiry forward (a write
+    per item read). Expired items are hidden at once; ``sweep_interval_minutes`` has nothing
+    to sweep and is accepted for compatibility. ``history``: versions kept per board key.
+    """
+
+    supports_ttl = True
+
+    def __init__(
+        self, store_or_url: pk.Store | str, *, board: str = "langgraph", ttl: TTLConfig | None = None,
+        history: int | None = None, **options: Any,
+    ) -> None:
+        if isinstance(store_or_url, str):
+            self.store = pk.connect(store_or_url, **options)
+            self._owns_store = True
+        elif isinstance(store_or_url, pk.Store):
+            if options:
+                raise pk.ConfigurationError(f"options {sorted(options)} are for a URL; this store is open already")
+            self.store = store_or_url
+            self._owns_store = False
+        else:
+            raise pk.ConfigurationError(f"PersistkitStore needs a pk.Store or a store URL, got {store_or_url!r}")
+        try:
+            self.ttl_config = check_ttl_config(ttl)
+            self.board = self.store.board(board, history=history)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the store if this object opened it (from a URL)."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> PersistkitStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<PersistkitStore board {self.board.name!r} on {self.store.url}>"
+
+    # -- BaseStore ---------------------------------------------------------------------------------
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run ``ops``: every read sees the items as they were before the batch, then the
+        puts and deletes land together, atomically (the last put of a key wins)."""
+        return self._run(self._batch(list(ops)))
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        return await self._arun(self._batch(list(ops)))
+
+    # -- drivers -----------------------------------------------------------------------------------
+
+    def _run(self, plan: Plan[T]) -> T:
+        try:
+            name, args, kwargs = next(plan)
+            while True:
+                try:
+                    if name == "commit":
+                        result: Any = self._fill(args[0]).commit()
+                    else:
+                        result = getattr(self.board, name)(*args, **kwargs)
+                except pk.PersistkitError as exc:
+                    name, args, kwargs = plan.throw(exc)
+                else:
+                    name, args, kwargs = plan.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    async def _arun(self, plan: Plan[T]) -> T:
+        try:
+            name, args, kwargs = next(plan)
+            while True:
+                try:
+                    if name == "commit":
+                        result: Any = await self._fill(args[0]).acommit()
+                    else:
+                        result = await getattr(self.board, "a" + name)(*args, **kwargs)
+                except pk.PersistkitError as exc:
+                    name, args, kwargs = plan.throw(exc)
+                else:
+                    name, args, kwargs = plan.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    def _fill(self, writes: list[tuple[str, int, dict[str, Any] | None, float | None]]) -> pk.BoardBatch:
+        b = self.board.batch()
+        for bkey, expected, env, ttl in writes:
+            if env is None:
+                b.delete(bkey, expected_version=expected)
+            else:
+                b.cas(bkey, env, expected, ttl=ttl)
+        return b
+
+    # -- plans -------------------------------------------------------------------------------------
+
+    def _batch(self, ops: list[Op]) -> Plan[list[Result]]:
+        for op in ops:
+            if not isinstance(op, (GetOp, PutOp, SearchOp, ListNamespacesOp)):
+                raise pk.ConfigurationError(f"unknown store operation {op!r}: expected GetOp, PutOp, SearchOp or ListNamespacesOp")
+            validate_op_namespace(op)
+            if isinstance(op, PutOp) and not op.namespace:
+                raise InvalidNamespaceError("Namespace cannot be empty.")
+        results: list[Result] = [None] * len(ops)
+        refresh: dict[str, pk.BoardEntry] = {}
+        puts: dict[str, PutOp] = {}
+        for i, op in enumerate(ops):
+            if isinstance(op, GetOp):
+                results[i] = yield from self._get(op, refresh)
+            elif isinstance(op, SearchOp):
+                results[i] = yield from self._search(op, refresh)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = yield from self._namespaces(op)
+            else:
+                puts[board_key(tuple(op.namespace), str(op.key))] = op
+        for bkey, entry in refresh.items():
+            if bkey not in puts:
+                yield from self._refresh(entry)
+        if puts:
+            yield from self._write(puts)
+        return results
+
+    def _envelope(self, entry: pk.BoardEntry) -> dict[str, Any]:
+        env = entry.value
+        if type(env) is not dict or type(env.get("value")) is not dict or "created_at" not in env:
+            raise pk.SerializationError(
+                f"board {self.board.name!r} key {entry.key!r} holds no LangGraph store item (written by something "
+                "else?): give PersistkitStore a board of its own (board=...)",
+                path=f"board {self.board.name!r} key {entry.key!r}",
+            )
+        return env
+
+    def _item(self, entry: pk.BoardEntry, namespace: tuple[str, ...], key: str, refresh_ttl: bool, refresh: dict[str, pk.BoardEntry]) -> Item:
+        env = self._envelope(entry)
+        if refresh_ttl and env.get("ttl") is not None:
+            refresh[entry.key] = entry
+        return Item(
+            value=env["value"], key=key, namespace=namespace,
+            created_at=_when(env["created_at"]), updated_at=_when(env["updated_at"]),
+        )
+
+    def _get(self, op: GetOp, refresh: dict[str, pk.BoardEntry]) -> Plan[Item | None]:
+        namespace, key = tuple(op.namespace), str(op.key)
+        if not namespace:
+            return None  # nothing can be stored in the empty namespace
+        entry: pk.BoardEntry | None = yield ("get", (board_key(namespace, key),), {})
+        if entry is None:
+            return None
+        return self._item(entry, namespace, key, op.refresh_ttl, refresh)
+
+    def _search(self, op: SearchOp, refresh: dict[str, pk.BoardEntry]) -> Plan[list[SearchItem]]:
+        limit, offset = _count(op.limit, "search limit"), _count(op.offset, "search offset")
+        if op.filter is not None and not isinstance(op.filter, dict):
+            raise pk.ConfigurationError(f"search filter must be a dict or None, got {op.filter!r}")
+        out: list[SearchItem] = []
+        skipped = 0
+        prefix, after = board_prefix(tuple(op.namespace_prefix)), None
+        while limit and len(out) < limit:
+            page: list[pk.BoardEntry] = yield ("list", (prefix,), {"after": after, "limit": _PAGE})
+            for entry in page:
+                parsed = parse_key(entry.key)
+                if parsed is None:
+                    continue
+                env = self._envelope(entry)
+                if not matches_filter(env["value"], op.filter):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                item = self._item(entry, parsed[0], parsed[1], op.refresh_ttl, refresh)
+                out.append(SearchItem(item.namespace, item.key, item.value, item.created_at, item.updated_at))
+                if len(out) == limit:
+                    break
+            if len(page) < _PAGE:
+                break
+            after = page[-1].key
+        return out
+
+    def _namespaces(self, op: ListNamespacesOp) -> Plan[list[tuple[str, ...]]]:
+        limit, offset = _count(op.limit, "list_namespaces limit"), _count(op.offset, "list_namespaces offset")
+        if op.max_depth is not None:
+            _count(op.max_depth, "max_depth")
+        conditions = tuple(op.match_conditions or ())
+        literal: tuple[str, ...] = ()  # the labels every listed namespace starts with
+        for c in conditions:
+            if c.match_type == "prefix":
+                lead = tuple(c.path[: next((i for i, p in enumerate(c.path) if p == "*"), len(c.path))])
+                literal = lead if len(lead) > len(literal) else literal
+        found: set[tuple[str, ...]] = set()
+        prefix, after = board_prefix(literal), None
+        while True:
+            page: list[pk.BoardEntry] = yield ("list", (prefix,), {"after": after, "limit": _PAGE})
+            for entry in page:
+                parsed = parse_key(entry.key)
+                if parsed is not None:
+                    found.add(parsed[0])
+            if len(page) < _PAGE:
+                break
+            after = page[-1].key
+        namespaces = [ns for ns in found if all(matches_condition(c, ns) for c in conditions)]
+        if op.max_depth is not None:
+            namespaces = sorted({ns[: op.max_depth] for ns in namespaces})
+        else:
+            namespaces = sorted(namespaces)
+        return namespaces[offset : offset + limit]
+
+    def _refresh(self, entry: pk.BoardEntry) -> Plan[None]:
+        """Push a read item's expiry ``ttl`` minutes from now: the same envelope again, under
+        compare-and-swap (another writer's write got there first: its write set the expiry)."""
+        env = self._envelope(entry)
+        try:
+            yield ("commit", ([(entry.key, entry.version, env, env["ttl"] * 60.0)],), {})
+        except pk.ConflictError:
+            return
+
+    def _write(self, puts: dict[str, PutOp]) -> Plan[None]:
+        """Apply the puts and deletes atomically, each put keeping the item's ``created_at``:
+        read the items, write under compare-and-swap, read again when another writer moved one."""
+        for _ in range(_ATTEMPTS):
+            now = time.time()
+            writes: list[tuple[str, int, dict[str, Any] | None, float | None]] = []
+            for bkey, op in puts.items():
+                current: pk.BoardEntry | None = yield ("get", (bkey,), {})
+                if op.value is None:
+                    if current is not None:
+                        writes.append((bkey, current.version, None, None))
+                    continue
+                if not isinstance(op.value, Mapping):
+                    raise pk.ConfigurationError(f"a store item's value must be a dict (or None to delete), got {op.value!r:.80}")
+                ttl = None if op.ttl is None else _minutes(op.ttl, "ttl")
+                created = self._envelope(current)["created_at"] if current is not None else now
+                env = {"value": dict(op.value), "created_at": created, "updated_at": now, "ttl": ttl}
+                writes.append((bkey, current.version if current is not None else 0, env, None if ttl is None else ttl * 60.0))
+            if not writes:
+                return
+            try:
+                yield ("commit", (writes,), {})
+            except pk.ConflictError:
+                continue
+            return
+        raise pk.ConflictError(
+            f"board {self.board.name!r}: {_ATTEMPTS} attempts to write {sorted(puts)[:5]} all met other writers",
+            namespace=self.board.name, key=next(iter(puts)),
+        )
+

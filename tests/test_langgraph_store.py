@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypedDict
@@ -325,10 +326,33 @@ def test_query_is_ignored_without_a_vector_index(lg: PersistkitStore) -> None:
 def test_secrets_become_handles_in_the_stored_bytes(kv_store: pk.Store) -> None:
     lg = PersistkitStore(kv_store, board=uid("lg"))
     token = "sk-proj-" + "Zq8xT2mW9vK4pL7nR3sY6uB1"
-    lg.put(("users", "1"), "creds", {"openai": token})
+    lg.put(("users", "1"), "creds", {"openai": token, "plain": "hello"})
     raw = kv_store.backend.kv_get(lg.board.name, "users/1/creds")
     assert raw is not None and raw.value is not None and token.encode() not in raw.value
+    if not hasattr(kv_store.backend, "inner"):  # unwrapped: the bytes are readable JSON
+        assert b'"plain":"hello"' in raw.value and b"$CRED{" in raw.value
+    assert lg.get(("users", "1"), "creds").value == {"openai": token, "plain": "hello"}  # type: ignore[union-attr]
     lg.board.clear()
+
+
+def test_concurrent_writers_keep_created_at_and_lose_nothing(lg: PersistkitStore) -> None:
+    lg.put(("shared",), "k", {"w": -1})
+    first = lg.get(("shared",), "k")
+    assert first is not None
+
+    def writer(w: int) -> None:
+        for i in range(15):
+            lg.batch([PutOp(("shared",), "k", {"w": w, "i": i}), PutOp(("own", str(w)), f"k{i}", {"i": i})])
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    last = lg.get(("shared",), "k")
+    assert last is not None and last.created_at == first.created_at and last.value["i"] == 14
+    assert len(lg.search(("own",), limit=1000)) == 6 * 15
+    assert lg.list_namespaces(prefix=("own",)) == [("own", str(w)) for w in range(6)]
 
 
 # -- TTL ------------------------------------------------------------------------------------------

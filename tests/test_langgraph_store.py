@@ -90,6 +90,8 @@ def _value(rng: random.Random) -> dict[str, Any]:
         v["nested"] = {"c": rng.choice(WORDS), "d": rng.randint(0, 2)}
     if rng.random() < 0.3:
         v["flag"] = rng.random() < 0.5
+    if rng.random() < 0.2:
+        v["a.b"] = rng.choice(WORDS)  # a dotted key is a plain top-level field
     return v
 
 
@@ -104,6 +106,7 @@ def _filter(rng: random.Random) -> dict[str, Any] | None:
         lambda: {"nested": {"c": rng.choice(WORDS)}},
         lambda: {"tags": [rng.choice(WORDS)]},
         lambda: {"flag": rng.random() < 0.5},
+        lambda: {rng.choice(["a.b", "nested.c"]): rng.choice(WORDS)},
         lambda: {"r": {"$gte": -1, "$lt": 2}, "s": {"$ne": "red"}},
     ]
     return None if rng.random() < 0.3 else rng.choice(choices)()

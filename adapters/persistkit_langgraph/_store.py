@@ -20,7 +20,8 @@ board-key order (the path order above) where ``InMemoryStore`` keeps insertion o
 namespace exists while it holds an item (``InMemoryStore`` keeps listing a namespace after
 its last item is deleted, or after a ``get`` touched it); a range operator (``$gt`` ...)
 on a value that is missing or not a number does not match (``InMemoryStore`` raises
-``TypeError``); there is no vector index, so ``query`` is ignored (as ``InMemoryStore``
+``TypeError``); a dotted filter key (``"user.level"``) names a top-level field, as in
+``InMemoryStore`` (LangGraph's SQLite and PostgreSQL stores read it as a path); there is no vector index, so ``query`` is ignored (as ``InMemoryStore``
 without ``index`` ignores it) and every ``score`` is None.
 
 Every operation is written once, as a generator of board calls, driven by a blocking or
@@ -68,6 +69,7 @@ _UNESCAPE = re.compile(r"%(25|2F|00)")
 _CHARS = {"%": "%25", "/": "%2F", "\x00": "%00"}
 _BACK = {"25": "%", "2F": "/", "00": "\x00"}
 _TTL_KEYS = frozenset({"default_ttl", "refresh_on_read", "sweep_interval_minutes", "omit_expired"})
+_MAX_TTL = 10 * 365 * 24 * 60  # minutes: the board's limit
 _OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
@@ -123,8 +125,8 @@ def check_ttl_config(ttl: object) -> TTLConfig | None:
 
 
 def _minutes(ttl: object, what: str) -> float:
-    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl) or not ttl > 0:
-        raise pk.ConfigurationError(f"{what} must be minutes > 0 or None, got {ttl!r}")
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl) or not 0 < ttl <= _MAX_TTL:
+        raise pk.ConfigurationError(f"{what} must be minutes > 0 (at most ten years) or None, got {ttl!r}")
     return float(ttl)
 
 

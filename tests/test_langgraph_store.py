@@ -294,6 +294,8 @@ def test_bad_inputs_raise_persistkit_errors(lg: PersistkitStore) -> None:
         PersistkitStore(lg.store, ttl={"default_tll": 5})  # type: ignore[typeddict-unknown-key]
     with pytest.raises(pk.ConfigurationError, match="minutes"):
         lg.put(("a",), "k", {"n": 1}, ttl=-1)
+    with pytest.raises(pk.ConfigurationError, match="no vector index"):
+        PersistkitStore(lg.store, index={"dims": 3, "embed": lambda texts: [[0.0] * 3 for _ in texts]})
     with pytest.raises(pk.ConfigurationError, match=r"pk\.Store or a store URL"):
         PersistkitStore(42)  # type: ignore[arg-type]
     lg.board.put("no-namespace", {"x": 1})  # a key no namespace has: skipped

@@ -219,6 +219,11 @@ class PersistkitStore(BaseStore):
         self, store_or_url: pk.Store | str, *, board: str = "langgraph", ttl: TTLConfig | None = None,
         history: int | None = None, **options: Any,
     ) -> None:
+        if "index" in options:
+            raise pk.ConfigurationError(
+                "PersistkitStore has no vector index (index=...): search filters on values and ignores query; "
+                "for semantic search use a store with an index beside it"
+            )
         if isinstance(store_or_url, str):
             self.store = pk.connect(store_or_url, **options)
             self._owns_store = True

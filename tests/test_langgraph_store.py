@@ -35,7 +35,7 @@ from langgraph.store.memory import InMemoryStore
 
 import persistkit as pk
 from persistkit_langgraph import PersistkitSaver, PersistkitStore
-from persistkit_langgraph._store import board_key, parse_key
+from persistkit_langgraph._store_rules import board_key, parse_key
 
 
 @pytest.fixture

@@ -25,16 +25,14 @@ on a value that is missing or not a number does not match (``InMemoryStore`` rai
 without ``index`` ignores it) and every ``score`` is None.
 
 Every operation is written once, as a generator of board calls, driven by a blocking or
-an awaiting loop (as the saver does).
+an awaiting loop (as the saver does); the rules that do no I/O (keys, filters, namespace
+conditions, TTL settings) live in ``_store_rules``.
 """
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from collections.abc import Generator, Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from langgraph.store.base import (
@@ -43,7 +41,6 @@ from langgraph.store.base import (
     InvalidNamespaceError,
     Item,
     ListNamespacesOp,
-    MatchCondition,
     Op,
     PutOp,
     Result,
@@ -55,6 +52,18 @@ from langgraph.store.base import (
 
 import persistkit as pk
 
+from ._store_rules import (
+    board_key,
+    board_prefix,
+    check_count,
+    check_minutes,
+    check_ttl_config,
+    matches_condition,
+    matches_filter,
+    parse_key,
+    when,
+)
+
 __all__ = ["PersistkitStore"]
 
 T = TypeVar("T")
@@ -64,140 +73,6 @@ Plan = Generator[Req, Any, T]
 
 _PAGE = 200
 _ATTEMPTS = 50
-_ESCAPE = re.compile(r"[%/\x00]")
-_UNESCAPE = re.compile(r"%(25|2F|00)")
-_CHARS = {"%": "%25", "/": "%2F", "\x00": "%00"}
-_BACK = {"25": "%", "2F": "/", "00": "\x00"}
-_TTL_KEYS = frozenset({"default_ttl", "refresh_on_read", "sweep_interval_minutes", "omit_expired"})
-_MAX_TTL = 10 * 365 * 24 * 60  # minutes: the board's limit
-_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
-
-
-def _esc(part: str) -> str:
-    return _ESCAPE.sub(lambda m: _CHARS[m.group()], part)
-
-
-def _unesc(part: str) -> str:
-    return _UNESCAPE.sub(lambda m: _BACK[m.group(1)], part)
-
-
-def board_prefix(namespace: tuple[str, ...]) -> str:
-    """The board-key prefix of every item in ``namespace`` and in the namespaces under it."""
-    return "".join(_esc(label) + "/" for label in namespace)
-
-
-def board_key(namespace: tuple[str, ...], key: str) -> str:
-    """The board key of item ``key`` in ``namespace``."""
-    return board_prefix(namespace) + _esc(key)
-
-
-def parse_key(bkey: str) -> tuple[tuple[str, ...], str] | None:
-    """``(namespace, key)`` of a board key, or None for a key no namespace has (no ``/``)."""
-    parts = bkey.split("/")
-    if len(parts) < 2 or "" in parts[:-1]:
-        return None
-    return tuple(_unesc(p) for p in parts[:-1]), _unesc(parts[-1])
-
-
-def _when(t: float) -> datetime:
-    return datetime.fromtimestamp(t, UTC)
-
-
-def check_ttl_config(ttl: object) -> TTLConfig | None:
-    """``ttl`` as LangGraph's ``TTLConfig``, checked: unknown keys and bad values raise."""
-    if ttl is None:
-        return None
-    if not isinstance(ttl, Mapping):
-        raise pk.ConfigurationError(f"ttl must be a TTLConfig dict (default_ttl=minutes, refresh_on_read=bool) or None, got {ttl!r}")
-    unknown = set(ttl) - _TTL_KEYS
-    if unknown:
-        raise pk.ConfigurationError(f"ttl: unknown TTLConfig keys {sorted(unknown)}; known: {sorted(_TTL_KEYS)}")
-    default = ttl.get("default_ttl")
-    if default is not None:
-        _minutes(default, "ttl['default_ttl']")
-    for flag in ("refresh_on_read", "omit_expired"):
-        if flag in ttl and not isinstance(ttl[flag], bool):
-            raise pk.ConfigurationError(f"ttl[{flag!r}] must be True or False, got {ttl[flag]!r}")
-    sweep = ttl.get("sweep_interval_minutes")
-    if sweep is not None and (not isinstance(sweep, (int, float)) or isinstance(sweep, bool) or not sweep > 0):
-        raise pk.ConfigurationError(f"ttl['sweep_interval_minutes'] must be minutes > 0 or None, got {sweep!r}")
-    return TTLConfig(**ttl)  # type: ignore[typeddict-item]
-
-
-def _minutes(ttl: object, what: str) -> float:
-    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not math.isfinite(ttl) or not 0 < ttl <= _MAX_TTL:
-        raise pk.ConfigurationError(f"{what} must be minutes > 0 (at most ten years) or None, got {ttl!r}")
-    return float(ttl)
-
-
-def _count(v: object, what: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise pk.ConfigurationError(f"{what} must be an int >= 0, got {v!r}")
-    return v
-
-
-# -- filters and namespace conditions: LangGraph's InMemoryStore semantics -----------------------
-
-
-def matches_filter(value: dict[str, Any], filter: dict[str, Any] | None) -> bool:
-    """Whether an item's value passes a search ``filter`` (top-level keys; nested dicts and
-    lists compared element-wise; ``{"$op": x}`` compares with an operator)."""
-    if not filter:
-        return True
-    return all(_compare(value.get(k), v) for k, v in filter.items())
-
-
-def _compare(item_value: Any, filter_value: Any) -> bool:
-    if isinstance(filter_value, dict):
-        if any(isinstance(k, str) and k.startswith("$") for k in filter_value):
-            return all(_operator(item_value, op, arg) for op, arg in filter_value.items())
-        if not isinstance(item_value, dict):
-            return False
-        return all(_compare(item_value.get(k), v) for k, v in filter_value.items())
-    if isinstance(filter_value, (list, tuple)):
-        return (
-            isinstance(item_value, (list, tuple))
-            and len(item_value) == len(filter_value)
-            and all(_compare(i, f) for i, f in zip(item_value, filter_value, strict=True))
-        )
-    return bool(item_value == filter_value)
-
-
-def _operator(value: Any, op: str, arg: Any) -> bool:
-    if op not in _OPERATORS:
-        raise pk.ConfigurationError(f"search filter: unsupported operator {op!r}; supported: {sorted(_OPERATORS)}")
-    if op == "$eq":
-        return bool(value == arg)
-    if op == "$ne":
-        return bool(value != arg)
-    try:
-        a, b = float(value), float(arg)
-    except (TypeError, ValueError):
-        return False  # missing or not a number: no match (InMemoryStore raises here)
-    if op == "$gt":
-        return a > b
-    if op == "$gte":
-        return a >= b
-    if op == "$lt":
-        return a < b
-    return a <= b
-
-
-def matches_condition(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
-    """Whether ``namespace`` starts (``prefix``) or ends (``suffix``) with the condition's
-    path, ``"*"`` matching any one label."""
-    path = tuple(condition.path)
-    if len(namespace) < len(path):
-        return False
-    if condition.match_type == "prefix":
-        pairs = zip(namespace, path, strict=False)
-    elif condition.match_type == "suffix":
-        pairs = zip(reversed(namespace), reversed(path), strict=False)
-    else:
-        raise pk.ConfigurationError(f"match_type must be 'prefix' or 'suffix', got {condition.match_type!r}")
-    return all(p == "*" or k == p for k, p in pairs)
-
-
 # -- the store -------------------------------------------------------------------------------------
 
 
@@ -354,7 +229,7 @@ class PersistkitStore(BaseStore):
             refresh[entry.key] = entry
         return Item(
             value=env["value"], key=key, namespace=namespace,
-            created_at=_when(env["created_at"]), updated_at=_when(env["updated_at"]),
+            created_at=when(env["created_at"]), updated_at=when(env["updated_at"]),
         )
 
     def _get(self, op: GetOp, refresh: dict[str, pk.BoardEntry]) -> Plan[Item | None]:
@@ -367,7 +242,7 @@ class PersistkitStore(BaseStore):
         return self._item(entry, namespace, key, op.refresh_ttl, refresh)
 
     def _search(self, op: SearchOp, refresh: dict[str, pk.BoardEntry]) -> Plan[list[SearchItem]]:
-        limit, offset = _count(op.limit, "search limit"), _count(op.offset, "search offset")
+        limit, offset = check_count(op.limit, "search limit"), check_count(op.offset, "search offset")
         if op.filter is not None and not isinstance(op.filter, dict):
             raise pk.ConfigurationError(f"search filter must be a dict or None, got {op.filter!r}")
         out: list[SearchItem] = []
@@ -395,9 +270,9 @@ class PersistkitStore(BaseStore):
         return out
 
     def _namespaces(self, op: ListNamespacesOp) -> Plan[list[tuple[str, ...]]]:
-        limit, offset = _count(op.limit, "list_namespaces limit"), _count(op.offset, "list_namespaces offset")
+        limit, offset = check_count(op.limit, "list_namespaces limit"), check_count(op.offset, "list_namespaces offset")
         if op.max_depth is not None:
-            _count(op.max_depth, "max_depth")
+            check_count(op.max_depth, "max_depth")
         conditions = tuple(op.match_conditions or ())
         literal: tuple[str, ...] = ()  # the labels every listed namespace starts with
         for c in conditions:
@@ -445,7 +320,7 @@ class PersistkitStore(BaseStore):
                     continue
                 if not isinstance(op.value, Mapping):
                     raise pk.ConfigurationError(f"a store item's value must be a dict (or None to delete), got {op.value!r:.80}")
-                ttl = None if op.ttl is None else _minutes(op.ttl, "ttl")
+                ttl = None if op.ttl is None else check_minutes(op.ttl, "ttl")
                 created = self._envelope(current)["created_at"] if current is not None else now
                 env = {"value": dict(op.value), "created_at": created, "updated_at": now, "ttl": ttl}
                 writes.append((bkey, current.version if current is not None else 0, env, None if ttl is None else ttl * 60.0))

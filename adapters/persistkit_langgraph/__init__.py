@@ -22,6 +22,10 @@ Storage layout, per LangGraph thread (= one persistkit thread):
 :func:`durable_invoke` runs a turn of a graph so that calling it again after a
 crash continues the run instead of starting it over.
 
+:class:`PersistkitStore` is LangGraph's long-term memory (``BaseStore``) on a
+persistkit board (``store.board("langgraph")``), for ``builder.compile(store=...)``:
+namespaces as key paths, values through the store's codec (``_store``).
+
 :func:`durable_invoke` holds the thread's lease for the turn and names it (``run_id``):
 see ``_invoke``. The saver lives in ``_saver``.
 """
@@ -30,5 +34,6 @@ from __future__ import annotations
 
 from ._invoke import adurable_invoke, durable_invoke
 from ._saver import PersistkitSaver
+from ._store import PersistkitStore
 
-__all__ = ["PersistkitSaver", "adurable_invoke", "durable_invoke"]
+__all__ = ["PersistkitSaver", "PersistkitStore", "adurable_invoke", "durable_invoke"]

@@ -486,3 +486,30 @@ def test_graph_nodes_read_and_write_the_store(lg: PersistkitStore) -> None:
     out = asyncio.run(agraph.ainvoke({"user": "42", "said": "again", "seen": 0}, _thread("t")))
     assert out["seen"] == 3
     assert lg.get(("users", "42", "memories"), "m2").value == {"said": "again"}  # type: ignore[union-attr]
+
+
+def test_sweep_ttl_removes_expired_items_and_the_sweeper_stops(tmp_path: Any) -> None:
+    from persistkit_langgraph import PersistkitStore
+
+    lg = PersistkitStore(f"sqlite:///{tmp_path}/sweep.db", ttl={"refresh_on_read": False, "sweep_interval_minutes": 0.001})
+
+    def stored() -> int:  # keys whose value is still in storage (expired ones included)
+        return len(lg.store.backend.kv_list(lg.board.name))
+
+    try:
+        lg.put(("users", "1"), "a", {"v": 1}, ttl=0.001)  # 60 ms
+        lg.put(("users", "1"), "b", {"v": 2})
+        time.sleep(0.15)
+        assert lg.get(("users", "1"), "a") is None and stored() == 2  # hidden, not yet removed
+        assert lg.sweep_ttl() == 1 and stored() == 1
+        assert lg.sweep_ttl() == 0
+        lg.put(("users", "1"), "c", {"v": 3}, ttl=0.001)
+        done = lg.start_ttl_sweeper()  # every 60 ms
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and stored() > 1:
+            time.sleep(0.05)
+        assert stored() == 1
+        assert lg.stop_ttl_sweeper(timeout=10) and done.done()
+        assert lg.get(("users", "1"), "b") is not None
+    finally:
+        lg.close()

@@ -31,6 +31,10 @@ conditions, TTL settings) live in ``_store_rules``.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import random
+import threading
 import time
 from collections.abc import Generator, Iterable, Mapping
 from typing import Any, TypeVar
@@ -72,7 +76,7 @@ Req = tuple[str, tuple[Any, ...], dict[str, Any]]
 Plan = Generator[Req, Any, T]
 
 _PAGE = 200
-_ATTEMPTS = 50
+_ATTEMPTS = 100
 
 
 # -- the store -------------------------------------------------------------------------------------
@@ -86,8 +90,9 @@ class PersistkitStore(BaseStore):
     :meth:`close`); the store must have the ``kv`` capability. ``board``: the board's name.
     ``ttl``: LangGraph's ``TTLConfig`` — ``default_ttl`` (minutes) for puts without ``ttl=``,
     ``refresh_on_read`` (default True) whether reads push an item's expiry forward (a write
-    per item read). Expired items are hidden at once; ``sweep_interval_minutes`` has nothing
-    to sweep and is accepted for compatibility. ``history``: versions kept per board key.
+    per item read). Expired items are hidden at once; :meth:`sweep_ttl` removes them from
+    storage, and :meth:`start_ttl_sweeper` runs it every ``sweep_interval_minutes`` in a
+    thread, as LangGraph's own stores do. ``history``: versions kept per board key.
     """
 
     supports_ttl = True
@@ -96,6 +101,8 @@ class PersistkitStore(BaseStore):
         self, store_or_url: pk.Store | str, *, board: str = "langgraph", ttl: TTLConfig | None = None,
         history: int | None = None, **options: Any,
     ) -> None:
+        self._sweeper: tuple[threading.Event, concurrent.futures.Future[None]] | None = None
+        self._owns_store = False
         if "index" in options:
             raise pk.ConfigurationError(
                 "PersistkitStore has no vector index (index=...): search filters on values and ignores query; "
@@ -119,9 +126,58 @@ class PersistkitStore(BaseStore):
             raise
 
     def close(self) -> None:
-        """Close the store if this object opened it (from a URL)."""
+        """Stop the TTL sweeper, and close the store if this object opened it (from a URL)."""
+        self.stop_ttl_sweeper()
         if self._owns_store:
             self.store.close()
+
+    # -- TTL sweeping (LangGraph's SqliteStore / PostgresStore API) -----------------------------------
+
+    def sweep_ttl(self) -> int:
+        """Remove the expired items from storage (``board.sweep``); how many."""
+        return self.board.sweep()
+
+    async def asweep_ttl(self) -> int:
+        return await self.board.asweep()
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> concurrent.futures.Future[None]:
+        """Sweep every ``sweep_interval_minutes`` (default: the TTL config's, else 5) in a
+        daemon thread until :meth:`stop_ttl_sweeper` or :meth:`close`; the future completes
+        when it stops."""
+        minutes = sweep_interval_minutes or (self.ttl_config or {}).get("sweep_interval_minutes") or 5
+        if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
+            raise pk.ConfigurationError(f"sweep_interval_minutes must be minutes > 0, got {minutes!r}")
+        if self._sweeper is not None and not self._sweeper[1].done():
+            return self._sweeper[1]
+        stop = threading.Event()
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def loop() -> None:
+            try:
+                while not stop.wait(float(minutes) * 60):
+                    try:
+                        self.sweep_ttl()
+                    except pk.PersistkitError:
+                        continue  # a store that is down now may be back at the next sweep
+            finally:
+                done.set_result(None)
+
+        threading.Thread(target=loop, name="persistkit-ttl-sweeper", daemon=True).start()
+        self._sweeper = (stop, done)
+        return done
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper thread; whether it stopped within ``timeout`` (True if none ran)."""
+        if self._sweeper is None:
+            return True
+        stop, done = self._sweeper
+        stop.set()
+        try:
+            done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return False
+        self._sweeper = None
+        return True
 
     def __enter__(self) -> PersistkitStore:
         return self
@@ -151,6 +207,9 @@ class PersistkitStore(BaseStore):
                 try:
                     if name == "commit":
                         result: Any = self._fill(args[0]).commit()
+                    elif name == "sleep":
+                        time.sleep(args[0])
+                        result = None
                     else:
                         result = getattr(self.board, name)(*args, **kwargs)
                 except pk.PersistkitError as exc:
@@ -168,6 +227,9 @@ class PersistkitStore(BaseStore):
                 try:
                     if name == "commit":
                         result: Any = await self._fill(args[0]).acommit()
+                    elif name == "sleep":
+                        await asyncio.sleep(args[0])
+                        result = None
                     else:
                         result = await getattr(self.board, "a" + name)(*args, **kwargs)
                 except pk.PersistkitError as exc:
@@ -311,7 +373,7 @@ class PersistkitStore(BaseStore):
     def _write(self, puts: dict[str, PutOp]) -> Plan[None]:
         """Apply the puts and deletes atomically, each put keeping the item's ``created_at``:
         read the items, write under compare-and-swap, read again when another writer moved one."""
-        for _ in range(_ATTEMPTS):
+        for attempt in range(_ATTEMPTS):
             now = time.time()
             writes: list[tuple[str, int, dict[str, Any] | None, float | None]] = []
             for bkey, op in puts.items():
@@ -331,6 +393,8 @@ class PersistkitStore(BaseStore):
             try:
                 yield ("commit", (writes,), {})
             except pk.ConflictError:
+                if attempt > 2:  # a hot key: back off a little, at random, so writers spread out
+                    yield ("sleep", (random.uniform(0, min(0.05, 0.002 * attempt)),), {})
                 continue
             return
         raise pk.ConflictError(

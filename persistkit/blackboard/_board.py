@@ -143,6 +143,28 @@ class BoardCore:
             after = page[-1].key
         return out
 
+    def _sweep(self, prefix: str) -> Plan[int]:
+        """Delete the expired keys under ``prefix`` (a tombstone each, expected at the version
+        found: a key written since is left alone); how many."""
+        E.check_prefix(prefix)
+        swept, after = 0, None
+        while True:
+            page: builtins.list[KvEntry] = yield call("kv_list", self.name, prefix=prefix, after=after, limit=_PAGE)
+            now = time.time()
+            for entry in page:
+                s = self._load(entry)
+                if s is None or not s.expired(now) or s.claimed(now):
+                    continue
+                try:
+                    # keep=1: an expired value goes with its history (only the delete's version stays)
+                    yield call("kv_write", self.name, [KvOp(s.key, s.version, None)], keep=1)
+                except ConflictError:
+                    continue  # written again since: not expired any more
+                swept += 1
+            if len(page) < _PAGE:
+                return swept
+            after = page[-1].key
+
     def _history(self, key: str, limit: int | None) -> Plan[list[BoardEntry]]:
         E.check_key(key)
         found: builtins.list[KvEntry] = yield call("kv_history", self.name, key, limit=limit)
@@ -271,6 +293,14 @@ class BoardCore:
             yield from page
             after = page[-1].key
 
+    def sweep(self, prefix: str = "") -> int:
+        """Delete the keys under ``prefix`` whose TTL has passed, and their kept versions (they
+        already read as missing; this frees their storage, leaving the delete's version so that
+        versions never go back); how many. A key with a live claim is left. Run it from your
+        scheduler as often as storage matters: nothing sweeps on its own."""
+        result: int = self.store.run_sync(self._sweep(prefix))
+        return result
+
     def history(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
         """The kept versions of ``key``, newest first (deletes included, ``deleted`` True).
         A rollback is one write: ``board.put(key, board.get(key, version=n).value)``."""
@@ -328,6 +358,10 @@ class BoardCore:
             for entry in page:
                 yield entry
             after = page[-1].key
+
+    async def asweep(self, prefix: str = "") -> int:
+        result: int = await self.store.run_async(self._sweep(prefix))
+        return result
 
     async def ahistory(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._history(key, limit))

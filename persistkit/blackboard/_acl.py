@@ -18,7 +18,7 @@ database itself limits (PostgreSQL row-level security: docs/shared-state.md).
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._errors import AccessDeniedError, ConfigurationError
@@ -183,6 +183,12 @@ class ScopedBoard:
                 break
             after = page[-1].key
         return out[:limit]
+
+    async def ascan(self, prefix: str = "") -> AsyncIterator[BoardEntry]:
+        self._prefix(prefix, "list", self.read_grants, "read")
+        async for e in self.__board.ascan(prefix):
+            if self.can_read(e.key):
+                yield e
 
     async def aput(self, key: str, value: Any, *, ttl: float | None = None) -> int:
         return await self.__board.aput(self._write(key, "write"), value, ttl=ttl)

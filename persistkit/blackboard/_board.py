@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,9 @@ class BoardCore:
             if not s.live(now):
                 return None
             policy = self._policies.of(key)
-            if policy.refresh_on_read and policy.ttl is not None and s.expires_at is not None:
+            # A claimed item is not refreshed: the write would move the version, the claim's
+            # fencing token, and drop the claim (its holder's complete would be refused).
+            if policy.refresh_on_read and policy.ttl is not None and s.expires_at is not None and not s.claimed(now):
                 s = yield from self._refresh(s, policy.ttl, now)
         return s.entry(self.store.codec, self.name)
 
@@ -139,13 +141,17 @@ class BoardCore:
 
     def _history(self, key: str, limit: int | None) -> Plan[list[BoardEntry]]:
         E.check_key(key)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigurationError(f"limit must be an int >= 1 (versions, newest first) or None for all kept, got {limit!r}")
         found: builtins.list[KvEntry] = yield call("kv_history", self.name, key, limit=limit)
         return [s.entry(self.store.codec, self.name) for e in found if (s := self._load(e)) is not None]
 
-    def _write(self, intents: builtins.list[_Intent]) -> Plan[dict[str, int]]:
+    def _write(self, intents: builtins.list[_Intent], written: dict[str, Stored] | None = None) -> Plan[dict[str, int]]:
         """Apply ``intents`` atomically; the new version of each key. A ``cas`` whose key is
         not at its expected version raises ``ConflictError``; puts and deletes read again and
-        retry when another writer got there first."""
+        retry when another writer got there first. ``written``: filled with what was stored
+        of each value (``update`` returns it: reading it back could find it pushed out of
+        the kept history by a later writer)."""
         keys = [i.key for i in intents]
         if len(set(keys)) != len(keys):
             raise ConfigurationError(f"a batch writes each key once; repeated: {sorted({k for k in keys if keys.count(k) > 1})}")
@@ -153,6 +159,7 @@ class BoardCore:
         for attempt in range(ATTEMPTS):
             now = time.time()
             ops: builtins.list[KvOp] = []
+            stored: builtins.list[Stored] = []
             for intent, tree in zip(intents, prepared, strict=True):
                 current = yield from self._read(intent.key)
                 stored_version = current.version if current is not None else 0
@@ -166,11 +173,10 @@ class BoardCore:
                     continue
                 policy = self._policies.of(intent.key)
                 ttl = intent.ttl if intent.ttl is not None else policy.ttl
-                data = E.pack(
-                    self.store.codec, tree, expires_at=None if ttl is None else now + ttl,
-                    claim=intent.claim, now=now,
-                )
+                expires_at = None if ttl is None else now + ttl
+                data = E.pack(self.store.codec, tree, expires_at=expires_at, claim=intent.claim, now=now)
                 ops.append(KvOp(intent.key, stored_version, data))
+                stored.append(Stored(intent.key, stored_version + 1, tree, now, expires_at))
             if not ops:
                 return {}
             keep = max(self._policies.of(op.key).history for op in ops)
@@ -182,6 +188,8 @@ class BoardCore:
                 if attempt > 2:
                     yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
                 continue
+            if written is not None:
+                written.update((s.key, s) for s in stored)
             return {op.key: op.expected + 1 for op in ops}
         raise ConflictError(
             f"board {self.name!r}: {ATTEMPTS} attempts to write {keys[:5]} all met other writers; "
@@ -204,17 +212,16 @@ class BoardCore:
             current = yield from self._get(key, None)
             version = current.version if current is not None else 0
             new = fn(current.value if current is not None else default)
+            written: dict[str, Stored] = {}
             try:
-                versions = yield from self._write([_Intent(key, new, version, ttl=ttl)])
+                yield from self._write([_Intent(key, new, version, ttl=ttl)], written)
             except ConflictError as exc:
                 if exc.key != key:
                     raise
                 if attempt > 2:
                     yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
                 continue
-            got = yield from self._get(key, versions[key])
-            assert got is not None
-            return got
+            return written[key].entry(self.store.codec, self.name)
         raise ConflictError(
             f"board {self.name!r}: update of {key!r} met another writer {ATTEMPTS} times in a row; "
             "the key is written too often: shard it", key=key, namespace=self.name,
@@ -311,6 +318,14 @@ class BoardCore:
     async def alist(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._list(prefix, after, limit))
         return result
+
+    async def ascan(self, prefix: str = "") -> AsyncIterator[BoardEntry]:
+        """``scan`` for async callers: ``async for entry in board.ascan(prefix)``."""
+        after = None
+        while page := await self.alist(prefix, after=after, limit=_PAGE):
+            for entry in page:
+                yield entry
+            after = page[-1].key
 
     async def ahistory(self, key: str, *, limit: int | None = None) -> builtins.list[BoardEntry]:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._history(key, limit))

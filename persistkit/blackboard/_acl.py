@@ -184,12 +184,6 @@ class ScopedBoard:
             after = page[-1].key
         return out[:limit]
 
-    async def ascan(self, prefix: str = "") -> AsyncIterator[BoardEntry]:
-        self._prefix(prefix, "list", self.read_grants, "read")
-        async for e in self.__board.ascan(prefix):
-            if self.can_read(e.key):
-                yield e
-
     async def aput(self, key: str, value: Any, *, ttl: float | None = None) -> int:
         return await self.__board.aput(self._write(key, "write"), value, ttl=ttl)
 
@@ -228,3 +222,11 @@ class ScopedBoard:
 
     def scoped(self, *args: Any, **kwargs: Any) -> ScopedBoard:
         raise self._deny("make another scoped handle from", "*", "read", "the board")
+
+    async def ascan(self, prefix: str = "") -> AsyncIterator[BoardEntry]:
+        """``scan`` for async callers: the granted live entries under ``prefix``, a page at a time."""
+        after = None
+        while page := await self.alist(prefix, after=after, limit=200):
+            for entry in page:
+                yield entry
+            after = page[-1].key

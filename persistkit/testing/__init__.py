@@ -8,14 +8,20 @@ see docs/coordination.md); ``SuspendConformance`` suspended runs, answers and du
 timers (docs/long-runs.md); ``PatchConformance`` ``pk.patched`` and the replay
 check (docs/long-runs.md); ``OutboxConformance`` after-commit effects (``run.after_commit``,
 ``store.drain_outbox``, docs/long-runs.md); ``SagaConformance`` compensations and the
-rollback; ``LongRunsConformance`` all four of those; ``CombinationConformance`` every feature that touches
+rollback; ``LongRunsConformance`` all four of those; ``KvConformance`` and
+``WatchConformance`` the ``kv`` and ``watch`` capabilities a store's board needs
+(docs/shared-state.md); ``BoardConformance`` the board itself (``store.board()``: versions,
+cas, batches, TTL, claims, watches, scoped handles, validators, values through the
+wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
 """
 
 from .backend_suite import BackendConformance
+from .board_suite import BoardConformance
 from .combination_suite import CombinationConformance
+from .kv_suite import KvConformance
 from .lease_suite import LeaseConformance
 from .long_runs_suite import LongRunsConformance
 from .outbox_suite import OutboxConformance
@@ -23,10 +29,13 @@ from .patch_suite import PatchConformance
 from .saga_suite import SagaConformance
 from .store_suite import StoreConformance
 from .suspend_suite import SuspendConformance
+from .watch_suite import WatchConformance
 
 __all__ = [
     "BackendConformance",
+    "BoardConformance",
     "CombinationConformance",
+    "KvConformance",
     "LeaseConformance",
     "LongRunsConformance",
     "OutboxConformance",
@@ -34,4 +43,5 @@ __all__ = [
     "SagaConformance",
     "StoreConformance",
     "SuspendConformance",
+    "WatchConformance",
 ]

@@ -27,7 +27,7 @@ from ..blackboard._board import Batch
 from ..blackboard._claims import Claim
 from ..blackboard._space import Board
 from ..blackboard._watch import AsyncBoardWatch, BoardWatch
-from ..engine._store import Store
+from ..engine._store import Store, connect
 from ._stores import TwoStores
 
 __all__ = ["Api", "BoardFixtures", "innermost", "layers", "wait_past"]
@@ -133,6 +133,19 @@ class BoardFixtures(TwoStores):
         yield loop
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+    @pytest.fixture
+    def stores(
+        self, persistkit_url: str, backend_options: dict[str, Any], loop: asyncio.AbstractEventLoop | None
+    ) -> Iterator[tuple[Store, Store]]:
+        """Two instances of the store, closed on the check's event loop while it still runs
+        (a store's async connections belong to the loop that opened them)."""
+        pair = connect(persistkit_url, **backend_options), connect(persistkit_url, **backend_options)
+        yield pair
+        for s in pair:
+            if loop is not None:
+                loop.run_until_complete(s.aclose())
+            s.close()
 
     @pytest.fixture
     def boards(self, stores: tuple[Store, Store]) -> Iterator[tuple[Board, Board]]:

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
 import pytest
 
-from .._errors import AccessDeniedError, ClaimLostError, ConfigurationError, StoreClosedError, WriteRejectedError
+from .._errors import (
+    AccessDeniedError,
+    ClaimLostError,
+    ConfigurationError,
+    StoreClosedError,
+    WriteRejectedError,
+)
 from ..blackboard._space import Board
 from ..blackboard._validate import instruction_check
 from ..codec._serde import register
@@ -127,7 +134,10 @@ class CoordinationChecks(BoardFixtures):
         fresh = api2.claim("exp/", "fast", lease_ttl=3600)
         assert fresh.key == "exp/a" and fresh.token > stale.token
         held = api.get("exp/a")
-        for act in (lambda: stale.complete(results={"out/stale": 1}), stale.release, lambda: stale.renew(60)):
+        stale_acts: list[Callable[[], Any]] = [
+            lambda: stale.complete(results={"out/stale": 1}), stale.release, lambda: stale.renew(60),
+        ]
+        for act in stale_acts:
             with pytest.raises(ClaimLostError):
                 act()
         assert api.get("out/stale") is None  # nothing of the stale completion landed
@@ -214,7 +224,10 @@ class CoordinationChecks(BoardFixtures):
             again.close()
 
     def test_watch_bad_input(self, api: Api) -> None:
-        for bad in (lambda: api.watch(""), lambda: api.watch("x/*", poll_interval=0), lambda: api.watch("x/*", since={"k": "1"})):
+        calls: list[Callable[[], Any]] = [
+            lambda: api.watch(""), lambda: api.watch("x/*", poll_interval=0), lambda: api.watch("x/*", since={"k": "1"}),
+        ]
+        for bad in calls:
             with pytest.raises(ConfigurationError):
                 bad()
 
@@ -226,24 +239,28 @@ class CoordinationChecks(BoardFixtures):
         api.put("output/summarizer/old", 1)
         s = api.scoped("summarizer", read=["research/*", "output/summarizer/*"], write=["output/summarizer/*"])
         assert s.value("research/a") == "r-a" and [e.version for e in s.history("research/a")] == [1]
-        for act in (lambda: s.get("private/p"), lambda: s.value("private/p"), lambda: s.history("private/p"),
-                    lambda: s.list("private/"), lambda: s.watch("private/*")):
+        reads: list[Callable[[], Any]] = [
+            lambda: s.get("private/p"), lambda: s.value("private/p"), lambda: s.history("private/p"),
+            lambda: s.list("private/"), lambda: s.watch("private/*"),
+        ]
+        for act in reads:
             with pytest.raises(AccessDeniedError) as info:
                 act()
             assert "private/" in str(info.value) and "research/*" in str(info.value)
         assert [e.key for e in s.list("")] == ["output/summarizer/old", "research/a"]
         assert [e.key for e in s.list("", limit=1)] == ["output/summarizer/old"]
         assert [e.key for e in s.scan("")] == ["output/summarizer/old", "research/a"]
-        writes = (lambda: s.put("research/a", "overwritten"), lambda: s.cas("private/new", 1, 0),
+        writes: list[Callable[[], Any]] = [lambda: s.put("research/a", "overwritten"), lambda: s.cas("private/new", 1, 0),
                   lambda: s.delete("private/p"), lambda: s.update("research/a", lambda v: "x"),
                   lambda: s.batch().put("output/summarizer/x", 1).put("private/x", 1).commit(),
-                  lambda: s.claim("research/", "summarizer"))
+                  lambda: s.claim("research/", "summarizer")]
         for act in writes:
             with pytest.raises(AccessDeniedError):
                 act()
         assert api2.value("research/a") == "r-a" and api2.value("private/p") == "secret"
         assert api2.get("private/new") is None and api2.get("output/summarizer/x") is None
-        for act in (lambda: s.policy("", ttl=1), s.clear, lambda: s.scoped("me", read=["*"])):
+        refused: list[Callable[[], Any]] = [lambda: s.policy("", ttl=1), s.clear, lambda: s.scoped("me", read=["*"])]
+        for act in refused:
             with pytest.raises(AccessDeniedError):
                 act()
         assert s.put("output/summarizer/summary", "done") == 1 and api2.value("output/summarizer/summary") == "done"

@@ -38,6 +38,7 @@ import dataclasses
 import os
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -264,7 +265,7 @@ class BoardConformance(CoordinationChecks):
             assert len(page) <= 3
             pages.append([e.key for e in page])
             after = page[-1].key
-        assert sum(pages, []) == [k for k in want if k.startswith("l/")] and len(pages) == 4
+        assert [k for page in pages for k in page] == [k for k in want if k.startswith("l/")] and len(pages) == 4
         assert [e.key for e in api.list("l/a", after="l/a")] == ["l/a/b", "l/a0"]
         assert api.list("nothing/") == []
 
@@ -393,15 +394,15 @@ class BoardConformance(CoordinationChecks):
     # -- bad input -------------------------------------------------------------------------------
 
     def test_bad_input_is_a_persistkit_error(self, api: Api, boards: tuple[Board, Board]) -> None:
-        store = boards[0].store
+        store: Any = boards[0].store
         for name in ("", "has space", "x" * 65, "a/b", 5):
             with pytest.raises(PersistkitError):
-                store.board(name)  # type: ignore[arg-type]
-        by_key = (
+                store.board(name)
+        by_key: list[Callable[[Any], Any]] = [
             lambda k: api.get(k), lambda k: api.put(k, 1), lambda k: api.cas(k, 1, 0),
             lambda k: api.delete(k), lambda k: api.history(k), lambda k: api.update(k, lambda v: v),
             lambda k: api.batch().put(k, 1), lambda k: api.list("", after=k),
-        )
+        ]
         for key in ("", "a\x00b", "k" * 1025, 5, None):
             for attempt in by_key[:-1] if key is None else by_key:  # after=None: from the start
                 with pytest.raises(PersistkitError):
@@ -421,9 +422,12 @@ class BoardConformance(CoordinationChecks):
         for expected in (-1, "0", None, False, 1.0):
             with pytest.raises(PersistkitError):
                 api.cas("k", 1, expected)
-        for bad in (lambda: api.list("a\x00"), lambda: api.update("k", "not callable"),
-                    lambda: api.put("k", object()), lambda: api.policy("p/", history=0),
-                    lambda: api.policy("p/", ttl=-1), lambda: api.policy("p/", schema=object)):
+        calls: list[Callable[[], Any]] = [
+            lambda: api.list("a\x00"), lambda: api.update("k", "not callable"),
+            lambda: api.put("k", object()), lambda: api.policy("p/", history=0),
+            lambda: api.policy("p/", ttl=-1), lambda: api.policy("p/", schema=object),
+        ]
+        for bad in calls:
             with pytest.raises(PersistkitError):
                 bad()
         assert api.get("k") is None and api.list("") == []  # nothing was written by any of them

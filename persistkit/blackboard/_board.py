@@ -167,8 +167,8 @@ class BoardCore:
                 if intent.expected != _ANY and intent.expected != shown:
                     raise ConflictError(key=intent.key, namespace=self.name, expected=intent.expected, found=shown)
                 if intent.delete:
-                    if current is None or current.deleted:
-                        continue  # nothing to delete: no write
+                    if current is None or not current.live(now):
+                        continue  # nothing to delete (never written, deleted or expired): no write
                     ops.append(KvOp(intent.key, stored_version, None))
                     continue
                 policy = self._policies.of(intent.key)

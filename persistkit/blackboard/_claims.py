@@ -63,6 +63,8 @@ class Claim:
     _expires_at: float | None = field(repr=False, default=None)
     #: a scoped handle's write check, run on every key ``complete`` writes
     _guard: Callable[[str, str], object] | None = field(repr=False, default=None)
+    #: the claim's ``lease_ttl``: what ``renew()`` extends it by unless told otherwise
+    lease_ttl: float = 60.0
 
     @property
     def expires(self) -> datetime:
@@ -97,7 +99,7 @@ class Claim:
             self.until = claim[1]
 
     def _renew_claim(self, lease_ttl: float | None) -> tuple[str, float]:
-        ttl = self.until - time.time() if lease_ttl is None else _check(self.owner, lease_ttl)[1]
+        ttl = self.lease_ttl if lease_ttl is None else _check(self.owner, lease_ttl)[1]
         return self.owner, time.time() + max(ttl, 0.001)
 
     # -- sync and async ------------------------------------------------------------------------
@@ -152,7 +154,7 @@ def claim_plan(
             except ConflictError:
                 continue  # another worker took it (or wrote it) first: the next one
             value = codec.decode(s.tree, f"board {board.name!r} key {s.key!r}")
-            return Claim(board, s.key, value, owner, s.version + 1, until, s.tree, s.expires_at, guard)
+            return Claim(board, s.key, value, owner, s.version + 1, until, s.tree, s.expires_at, guard, ttl)
         if len(page) < _PAGE:
             return None
         after = page[-1].key

@@ -117,15 +117,22 @@ class CoordinationChecks(BoardFixtures):
         again = api2.claim("rel/", "w2", lease_ttl=3600)
         assert again.key == "rel/a" and again.token > first.token
         assert api.get("rel/a").claimed_by == "w2"
+        api2.release(again.target)  # the board's own spelling: board.release(claim)
+        third = api.claim("rel/", "w3")
+        assert api.complete(third.target, results={"rel-out/a": 1}) == {"rel/a": third.token + 1, "rel-out/a": 1}
 
     def test_renew_keeps_the_claim(self, api: Api) -> None:
         api.put("ren/a", 1)
         claim = api.claim("ren/", "w1", lease_ttl=30)
         before, token = claim.until, claim.token
+        wait_past(before - 29.9)
+        claim.renew()  # by the claim's own lease_ttl, from now
+        assert claim.until > before + 0.05 and claim.token == token + 1
         claim.renew(3600)
-        assert claim.until > before and claim.token == token + 1
+        assert claim.until > before + 3000 and claim.token == token + 2
+        assert api.get("ren/a").claimed_until == claim.expires
         assert api.claim("ren/", "w2") is None
-        assert claim.complete() == {"ren/a": token + 2}  # the renewed token holds
+        assert claim.complete() == {"ren/a": token + 3}  # the renewed token holds
 
     def test_expired_claim_is_reclaimed_and_the_stale_holder_is_refused(self, api: Api, api2: Api) -> None:
         api.put("exp/a", "work")

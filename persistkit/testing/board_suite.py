@@ -155,6 +155,7 @@ class BoardConformance(CoordinationChecks):
         with pytest.raises(ConflictError) as info:
             api.cas("e", "x", v)  # expired: it does not exist
         assert info.value.found == 0
+        assert api.delete("e") is False  # nor is there anything to delete
         assert api.cas("e", "back", 0) == v + 1  # the version goes on past the expired one
         assert api.delete("gone-and-never-was") is False
 

@@ -110,8 +110,12 @@ class BoardCore:
                 return None
             policy = self._policies.of(key)
             # A refresh is a write (a version, a watch event): made only once less than half
-            # the TTL is left, so reads in a loop (or a watcher reading each change) do not write.
-            if policy.refresh_on_read and policy.ttl is not None and s.expires_at is not None and s.expires_at - now < policy.ttl / 2:
+            # the TTL is left, so reads in a loop (or a watcher reading each change) do not write;
+            # and never on a claimed item (the write would move the claim's fencing token).
+            if (
+                policy.refresh_on_read and policy.ttl is not None and s.expires_at is not None
+                and s.expires_at - now < policy.ttl / 2 and not s.claimed(now)
+            ):
                 s = yield from self._refresh(s, policy.ttl, now)
         return s.entry(self.store.codec, self.name)
 
@@ -167,6 +171,8 @@ class BoardCore:
 
     def _history(self, key: str, limit: int | None) -> Plan[list[BoardEntry]]:
         E.check_key(key)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigurationError(f"limit must be an int >= 1 (versions, newest first) or None for all kept, got {limit!r}")
         found: builtins.list[KvEntry] = yield call("kv_history", self.name, key, limit=limit)
         return [s.entry(self.store.codec, self.name) for e in found if (s := self._load(e)) is not None]
 
@@ -174,7 +180,9 @@ class BoardCore:
         """Apply ``intents`` atomically; what each written key now holds (a delete of a key that
         does not exist writes nothing and is absent). A ``cas`` whose key is
         not at its expected version raises ``ConflictError``; puts and deletes read again and
-        retry when another writer got there first."""
+        retry when another writer got there first. ``written``: filled with what was stored
+        of each value (``update`` returns it: reading it back could find it pushed out of
+        the kept history by a later writer)."""
         keys = [i.key for i in intents]
         if len(set(keys)) != len(keys):
             raise ConfigurationError(f"a batch writes each key once; repeated: {sorted({k for k in keys if keys.count(k) > 1})}")
@@ -190,8 +198,8 @@ class BoardCore:
                 if intent.expected != _ANY and intent.expected != shown:
                     raise ConflictError(key=intent.key, namespace=self.name, expected=intent.expected, found=shown)
                 if intent.delete:
-                    if current is None or current.deleted:
-                        continue  # nothing to delete: no write
+                    if current is None or not current.live(now):
+                        continue  # nothing to delete (never written, deleted or expired): no write
                     ops.append(KvOp(intent.key, stored_version, None))
                     written[intent.key] = Stored(intent.key, stored_version + 1, None, None, deleted=True)
                     continue

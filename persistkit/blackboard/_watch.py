@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, StoreClosedError
 from .._io import call
@@ -173,7 +173,12 @@ class BoardWatch:
 
 
 class AsyncBoardWatch:
-    """``board.awatch(pattern)``: ``async for change in watch`` (or ``await watch.next(timeout)``)."""
+    """``board.awatch(pattern)``: ``async for change in watch`` (or ``await watch.next(timeout)``).
+
+    Opening needs the event loop, so the watch starts when it is first awaited: ``watch =
+    await board.awatch(p)`` or ``async with board.awatch(p) as watch`` (changes from then on
+    are reported), or the first ``next`` / iteration step.
+    """
 
     def __init__(self, board: Board, pattern: str, *, poll_interval: float | None = None, since: dict[str, int] | None = None,
         allow: Callable[[str], bool] | None = None,
@@ -247,6 +252,9 @@ class AsyncBoardWatch:
     async def __aenter__(self) -> AsyncBoardWatch:
         await self._start()
         return self
+
+    def __await__(self) -> Generator[Any, None, AsyncBoardWatch]:
+        return self.__aenter__().__await__()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

@@ -10,13 +10,16 @@ check (docs/long-runs.md); ``OutboxConformance`` after-commit effects (``run.aft
 ``store.drain_outbox``, docs/long-runs.md); ``SagaConformance`` compensations and the
 rollback; ``LongRunsConformance`` all four of those; ``KvConformance`` and
 ``WatchConformance`` the ``kv`` and ``watch`` capabilities a store's board needs
-(docs/shared-state.md); ``CombinationConformance`` every feature that touches
+(docs/shared-state.md); ``BoardConformance`` the board itself (``store.board()``: versions,
+cas, batches, TTL, claims, watches, scoped handles, validators, values through the
+wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
 """
 
 from .backend_suite import BackendConformance
+from .board_suite import BoardConformance
 from .combination_suite import CombinationConformance
 from .kv_suite import KvConformance
 from .lease_suite import LeaseConformance
@@ -30,6 +33,7 @@ from .watch_suite import WatchConformance
 
 __all__ = [
     "BackendConformance",
+    "BoardConformance",
     "CombinationConformance",
     "KvConformance",
     "LeaseConformance",

@@ -1,0 +1,54 @@
+"""The shipped board conformance checks (persistkit.testing.board_suite) on every store,
+plain and through each wrapper and all three at once: a wrapper must not change anything
+the board promises, and must do its own part (seal, tag, move) to board values too.
+
+``persistkit_url`` comes from conftest: one fresh store per backend (``-k memory`` etc.).
+A store without the kv capability (or a wrapper that does not pass it through yet) is
+skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from persistkit.testing.board_suite import BoardConformance
+
+ENC = bytes(range(32))
+MAC = bytes(range(40, 72))
+BLOB_THRESHOLD = 1024
+
+
+def _blobs() -> str:
+    """A blob store of its own, shared by the two instances a check opens (memory://NAME)."""
+    return f"memory://board-blobs-{uuid.uuid4().hex[:12]}"
+
+
+class TestBoard(BoardConformance):
+    """The store as it is."""
+
+
+class TestBoardEncrypted(BoardConformance):
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"encryption": {"k1": ENC}}
+
+
+class TestBoardIntegrity(BoardConformance):
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"integrity": {"m1": MAC}}
+
+
+class TestBoardOffload(BoardConformance):
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"blobs": _blobs(), "blob_threshold": BLOB_THRESHOLD}
+
+
+class TestBoardAllWrappers(BoardConformance):
+    @pytest.fixture
+    def backend_options(self) -> dict[str, Any]:
+        return {"blobs": _blobs(), "blob_threshold": BLOB_THRESHOLD, "encryption": {"k1": ENC}, "integrity": {"m1": MAC}}

@@ -213,13 +213,7 @@ class BoardCore:
                     yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
                 continue
             got = yield from self._get(key, versions[key])
-            if got is None:
-                # Later writers already pushed this version out of the kept history (a hot
-                # key, more writers than ``history``): the entry is what was written.
-                now = time.time()
-                ttl_used = ttl if ttl is not None else self._policies.of(key).ttl
-                expires = None if ttl_used is None else now + ttl_used
-                got = BoardEntry(key, versions[key], new, E._when(now), E._when(expires))
+            assert got is not None
             return got
         raise ConflictError(
             f"board {self.name!r}: update of {key!r} met another writer {ATTEMPTS} times in a row; "

@@ -384,12 +384,15 @@ class BoardConformance(CoordinationChecks):
         assert api.put("tmp/a", 4) == 2  # a new write after the expiry: the version goes on
 
     def test_refresh_on_read_moves_the_expiry(self, api: Api) -> None:
-        api.policy("sess/", ttl=60, refresh_on_read=True)
+        api.policy("sess/", ttl=4.0, refresh_on_read=True)
         api.put("sess/u1", {"turns": 1})
         first = api.get("sess/u1")
-        wait_past(first.expires_at.timestamp() - 59.9)
+        assert api.get("sess/u1").version == first.version  # more than half the TTL left: no write
+        wait_past(first.expires_at.timestamp() - 1.9)  # less than half left: the next read refreshes
         second = api.get("sess/u1")
         assert second.expires_at > first.expires_at and second.value == {"turns": 1}
+        assert second.version == first.version + 1
+        assert api.get("sess/u1").version == second.version  # a full TTL again: no write
         assert api.get("sess/u1", version=1).value == {"turns": 1}
 
     # -- bad input -------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ version. A claim past its ``until`` can be taken by another worker, whose claim 
 version on, so the stale worker's ``complete`` is refused (``pk.ClaimLostError``) and
 nothing of it is written: every item is completed once, by the worker that held it last.
 
-Claiming reads the prefix a page at a time and tries a random item among the unclaimed
-ones of the page, so that many workers do not all race for the first one; an item that
-another worker took in between is a conflict, and the next one is tried. The cost is one
-listing page plus one write per claim when items are plenty; O(items claimed by others)
-reads when most are taken. A worker that dies with a claim leaves the item to the next
+Claiming reads the prefix a page at a time and walks the page from a random place, so
+that many workers do not all race for the first item, decoding each entry only when its
+turn comes; an item that another worker took in between is a conflict, and the next one
+is tried. The cost is one listing page plus one write per claim when items are plenty;
+O(items claimed by others) reads when most are taken. A worker that dies with a claim leaves the item to the next
 claimer after ``lease_ttl``.
 """
 
@@ -29,15 +29,13 @@ from .._errors import ClaimLostError, ConfigurationError, ConflictError
 from .._io import Plan, call
 from ..backends._protocol import KvEntry, KvOp
 from . import _entries as E
-from ._entries import Stored
 
 if TYPE_CHECKING:
     from ._board import BoardCore as Board
 
 __all__ = ["Claim", "claim_plan"]
 
-_PAGE = 64
-_SPREAD = 16  # a claim picks at random among this many unclaimed items of a page
+_PAGE = 32
 
 
 def _check(owner: object, lease_ttl: object) -> tuple[str, float]:
@@ -146,15 +144,15 @@ def claim_plan(
     codec = board.store.codec
     while True:
         page: list[KvEntry] = yield call("kv_list", board.name, prefix=prefix, after=after, limit=_PAGE)
-        now = time.time()
-        free: list[Stored] = []
-        for entry in page:
+        # From a random place in the page, so that many workers do not all race for the first
+        # item; each entry is decoded only when its turn comes (usually the first is free).
+        start = random.randrange(len(page)) if page else 0
+        for entry in page[start:] + page[:start]:
             s = board._load(entry)
-            if s is not None and s.live(now) and not s.claimed(now) and (allow is None or allow(s.key)):
-                free.append(s)
-        while free:
-            s = free.pop(random.randrange(min(len(free), _SPREAD)))
-            until = time.time() + ttl
+            now = time.time()
+            if s is None or not s.live(now) or s.claimed(now) or (allow is not None and not allow(s.key)):
+                continue
+            until = now + ttl
             data = E.pack(codec, s.tree, expires_at=s.expires_at, claim=(owner, until))
             try:
                 yield call("kv_write", board.name, [KvOp(s.key, s.version, data)], keep=board.policy_of(s.key).history)

@@ -11,6 +11,7 @@ The modules (this file imports none of them):
 ``_entries``   keys, values and their stored envelope; BoardEntry, BoardChange; policies per prefix
 ``_board``     BoardCore: get, put, cas, delete, list, update, history, batches (each once, as a plan)
 ``_claims``    claim / complete / release / renew: work items taken by one worker at a time
+``_hub``       one feed of a board's hints per process, shared by all its watches
 ``_watch``     watch(pattern): change events from the store's hints, or by polling
 ``_acl``       board.scoped(...): a handle that refuses keys outside its grants
 ``_validate``  schemas and content checks per prefix; pk.instruction_check

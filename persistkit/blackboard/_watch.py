@@ -1,7 +1,8 @@
 """``board.watch(pattern)``: change events of the keys that match a glob pattern.
 
 The store sends hints (``Backend.watch_open``: pushed by PostgreSQL ``NOTIFY`` and Redis
-``PUBLISH``, polled cheaply by SQLite and S3); a hint is never the data, so the watch
+``PUBLISH``, polled cheaply by SQLite and S3), one feed per board per process, shared by all
+its watches (``_hub``); a hint is never the data, so the watch
 reads the key and emits a :class:`~persistkit.blackboard._entries.BoardChange` when its version
 is newer than the last one it emitted for that key. A store without ``watch`` is polled
 with ``kv_list`` every ``poll_interval`` seconds (1 s by default).
@@ -29,6 +30,7 @@ from .._io import call
 from ..backends._protocol import KvEntry, KvHint, KvWatch
 from . import _entries as E
 from ._entries import BoardChange
+from ._hub import subscribe
 
 if TYPE_CHECKING:
     from ._board import BoardCore as Board
@@ -110,7 +112,8 @@ class BoardWatch:
         self._interval = _interval(poll_interval)
         self._store = board.store
         # Open the feed before the first listing, so that no write falls between the two.
-        self._feed: KvWatch | None = board.store.backend.watch_open(board.name) if board.store.backend.supports_watch else None
+        # One feed per board in this process, shared by its watches (``_hub``).
+        self._feed: KvWatch | None = subscribe(board.store.backend, board.name) if board.store.backend.supports_watch else None
         self._relist()
 
     @property
@@ -197,7 +200,11 @@ class AsyncBoardWatch:
         if not self._started:
             self._started = True
             backend = self._store.backend
-            self._feed = await backend.awatch_open(self._t.board.name) if backend.supports_watch else None
+            if backend.supports_watch:
+                try:  # the process's shared feed of the board (opened in a thread: it may connect)
+                    self._feed = await asyncio.to_thread(subscribe, backend, self._t.board.name)
+                except ConfigurationError:  # a store with only an async client: a feed of its own
+                    self._feed = await backend.awatch_open(self._t.board.name)
             await self._relist()
 
     async def _relist(self) -> None:

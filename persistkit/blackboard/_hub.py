@@ -8,7 +8,10 @@ hundred connections in all). So the watches of one board on one store share a hu
 watch's own queue. The hub opens when its first watch does (before that watch lists the
 board, so no write falls between the two) and closes with its last.
 
-Sync watches wait on a condition; async ones on an ``asyncio.Event`` that the hub's thread
+The watches of a hub also share what they read: a hint of ``(key, version)`` makes every
+watch read that key, so the first to read it keeps the entry in the hub and the others take
+it from there (a bounded cache of the latest entries), one read per write instead of one per
+watch. Sync watches wait on a condition; async ones on an ``asyncio.Event`` that the hub's thread
 sets through their loop. A hint a watch has not taken yet is merged with the next one for
 the same key (the newer version wins), as a store's own feed may do.
 """
@@ -21,15 +24,17 @@ import contextlib
 import functools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from .._errors import BackendUnavailableError, PersistkitError, StoreClosedError
-from ..backends._protocol import Backend, KvHint, KvWatch
+from ..backends._protocol import Backend, KvEntry, KvHint, KvWatch
 
 __all__ = ["subscribe"]
 
 _HUBS: dict[tuple[int, str], _Hub] = {}
 _LOCK = threading.Lock()
+_CACHED = 4096  # latest entries a hub keeps for its watches
 _WAIT = 0.5  # how long the hub's thread waits on the feed before looking at its watches again
 
 
@@ -106,6 +111,13 @@ class Subscription(KvWatch):
                     found = self._take()
                 return found or []
 
+    def cached(self, key: str, at_least: int) -> KvEntry | None:
+        """The hub's latest read of ``key``, if it is at version ``at_least`` or later."""
+        return self._hub.cached(key, at_least)
+
+    def remember(self, entry: KvEntry) -> None:
+        self._hub.remember(entry)
+
     def close(self) -> None:
         with self._ready:
             if self._closed:
@@ -132,6 +144,8 @@ class _Hub:
         self.feed: KvWatch = backend.watch_open(scope)  # opened here: before the first watch lists
         self.subs: set[Subscription] = set()
         self.stopped = False
+        self._read: OrderedDict[str, KvEntry] = OrderedDict()  # the latest entries its watches read
+        self._read_lock = threading.Lock()
         threading.Thread(target=self._run, name=f"persistkit-board-watch-{scope}", daemon=True).start()
 
     def _run(self) -> None:
@@ -161,6 +175,20 @@ class _Hub:
             subs = list(self.subs)
         for sub in subs:
             sub.fail(error)
+
+    def cached(self, key: str, at_least: int) -> KvEntry | None:
+        with self._read_lock:
+            entry = self._read.get(key)
+        return entry if entry is not None and entry.version >= at_least else None
+
+    def remember(self, entry: KvEntry) -> None:
+        with self._read_lock:
+            known = self._read.get(entry.key)
+            if known is None or known.version < entry.version:
+                self._read[entry.key] = entry
+                self._read.move_to_end(entry.key)
+                while len(self._read) > _CACHED:
+                    self._read.popitem(last=False)
 
     def leave(self, sub: Subscription) -> None:
         with _LOCK:

@@ -30,7 +30,7 @@ from .._io import call
 from ..backends._protocol import KvEntry, KvHint, KvWatch
 from . import _entries as E
 from ._entries import BoardChange
-from ._hub import subscribe
+from ._hub import Subscription, subscribe
 
 if TYPE_CHECKING:
     from ._board import BoardCore as Board
@@ -134,8 +134,14 @@ class BoardWatch:
         for key in self._t.on_listing(listed):
             self._read(key)
 
-    def _read(self, key: str) -> None:
-        self._t.on_entry(key, self._store.call_sync(call("kv_get", self._t.board.name, key)))
+    def _read(self, key: str, at_least: int = 0) -> None:
+        feed = self._feed
+        entry = feed.cached(key, at_least) if isinstance(feed, Subscription) and at_least else None
+        if entry is None:
+            entry = self._store.call_sync(call("kv_get", self._t.board.name, key))
+            if isinstance(feed, Subscription) and entry is not None:
+                feed.remember(entry)
+        self._t.on_entry(key, entry)
 
     def next(self, timeout: float | None = None) -> BoardChange | None:
         """The next change, waiting up to ``timeout`` seconds (None: until there is one)."""
@@ -154,7 +160,7 @@ class BoardWatch:
                 if hint.key is None:
                     self._relist()
                 elif self._t.wanted(hint):
-                    self._read(hint.key)
+                    self._read(hint.key, hint.version)
         return self._t.pop()
 
     def __iter__(self) -> Iterator[BoardChange]:
@@ -219,8 +225,14 @@ class AsyncBoardWatch:
         for key in self._t.on_listing(listed):
             await self._read(key)
 
-    async def _read(self, key: str) -> None:
-        self._t.on_entry(key, await self._store.call_async(call("kv_get", self._t.board.name, key)))
+    async def _read(self, key: str, at_least: int = 0) -> None:
+        feed = self._feed
+        entry = feed.cached(key, at_least) if isinstance(feed, Subscription) and at_least else None
+        if entry is None:
+            entry = await self._store.call_async(call("kv_get", self._t.board.name, key))
+            if isinstance(feed, Subscription) and entry is not None:
+                feed.remember(entry)
+        self._t.on_entry(key, entry)
 
     async def next(self, timeout: float | None = None) -> BoardChange | None:
         await self._start()
@@ -239,7 +251,7 @@ class AsyncBoardWatch:
                 if hint.key is None:
                     await self._relist()
                 elif self._t.wanted(hint):
-                    await self._read(hint.key)
+                    await self._read(hint.key, hint.version)
         return self._t.pop()
 
     def __aiter__(self) -> AsyncIterator[BoardChange]:

@@ -30,7 +30,7 @@ import pytest
 
 from .._errors import ConflictError
 from ..backends import Backend, open_backend
-from ..backends._capabilities import declared, detected
+from ..backends._capabilities import declared, detected, has
 from ..backends._protocol import KvEntry, KvOp
 
 __all__ = ["KvConformance"]
@@ -40,8 +40,13 @@ def _scope() -> str:
     return f"kv_{uuid.uuid4().hex[:20]}"
 
 
-class KvConformance:
-    """Mix into a test class that provides ``persistkit_url``."""
+class KvStores:
+    """The fixtures of the kv and watch suites: two instances of the store under test, and a
+    fresh scope dropped afterwards. ``capability``: the one a store must have, or the
+    suite skips (saying so)."""
+
+    capability = "kv"
+    without = "kv_* not implemented"
 
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:
@@ -50,9 +55,9 @@ class KvConformance:
     @pytest.fixture
     def backend(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[Backend]:
         b = open_backend(persistkit_url, **backend_options)
-        if not b.supports_kv:
+        if not has(b, self.capability):
             b.close()
-            pytest.skip(f"{type(b).__name__} has no kv capability (kv_* not implemented)")
+            pytest.skip(f"{type(b).__name__} has no {self.capability} capability ({self.without})")
         yield b
         b.close()
 
@@ -67,6 +72,10 @@ class KvConformance:
         s = _scope()
         yield s
         backend.kv_drop(s)
+
+
+class KvConformance(KvStores):
+    """Mix into a test class that provides ``persistkit_url``."""
 
     # -- declaration -------------------------------------------------------------
 

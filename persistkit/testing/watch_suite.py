@@ -17,15 +17,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from .._errors import StoreClosedError
-from ..backends import Backend, open_backend
+from ..backends import Backend
 from ..backends._capabilities import declared
 from ..backends._protocol import KvOp, KvWatch
+from .kv_suite import KvStores
 
 __all__ = ["WatchConformance"]
 
@@ -49,33 +49,11 @@ def seen(watch: KvWatch, backend: Backend, scope: str, key: str, version: int, t
     return False
 
 
-class WatchConformance:
+class WatchConformance(KvStores):
     """Mix into a test class that provides ``persistkit_url``."""
 
-    @pytest.fixture
-    def backend_options(self) -> dict[str, Any]:
-        return {}
-
-    @pytest.fixture
-    def backend(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[Backend]:
-        b = open_backend(persistkit_url, **backend_options)
-        if not b.supports_watch:
-            b.close()
-            pytest.skip(f"{type(b).__name__} has no watch capability (the board polls kv_list on it)")
-        yield b
-        b.close()
-
-    @pytest.fixture
-    def other(self, persistkit_url: str, backend_options: dict[str, Any]) -> Iterator[Backend]:
-        b = open_backend(persistkit_url, **backend_options)
-        yield b
-        b.close()
-
-    @pytest.fixture
-    def scope(self, backend: Backend) -> Iterator[str]:
-        s = _scope()
-        yield s
-        backend.kv_drop(s)
+    capability = "watch"
+    without = "the board polls kv_list on it"
 
     def test_declared_watch_is_implemented(self, backend: Backend) -> None:
         if getattr(backend, "inner", None) is None:

@@ -394,7 +394,7 @@ class PersistkitStore(BaseStore):
                 yield ("commit", (writes,), {})
             except pk.ConflictError:
                 if attempt > 2:  # a hot key: back off a little, at random, so writers spread out
-                    yield ("sleep", (random.uniform(0, min(0.05, 0.002 * attempt)),), {})
+                    yield ("sleep", (random.uniform(0, min(1.0, 0.001 * 2 ** min(attempt, 10))),), {})
                 continue
             return
         raise pk.ConflictError(

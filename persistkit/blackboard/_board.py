@@ -218,8 +218,8 @@ class BoardCore:
             except ConflictError:
                 # Another writer moved a key between our read and our write: read again. A
                 # cas then raises its conflict with the version the board shows; a put retries.
-                if attempt > 2:
-                    yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
+                if attempt > 1:
+                    yield Sleep(backoff(attempt))
                 continue
             return written
         raise ConflictError(
@@ -248,8 +248,8 @@ class BoardCore:
             except ConflictError as exc:
                 if exc.key != key:
                     raise
-                if attempt > 2:
-                    yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
+                if attempt > 1:
+                    yield Sleep(backoff(attempt))
                 continue
             # What this write stored, not a read of the key: by now another writer may have
             # written (and a small history pushed this version out).
@@ -393,6 +393,13 @@ class BoardCore:
     async def _aone(self, intent: _Intent) -> int:
         written: dict[str, Stored] = await self.store.run_async(self._write([intent]))
         return written[intent.key].version
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before attempt ``attempt`` of a write that keeps meeting other writers:
+    exponential with full jitter, capped at one second (so that writers of one hot key spread
+    out whatever a write costs on the store: a millisecond on Redis, a hundred on S3)."""
+    return random.uniform(0, min(1.0, 0.001 * 2 ** min(attempt, 10)))
 
 
 def _expected(v: object, *, zero: bool = True) -> int:

@@ -165,8 +165,11 @@ def test_sixteen_claimers_complete_every_item_once(
         [last] = board.history(f"tasks/{item}", limit=1)
         assert last.deleted, item  # completed (the item's delete), not lost
     for name in ("S0", "S1", "S2"):
-        assert [e[2] for e in log.events(name, "lost")] == [held[name]]  # its stale complete was refused...
+        lost = [e[2] for e in log.events(name, "lost")]
+        assert held[name] in lost  # its stale complete was refused...
         assert done[held[name]] != name  # ...and the item's result is the other worker's
+        # On a slow, loaded machine a later claim of its may outlive lease_ttl too: refused the same way.
+        assert all(done[item] != name for item in lost)
     for name in ("K0", "K1", "K2"):
         assert done[held[name]] != name
     assert sum(1 for e in log.events(event="work")) >= n  # every item worked at least once (the held ones twice)

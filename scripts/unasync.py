@@ -49,6 +49,7 @@ RULES: list[Rule] = [
                 "from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence",
                 "from collections.abc import Callable, Iterator, Mapping, Sequence",
             ),
+            ("AbstractAsyncContextManager", "AbstractContextManager"),
         ),
     ),
     Rule(

@@ -7,6 +7,7 @@ Each test works in its own schema (dropped afterwards) or on unique thread ids.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import subprocess
 import sys
@@ -315,6 +316,92 @@ def test_async_tasks_and_event_loops(postgres_url: str, schema: str, admin: Any)
 
     asyncio.run(concurrent())
     assert _sessions(admin, app, settled=0) == 0
+
+
+class _StallingProxy:
+    """A TCP proxy to the server that forwards its first ``forward`` connections and
+    accepts later ones without ever answering: a connect that never completes."""
+
+    def __init__(self, target: tuple[str, int], forward: int) -> None:
+        import socket
+
+        self._socket = socket
+        self._target, self._left = target, forward
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[Any] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self._left <= 0:
+                self.held.append(client)  # never answered
+                continue
+            self._left -= 1
+            server = self._socket.create_connection(self._target)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.held:
+            s.close()
+
+
+def test_a_loop_that_ends_while_a_spare_connection_connects_ends(
+    postgres_url: str, schema: str
+) -> None:
+    """asyncio.run() returns although a task of it was still connecting a spare
+    connection (psycopg_pool's async pool, connecting in a background task, made
+    the loop's shutdown wait for its retries forever)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(postgres_url)
+    PostgresBackend.from_url(_url(postgres_url, schema)).close()  # tables made
+    # The sync side's connection (opened to check the tables) and the loop's own go
+    # through; the spare a second task needs never connects.
+    proxy = _StallingProxy((parts.hostname or "127.0.0.1", parts.port or 5432), forward=2)
+    url = _url(f"postgresql://{parts.netloc.split('@')[0].rsplit(':', 1)[0]}:{proxy.port}{parts.path}", schema)
+    b = PostgresBackend.from_url(url, max_size=3, timeout=30)
+    t = f"spare-{_tag()}"
+
+    async def main() -> None:
+        first = asyncio.create_task(b.ahead(t, ""))
+        second = asyncio.create_task(b.ahead(t, ""))  # finds the connection busy
+        assert await first is None
+        await asyncio.sleep(0.2)
+        assert not second.done()  # still connecting its spare; left behind
+
+    finished = threading.Event()
+
+    def run() -> None:
+        asyncio.run(main())
+        finished.set()
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(20)
+    try:
+        assert finished.is_set(), "asyncio.run() did not return: the loop's shutdown hangs"
+        b.close()
+    finally:
+        proxy.close()
 
 
 def test_cancelled_task_leaves_a_usable_store(postgres_url: str, schema: str) -> None:

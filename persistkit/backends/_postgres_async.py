@@ -8,6 +8,11 @@ Edit the async file, then run ``python scripts/unasync.py``.
 the current scope, else its overflow pool; on the user's pool; or on the
 user's connection, under a lock); :class:`AsyncCore` runs the statements of
 ``_postgres_sql`` on them and maps driver errors at this boundary.
+
+The overflow of the store's own connections is an :class:`AsyncOverflow`:
+on the async side the spare connections of ``_postgres_spares.py`` (opened
+in the calling task, so nothing is left running when an event loop ends),
+on the sync side psycopg_pool's pool.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor
@@ -56,6 +61,21 @@ MAX_LIFETIME = 3600.0
 _INHERITED: list[object] = []
 
 Cur = AsyncCursor[tuple[Any, ...]]
+
+
+class AsyncOverflow(Protocol):
+    """Where an operation that finds the dedicated connection busy gets one: the
+    part of a pool's interface used here (a user's pool is used the same way)."""
+
+    async def open(self) -> None: ...
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
+
+    async def check(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -107,7 +127,7 @@ class _Slot:
         self.cursor: Cur | None = None
         self.owned = conn is None
         self.opened = 0.0
-        self.pool: AsyncConnectionPool[Any] | None = None
+        self.pool: AsyncOverflow | None = None
 
 
 class AsyncAccess:
@@ -134,7 +154,7 @@ class AsyncAccess:
         *,
         conninfo: str = "",
         connect: Mapping[str, Any] | None = None,
-        factory: Callable[[], AsyncConnectionPool[Any]] | None = None,
+        factory: Callable[[], AsyncOverflow] | None = None,
         pool: AsyncConnectionPool[Any] | None = None,
         connection: AsyncConnection[Any] | None = None,
         no_prepare: bool = False,
@@ -215,7 +235,7 @@ class AsyncAccess:
         cur = slot.cursor = conn.cursor(row_factory=tuple_row)
         return cur
 
-    async def _overflow(self, slot: _Slot) -> AsyncConnectionPool[Any]:
+    async def _overflow(self, slot: _Slot) -> AsyncOverflow:
         pool = slot.pool
         if pool is None:
             assert self._factory is not None
@@ -227,7 +247,7 @@ class AsyncAccess:
         return pool
 
     @asynccontextmanager
-    async def _pooled(self, pool: AsyncConnectionPool[Any], *, restore: bool) -> AsyncIterator[Cur]:
+    async def _pooled(self, pool: AsyncOverflow, *, restore: bool) -> AsyncIterator[Cur]:
         async with pool.connection() as conn:
             if not restore:  # our own pool's connections are set up at connect
                 yield conn.cursor(row_factory=tuple_row)
@@ -259,7 +279,7 @@ class AsyncAccess:
         except Exception as exc:  # the failure being handled is what gets reported
             log.debug("pool check after a connection failure failed: %r", exc)
 
-    def detach(self) -> tuple[AsyncConnectionPool[Any] | None, object, AsyncConnection[Any] | None]:
+    def detach(self) -> tuple[AsyncOverflow | None, object, AsyncConnection[Any] | None]:
         """Hand over what the store owns in its current slot (the overflow pool,
         its scope, the connection) to be closed elsewhere."""
         with self._create_lock:

@@ -9,6 +9,11 @@ Edit the async file, then run ``python scripts/unasync.py``.
 the current scope, else its overflow pool; on the user's pool; or on the
 user's connection, under a lock); :class:`Core` runs the statements of
 ``_postgres_sql`` on them and maps driver errors at this boundary.
+
+The overflow of the store's own connections is an :class:`Overflow`:
+on the async side the spare connections of ``_postgres_spares.py`` (opened
+in the calling task, so nothing is left running when an event loop ends),
+on the sync side psycopg_pool's pool.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import Connection, Cursor
@@ -56,6 +61,21 @@ MAX_LIFETIME = 3600.0
 _INHERITED: list[object] = []
 
 Cur = Cursor[tuple[Any, ...]]
+
+
+class Overflow(Protocol):
+    """Where an operation that finds the dedicated connection busy gets one: the
+    part of a pool's interface used here (a user's pool is used the same way)."""
+
+    def open(self) -> None: ...
+
+    def connection(self) -> AbstractContextManager[Connection[Any]]: ...
+
+    def check(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -107,7 +127,7 @@ class _Slot:
         self.cursor: Cur | None = None
         self.owned = conn is None
         self.opened = 0.0
-        self.pool: ConnectionPool[Any] | None = None
+        self.pool: Overflow | None = None
 
 
 class Access:
@@ -134,7 +154,7 @@ class Access:
         *,
         conninfo: str = "",
         connect: Mapping[str, Any] | None = None,
-        factory: Callable[[], ConnectionPool[Any]] | None = None,
+        factory: Callable[[], Overflow] | None = None,
         pool: ConnectionPool[Any] | None = None,
         connection: Connection[Any] | None = None,
         no_prepare: bool = False,
@@ -215,7 +235,7 @@ class Access:
         cur = slot.cursor = conn.cursor(row_factory=tuple_row)
         return cur
 
-    def _overflow(self, slot: _Slot) -> ConnectionPool[Any]:
+    def _overflow(self, slot: _Slot) -> Overflow:
         pool = slot.pool
         if pool is None:
             assert self._factory is not None
@@ -227,7 +247,7 @@ class Access:
         return pool
 
     @contextmanager
-    def _pooled(self, pool: ConnectionPool[Any], *, restore: bool) -> Iterator[Cur]:
+    def _pooled(self, pool: Overflow, *, restore: bool) -> Iterator[Cur]:
         with pool.connection() as conn:
             if not restore:  # our own pool's connections are set up at connect
                 yield conn.cursor(row_factory=tuple_row)
@@ -259,7 +279,7 @@ class Access:
         except Exception as exc:  # the failure being handled is what gets reported
             log.debug("pool check after a connection failure failed: %r", exc)
 
-    def detach(self) -> tuple[ConnectionPool[Any] | None, object, Connection[Any] | None]:
+    def detach(self) -> tuple[Overflow | None, object, Connection[Any] | None]:
         """Hand over what the store owns in its current slot (the overflow pool,
         its scope, the connection) to be closed elsewhere."""
         with self._create_lock:

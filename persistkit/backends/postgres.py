@@ -38,6 +38,7 @@ from . import URL_PASSWORD_MASK, mask_url, unknown_options
 from ._postgres_async import AsyncAccess, AsyncCore
 from ._postgres_kv import PostgresKv
 from ._postgres_kv_access import grant, revoke
+from ._postgres_spares import AsyncSpares
 from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
 from ._postgres_sync import Access, Core
 from ._protocol import CheckpointRow, Head, LeaseRecord
@@ -138,9 +139,10 @@ class PostgresBackend(PostgresKv):
         }
         info = conninfo
         # Each side holds one dedicated connection per process (per event loop
-        # on the async side); the pool only serves callers that find it busy,
+        # on the async side); the overflow (a pool on the sync side, spare
+        # connections on the async side) only serves callers that find it busy,
         # so it gets the rest of max_size and is created on first contention.
-        # max_size=1: no pool, a busy connection is waited for (up to timeout).
+        # max_size=1: no overflow, a busy connection is waited for (up to timeout).
         overflow = max_size - 1
         pool_sizes: dict[str, Any] = {
             "min_size": min(max(min_size - 1, 0), overflow),
@@ -157,17 +159,11 @@ class PostgresBackend(PostgresKv):
                 info, kwargs=owned_kwargs, open=False, name="persistkit", **pool_sizes
             )
 
-        def async_pool_factory() -> AsyncConnectionPool[Any]:
-            # min_size=0: no connection is being opened in the background when
-            # the loop ends (asyncio.run() per call is common), which could
-            # otherwise hang the loop's shutdown on the cancelled attempt.
-            return AsyncConnectionPool(
-                info,
-                kwargs=owned_kwargs,
-                open=False,
-                name="persistkit-async",
-                **{**pool_sizes, "min_size": 0},
-            )
+        def async_spares() -> AsyncSpares:
+            # Not psycopg_pool's async pool: it connects in a background task,
+            # which could hang the shutdown of a loop that ends while it runs
+            # (asyncio.run() per call is common); see _postgres_spares.py.
+            return AsyncSpares(info, {**owned_kwargs, **connect}, max_size=overflow, timeout=timeout)
 
         self._sync = Core(
             self._shared,
@@ -188,7 +184,7 @@ class PostgresBackend(PostgresKv):
             else AsyncAccess(
                 conninfo=info,
                 connect=connect,
-                factory=async_pool_factory if overflow else None,
+                factory=async_spares if overflow else None,
                 no_prepare=no_prepare,
                 timeout=timeout,
             ),
@@ -570,28 +566,13 @@ def revoke_board_access(url: str, role: str, *, board: str | None = None) -> Non
 
 
 def _close_async_from_sync(access: AsyncAccess) -> None:
-    """Best effort: an async pool can only be closed in its own event loop."""
-    pool, loop, conn = access.detach()
+    """Close what the async side opened in its current event loop, from any thread and
+    without that loop: libpq's close needs none."""
+    spares, _loop, conn = access.detach()
     if conn is not None:
-        conn.pgconn.finish()  # libpq's close; needs no event loop
-    if pool is None or not isinstance(loop, asyncio.AbstractEventLoop) or loop.is_closed():
-        # A closed loop's pool has no workers left; its sockets close with it.
-        return
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if loop is running:
-        task = loop.create_task(pool.close())
-        _PENDING.add(task)
-        task.add_done_callback(_PENDING.discard)
-    elif loop.is_running():
-        asyncio.run_coroutine_threadsafe(pool.close(), loop).result(timeout=10)
-    else:
-        loop.run_until_complete(pool.close())
-
-
-_PENDING: set[asyncio.Task[None]] = set()
+        conn.pgconn.finish()
+    if isinstance(spares, AsyncSpares):  # the only overflow the store makes itself
+        spares.finish()
 
 
 def _check_sizes(min_size: int, max_size: int, timeout: float) -> None:

@@ -212,6 +212,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("state", ("persistkit.state",)),
     ("coordination", ("persistkit.coordination",)),
     ("blackboard", ("persistkit.blackboard",)),
+    ("ops", ("persistkit.ops",)),
     ("engine", ("persistkit.engine",)),
     ("surface", ("persistkit", "persistkit.__main__", "persistkit._cli", "persistkit.testing")),
 ]

@@ -19,6 +19,7 @@ NAMES: dict[str, tuple[str, ...]] = {
     "fencing": ("write_fenced",),
     "kv": ("kv_get", "kv_history", "kv_list", "kv_write", "kv_drop"),
     "watch": ("watch_open",),
+    "prune": ("prune_rows", "delete_blobs", "blob_sizes"),
 }
 
 #: capability -> the built-in stores that have it (for the error's "ways forward")
@@ -27,6 +28,7 @@ BUILT_IN: dict[str, tuple[str, ...]] = {
     "fencing": ("memory", "sqlite", "postgresql", "redis", "s3"),
     "kv": ("memory", "sqlite", "postgresql", "redis", "s3"),
     "watch": ("memory", "sqlite", "postgresql", "redis", "s3"),
+    "prune": ("memory", "sqlite", "postgresql", "redis", "s3"),
 }
 
 
@@ -50,6 +52,8 @@ def has(backend: Backend, name: str) -> bool:
         return backend.supports_leases
     if name == "kv":
         return backend.supports_kv
+    if name == "prune":
+        return backend.supports_prune
     return backend.supports_watch
 
 

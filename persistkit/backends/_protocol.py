@@ -50,7 +50,9 @@ declaration against the methods the store overrides and runs one suite per
 capability. ``leases``/``fencing``: the lease record and the fenced head write.
 ``kv``: a versioned key-value space per scope (``kv_*``), what ``store.board()``
 builds on. ``watch``: hints that keys of a scope changed (``watch_open``), pushed
-where the store can; without it the board polls ``kv_list``.
+where the store can; without it the board polls ``kv_list``. ``prune``: deleting
+single rows and blobs for retention (``prune_rows``, ``delete_blobs``, ``blob_sizes``;
+see ``_prune.py``).
 
 kv scope
     A ``str`` of ``[A-Za-z0-9_.-]``, 1 to 64 characters (the layer above validates):
@@ -75,6 +77,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from .._errors import ConfigurationError
+from ._prune import PrunePrimitives
 
 __all__ = [
     "Backend",
@@ -221,7 +224,7 @@ def new_head(checkpoint_id: str, version: int) -> Head:
     return head  # type: ignore[no-any-return]
 
 
-class Backend(abc.ABC):
+class Backend(PrunePrimitives, abc.ABC):
     """Byte-level storage for checkpoints, blobs and thread heads."""
 
     #: URL scheme(s) this backend is registered under, e.g. ``("sqlite",)``.
@@ -659,6 +662,15 @@ class ThreadedAsync(Backend):
 
     async def aclose(self) -> None:
         await _in_thread(self.close)
+
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        return await _in_thread(self.prune_rows, thread_id, namespace, checkpoint_ids)
+
+    async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        return await _in_thread(self.delete_blobs, thread_id, keys)
+
+    async def ablob_sizes(self, thread_id: str) -> dict[str, int]:
+        return await _in_thread(self.blob_sizes, thread_id)
 
 
 class ForwardLeases(Backend):

@@ -42,6 +42,7 @@ from ._protocol import (
     LeaseRecord,
     ThreadedAsync,
 )
+from ._prune import sorted_ids
 
 __all__ = ["MemoryBackend"]
 
@@ -100,7 +101,7 @@ class MemoryBackend(ThreadedAsync):
     """Checkpoints in dicts. Not durable: for tests, examples and as the reference."""
 
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(self, data: _Data | None = None, url: str = "memory://") -> None:
         self._data = data if data is not None else _Data()
@@ -293,6 +294,29 @@ class MemoryBackend(ThreadedAsync):
                 d.rows.pop(k, None)
             d.blobs.pop(thread_id, None)
             return existed
+
+    # -- prune (retention) ------------------------------------------------------------
+
+    def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        d = self._open()
+        with d.lock:
+            head = d.heads.get((thread_id, namespace))
+            rows = d.rows.get((thread_id, namespace), {})
+            gone = [c for c in sorted_ids(checkpoint_ids) if c in rows and head is not None and c < head.checkpoint_id]
+            for c in gone:
+                del rows[c]
+            return len(gone)
+
+    def delete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        d = self._open()
+        with d.lock:
+            stored = d.blobs.get(thread_id, {})
+            return sum(stored.pop(k, None) is not None for k in set(keys))
+
+    def blob_sizes(self, thread_id: str) -> dict[str, int]:
+        d = self._open()
+        with d.lock:
+            return {k: len(v) for k, v in d.blobs.get(thread_id, {}).items()}
 
     def close(self) -> None:
         """Mark this instance closed. The data of a named store stays for other instances."""

@@ -73,6 +73,7 @@ from ._protocol import CheckpointRow, Head, LeaseRecord, ThreadedAsync, new_head
 from ._sqlite_kv import SQLiteKv, watch_interval
 from ._sqlite_kv import is_busy as _is_busy
 from ._sqlite_kv import prefix_end as _prefix_end
+from ._sqlite_prune import SQLitePrune
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
@@ -334,11 +335,11 @@ class _Connection(sqlite3.Connection):
     """A subclass only so that connections can be weakly referenced."""
 
 
-class SQLiteBackend(SQLiteKv, ThreadedAsync):
+class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
     """Checkpoints in one SQLite file (WAL). Thread-safe and multi-process safe."""
 
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(
         self, path: str, *, url: str, synchronous: str, busy_timeout: int, watch_interval: float = 5.0

@@ -10,7 +10,8 @@ check (docs/long-runs.md); ``OutboxConformance`` after-commit effects (``run.aft
 ``store.drain_outbox``, docs/long-runs.md); ``SagaConformance`` compensations and the
 rollback; ``LongRunsConformance`` all four of those; ``KvConformance`` and
 ``WatchConformance`` the ``kv`` and ``watch`` capabilities a store's board needs
-(docs/shared-state.md); ``BoardConformance`` the board itself (``store.board()``: versions,
+(docs/shared-state.md); ``PruneConformance`` the ``prune`` capability retention needs
+(docs/operations.md); ``BoardConformance`` the board itself (``store.board()``: versions,
 cas, batches, TTL, claims, watches, scoped handles, validators, values through the
 wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
@@ -26,6 +27,7 @@ from .lease_suite import LeaseConformance
 from .long_runs_suite import LongRunsConformance
 from .outbox_suite import OutboxConformance
 from .patch_suite import PatchConformance
+from .prune_suite import PruneConformance
 from .saga_suite import SagaConformance
 from .store_suite import StoreConformance
 from .suspend_suite import SuspendConformance
@@ -40,6 +42,7 @@ __all__ = [
     "LongRunsConformance",
     "OutboxConformance",
     "PatchConformance",
+    "PruneConformance",
     "SagaConformance",
     "StoreConformance",
     "SuspendConformance",

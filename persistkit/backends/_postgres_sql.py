@@ -349,9 +349,51 @@ _LIST = """SELECT checkpoint_id, parent_id, run_id, payload FROM {s}.checkpoints
     WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text{run}{before}
     ORDER BY checkpoint_id DESC LIMIT %(limit)s::bigint"""
 # A run's rows are at or after its first checkpoint (ids sort in write order): the
-# runs table bounds the primary-key scan (no index on run_id).
-_LIST_RUN = """ AND run_id = %(run)s::text AND checkpoint_id >= (SELECT first_id FROM {s}.runs
-      WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND run_id = %(run)s::text)"""
+# runs table bounds the primary-key scan (no index on run_id). A pruned first row
+# leaves first_id a lower bound still. A run with no entry is scanned from the
+# thread's first row: prune_rows drops the entry of a run left without rows, and a
+# core that noted the run (AsyncCore._noted, in any process) writes its later rows
+# without noting it again, so a missing entry must not hide them (slower, not wrong).
+_LIST_RUN = """ AND run_id = %(run)s::text AND checkpoint_id >= coalesce((SELECT first_id FROM {s}.runs
+      WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND run_id = %(run)s::text), '')"""
+
+# Retention (the prune capability; persistkit/backends/_prune.py). prune_rows is ONE
+# statement: the head (the newest versioned row, read as the write reads it), the
+# asked rows below the head's checkpoint id deleted by primary key, and the runs
+# entries of runs the deletion left without rows. Data-modifying CTEs share one
+# snapshot, so "left without rows" is read as: the run's rows outside d (an anti-join
+# over the thread's rows, one pass, not one scan per run). A concurrent writer's new
+# row is above the head read here, so it is never deleted; one of a run whose entry
+# goes at the same moment is still listed (see _LIST_RUN).
+_PRUNE_SQL = {
+    "prune_rows": """WITH h AS (
+    SELECT checkpoint_id FROM {s}.checkpoints
+    WHERE thread_id = %(t)s::text AND namespace = %(ns)s::text AND version IS NOT NULL
+    ORDER BY version DESC LIMIT 1
+),
+d AS (
+    DELETE FROM {s}.checkpoints c USING h
+    WHERE c.thread_id = %(t)s::text AND c.namespace = %(ns)s::text
+      AND c.checkpoint_id = ANY(%(ids)s::text[]) AND c.checkpoint_id < h.checkpoint_id
+    RETURNING c.checkpoint_id, c.run_id
+),
+kept AS (
+    SELECT DISTINCT c.run_id FROM {s}.checkpoints c
+    WHERE c.thread_id = %(t)s::text AND c.namespace = %(ns)s::text
+      AND c.run_id IN (SELECT run_id FROM d)
+      AND NOT EXISTS (SELECT 1 FROM d WHERE d.checkpoint_id = c.checkpoint_id)
+),
+r AS (
+    DELETE FROM {s}.runs u
+    WHERE u.thread_id = %(t)s::text AND u.namespace = %(ns)s::text
+      AND u.run_id IN (SELECT run_id FROM d)
+      AND NOT EXISTS (SELECT 1 FROM kept WHERE kept.run_id = u.run_id)
+)
+SELECT count(*) FROM d""",
+    "delete_blobs": """DELETE FROM {s}.blobs WHERE thread_id = %(t)s::text AND key = ANY(%(keys)s::text[])""",
+    # octet_length of a bytea reads its header, not the (possibly TOASTed) bytes.
+    "blob_sizes": """SELECT key, octet_length(data) FROM {s}.blobs WHERE thread_id = %(t)s::text""",
+}
 
 
 def validate_schema(schema: object) -> str:
@@ -396,6 +438,7 @@ class Queries:
         self.current_version = render(_SQL["current_version"])
         self.record_version = render(_SQL["record_version"])
         self.lease = {name: render(text) for name, text in _LEASE_SQL.items()}
+        self.prune = {name: render(text) for name, text in _PRUNE_SQL.items()}
         self.migrations = tuple(
             (version, tuple(render(s) for s in statements)) for version, statements in MIGRATIONS
         )

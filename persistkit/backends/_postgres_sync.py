@@ -518,6 +518,40 @@ class Core:
 
         return self._run("deleting", thread_id, op, read=False)
 
+    # -- prune (retention; the SQL and why it is one statement: _postgres_sql.py) ----------
+
+    def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        if not checkpoint_ids:
+            self._shared.check_open()
+            return 0
+        # The runs entries this prune may drop: noted again by this core's next write of them
+        # (other cores keep theirs; list(run_id=...) does without an entry).
+        self._noted = {k for k in self._noted if k[:2] != (thread_id, namespace)}
+        params = {"t": thread_id, "ns": namespace, "ids": sorted(set(checkpoint_ids))}
+
+        def op(cur: Cur) -> int:
+            return int((_fetch(cur, self._q.prune["prune_rows"], params))[0][0])
+
+        return self._run("pruning checkpoints", thread_id, op, read=False)
+
+    def delete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        if not keys:
+            self._shared.check_open()
+            return 0
+        params = {"t": thread_id, "keys": sorted(set(keys))}
+
+        def op(cur: Cur) -> int:
+            cur.execute(self._q.prune["delete_blobs"], params)
+            return max(cur.rowcount, 0)
+
+        return self._run("deleting blobs", thread_id, op, read=False)
+
+    def blob_sizes(self, thread_id: str) -> dict[str, int]:
+        def op(cur: Cur) -> dict[str, int]:
+            return {k: int(n) for k, n in _fetch(cur, self._q.prune["blob_sizes"], {"t": thread_id})}
+
+        return self._run("sizing blobs", thread_id, op, read=True)
+
     # -- reads -----------------------------------------------------------------
 
     def head(self, thread_id: str, namespace: str) -> Head | None:

@@ -17,7 +17,8 @@ Errors, mapped where the driver is called::
 
 The kv space and its watch (``store.board()``) live in ``_postgres_kv.py`` (a mixin of
 this class); database-enforced access per role in ``_postgres_kv_access.py``
-(:func:`grant_board_access`, :func:`revoke_board_access`).
+(:func:`grant_board_access`, :func:`revoke_board_access`). Retention's primitives
+(``prune_rows``, ``delete_blobs``, ``blob_sizes``) are the mixin of ``_postgres_prune.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from . import URL_PASSWORD_MASK, mask_url, unknown_options
 from ._postgres_async import AsyncAccess, AsyncCore
 from ._postgres_kv import PostgresKv
 from ._postgres_kv_access import grant, revoke
+from ._postgres_prune import PostgresPrune
 from ._postgres_spares import AsyncSpares
 from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
 from ._postgres_sync import Access, Core
@@ -54,7 +56,7 @@ _FALSE = {"0", "false", "no", "off"}
 _NOT_CONNINFO = {"autocommit", "prepare_threshold", "row_factory", "cursor_factory", "context"}
 
 
-class PostgresBackend(PostgresKv):
+class PostgresBackend(PostgresKv, PostgresPrune):
     """Checkpoints in PostgreSQL tables ``checkpoints`` (a thread's head is its row
     with the highest version), ``runs``, ``blobs``, ``leases`` (and ``migrations``) of one schema; every row carries its ``thread_id``, so one
     database serves many tenants. The kv space: ``kv_keys``, ``kv_versions``, ``kv_grants``.
@@ -99,7 +101,8 @@ class PostgresBackend(PostgresKv):
 
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     native_async: ClassVar[bool] = True
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
+    # kv and watch: _postgres_kv.py; prune (retention): _postgres_prune.py
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     _sync: Core | None = None  # None: opened on an async connection
     _async: AsyncCore | None = None  # None: opened on a sync connection

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from .._errors import BackendError, ConflictError, IntegrityError, LeaseLostError
 from ._protocol import CheckpointRow, Head, LeaseRecord
+from ._prune import sorted_ids
 
 _T = TypeVar("_T")
 
@@ -27,7 +28,9 @@ __all__ = [
     "Cmd",
     "Keys",
     "Op",
+    "op_blob_sizes",
     "op_delete",
+    "op_delete_blobs",
     "op_get",
     "op_get_blobs",
     "op_head",
@@ -36,6 +39,7 @@ __all__ = [
     "op_lease_swap",
     "op_list",
     "op_namespaces",
+    "op_prune_rows",
     "op_put_blobs",
     "op_rewrite",
     "op_scan_blobs",
@@ -541,3 +545,126 @@ def op_lease_list(k: Keys, prefix: str) -> Op[list[tuple[str, str, LeaseRecord]]
             out.append((t, ns, LeaseRecord(int(tok), bytes(d), int(v))))
     out.sort(key=lambda e: (e[0], e[1]))
     return out
+
+
+# -- prune (retention; persistkit/backends/_prune.py) ---------------------------------
+#
+# A script blocks the server while it runs, so a long list goes in batches of
+# PRUNE_BATCH ids or keys, each its own script (and round trip), oldest first; each
+# batch reads the head anew, and the head only moves forward, so a later batch never
+# deletes what an earlier one had to keep.
+
+PRUNE_BATCH = 500
+
+# KEYS: head, rows, index, run index. ARGV: checkpoint ids. Deletes each row whose id
+# is below the head's (in byte order: Lua's ``<`` on strings follows the server's
+# locale), its index entry, and its run index entry, whose member is the base64url of
+# the run id read from the packed row (``_pack``: format byte, then parent and run as
+# 4-byte big-endian lengths, -1 = None). Returns how many rows it deleted.
+_LUA_PRUNE_ROWS = b"""
+local B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
+local function b64(s)
+  local out = {}
+  for i = 1, #s, 3 do
+    local a, b, c = string.byte(s, i, i + 2)
+    local n = (a * 256 + (b or 0)) * 256 + (c or 0)
+    for j = 1, (b == nil and 2) or (c == nil and 3) or 4 do
+      local x = math.floor(n / 2 ^ (6 * (4 - j))) % 64
+      out[#out + 1] = string.sub(B64, x + 1, x + 1)
+    end
+  end
+  return table.concat(out)
+end
+local function below(x, y)
+  for i = 1, math.min(#x, #y) do
+    local p, q = string.byte(x, i), string.byte(y, i)
+    if p ~= q then return p < q end
+  end
+  return #x < #y
+end
+local function field(raw, pos)
+  local b1, b2, b3, b4 = string.byte(raw, pos, pos + 3)
+  if b1 == nil or b1 >= 128 then return nil, pos + 4 end
+  local n = ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+  return string.sub(raw, pos + 4, pos + 3 + n), pos + 4 + n
+end
+local head = redis.call('HGET', KEYS[1], 'c')
+if not head then return 0 end
+local n = 0
+for _, cid in ipairs(ARGV) do
+  if below(cid, head) then
+    local raw = redis.call('HGET', KEYS[2], cid)
+    if raw then
+      redis.call('HDEL', KEYS[2], cid)
+      redis.call('ZREM', KEYS[3], cid)
+      if string.byte(raw, 1) == 1 then
+        local _, pos = field(raw, 2)
+        local run = field(raw, pos)
+        if run then redis.call('ZREM', KEYS[4], b64(run) .. ':' .. cid) end
+      end
+      n = n + 1
+    end
+  end
+end
+return n
+"""
+
+# KEYS: blobs, blob keys. ARGV: blob keys. Returns how many existed.
+_LUA_DELETE_BLOBS = b"""
+local n = 0
+for _, key in ipairs(ARGV) do
+  n = n + redis.call('HDEL', KEYS[1], key)
+  redis.call('ZREM', KEYS[2], key)
+end
+return n
+"""
+
+# KEYS: blob keys, blobs. ARGV: lower bound (ZRANGE BYLEX), page size. Returns the last
+# index member read ('' after the last page), then key, size, key, size, ... of the page.
+_LUA_BLOB_SIZES = b"""
+local page = redis.call('ZRANGE', KEYS[1], ARGV[1], '+', 'BYLEX', 'LIMIT', 0, ARGV[2])
+local out = {''}
+if #page == tonumber(ARGV[2]) then out[1] = page[#page] end
+for _, key in ipairs(page) do
+  local size = redis.call('HSTRLEN', KEYS[2], key)
+  if size > 0 or redis.call('HEXISTS', KEYS[2], key) == 1 then
+    out[#out + 1] = key; out[#out + 1] = size
+  end
+end
+return out
+"""
+
+_PRUNE_ROWS, _DELETE_BLOBS, _BLOB_SIZES = map(script_sha, (_LUA_PRUNE_ROWS, _LUA_DELETE_BLOBS, _LUA_BLOB_SIZES))
+
+
+def op_prune_rows(k: Keys, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> Op[int]:
+    keys = tuple(k.ns(thread_id, namespace, kind) for kind in (b"h", b"r", b"i", b"u"))
+    ids = [_enc(c) for c in sorted_ids(checkpoint_ids)]
+    deleted = 0
+    for i in range(0, len(ids), PRUNE_BATCH):
+        [n] = yield Batch((_script(_PRUNE_ROWS, keys, ids[i : i + PRUNE_BATCH]),), False)
+        deleted += int(n)
+    return deleted
+
+
+def op_delete_blobs(k: Keys, thread_id: str, keys: Sequence[str]) -> Op[int]:
+    tk = k.thread(thread_id)
+    names = [key.encode("ascii") for key in sorted(set(keys))]
+    deleted = 0
+    for i in range(0, len(names), PRUNE_BATCH):
+        [n] = yield Batch((_script(_DELETE_BLOBS, (tk + b"b", tk + b"k"), names[i : i + PRUNE_BATCH]),), False)
+        deleted += int(n)
+    return deleted
+
+
+def op_blob_sizes(k: Keys, thread_id: str) -> Op[dict[str, int]]:
+    """Sizes from the thread's blob index (``P{T}:k``), a page per script: never a SCAN."""
+    tk = k.thread(thread_id)
+    sizes: dict[str, int] = {}
+    lo = b"-"
+    while True:
+        [(last, *flat)] = yield Batch((_script(_BLOB_SIZES, (tk + b"k", tk + b"b"), (lo, PRUNE_BATCH)),), True)
+        sizes.update((key.decode("ascii"), int(size)) for key, size in _pairs(flat))
+        if not last:
+            return sizes
+        lo = b"(" + last

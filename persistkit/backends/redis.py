@@ -52,6 +52,11 @@ turned off for the same reason; user-supplied clients keep their settings.
 The kv and watch capabilities (versioned keys per scope, pub/sub hints) live in
 :mod:`persistkit.backends._redis_kv`, with their own key layout under ``P{k.<scope>}:``.
 
+Retention (the prune capability): ``prune_rows`` is a Lua script per 500 ids that reads
+the head and deletes each asked row below it with its ``i`` and ``u`` entries;
+``delete_blobs`` removes hash fields and ``k`` entries together; ``blob_sizes`` pages
+through ``P{T}:k`` with ``HSTRLEN`` (never a SCAN). Leases and kv keys are not touched.
+
 One copy of the logic: each operation is a generator that yields batches of
 commands and receives their replies (no I/O of its own); a blocking driver
 and an awaiting driver run it.
@@ -90,7 +95,9 @@ from ._redis_ops import (
     Cmd,
     Keys,
     Op,
+    op_blob_sizes,
     op_delete,
+    op_delete_blobs,
     op_get,
     op_get_blobs,
     op_has_data,
@@ -100,6 +107,7 @@ from ._redis_ops import (
     op_lease_swap,
     op_list,
     op_namespaces,
+    op_prune_rows,
     op_put_blobs,
     op_rewrite,
     op_scan_blobs,
@@ -260,8 +268,8 @@ class RedisBackend(RedisKv, Backend):
 
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
     native_async: ClassVar[bool] = True
-    # kv and watch: _redis_kv.py (the RedisKv mixin, its key layout and scripts)
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
+    # kv and watch: _redis_kv.py (the RedisKv mixin, its key layout and scripts); prune: _redis_ops.py
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(
         self,
@@ -598,6 +606,27 @@ class RedisBackend(RedisKv, Backend):
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
         return await self._arun(op_lease_list(self._keys, prefix))
+
+    # -- prune (retention): Lua scripts of at most PRUNE_BATCH ids or keys (_redis_ops.py) ----
+
+    def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        return self._run(op_prune_rows(self._keys, thread_id, namespace, checkpoint_ids))
+
+    def delete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        return self._run(op_delete_blobs(self._keys, thread_id, keys))
+
+    def blob_sizes(self, thread_id: str) -> dict[str, int]:
+        return self._run(op_blob_sizes(self._keys, thread_id))
+
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        return await self._arun(op_prune_rows(self._keys, thread_id, namespace, checkpoint_ids))
+
+    async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        return await self._arun(op_delete_blobs(self._keys, thread_id, keys))
+
+    async def ablob_sizes(self, thread_id: str) -> dict[str, int]:
+        return await self._arun(op_blob_sizes(self._keys, thread_id))
+
 
 def _describe(client: Any) -> str:
     """A password-free URL naming a user-supplied client's server, for messages."""

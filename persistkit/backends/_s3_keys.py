@@ -121,6 +121,8 @@ class _RowRef:
     run_seg: str
     token: str
     prev: str
+    pruned: bool = False  # an empty object: a row pruned above a kept one (``_s3_prune``)
+    etag: str = ""
 
 
 def _encode_row(row: CheckpointRow, blob_keys: Iterable[str]) -> bytes:

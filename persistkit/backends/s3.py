@@ -30,7 +30,9 @@ Layout under ``<prefix>/``
     write and the head write has a token nobody points at, so it is never
     returned (``delete_thread`` removes it). ``<C>`` and ``<R>`` (checkpoint
     and run id) are in the key so ``list`` filters and sorts from one
-    ``ListObjectsV2`` walk and fetches only the rows it returns.
+    ``ListObjectsV2`` walk and fetches only the rows it returns. An EMPTY row
+    object is a row pruned above a kept one (``_s3_prune``): it links the chain,
+    and readers skip it. Pruned rows at the bottom of the chain are deleted.
 ``b/<T>!<key>``
     Blobs, written FIRST with ``If-None-Match: *`` (412 = the key exists =
     success, so an existing key keeps its original bytes).
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import json
 import logging
 import secrets
@@ -111,6 +114,7 @@ from ._s3_keys import (
     _with_payload,
 )
 from ._s3_kv import S3Kv
+from ._s3_prune import S3Prune
 
 __all__ = ["S3Backend"]
 
@@ -130,12 +134,12 @@ def _seconds(url: str, name: str, value: Any) -> float:
     return seconds
 
 
-class S3Backend(S3Kv, ThreadedAsync):
+class S3Backend(S3Kv, S3Prune, ThreadedAsync):
     """Checkpoints in S3 objects; see the module docstring for layout and guarantees."""
 
     schemes: ClassVar[tuple[str, ...]] = ("s3",)
     atomic_blobs: ClassVar[bool] = False  # blobs go first; a lost CAS leaves them unreferenced
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(
         self,
@@ -242,13 +246,18 @@ class S3Backend(S3Kv, ThreadedAsync):
 
     def _list_sized(self, prefix: str, start_after: str = "") -> Iterator[tuple[str, int]]:
         """``_list`` with each object's size."""
+        for key, size, _ in self._list_objects(prefix, start_after):
+            yield key, size
+
+    def _list_objects(self, prefix: str, start_after: str = "") -> Iterator[tuple[str, int, str]]:
+        """``_list`` with each object's size and ETag."""
         kwargs: dict[str, Any] = {"Prefix": prefix}
         if start_after:
             kwargs["StartAfter"] = start_after
         while True:
             resp = self._call(f"listing {prefix!r}", "list_objects_v2", **kwargs)
             for item in resp.get("Contents", ()):
-                yield str(item["Key"]), int(item.get("Size", 0))
+                yield str(item["Key"]), int(item.get("Size", 0)), str(item.get("ETag", ""))
             if not resp.get("IsTruncated"):
                 return
             kwargs["ContinuationToken"] = resp["NextContinuationToken"]
@@ -424,13 +433,20 @@ class S3Backend(S3Kv, ThreadedAsync):
     # -- rows -----------------------------------------------------------------------------
 
     def _chain(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]:
-        """The head and its committed rows (newest version first): orphans are skipped."""
+        """The head and its committed rows (newest version first): orphans and pruned rows
+        (``_s3_prune``'s empty markers, which only link the chain) are skipped."""
+        head, chain = self._chain_refs(thread_id, namespace)
+        return head, [r for r in chain if not r.pruned]
+
+    def _chain_refs(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]:
+        """``_chain`` with the pruned markers on it. The walk ends below the oldest row
+        left: a prune deletes a chain's oldest rows, and marks those above a kept one."""
         head = self._read_head(thread_id, namespace)
         if head is None or head.placeholder:
             return None, []
         prefix = self._rows_prefix(thread_id, namespace)
         by_token: dict[str, _RowRef] = {}
-        for key in self._list(prefix):
+        for key, size, etag in self._list_objects(prefix):
             parts = key[len(prefix) :].split("!")
             if len(parts) != 4:
                 continue
@@ -438,7 +454,7 @@ class S3Backend(S3Kv, ThreadedAsync):
             cid = (
                 _unb64(cseg[1:]).decode("utf-8", "surrogatepass") if cseg.startswith("c") else None
             )
-            by_token[token] = _RowRef(key, cid, rseg, token, prev)
+            by_token[token] = _RowRef(key, cid, rseg, token, prev, size == 0, etag)
         chain: list[_RowRef] = []
         token = head.token
         while token in by_token and len(chain) <= len(by_token):
@@ -448,11 +464,18 @@ class S3Backend(S3Kv, ThreadedAsync):
         return head, chain
 
     def _fetch_rows(self, keys: Sequence[str]) -> list[CheckpointRow]:
-        def fetch(key: str) -> CheckpointRow:
-            got = self._get_object(key, "reading a checkpoint")
-            if got is None:  # deleted under us (delete_thread racing this read)
+        rows = self._fetch_some(keys)
+        for key, row in zip(keys, rows, strict=True):
+            if row is None:  # deleted under us (delete_thread racing this read)
                 raise BackendError(f"checkpoint object {key!r} vanished while being read")
-            return _decode_row(got[0])[0]
+        return [r for r in rows if r is not None]
+
+    def _fetch_some(self, keys: Sequence[str]) -> list[CheckpointRow | None]:
+        """The rows at ``keys``; None for one deleted or marked pruned since it was listed."""
+
+        def fetch(key: str) -> CheckpointRow | None:
+            got = self._get_object(key, "reading a checkpoint")
+            return None if got is None or not got[0] else _decode_row(got[0])[0]
 
         return self._map(fetch, keys)
 
@@ -484,23 +507,28 @@ class S3Backend(S3Kv, ThreadedAsync):
         if run_id is not None:
             want = _run_seg(run_id)
             chain = [r for r in chain if r.run_seg == want]
-        unresolved = [r.key for r in chain if r.checkpoint_id is None]
-        if unresolved:  # very long checkpoint ids: only the stored row knows the id
-            ids = {
-                k: r.checkpoint_id
-                for k, r in zip(unresolved, self._fetch_rows(unresolved), strict=True)
-            }
-            chain = [
-                _RowRef(r.key, ids.get(r.key, r.checkpoint_id), r.run_seg, r.token, r.prev)
-                for r in chain
-            ]
+        chain = self._resolved(chain)
         chosen = sorted(chain, key=lambda r: r.checkpoint_id or "", reverse=True)
         if before is not None:
             chosen = [r for r in chosen if (r.checkpoint_id or "") < before]
         if limit is not None:
             chosen = chosen[:limit]
-        rows = self._fetch_rows([r.key for r in chosen])
-        return [r for r in rows if run_id is None or r.run_id == run_id]
+        # a row pruned since the listing is skipped: retention ran between the two requests
+        rows = self._fetch_some([r.key for r in chosen])
+        return [r for r in rows if r is not None and (run_id is None or r.run_id == run_id)]
+
+    def _resolved(self, chain: builtins.list[_RowRef]) -> builtins.list[_RowRef]:
+        """``chain`` without the refs whose key holds only a hash of a very long checkpoint
+        id: for those, only the stored row knows the id (one GET each); pruned ones go."""
+        unresolved = [r.key for r in chain if r.checkpoint_id is None and not r.pruned]
+        if not unresolved:
+            return chain
+        ids = {k: r.checkpoint_id for k, r in zip(unresolved, self._fetch_some(unresolved), strict=True) if r}
+        return [
+            dataclasses.replace(r, checkpoint_id=ids[r.key]) if r.key in ids else r
+            for r in chain
+            if r.checkpoint_id is not None or r.pruned or r.key in ids
+        ]
 
     # -- blobs ----------------------------------------------------------------------------
 
@@ -625,8 +653,8 @@ class S3Backend(S3Kv, ThreadedAsync):
 
     def _overwrite(self, key: str, change: Callable[[bytes, bytes], bytes], new: bytes) -> None:
         got = self._get_object(key, "reading an object to rewrite it")
-        if got is None:
-            return  # absent: rewrite never creates
+        if got is None or (change is _with_payload and not got[0]):
+            return  # absent, or a row pruned since the listing: rewrite never creates
         body, etag = got
         try:
             self._client.put_object(

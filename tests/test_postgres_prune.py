@@ -122,3 +122,24 @@ def test_async_prune_on_the_native_async_side(stores: tuple[PostgresBackend, Pos
 
     assert store._async is not None  # the async side has its own core: no worker thread
     assert asyncio.run(main()) == (2, {"v:a": 3, "v:b": 0}, 1, [_cid(3)])
+
+
+def test_prune_rows_is_never_prepared(postgres_url: str, schema: str) -> None:
+    """A prepared prune could get a generic plan that joins rows and ids in nested loops
+    (quadratic: see _PRUNE_SQL); the other statements are prepared as usual."""
+    conn = psycopg.connect(postgres_url)
+    store = PostgresBackend.from_connection(conn, schema=schema)
+    try:
+        t = f"t-{uuid.uuid4().hex[:8]}"
+        for n in range(1, 20):
+            _write(store, t, n, f"run{n % 3}")
+        for n in range(1, 9):  # past psycopg's prepare threshold (5)
+            assert store.prune_rows(t, "", [_cid(n)]) == 1
+            assert store.blob_sizes(t) == {}
+        prepared = [s for (s,) in conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()]
+        assert not [s for s in prepared if "DELETE FROM" in s and ".checkpoints c USING h" in s]
+        assert [s for s in prepared if "octet_length" in s]  # blob_sizes is (the threshold was passed)
+        assert [r.checkpoint_id for r in store.list(t, "", run_id="run0")] == [_cid(n) for n in (18, 15, 12, 9)]
+    finally:
+        store.close()
+        conn.close()

@@ -530,7 +530,10 @@ class AsyncCore:
         params = {"t": thread_id, "ns": namespace, "ids": sorted(set(checkpoint_ids))}
 
         async def op(cur: Cur) -> int:
-            return int((await _fetch(cur, self._q.prune["prune_rows"], params))[0][0])
+            # Never prepared: a generic plan, blind to how many ids and rows there are,
+            # joins them in nested loops (quadratic; see _PRUNE_SQL); planned per call it hashes.
+            await cur.execute(self._q.prune["prune_rows"], params, binary=True, prepare=False)
+            return int((await cur.fetchall())[0][0])
 
         return await self._run("pruning checkpoints", thread_id, op, read=False)
 

@@ -21,6 +21,7 @@ from ._integrity import (
     open_blob,
     open_row,
 )
+from ._integrity_prune import anchor_range, anchors_in, gap_allowed
 
 __all__ = ["IntegrityProblem", "IntegrityReport", "verify_backend"]
 
@@ -126,7 +127,8 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
                 continue
             if good and last_ok:
                 try:
-                    check_links(thread_id, ns, good[-1], s)
+                    if not (good[-1].seq > s.seq + 1 and _anchored(ib, source, thread_id, ns, good[-1], s)):
+                        check_links(thread_id, ns, good[-1], s)
                 except IntegrityError as exc:
                     problem(good[-1].row.checkpoint_id, _reason(exc))
             good.append(s)
@@ -134,7 +136,7 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
         if len(page) < _PAGE:
             break
         before = page[-1].checkpoint_id
-    if good and good[-1].seq != 1:
+    if good and good[-1].seq != 1 and not _anchored(ib, source, thread_id, ns, good[-1], None):
         problem(good[-1].row.checkpoint_id, f"the oldest verifiable record is #{good[-1].seq}; older records are missing")
     newest = good[0] if good else None
     if head is None:
@@ -153,6 +155,16 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
             check_witness(thread_id, ns, newest if head is not None else None, seen)
         except IntegrityError as exc:
             problem(head.checkpoint_id if head else None, _reason(exc))
+
+
+def _anchored(ib: IntegrityBackend, source: _Source, thread_id: str, ns: str, newer: Sealed, older: Sealed | None) -> bool:
+    """Whether a prune anchored the gap below ``newer`` (``_integrity_prune``)."""
+    key = newer.row.checkpoint_id
+    found = {k: source.blob(thread_id, k, v) for k, v in source.backend.scan_blobs(thread_id, *anchor_range(ns, key)).items()}
+    anchors = anchors_in(thread_id, ns, key, found, ib.keyring)
+    if older is None:
+        return gap_allowed(anchors, None, None, None)
+    return gap_allowed(anchors, older.seq, older.row.checkpoint_id, older.tag)
 
 
 def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport) -> None:

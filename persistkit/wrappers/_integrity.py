@@ -548,6 +548,13 @@ class IntegrityBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
                 check_links(thread_id, namespace, oldest, self._open(prev))
         return [s.plain() for s in (sealed if limit is None else sealed[:limit])]
 
+    def seal_blob(self, thread_id: str, key: str, data: bytes) -> bytes:
+        kid, mac_key = self.keyring.active()
+        return seal_blob(thread_id, key, data, kid, mac_key)
+
+    def open_blob(self, thread_id: str, key: str, value: bytes) -> bytes:
+        return open_blob(thread_id, key, value, self.keyring)
+
     def _linked(self, thread_id: str, namespace: str, newer: Sealed, older: Sealed) -> _Op[None]:
         """``older`` is ``newer``'s chain predecessor, or the gap between them was pruned
         (an anchor says so; read only when there is a gap: see ``_integrity_prune``)."""

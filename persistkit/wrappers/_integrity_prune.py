@@ -31,7 +31,6 @@ from typing import Any
 
 from .._errors import IntegrityError
 from ..backends._protocol import CheckpointRow
-from ._keys import KeyRing
 
 __all__ = ["Anchor", "anchor_range", "anchors_in", "gap_allowed", "plan_anchors"]
 
@@ -68,14 +67,11 @@ def anchor_bytes(older_seq: int, older_tag: bytes | None, older_cid: str | None)
 
 
 def anchors_in(
-    thread_id: str, namespace: str, checkpoint_id: str, found: Mapping[str, bytes], ring: KeyRing
+    thread_id: str, namespace: str, checkpoint_id: str, found: Mapping[str, bytes]
 ) -> builtins.list[Anchor]:
-    """The anchors among ``found`` (sealed blobs of the record's anchor range), checked."""
-    from ._integrity import open_blob  # the blob seal lives with the row seal
-
+    """The anchors in ``found`` (the record's anchor range, each blob's seal already checked)."""
     out = []
-    for key, sealed in sorted(found.items()):
-        data = open_blob(thread_id, key, sealed, ring)
+    for key, data in sorted(found.items()):
         try:
             seq = int.from_bytes(data[:8], "big")
             n = data[8]
@@ -132,8 +128,6 @@ def plan_anchors(
 def prune_op(ib: Any, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> Generator[_Req, Any, int]:
     """The integrity wrapper's ``prune_rows``: read and check the chain, write the anchors
     the deletion needs (sealed), delete, then drop the anchors of deleted records."""
-    from ._integrity import seal_blob
-
     rows: list[CheckpointRow] = []
     before = None
     while True:
@@ -149,8 +143,7 @@ def prune_op(ib: Any, thread_id: str, namespace: str, checkpoint_ids: Sequence[s
     doomed = {c for c in checkpoint_ids if c < head_id} & {s.row.checkpoint_id for s in sealed}
     if not doomed:
         return 0
-    kid, key = ib.keyring.active()
-    anchors = {k: seal_blob(thread_id, k, v, kid, key) for k, v in plan_anchors(sealed, doomed, namespace).items()}
+    anchors = {k: ib.seal_blob(thread_id, k, v) for k, v in plan_anchors(sealed, doomed, namespace).items()}
     if anchors:
         yield ("put_blobs", (thread_id, anchors), {})
     deleted: int = yield ("prune_rows", (thread_id, namespace, sorted(doomed)), {})
@@ -167,7 +160,8 @@ def check_gap(ib: Any, thread_id: str, namespace: str, newer: Any, older: Any | 
     None) is one a prune anchored. One range read of ``newer``'s anchors."""
     start, stop = anchor_range(namespace, newer.row.checkpoint_id)
     found: dict[str, bytes] = yield ("scan_blobs", (thread_id, start, stop), {})
-    anchors = anchors_in(thread_id, namespace, newer.row.checkpoint_id, found, ib.keyring)
+    opened = {k: ib.open_blob(thread_id, k, v) for k, v in found.items()}
+    anchors = anchors_in(thread_id, namespace, newer.row.checkpoint_id, opened)
     if older is None:
         return gap_allowed(anchors, None, None, None)
     return gap_allowed(anchors, older.seq, older.row.checkpoint_id, older.tag)

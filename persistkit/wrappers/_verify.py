@@ -160,8 +160,11 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
 def _anchored(ib: IntegrityBackend, source: _Source, thread_id: str, ns: str, newer: Sealed, older: Sealed | None) -> bool:
     """Whether a prune anchored the gap below ``newer`` (``_integrity_prune``)."""
     key = newer.row.checkpoint_id
-    found = {k: source.blob(thread_id, k, v) for k, v in source.backend.scan_blobs(thread_id, *anchor_range(ns, key)).items()}
-    anchors = anchors_in(thread_id, ns, key, found, ib.keyring)
+    found = {
+        k: open_blob(thread_id, k, source.blob(thread_id, k, v), ib.keyring)
+        for k, v in source.backend.scan_blobs(thread_id, *anchor_range(ns, key)).items()
+    }
+    anchors = anchors_in(thread_id, ns, key, found)
     if older is None:
         return gap_allowed(anchors, None, None, None)
     return gap_allowed(anchors, older.seq, older.row.checkpoint_id, older.tag)

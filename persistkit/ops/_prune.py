@@ -13,7 +13,8 @@ reported: its run may be writing), in this order, each step safe to interrupt:
    kept segment refers to), the items up to there are written as one blob
    (``state._channels.root_key``), which a reader uses when that row is gone. Written
    before anything is deleted.
-4. **delete**: ``prune_rows`` in batches, oldest first (under ``integrity=`` the wrapper
+4. **delete**: ``prune_rows`` in batches, newest first, so an interrupted prune leaves
+   only rows no kept list reaches any more (under ``integrity=`` the wrapper
    first writes the anchors that let its chain skip them: ``wrappers/_integrity_prune``).
 5. **sweep**: blobs from step 1 whose keys are values, list segments or rooted lists
    (``v:``, ``s:``, ``l:``) that no kept checkpoint refers to are deleted (any other key is
@@ -321,7 +322,7 @@ class RetentionStore:
             if work.roots:
                 self.call_sync(call("put_blobs", t, work.roots))
             for ns, gone in work.gone.items():
-                for batch in _batches(sorted(gone)):
+                for batch in _batches(sorted(gone, reverse=True)):  # newest first: see backends/_prune
                     self.call_sync(call("prune_rows", t, ns, batch))
             for batch in _batches(sweep):
                 self.call_sync(call("delete_blobs", t, batch))

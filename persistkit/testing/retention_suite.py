@@ -52,6 +52,7 @@ def note(text: str) -> None:
 @checkpointed
 def work(i: int) -> str:
     run = current_run()
+    assert run is not None
     RAN.append((run.thread_id, i))
     if CRASH_AT.get(run.thread_id) == i:
         del CRASH_AT[run.thread_id]
@@ -103,7 +104,8 @@ class RetentionConformance(TwoStores):
         assert after or not before, "the head is always kept"
         for cid, state in after.items():
             assert state == before[cid], f"checkpoint {cid} loads another state after the prune"
-        if getattr(store.backend, "keyring", None) is not None and store.backend.keyring.purpose == "integrity":
+        ring: Any = getattr(store.backend, "keyring", None)
+        if ring is not None and ring.purpose == "integrity":
             report = store.verify(thread)
             assert report.ok, str(report)
 
@@ -281,8 +283,8 @@ class RetentionConformance(TwoStores):
             max_size=10,
         )
 
-        @hypothesis.settings(max_examples=self.retention_examples, deadline=None, database=None)
-        @hypothesis.given(ops)
+        @hypothesis.settings(max_examples=self.retention_examples, deadline=None, database=None)  # type: ignore[untyped-decorator]
+        @hypothesis.given(ops)  # type: ignore[untyped-decorator]
         def run(plan: list[tuple[str, int, bool]]) -> None:
             t = _thread()
             forks: list[str] = []

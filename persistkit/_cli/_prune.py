@@ -34,7 +34,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "--thread-ttl (whole threads idle that long, with nothing unfinished). Never deleted: a "
         "thread's newest checkpoint, every checkpoint of an unfinished, failed or suspended run and "
         "the one it started from, a pending after-commit effect, a checkpoint another thread was "
-        "forked from. A thread a live run holds is skipped. Safe to interrupt and run again; try "
+        "forked from. A thread a live run holds (or one these options cannot read) is skipped, "
+        "and the exit status is 1. Safe to interrupt and run again; try "
         "--dry-run first (docs/operations.md, Retention). Durations: 90, 45s, 30m, 12h, 7d, 2w.",
     )
     p.add_argument("--keep-last", type=int, default=None, metavar="N", help="keep the newest N checkpoints of each thread")
@@ -66,4 +67,4 @@ def _prune(ns: argparse.Namespace, out: Output) -> int:
         out.value(report.as_dict())
     else:
         out.line(str(report))
-    return 0
+    return 1 if report.skipped else 0  # a thread left as it was: a live run held it, or it cannot be read

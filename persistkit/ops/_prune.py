@@ -35,11 +35,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError, ThreadBusyError
+from .._errors import (
+    ConfigurationError,
+    IntegrityError,
+    PersistkitError,
+    SerializationError,
+    StoreOptionsError,
+    ThreadBusyError,
+)
 from .._io import Call, Plan, call, run_sync
 from ..backends import Backend
 from ..backends._capabilities import require
 from ..codec._pipeline import Codec
+from ..secrets._redact import scrub
 from ..coordination._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
@@ -89,22 +97,28 @@ def _namespaces(thread_id: str, namespace: str | None) -> Plan[list[str]]:
     return spaces
 
 
-def _fork_sources(codec: Codec) -> Plan[dict[tuple[str, str], set[str]]]:
-    """(source thread, namespace) -> checkpoint ids some thread of the store was forked from."""
+def _fork_sources(codec: Codec, unreadable: list[str]) -> Plan[dict[tuple[str, str], set[str]]]:
+    """(source thread, namespace) -> checkpoint ids some thread of the store was forked from.
+    A thread these store options cannot read (another key, another codec) is noted in
+    ``unreadable`` and passed over: a fork holds its own copy of the state, so what it
+    would protect is its source's history, not its own."""
     out: dict[tuple[str, str], set[str]] = {}
     for t in (yield from _threads(None, "")):
-        for ns in (yield from _namespaces(t, None)):
-            before = None
-            while True:  # the fork record is a chain's oldest: page to the bottom
-                page = yield call("list", t, ns, before=before, limit=_PAGE)
-                if len(page) < _PAGE:
-                    break
-                before = page[-1].checkpoint_id
-            if page:
-                rec = Record.decode(codec, page[-1])
-                f = rec.body.get("f") if rec.kind == "fork" else None
-                if f:
-                    out.setdefault((str(f[0]), ns), set()).add(str(f[1]))
+        try:
+            for ns in (yield from _namespaces(t, None)):
+                before = None
+                while True:  # the fork record is a chain's oldest: page to the bottom
+                    page = yield call("list", t, ns, before=before, limit=_PAGE)
+                    if len(page) < _PAGE:
+                        break
+                    before = page[-1].checkpoint_id
+                if page:
+                    rec = Record.decode(codec, page[-1])
+                    f = rec.body.get("f") if rec.kind == "fork" else None
+                    if f:
+                        out.setdefault((str(f[0]), ns), set()).add(str(f[1]))
+        except PersistkitError:
+            unreadable.append(t)
     return out
 
 
@@ -242,12 +256,19 @@ class RetentionStore:
         report = PruneReport(dry_run=bool(dry_run))
         show = _Progress(progress)
         now = time.time()
-        forks = self.run_sync(_fork_sources(self.codec))
+        unreadable: list[str] = []
+        forks = self.run_sync(_fork_sources(self.codec, unreadable))
         targets = self.run_sync(_threads(thread_id, prefix))
         for i, t in enumerate(targets, 1):
             show(f"persistkit prune: thread {i}/{len(targets)} {t!r}: {report.checkpoints} checkpoint(s) so far")
             report.threads += 1
-            self._prune_thread(t, namespace, policy, forks, now, report)
+            if t in unreadable:
+                report.skipped.append((t, "", "cannot be read with this store's options (keys, codec)"))
+                continue
+            try:
+                self._prune_thread(t, namespace, policy, forks, now, report)
+            except (IntegrityError, SerializationError, StoreOptionsError) as exc:
+                report.skipped.append((t, "", f"cannot be read: {type(exc).__name__}: {scrub(str(exc))[:300]}"))
         show.done()
         return report
 

@@ -49,6 +49,7 @@ POSITION = "persistkit.step.position"
 REPLAYED = "persistkit.step.replayed"
 ATTEMPT = "persistkit.step.attempt"
 KIND = "persistkit.checkpoint.kind"
+_KINDS = {k: {KIND: k} for k in ("step", "suspend", "end")}  # made once: a metric's attributes per write
 
 
 class RunLike(Protocol):
@@ -223,8 +224,7 @@ class Observer:
         from opentelemetry import context
 
         context.detach(self.token)
-        span.set_attribute(STATUS, run.status)
-        span.set_attribute(BYTES, self.written)
+        span.set_attributes({STATUS: run.status, BYTES: self.written})
         _outcome(span, exc, failed=run.status == "failed")
         span.end()
 
@@ -275,13 +275,12 @@ class Observer:
         from opentelemetry import context
 
         context.detach(tokens[1])
+        told: dict[str, Any] = {REPLAYED: c.replayed, STATUS: c.status or _unrecorded(exc), ATTEMPT: c.attempt}
         if c.position is not None:
-            span.set_attribute(POSITION, c.position)
-        span.set_attribute(REPLAYED, c.replayed)
-        span.set_attribute(STATUS, c.status or _unrecorded(exc))
-        span.set_attribute(ATTEMPT, c.attempt)
+            told[POSITION] = c.position
         if c.bytes:
-            span.set_attribute(BYTES, c.bytes)
+            told[BYTES] = c.bytes
+        span.set_attributes(told)  # one call: the SDK takes its lock once
         _outcome(span, exc, failed=c.status == "failed")
         span.end()
 
@@ -302,8 +301,8 @@ class Observer:
         suspended = body.get("s") == "suspended"
         kind = "end" if body["k"] == "end" else "suspend" if suspended else "step"
         if self.instruments is not None:
-            self.instruments.size.record(size, {KIND: kind})
-            self.instruments.latency.record(seconds, {KIND: kind})
+            self.instruments.size.record(size, _KINDS[kind])
+            self.instruments.latency.record(seconds, _KINDS[kind])
         if kind != "step":
             if suspended:
                 self._event("persistkit.suspended", {POSITION: str(body.get("p")), STEP: str(body.get("n"))})

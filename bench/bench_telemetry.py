@@ -56,7 +56,11 @@ def _configure(variant: str) -> None:
     if variant in ("spans", "metrics"):
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+        from opentelemetry.sdk.trace.export import (
+            SimpleSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
 
         class Drop(SpanExporter):
             def export(self, spans: object) -> SpanExportResult:

@@ -4,10 +4,11 @@
     .venv/bin/python bench/bench_telemetry.py [same options]   (a venv with pip install -e '.[bench]')
 
 One block runs ``--steps`` steps (each returns its argument and appends ~100 bytes to a
-list in the state): "ran" is the time per step of that block, "replayed" the time per
-step of the same block resumed with its ``run_id`` (every step replays). Each variant
-runs in its own process, the variants interleaved round by round (median of
-``--rounds``, each round the best of 3 blocks):
+list in the state): "ran" is the CPU time per step of that block, "replayed" of the same
+block resumed with its ``run_id`` (every step replays). CPU time of the process, not wall
+time: on a machine shared with other work it is the steadier of the two, and what the
+hook adds is CPU work. Each variant runs in its own process, the variants interleaved
+round by round (median of ``--rounds``, each round the best of 3 blocks):
 
 * before the hook: the package as it was before telemetry (``--before``, default the
   parent of the commit that added ``run.observer``), exported from git to a temporary

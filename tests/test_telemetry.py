@@ -390,3 +390,32 @@ def test_info_does_not_log_steps(no_otel: None, store: pk.Store, caplog: pytest.
         leaf(1)
     assert run.observer is None  # INFO alone costs the step path nothing
     assert not [r for r in caplog.records if r.name.startswith("persistkit")]
+
+
+def test_off_nothing_of_telemetry_runs_per_step(no_otel: None, store: pk.Store) -> None:
+    """The work, not the time: with telemetry off, the calls into ops/_telemetry do not
+    grow with the number of steps (the decision is taken once, at the run's open)."""
+    import sys
+
+    from persistkit.ops import _telemetry
+
+    def calls_for(steps: int) -> int:
+        seen = 0
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            nonlocal seen
+            if event == "call" and frame.f_code.co_filename == _telemetry.__file__:
+                seen += 1
+
+        sys.setprofile(profile)
+        try:
+            with pk.resume(f"t-cost-{steps}", store=store):
+                for i in range(steps):
+                    leaf(i)
+        finally:
+            sys.setprofile(None)
+        return seen
+
+    few, many = calls_for(2), calls_for(40)
+    assert few == many
+    assert few > 0  # the once-per-run decision is seen: the profile hook works

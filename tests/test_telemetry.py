@@ -419,3 +419,19 @@ def test_off_nothing_of_telemetry_runs_per_step(no_otel: None, store: pk.Store) 
     few, many = calls_for(2), calls_for(40)
     assert few == many
     assert few > 0  # the once-per-run decision is seen: the profile hook works
+
+
+def test_a_broken_provider_turns_telemetry_off_for_the_run(
+    monkeypatch: pytest.MonkeyPatch, store: pk.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(TracerProvider):
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"exporter misconfigured ({SECRET})")
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", Broken())
+    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", None)
+    with pk.resume("t-broken", store=store) as run:
+        assert run.observer is None
+        leaf(1)
+    assert run.status == "completed"
+    assert "telemetry is off" in caplog.text and SECRET not in caplog.text

@@ -177,11 +177,15 @@ def opened(run: RunLike, began: float, recorded: int) -> Observer | None:
             run.thread_id, _ns(run.namespace), run.run_id, recorded,
             " (the run completed: nothing runs)" if run.replay_only else "",
         )
-    tracer, instruments = _tracer(), _instruments()
-    debug = log.isEnabledFor(logging.DEBUG)
-    if tracer is None and instruments is None and not debug:
+    try:
+        tracer, instruments = _tracer(), _instruments()
+        debug = log.isEnabledFor(logging.DEBUG)
+        if tracer is None and instruments is None and not debug:
+            return None
+        return Observer(run, began, recorded, tracer, instruments, debug)
+    except Exception as exc:  # a broken exporter setup must not fail (or leak the lease of) the run
+        log.warning("persistkit: telemetry is off for thread %r run %s: %s", run.thread_id, run.run_id, _describe(exc))
         return None
-    return Observer(run, began, recorded, tracer, instruments, debug)
 
 
 class Observer:
@@ -224,9 +228,12 @@ class Observer:
         from opentelemetry import context
 
         context.detach(self.token)
-        span.set_attributes({STATUS: run.status, BYTES: self.written})
-        _outcome(span, exc, failed=run.status == "failed")
-        span.end()
+        try:
+            span.set_attributes({STATUS: run.status, BYTES: self.written})
+            _outcome(span, exc, failed=run.status == "failed")
+            span.end()
+        except Exception as error:  # never hide the block's own outcome behind an exporter's error
+            log.warning("persistkit: the span of thread %r run %s: %s", run.thread_id, run.run_id, _describe(error))
 
     # -- step calls --------------------------------------------------------------------------
 

@@ -435,3 +435,43 @@ def test_a_broken_provider_turns_telemetry_off_for_the_run(
         leaf(1)
     assert run.status == "completed"
     assert "telemetry is off" in caplog.text and SECRET not in caplog.text
+
+
+def test_async_retry_failure_and_sleep(
+    otel: Otel, store: pk.Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="persistkit")
+    monkeypatch.setattr("persistkit._retry._TESTING", True)
+    calls = []
+
+    @pk.checkpointed(retry=pk.Retry(attempts=3))
+    async def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 2:
+            raise TimeoutError("slow model")
+        return "ok"
+
+    @pk.checkpointed
+    async def broken() -> None:
+        raise KeyError(SECRET)
+
+    async def main() -> None:
+        async with pk.resume("t-async-more", store=store) as run:
+            assert await flaky() == "ok"
+            with pytest.raises(KeyError):
+                await broken()
+            await pk.asleep(3600)  # a durable timer: the run suspends
+        assert run.status == "suspended"
+
+    asyncio.run(main())
+    spans = {attrs(s)["persistkit.step.name"].rpartition(".")[2]: s for s in otel.steps()}
+    assert attrs(spans["flaky"])["persistkit.step.attempt"] == 2
+    assert [e.name for e in spans["flaky"].events] == ["persistkit.retry"]
+    assert spans["broken"].status.status_code is StatusCode.ERROR
+    assert attrs(spans["broken"])["persistkit.status"] == "failed"
+    run_span = otel.run_span()
+    assert "persistkit.suspended" in [e.name for e in run_span.events]
+    assert attrs(run_span)["persistkit.status"] == "suspended"
+    assert otel.total("persistkit.step.retries") == 1
+    assert any("tries again" in r.getMessage() for r in caplog.records)
+    assert SECRET not in otel.everything() and SECRET not in caplog.text

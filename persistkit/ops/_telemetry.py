@@ -274,7 +274,8 @@ class Observer:
             how = "replayed" if c.replayed else "ran"
             log.debug(
                 "persistkit: thread %r run %s step %r at %s %s: %s%s", self.ids[THREAD], self.ids[RUN], c.name,
-                c.position, how, c.status or _unrecorded(exc), f", {c.bytes} bytes written" if c.bytes else "",
+                c.position or "(nothing recorded)", how, c.status or _unrecorded(exc),
+                f", {c.bytes} bytes written" if c.bytes else "",
             )
         span = c.span
         if span is None:

@@ -104,7 +104,9 @@ def _header(m: dict[str, Any]) -> str:
         out.append(f"<p class=\"note\">Forks were looked for in the first {m['forks_scanned']:,} threads of the store only.</p>")
     out.append("<p class=\"legend\">" + "".join(
         f"<span class=\"key st-{k}\">{k}</span>" for k in ("ran", "replayed", "retried", "failed", "suspended", "answered")
-    ) + "</p></header>")
+    ) + "<span class=\"hint\">A step's duration is the time since the previous record of its attempt "
+        "(— for an attempt's first step: nothing records when an attempt starts). Replayed steps write "
+        "nothing: they are the steps an attempt replays from its earlier attempts.</span></p></header>")
     return "".join(out)
 
 
@@ -193,7 +195,7 @@ main{display:flex;gap:16px;padding:16px 20px;align-items:flex-start}
 #details dl{display:grid;grid-template-columns:auto 1fr;gap:2px 10px;margin:0}#details dt{color:#718096}#details dd{margin:0;word-break:break-all}
 #details pre{background:#f7fafc;border:1px solid #edf2f7;border-radius:5px;padding:6px 8px;margin:4px 0;white-space:pre-wrap;word-break:break-word;max-height:320px;overflow:auto}
 #details pre.error{background:#fff5f5;border-color:#fed7d7;color:#9b2c2c}.op{font-weight:600}.op-added,.op-appended{color:#276749}.op-removed{color:#9b2c2c}.op-changed{color:#975a16}
-.hint{color:#718096}.ch{margin:8px 0 2px;font-weight:600}
+.hint{color:#718096}.legend .hint{display:block;margin-top:6px;font-size:12px}.ch{margin:8px 0 2px;font-weight:600}
 """
 
 _JS = r"""

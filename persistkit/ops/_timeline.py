@@ -297,12 +297,25 @@ def _details(rec: Record, parent: Record | None, values: _Values, loader: Loader
         "args": b.get("a"),
         "result": result,
         "error": _error(b.get("e")),
-        "question": values.text(b["q"]) if "q" in b else None,
+        "question": values.text(_questions(b["q"])) if "q" in b else None,
         "state": {name: values.of(name, ref) for name, ref in sorted(rec.refs.items())},
         "diff": _diff(rec, parent, values),
     }
     if "f" in b:
         out["forked_from"] = {"thread": b["f"][0], "checkpoint": b["f"][1]}
+    return out
+
+
+def _questions(q: Any) -> Any:
+    """A suspend record's question(s) (``q``) with readable keys: id, payload, deadline, ..."""
+    if isinstance(q, list):
+        return [_questions(one) for one in q]
+    names = {"i": "id", "v": "payload", "d": "deadline", "df": "default", "ty": "answer type", "w": "timer", "a": "answer"}
+    if not isinstance(q, dict):
+        return q
+    out = {names.get(k, k): v for k, v in q.items()}
+    if isinstance(q.get("d"), (int, float)):  # seconds since the epoch: as a date
+        out["deadline"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(q["d"]))
     return out
 
 

@@ -20,6 +20,7 @@ from urllib.parse import quote
 __all__ = ["page", "page_name"]
 
 _BAR_ERROR = 160  # characters of an error written on its bar (the details show it whole)
+_ROW = 84.0  # percent of a lane the longest attempt's timed bars fill (the rest: fixed-width bars, gaps)
 
 
 def page_name(thread_id: str) -> str:
@@ -59,6 +60,9 @@ def page(m: dict[str, Any]) -> str:
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     data = data.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     title = f"Timeline of thread {m['thread']}"
+    # One time scale for every lane: the attempt that took longest fills its row.
+    attempts = [a["bars"] for r in m["runs"] for a in r["attempts"]] + [m["outside"]]
+    top = max((sum(_timed(b) for b in bars) for bars in attempts), default=0.0) or 1.0
     csp = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'nonce-{nonce}'; base-uri 'none'; form-action 'none'"
     return "".join([
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -67,8 +71,8 @@ def page(m: dict[str, Any]) -> str:
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         _header(m),
         "<main><section id=\"lanes\" aria-label=\"runs\">",
-        _outside(m["outside"]),
-        "".join(_run(r) for r in m["runs"]),
+        _outside(m["outside"], top),
+        "".join(_run(r, top) for r in m["runs"]),
         "</section><aside id=\"details\" aria-live=\"polite\"><p class=\"hint\">Click a step to see its "
         "arguments digest, result, error, and the state at its checkpoint with the changes from the "
         "previous one.</p></aside></main>",
@@ -110,42 +114,43 @@ def _header(m: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _outside(bars: list[dict[str, Any]]) -> str:
+def _outside(bars: list[dict[str, Any]], top: float) -> str:
     if not bars:
         return ""
     return ("<div class=\"run\" id=\"outside\"><h2>Outside runs <span class=\"sub\">forks and state updates"
-            "</span></h2>" + _attempt("", bars) + "</div>")
+            "</span></h2>" + _attempt("", bars, top) + "</div>")
 
 
-def _run(r: dict[str, Any]) -> str:
+def _run(r: dict[str, Any], top: float) -> str:
     attempts = r["attempts"]
     n = len(attempts)
     head = (f"<h2>Run <code title=\"{_e(r['run'])}\">{_e(r['run'][:12])}</code> "
             f"<span class=\"rs rs-{_e(r['status'])}\">{_e(r['status'])}</span>"
             f"<span class=\"sub\">{n} attempt{'s' if n != 1 else ''}</span></h2>")
-    body = "".join(_attempt(f"attempt {a['n']} · {a['ended']}", a["bars"]) for a in attempts)
+    body = "".join(_attempt(f"attempt {a['n']} · {a['ended']}", a["bars"], top) for a in attempts)
     return f"<div class=\"run\" id=\"run-{_e(r['run'])}\">{head}{body}</div>"
 
 
-def _attempt(label: str, bars: list[dict[str, Any]]) -> str:
-    known = sorted(b["dur"] for b in bars if b["dur"] is not None and b["status"] != "replayed")
-    top = known[-1] if known and known[-1] > 0 else 1.0
-    typical = known[len(known) // 2] if known else top
+def _timed(b: dict[str, Any]) -> float:
+    """The seconds a bar stands for on the time scale (0: drawn at its fixed width)."""
+    return 0.0 if b["dur"] is None or b["status"] == "replayed" else float(b["dur"])
+
+
+def _attempt(label: str, bars: list[dict[str, Any]], top: float) -> str:
+    # A step failing ends its attempt with the same error: the end bar need not repeat it.
+    failed = {b["error"] for b in bars if b["status"] == "failed"}
     cells = []
     for b in bars:
-        if b["status"] == "replayed":
-            grow = 0.0
-        else:
-            d = b["dur"] if b["dur"] is not None else typical
-            grow = 1 + 99 * (d / top if top else 0)
-        cells.append(_bar(b, grow))
+        shown = {**b, "error": None} if b["status"].startswith("run ") and b["error"] in failed else b
+        cells.append(_bar(shown, _ROW * _timed(b) / top))
     first = bars[0]["t"] if bars else None
     when = f" · {_when(first)}" if first else ""
     lab = f"<div class=\"label\">{_e(label)}{_e(when)}</div>" if label else ""
     return f"<div class=\"attempt\">{lab}<div class=\"bars\">{''.join(cells)}</div></div>"
 
 
-def _bar(b: dict[str, Any], grow: float) -> str:
+def _bar(b: dict[str, Any], width: float) -> str:
+    """One step's button; ``width``: percent of the lane (0: the narrowest bar)."""
     status = str(b["status"])
     cls = "st-" + status.replace(" ", "-")
     tip = [f"{b['name']}" + (f" at {b['pos']}" if b.get("pos") else ""), status, duration(b["dur"])]
@@ -163,9 +168,9 @@ def _bar(b: dict[str, Any], grow: float) -> str:
         err = str(b["error"])
         parts.append(f"<span class=\"err\">{_e(err if len(err) <= _BAR_ERROR else err[:_BAR_ERROR] + '…')}</span>")
     src = f" data-from=\"{_e(b['from'])}\"" if b.get("from") else ""
-    style = f"flex-grow:{grow:.2f}" if grow else "flex-grow:0"
+    style = f" style=\"flex:0 1 {width:.2f}%\"" if width else ""  # shrinks to fit the lane, down to min-width
     return (f"<button type=\"button\" class=\"bar {_e(cls)}\" data-c=\"{_e(b['c'])}\" data-status=\"{_e(status)}\"{src}"
-            f" style=\"{style}\" title=\"{_e(' · '.join(tip))}\">{''.join(parts)}</button>")
+            f"{style} title=\"{_e(' · '.join(tip))}\">{''.join(parts)}</button>")
 
 
 _CSS = """
@@ -182,14 +187,14 @@ main{display:flex;gap:16px;padding:16px 20px;align-items:flex-start}
 .rs{font-size:12px;padding:1px 8px;border-radius:9px;background:#e2e8f0;margin-left:6px}
 .rs-completed{background:#c6f6d5}.rs-failed{background:#fed7d7}.rs-suspended{background:#e9d8fd}.rs-unfinished{background:#feebc8}
 .attempt{margin:6px 0}.label{font-size:12px;color:#718096;margin-bottom:3px}
-.bars{display:flex;gap:3px;align-items:stretch;flex-wrap:wrap}
-.bar{flex-basis:92px;flex-shrink:1;min-width:92px;text-align:left;border:0;border-radius:5px;padding:5px 7px;color:#fff;cursor:pointer;font:inherit;font-size:12px;display:flex;flex-direction:column;gap:1px;overflow:hidden}
+.bars{display:flex;gap:3px;align-items:stretch;flex-wrap:nowrap;overflow-x:auto;padding:4px;margin:-4px}
+.bar{flex:0 0 92px;min-width:92px;text-align:left;border:0;border-radius:5px;padding:5px 7px;color:#fff;cursor:pointer;font:inherit;font-size:12px;display:flex;flex-direction:column;gap:1px;overflow:hidden}
 .bar:focus-visible,.bar.sel{outline:3px solid #2d3748;outline-offset:1px}
 .bar .name{font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.bar .st,.bar .dur,.bar .retries{opacity:.92}
 .bar .err{background:rgba(0,0,0,.18);border-radius:3px;padding:1px 4px;white-space:normal;word-break:break-word}
 .st-ran,.key.st-ran{background:var(--ran)}.st-retried,.key.st-retried{background:var(--retried)}.st-failed,.key.st-failed{background:var(--failed)}
 .st-suspended,.key.st-suspended{background:var(--suspended)}.st-answered,.key.st-answered{background:var(--answered)}
-.st-replayed,.key.st-replayed{background:repeating-linear-gradient(135deg,#a0aec0 0 6px,#b8c2cc 6px 12px);color:#1a202c;min-width:70px;flex-basis:70px}
+.st-replayed,.key.st-replayed{background:repeating-linear-gradient(135deg,#a0aec0 0 6px,#b8c2cc 6px 12px);color:#1a202c;min-width:70px;flex:0 0 70px}
 .bar[class*="st-run"],.st-fork,.st-update{background:var(--end)}.st-run-failed{background:#742a2a}.st-run-completed{background:#22543d}
 #details h2{font-size:16px;margin:0 0 6px}#details h3{font-size:13px;margin:14px 0 4px;color:#2d3748;text-transform:uppercase;letter-spacing:.04em}
 #details dl{display:grid;grid-template-columns:auto 1fr;gap:2px 10px;margin:0}#details dt{color:#718096}#details dd{margin:0;word-break:break-all}

@@ -206,3 +206,28 @@ def test_the_cli_writes_the_page(store_url: str, tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit) as usage:
         main(["timeline", "a", "b", "--url", store_url])
     assert usage.value.code == 2
+
+
+def test_fork_links_of_long_threads_and_the_bounds_of_the_fork_scan(
+    local_store: pk.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = uid("timeline")
+    with pk.resume(src, store=local_store) as run:
+        run.state["n"] = 0
+    fork = local_store.fork(src, new_thread_id=src + "-fork").thread_id
+    for i in range(4):  # the fork's first record is now older than the newest few
+        local_store.update_state(fork, {"n": i + 1})
+    with pk.resume(uid("timeline-other"), store=local_store) as run:  # a thread made later, not a fork
+        run.state["x"] = 1
+    monkeypatch.setattr(_timeline, "MAX_CHECKPOINTS", 2)
+    fork_page = render(local_store, fork)
+    assert "the newest 2 of its 5 checkpoints" in fork_page
+    assert 'id="forked-from"' in fork_page and f'href="{src}.html"' in fork_page  # read from its first record
+    assert f'href="{fork}.html"' in render(local_store, src)
+    monkeypatch.setattr(_timeline, "FORK_ROWS", 0)  # no rows to read: the scan stops at the first thread to read
+    bounded = model(local_store, src)
+    assert bounded["forks_limited"] and bounded["forks"] == []
+    assert "Forks of this thread were looked for in" in render(local_store, src)
+    monkeypatch.setattr(_timeline, "FORK_ROWS", 20_000)
+    monkeypatch.setattr(_timeline, "FORK_SCAN", 1)
+    assert model(local_store, src)["forks_limited"]

@@ -27,6 +27,7 @@ thread makes a page of bounded size. The store is taken through :class:`Timeline
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any, Protocol
@@ -40,14 +41,16 @@ from ..state._channels import Loader
 from ..state._records import Record
 from ._timeline_html import page
 
-__all__ = ["FORK_SCAN", "MAX_CHECKPOINTS", "VALUE_CAP", "TimelineStore", "model", "render"]
+__all__ = ["FORK_ROWS", "FORK_SCAN", "MAX_CHECKPOINTS", "VALUE_CAP", "TimelineStore", "model", "render"]
 
 #: Characters of JSON text embedded per value (a channel's value, a result, a diff's side).
 VALUE_CAP = 4_000
 #: Checkpoints of the thread read at most (the newest): the page says when older ones are left out.
 MAX_CHECKPOINTS = 2_000
-#: Other threads of the store looked at for forks of this one (the page says when it stopped).
+#: Other threads of the store looked at for forks of this one, and rows read at most doing
+#: so (a fork's first record is its oldest, read last): the page says when either stopped it.
 FORK_SCAN = 1_000
+FORK_ROWS = 20_000
 _PAGE = 500
 
 
@@ -76,7 +79,7 @@ def model(store: TimelineStore, thread_id: str, *, namespace: str = "") -> dict[
 
 
 def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]:
-    records, total = yield from _read(codec, thread_id, namespace)
+    records, total, oldest = yield from _read(codec, thread_id, namespace)
     if not records:
         where = f" in namespace {namespace!r}" if namespace else ""
         raise NotFoundError(f"thread {thread_id!r} has no checkpoints{where}: nothing to show on a timeline")
@@ -89,6 +92,9 @@ def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]
     details = {r.id: _details(r, by_id.get(r.row.parent_id or ""), values, loader) for r in records}
     runs, outside = _lanes(records)
     first = records[0]
+    if oldest is not None and oldest != first.id:  # a long thread: its first record was not read
+        row = yield call("get", thread_id, namespace, oldest)
+        first = Record.decode(codec, row) if row is not None else first
     forked_from = None
     if first.kind == "fork" and "f" in first.body:
         forked_from = {"thread": first.body["f"][0], "checkpoint": first.body["f"][1]}
@@ -111,9 +117,9 @@ def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]
     }
 
 
-def _read(codec: Codec, thread_id: str, namespace: str) -> Plan[tuple[list[Record], int | None]]:
-    """The newest :data:`MAX_CHECKPOINTS` records, oldest first, and the thread's record
-    count when it has more (None when all were read)."""
+def _read(codec: Codec, thread_id: str, namespace: str) -> Plan[tuple[list[Record], int | None, str | None]]:
+    """The newest :data:`MAX_CHECKPOINTS` records, oldest first, the thread's record count
+    when it has more (None when all were read), and the id of its oldest record."""
     out: list[Record] = []
     before = None
     while len(out) < MAX_CHECKPOINTS:
@@ -122,50 +128,55 @@ def _read(codec: Codec, thread_id: str, namespace: str) -> Plan[tuple[list[Recor
         out.extend(Record.decode(codec, row) for row in page)
         if len(page) < want:
             out.reverse()
-            return out, None
+            return out, None, out[0].id if out else None
         before = page[-1].checkpoint_id
     more = yield call("list", thread_id, namespace, before=before, limit=1)
+    out.reverse()
     if not more:
-        out.reverse()
-        return out, None
+        return out, None, out[0].id
     total = len(out)
-    while True:  # count what is left out (ids only: rows are not decoded)
+    while True:  # count what is left out (rows are not decoded)
         page = yield call("list", thread_id, namespace, before=before, limit=_PAGE)
         total += len(page)
+        if page:
+            before = page[-1].checkpoint_id
         if len(page) < _PAGE:
             break
-        before = page[-1].checkpoint_id
-    out.reverse()
-    return out, total
+    return out, total, before
 
 
 def _forks(codec: Codec, thread_id: str, namespace: str, first_id: str) -> Plan[tuple[list[dict[str, str]], int, bool]]:
     """Threads whose first record is a fork of ``thread_id``: at most :data:`FORK_SCAN`
     other threads are looked at. A thread with a record older than this thread's first
     one cannot be its fork (checkpoint ids are time-ordered): one short read skips it."""
-    threads: list[str] = yield call("threads", prefix="", after=None, limit=FORK_SCAN + 1)
+    threads: list[str] = yield call("threads", prefix="", after=None, limit=FORK_SCAN + 2)  # + this one + one more
     others = [t for t in threads if t != thread_id][:FORK_SCAN]
+    limited = len(threads) > len(others) + (thread_id in threads)
     found: list[dict[str, str]] = []
-    for other in others:
+    budget = FORK_ROWS
+    for looked, other in enumerate(others):
         older = yield call("list", other, namespace, before=first_id, limit=1)
         if older:
             continue
         oldest = None
         before = None
-        while True:
+        while budget > 0:
             page = yield call("list", other, namespace, before=before, limit=_PAGE)
+            budget -= max(1, len(page))
             if page:
                 oldest = page[-1]
             if len(page) < _PAGE:
                 break
             before = page[-1].checkpoint_id
+        else:
+            return found, looked, True  # out of rows to read: this thread and the rest unseen
         if oldest is None or oldest.run_id is not None:
             continue
         rec = Record.decode(codec, oldest)
         src = rec.body.get("f")
         if rec.kind == "fork" and src and src[0] == thread_id:
             found.append({"thread": other, "checkpoint": str(src[1]), "at": rec.id})
-    return found, len(others), len(threads) > len(others) + (thread_id in threads)
+    return found, len(others), limited
 
 
 # -- runs, attempts, bars -------------------------------------------------------------------
@@ -201,7 +212,7 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
         bars, prev, this_attempt = [], None, {}
 
     for rec in recs:
-        if rec.kind == "mark":
+        if rec.body.get("dm"):  # an outbox done mark: a copy of the record before it
             continue
         if not bars and attempts:  # a later attempt: what it replays comes first
             bars.extend(
@@ -210,7 +221,7 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
                 if r.id not in escaped and r.body.get("s") != "suspended"
             )
         duration = None if prev is None else max(0.0, _time(rec) - _time(prev))
-        if rec.kind == "step" and "dm" not in rec.body:
+        if rec.kind == "step":
             pos, status = str(rec.body["p"]), str(rec.body["s"])
             shown = {"failed": "failed", "suspended": "suspended"}.get(status, "ran")
             if status == "completed" and pos in suspended_at:
@@ -228,8 +239,6 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
             prev = rec
             if status == "suspended" and rec.run_status == "suspended":
                 close("suspended")
-        elif rec.kind == "step":  # an outbox done mark: a copy of the record before it
-            continue
         else:
             shown = f"run {rec.run_status}" if rec.kind == "end" else rec.kind  # an update made by a run
             bars.append(_bar(rec, shown, duration))
@@ -365,7 +374,8 @@ class _Values:
 
     def text(self, tree: Any) -> int:
         """A stored tree (a result, a question) as plain JSON text."""
-        return self._add("t" + json.dumps(tree, sort_keys=True, default=str), lambda: _cut(_dump(plain(tree))))
+        digest = hashlib.blake2b(json.dumps(tree, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
+        return self._add("t" + digest, lambda: _cut(_dump(plain(tree))))
 
     def of(self, name: str, ref: dict[str, Any]) -> int:
         """Channel ``name``'s value at a ref; a list shows its newest items when cut."""

@@ -105,7 +105,8 @@ def _header(m: dict[str, Any]) -> str:
         )
         out.append(f"<p class=\"fork\" id=\"forks\">Forked from this thread: {links}</p>")
     if m["forks_limited"]:
-        out.append(f"<p class=\"note\">Forks were looked for in the first {m['forks_scanned']:,} threads of the store only.</p>")
+        out.append(f"<p class=\"note\">Forks of this thread were looked for in {m['forks_scanned']:,} other "
+                   "threads of the store only (the first ones, up to a bound on the rows read).</p>")
     out.append("<p class=\"legend\">" + "".join(
         f"<span class=\"key st-{k}\">{k}</span>" for k in ("ran", "replayed", "retried", "failed", "suspended", "answered")
     ) + "<span class=\"hint\">A step's duration is the time since the previous record of its attempt "

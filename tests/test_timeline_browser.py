@@ -89,11 +89,28 @@ def browser(chromium: str, tmp_path: Path) -> Iterator[Page]:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--no-sandbox")  # Chromium's sandbox refuses root (CI containers)
     proc = subprocess.Popen([*args, "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    page = None
+    try:
+        page = Page(_endpoint(proc))
+        yield page
+    finally:
+        if page is not None:
+            page.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _endpoint(proc: subprocess.Popen[str]) -> str:
+    """The DevTools websocket of the browser's first tab (Chromium prints its endpoint when ready)."""
     assert proc.stderr is not None
     lines = []
-    for line in proc.stderr:  # it prints its endpoint when ready; EOF if it dies first
+    for line in proc.stderr:  # EOF if it dies first
         lines.append(line)
-        found = re.search(r"DevTools listening on (ws://\S+)", line)
+        found = re.search(r"DevTools listening on ws://[^:/]+:(\d+)/", line)
         if found:
             break
     else:
@@ -101,17 +118,9 @@ def browser(chromium: str, tmp_path: Path) -> Iterator[Page]:
         pytest.fail("chromium exited before it listened:\n" + "".join(lines[-20:]))
     # Keep reading what it prints, so a full pipe never stalls it.
     threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
-    port = re.search(r"ws://[^:/]+:(\d+)/", found.group(1))
-    assert port is not None
-    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/json/list", timeout=_WAIT) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/json/list", timeout=_WAIT) as r:
         targets = json.load(r)
-    page = Page(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page"))
-    try:
-        yield page
-    finally:
-        page.close()
-        proc.terminate()
-        proc.wait(timeout=_WAIT)
+    return str(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page"))
 
 
 _VISIBLE = """(e) => { const r = e.getBoundingClientRect(), s = getComputedStyle(e);

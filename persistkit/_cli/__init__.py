@@ -12,6 +12,7 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_replay``: ``replay-check``
 * ``_outbox``: ``drain-outbox``
 * ``_prune``: ``prune`` (retention)
+* ``_timeline``: ``timeline`` (a thread's runs as one HTML page)
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
 or ``verify`` found a broken record, or
@@ -32,7 +33,7 @@ import sys
 from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreOptionsError
 from ..engine._store import check_namespace, check_thread_id
 from ..secrets._redact import scrub
-from . import _keys, _leases, _outbox, _prune, _replay, _schema, _suspend, _threads
+from . import _keys, _leases, _outbox, _prune, _replay, _schema, _suspend, _threads, _timeline
 from ._output import Output
 
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
@@ -56,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    for group in (_threads, _schema, _keys, _leases, _suspend, _replay, _outbox, _prune):
+    for group in (_threads, _schema, _keys, _leases, _suspend, _replay, _outbox, _prune, _timeline):
         group.add_parsers(sub, common)
     for verb in sub.choices.values():
         verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)

@@ -11,6 +11,8 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_suspend``: ``answer``, ``pending``, ``due``
 * ``_replay``: ``replay-check``
 * ``_outbox``: ``drain-outbox``
+* ``_inspect``: ``show``, ``diff``, ``fork``
+* ``_transfer``: ``export``, ``import``
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
 or ``verify`` found a broken record, or
@@ -31,13 +33,13 @@ import sys
 from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreOptionsError
 from ..engine._store import check_namespace, check_thread_id
 from ..secrets._redact import scrub
-from . import _keys, _leases, _outbox, _replay, _schema, _suspend, _threads
+from . import _inspect, _keys, _leases, _outbox, _replay, _schema, _suspend, _threads, _transfer
 from ._output import Output
 
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
 
 EXIT_NOT_FOUND = 3
-_READ_VERBS = frozenset({"threads", "history", "state"})  # a closed pipe ends them with 0
+_READ_VERBS = frozenset({"threads", "history", "state", "show", "diff"})  # a closed pipe ends them with 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history and state with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    for group in (_threads, _schema, _keys, _leases, _suspend, _replay, _outbox):
+    for group in (_threads, _inspect, _transfer, _schema, _keys, _leases, _suspend, _replay, _outbox):
         group.add_parsers(sub, common)
     for verb in sub.choices.values():
         verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)

@@ -28,7 +28,7 @@ __all__ = ["ELLIPSIS", "Output", "Shown", "cell", "clip", "dumps"]
 _QUOTES = ("'", '"')
 ELLIPSIS = "\u2026"
 #: A column is never narrowed below this (or its header, when shorter).
-_MIN_WIDTH = 6
+_MIN_WIDTH = 5
 
 
 class Shown(str):
@@ -99,10 +99,10 @@ class Output:
         fitted = width is not None
         if width is not None:
             pads = _fit([*([list(columns)] if header else []), *cells], pads, width, columns if header else ())
-        if header:
-            self.line(self._row([str(c) for c in columns], pads, fitted))
-        for row in cells:
-            self.line(self._row(row, pads, fitted))
+        for row in ([[str(c) for c in columns]] if header else []) + cells:
+            text = self._row(row, pads, fitted)
+            # columns at their narrowest may still not fit: the line is cut at the edge
+            self.line(text if width is None else clip(text, width))
 
     @staticmethod
     def _row(cells: Sequence[str], pads: Sequence[int], fitted: bool) -> str:
@@ -115,10 +115,11 @@ class Output:
 def _fit(rows: Sequence[Sequence[str]], pads: Sequence[int], width: int, heads: Sequence[str]) -> list[int]:
     """Column widths for ``rows`` within ``width`` characters (two spaces between columns):
     each column as wide as its widest cell (at least its pad), then the widest narrowed
-    one character at a time until the row fits or every column is at its minimum."""
+    one character at a time until the row fits or every column is at its minimum
+    (``_MIN_WIDTH``, or its header's length when that is shorter)."""
     n = len(pads)
     want = [max([pads[i] if i < n - 1 else 0, *(len(r[i]) for r in rows)]) for i in range(n)]
-    floor = [min(want[i], max(_MIN_WIDTH, len(heads[i]) if heads else 0)) for i in range(n)]
+    floor = [min(want[i], _MIN_WIDTH, len(heads[i]) if heads else _MIN_WIDTH) for i in range(n)]
     room = width - 2 * (n - 1)
     excess = sum(want) - room
     while excess > 0:

@@ -199,3 +199,28 @@ def test_a_table_fits_the_terminal_and_a_pipe_gets_whole_rows(chat: str, tmp_pat
                cwd=tmp_path, env={"COLUMNS": "50"})
     result = next(line for line in show.stdout.splitlines() if line.startswith("result"))
     assert len(result) == 50 and result.endswith(ELLIPSIS)
+
+
+def test_every_verb_speaks_json_for_scripts() -> None:
+    from persistkit._cli import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "command")
+    verbs: dict[str, Any] = dict(sub.choices)  # type: ignore[arg-type]
+    missing = sorted(v for v, p in verbs.items() if "--json" not in p._option_string_actions)
+    assert not missing, f"verbs without --json: {missing}"
+    assert {"show", "diff", "fork", "export", "import"} <= set(verbs)
+
+
+def test_verify_delete_and_keygen_in_json(chat: str, tmp_path: Path) -> None:
+    key = json.loads(cli("keygen", "--json", "--id", "k9", cwd=tmp_path).stdout)
+    assert key["id"] == "k9" and key["entry"].startswith("k9:") and len(key["entry"]) == 3 + 44
+    env = {"PERSISTKIT_INTEGRITY_KEYS": "k1:" + "ab" * 32}
+    sealed = f"sqlite:///{tmp_path}/sealed.db"
+    assert cli("import", "--url", sealed, stdin=cli("export", "--url", chat, "chat", cwd=tmp_path).stdout,
+               cwd=tmp_path, env=env).returncode == 0
+    report = cli("verify", "--url", sealed, "--json", cwd=tmp_path, env=env)
+    data = json.loads(report.stdout)
+    assert report.returncode == 0 and data["ok"] is True and data["threads"] == 1 and data["problems"] == []
+    assert data["records"] == len(history(chat, "chat", tmp_path))
+    gone = cli("delete", "--url", sealed, "--json", "chat", cwd=tmp_path, env=env)
+    assert gone.returncode == 0 and json.loads(gone.stdout) == [{"thread": "chat", "deleted": True}]

@@ -56,6 +56,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("delete", parents=[common], help="delete threads and all their data",
                        description="Delete each THREAD (every namespace, every value). " + _URL_NOTE)
     d.add_argument("threads", nargs="+", metavar="THREAD", help="thread id(s)")
+    d.add_argument("--json", action="store_true", help='print [{"thread": ..., "deleted": true}, ...]')
     d.set_defaults(func=_delete)
 
 
@@ -148,5 +149,8 @@ def _delete(ns: argparse.Namespace, out: Output) -> int:
         for tid in threads:
             if not store.delete_thread(tid):
                 raise thread_not_found(store, tid)
-            out.line(f"deleted {cell(tid)}" if len(threads) > 1 else "deleted")
+            if not out.as_json:
+                out.line(f"deleted {cell(tid)}" if len(threads) > 1 else "deleted")
+    if out.as_json:
+        out.value([{"thread": tid, "deleted": True} for tid in threads])
     return 0

@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_cli import ROOT, cli
 
 from persistkit._cli._output import ELLIPSIS, Output
+from persistkit.ops._diff import state_diff
 
 NOT_FOUND = 3
 SECRET = "sk-live-" + "51c0ffee" * 5
@@ -224,3 +227,55 @@ def test_verify_delete_and_keygen_in_json(chat: str, tmp_path: Path) -> None:
     assert data["records"] == len(history(chat, "chat", tmp_path))
     gone = cli("delete", "--url", sealed, "--json", "chat", cwd=tmp_path, env=env)
     assert gone.returncode == 0 and json.loads(gone.stdout) == [{"thread": "chat", "deleted": True}]
+
+
+# -- the diff itself (ops/_diff.py): a property over random states --------------------------
+
+_leaf = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | st.text(max_size=3)
+_json = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                         max_size=4), max_leaves=12)
+_state = st.dictionaries(st.sampled_from(["a", "b", "messages", "x y"]), _json, max_size=4)
+
+
+def _apply(state: dict[str, Any], channels: list[Any]) -> dict[str, Any]:
+    """The older state with the diff's changes made: must be the newer state."""
+    out = json.loads(json.dumps(state))
+    for ch in channels:
+        if ch.status == "removed":
+            del out[ch.channel]
+            continue
+        if ch.status == "added":
+            out[ch.channel] = ch.changes[0].new
+            continue
+        removals = []
+        for c in ch.changes:
+            *parent_path, last = (ch.channel, *c.path)
+            parent: Any = out
+            for p in parent_path:
+                parent = parent[p]
+            if c.op == "remove":
+                removals.append((parent, last))  # list tails: removed after, from the end
+            elif c.op == "append":
+                assert isinstance(parent, list) and last == len(parent)  # an append is at the end
+                parent.append(c.new)
+            else:
+                parent[last] = c.new
+        for parent, last in reversed(removals):
+            del parent[last]
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_state, _state)
+def test_a_diff_applied_to_the_older_state_gives_the_newer(old: dict[str, Any], new: dict[str, Any]) -> None:
+    channels = state_diff(old, new)
+    assert _apply(old, channels) == json.loads(json.dumps(new))
+    assert (channels == []) == (json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True))
+
+
+@given(_state, st.lists(_json, min_size=1, max_size=5))
+def test_a_list_that_grew_is_only_appends(old: dict[str, Any], items: list[Any]) -> None:
+    old = {**old, "messages": [1, {"k": "v"}]}
+    new = {**old, "messages": [*old["messages"], *items]}
+    (ch,) = state_diff(old, new)
+    assert [(c.op, c.path) for c in ch.changes] == [("append", (2 + i,)) for i in range(len(items))]

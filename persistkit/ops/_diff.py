@@ -90,7 +90,8 @@ def _walk(a: Any, b: Any, path: Path, out: list[Change]) -> None:
             _walk(a[i], b[i], (*path, i), out)
         out.extend(Change("append", (*path, i), new=b[i]) for i in range(common, len(b)))
         out.extend(Change("remove", (*path, i), old=a[i]) for i in range(common, len(a)))
-    elif type(a) is not type(b) or a != b:  # 1 and 1.0, or True and 1, differ as stored
+    elif type(a) is not type(b) or a != b or (type(a) is float and repr(a) != repr(b)):
+        # 1 and 1.0, True and 1, 0.0 and -0.0: equal in Python, different as stored
         out.append(Change("change", path, old=a, new=b))
 
 

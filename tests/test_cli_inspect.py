@@ -195,9 +195,11 @@ def test_a_table_fits_the_terminal_and_a_pipe_gets_whole_rows(chat: str, tmp_pat
     piped.table(("thread", "note"), [("t-1", long)], widths=(6,))
     assert piped.stream.getvalue().splitlines()[1].endswith(long)  # type: ignore[attr-defined]
 
-    out = cli("history", "--url", chat, "chat", cwd=tmp_path, env={"COLUMNS": "60"})
-    assert out.returncode == 0 and all(len(line) <= 60 for line in out.stdout.splitlines())
+    out = cli("history", "--url", chat, "chat", cwd=tmp_path, env={"COLUMNS": "70"})
+    assert out.returncode == 0 and all(len(line) <= 70 for line in out.stdout.splitlines())
     assert ELLIPSIS in out.stdout
+    ids = {r["checkpoint"] for r in history(chat, "chat", tmp_path)}
+    assert {line.split()[0] for line in out.stdout.splitlines()[1:]} == ids  # ids are never cut
     show = cli("show", "--url", chat, "chat", step(history(chat, "chat", tmp_path), "report", "3"),
                cwd=tmp_path, env={"COLUMNS": "50"})
     result = next(line for line in show.stdout.splitlines() if line.startswith("result"))

@@ -85,11 +85,13 @@ class Output:
         self.line(dumps(value))
 
     def table(
-        self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = (), header: bool = True
+        self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = (),
+        header: bool = True, keep: Sequence[int] = (),
     ) -> None:
         """Rows under a header, columns padded to ``widths`` (the last is never
-        padded) and narrowed to fit :attr:`width`; with ``as_json``, one JSON list
-        of objects keyed by column."""
+        padded) and narrowed to fit :attr:`width`, except the columns ``keep``
+        (ids a reader copies into the next command); with ``as_json``, one JSON
+        list of objects keyed by column."""
         if self.as_json:
             self.value([dict(zip(columns, row, strict=True)) for row in rows])
             return
@@ -98,7 +100,7 @@ class Output:
         width = self.width
         fitted = width is not None
         if width is not None:
-            pads = _fit([*([list(columns)] if header else []), *cells], pads, width, columns if header else ())
+            pads = _fit([*([list(columns)] if header else []), *cells], pads, width, columns if header else (), keep)
         for row in ([[str(c) for c in columns]] if header else []) + cells:
             text = self._row(row, pads, fitted)
             # columns at their narrowest may still not fit: the line is cut at the edge
@@ -112,14 +114,17 @@ class Output:
         return "  ".join(c if i == last else f"{c:<{pads[i]}}" for i, c in enumerate(cells)).rstrip()
 
 
-def _fit(rows: Sequence[Sequence[str]], pads: Sequence[int], width: int, heads: Sequence[str]) -> list[int]:
+def _fit(
+    rows: Sequence[Sequence[str]], pads: Sequence[int], width: int, heads: Sequence[str], keep: Sequence[int] = ()
+) -> list[int]:
     """Column widths for ``rows`` within ``width`` characters (two spaces between columns):
     each column as wide as its widest cell (at least its pad), then the widest narrowed
     one character at a time until the row fits or every column is at its minimum
-    (``_MIN_WIDTH``, or its header's length when that is shorter)."""
+    (``_MIN_WIDTH``, or its header's length when that is shorter; ``keep``: never narrowed)."""
     n = len(pads)
     want = [max([pads[i] if i < n - 1 else 0, *(len(r[i]) for r in rows)]) for i in range(n)]
-    floor = [min(want[i], _MIN_WIDTH, len(heads[i]) if heads else _MIN_WIDTH) for i in range(n)]
+    floor = [want[i] if i in keep else min(want[i], _MIN_WIDTH, len(heads[i]) if heads else _MIN_WIDTH)
+             for i in range(n)]
     room = width - 2 * (n - 1)
     excess = sum(want) - room
     while excess > 0:

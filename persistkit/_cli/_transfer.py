@@ -32,6 +32,7 @@ which). An existing thread is refused, before anything is written, unless
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -324,9 +325,10 @@ def _import(ns: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _source(path: str | None) -> IO[str]:
+def _source(path: str | None) -> contextlib.AbstractContextManager[IO[str]]:
+    """The file to read, or stdin (left open: it is the process's)."""
     if path is None:
-        return sys.stdin
+        return contextlib.nullcontext(sys.stdin)
     return open(path, encoding="utf-8")
 
 

@@ -242,3 +242,24 @@ def test_lease_records_stay_behind(keys: None, tmp_path: Path) -> None:
     assert main(["import", "--url", target, str(dump)]) == 0
     with pk.connect(target, encryption=True, integrity=True) as store:
         assert store.leases() == [] and store.threads() == ["held"]
+
+
+def test_an_export_cut_by_its_reader_fails_and_a_summary_is_json(keys: None, tmp_path: Path) -> None:
+    source = _source(tmp_path, "cut")
+    with pk.connect(source, encryption=True, integrity=True) as store:  # more than a pipe's buffer
+        store.update_state("cut", {"big": "z" * 2_000_000})
+        rows = len(store.history("cut"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PERSISTKIT_URL", None)
+    cmd = f"{sys.executable} -m persistkit export --url {source} cut cut-fork | head -n 1"
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr  # a cut export is not one: not 0
+    assert json.loads(out.stdout)["persistkit"] == "export"
+    dump = tmp_path / "cut.jsonl"
+    assert main(["export", "--url", source, "cut", "-o", str(dump)]) == 0
+    summary = subprocess.run([sys.executable, "-m", "persistkit", "import", "--json", "--url",
+                              f"sqlite:///{tmp_path}/prod.db", str(dump)], capture_output=True, text=True,
+                             env=env, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    (done,) = json.loads(summary.stdout)
+    assert done["thread"] == "cut" and done["rows"] == rows and done["replaced"] is False

@@ -72,7 +72,8 @@ def _threads(ns: argparse.Namespace, out: Output) -> int:
             else:
                 shown = "" if spaces in ([""], None) else "namespaces: " + ", ".join(map(repr, spaces or []))
                 rows.append((tid, Shown(shown)))
-    out.table(("thread", "namespaces"), rows, widths=(max([len(cell(r[0])) for r in rows] + [6]),), header=False)
+    out.table(("thread", "namespaces"), rows, widths=(max([len(cell(r[0])) for r in rows] + [6]),), header=False,
+              keep=(0,))
     return 0
 
 

@@ -226,6 +226,10 @@ def test_export_refuses_what_it_cannot_read(keys: None, tmp_path: Path, monkeypa
     with pytest.raises(SystemExit) as usage:
         main(["export", "--url", source])
     assert usage.value.code == 2
+    with pytest.raises(SystemExit) as usage:
+        main(["import", source])  # the store where the file goes
+    assert usage.value.code == 2 and "give it with --url" in capsys.readouterr().err
+    assert main(["import", "--url", source, str(tmp_path / "none.jsonl")]) == EXIT_NOT_FOUND
 
 
 def test_lease_records_stay_behind(keys: None, tmp_path: Path) -> None:

@@ -293,6 +293,8 @@ class _Reader:
 
 
 def _import(ns: argparse.Namespace, out: Output) -> int:
+    if ns.file is not None and "://" in ns.file:
+        ns.parser.error(f"{ns.file!r} is a store URL: give it with --url (FILE is the export to read)")
     url = resolve_url(ns.url)
     name = ns.file or "<stdin>"
     if ns.file is not None and not os.path.isfile(ns.file):

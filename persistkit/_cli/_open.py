@@ -2,7 +2,7 @@
 
 The URL is ``--url``, else ``$PERSISTKIT_URL``, else the default SQLite file;
 a first positional argument holding ``://`` is accepted as the URL too (the
-form before ``--url`` existed). Every verb but ``migrate`` opens an EXISTING
+form before ``--url`` existed). Every verb but ``migrate`` and ``import`` opens an EXISTING
 store: a missing SQLite file, or a database without persistkit's tables, is
 a :class:`NotFoundError` that names the URL, and nothing is created.
 Values are shown as plain JSON, never revived as classes, so a state holding

@@ -47,8 +47,8 @@ from .._io import Call, Plan, call, run_sync
 from ..backends import Backend
 from ..backends._capabilities import require
 from ..codec._pipeline import Codec
-from ..secrets._redact import scrub
 from ..coordination._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
+from ..secrets._redact import scrub
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
 from ..state._records import Record, read_rows

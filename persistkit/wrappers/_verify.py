@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .._errors import IntegrityError
 from ..backends import Backend, CheckpointRow
+from ..backends._copy import BLOB_RANGE, all_threads, read_thread, write_thread
 from ._integrity import (
     _FIX,
     IntegrityBackend,
@@ -26,8 +27,6 @@ from ._integrity_prune import anchor_range, anchors_in, gap_allowed
 __all__ = ["IntegrityProblem", "IntegrityReport", "verify_backend"]
 
 _PAGE = 500
-#: Blob keys are printable ASCII; this range covers every one of them.
-_BLOB_RANGE = (" ", "\x7f")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +178,7 @@ def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport
     for ns in sorted(known):
         _verify_namespace(ib, thread_id, ns, report)
     source = _Source(ib)
-    for key, value in source.backend.scan_blobs(thread_id, *_BLOB_RANGE).items():
+    for key, value in source.backend.scan_blobs(thread_id, *BLOB_RANGE).items():
         report.blobs += 1
         try:
             open_blob(thread_id, key, source.blob(thread_id, key, value), ib.keyring)
@@ -208,27 +207,9 @@ def copy_into(source: Backend, target: IntegrityBackend, thread_id: str | None =
 
     The migration path into integrity: rows are immutable, so an existing store is
     never sealed in place. Every row keeps its checkpoint id, parent, run id and
-    payload; blobs are copied first. Returns the number of rows copied. The target
+    payload; blobs are copied first (``backends/_copy``, shared with the command
+    line's export and import). Returns the number of rows copied. The target
     threads must not exist yet (``ConflictError`` otherwise).
     """
-    copied = 0
-    if thread_id is not None:
-        todo = [thread_id]
-    else:
-        todo, after = [], None
-        while True:
-            page = source.threads(after=after, limit=_PAGE)
-            todo += page
-            if len(page) < _PAGE:
-                break
-            after = page[-1]
-    for tid in todo:
-        blobs = source.scan_blobs(tid, *_BLOB_RANGE)
-        if blobs:
-            target.put_blobs(tid, blobs)
-        for ns in source.namespaces(tid):
-            rows = source.list(tid, ns)
-            for version, row in enumerate(reversed(rows)):
-                target.write(row, {}, version)
-                copied += 1
-    return copied
+    todo = [thread_id] if thread_id is not None else list(all_threads(source))
+    return sum(write_thread(target, read_thread(source, tid)) for tid in todo)

@@ -75,3 +75,42 @@ def test_durations() -> None:
     assert [duration(d) for d in ("90", "45s", "30m", "12h", "7d", "2w", "1.5h")] == [
         90, 45, 1800, 43200, 604800, 1209600, 5400,
     ]
+
+
+def test_a_pruned_thread_exports_and_imports_whole(tmp_path: Path) -> None:
+    """Rooted lists travel with the thread; the integrity anchors stay behind (the target
+    chains the thread anew) and the target verifies."""
+    keys = {"encryption": {"e1": bytes(range(32))}, "integrity": {"m1": bytes(range(40, 72))}}
+    src, dst = f"sqlite:///{tmp_path}/src.db", f"sqlite:///{tmp_path}/dst.db"
+    store = pk.connect(src, **keys)
+    for turn in range(4):
+        with pk.resume("pruned", store=store, state={"log": []}):
+            for i in range(3):
+                cli_step(turn * 10 + i)
+    assert store.prune(pk.Retention(keep_last=3), thread_id="pruned").checkpoints == 13
+    before = store.get_state("pruned")
+    store.close()
+    import base64
+
+    env = {
+        "PERSISTKIT_ENCRYPTION_KEYS": "e1:" + base64.b64encode(bytes(range(32))).decode(),
+        "PERSISTKIT_INTEGRITY_KEYS": "m1:" + base64.b64encode(bytes(range(40, 72))).decode(),
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "persistkit", *args], capture_output=True, text=True, cwd=ROOT, timeout=120,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env},
+        )
+
+    out = cli("export", "pruned", "--url", src, "-o", str(tmp_path / "t.jsonl"))
+    assert out.returncode == 0, out.stderr
+    assert '"a:' not in (tmp_path / "t.jsonl").read_text()  # no anchor leaves its store
+    done = cli("import", str(tmp_path / "t.jsonl"), "--url", dst)
+    assert done.returncode == 0, done.stderr
+    target = pk.connect(dst, **keys)
+    assert target.get_state("pruned") == before
+    assert target.verify("pruned").ok
+    with pk.resume("pruned", store=target, state={"log": []}):
+        cli_step(99)
+    assert len(target.get_state("pruned")["log"]) == len(before["log"]) + 1

@@ -631,7 +631,8 @@ class IntegrityBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
 
     def _blobs_op(self, thread_id: str, method: str, *args: Any) -> _Op[dict[str, bytes]]:
         found: dict[str, bytes] = yield _req(method, thread_id, *args)
-        return {k: open_blob(thread_id, k, v, self.keyring) for k, v in found.items()}
+        # prune anchors are this wrapper's own (``_integrity_prune``): not the layers' above
+        return {k: open_blob(thread_id, k, v, self.keyring) for k, v in found.items() if not k.startswith("a:")}
 
     def _delete_op(self, thread_id: str) -> _Op[bool]:
         existed: bool = yield _req("delete_thread", thread_id)

@@ -2,7 +2,8 @@
 """Project tasks. Needs only Python 3.11+; sets up ./.venv with everything itself.
 
     python3 dev.py demo      run the quickstart demo (crash at step 14, resume)
-    python3 dev.py test      lint (ruff), types (mypy --strict), the whole test suite
+    python3 dev.py test      lint (ruff), types (mypy --strict), the whole test suite (installs
+                             chromium for the timeline page's browser test when missing, as root)
     python3 dev.py bench     the benchmarks under bench/ (installs the peers they compare with)
 
 Extra arguments after ``test`` go to pytest (``python3 dev.py test -k sqlite``).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -73,8 +75,30 @@ def demo() -> int:
     return subprocess.run([str(PY), "examples/quickstart.py"], cwd=ROOT, env=env, check=False).returncode
 
 
+def ensure_chromium() -> None:
+    """Install Debian's ``chromium`` for the timeline page's browser test when it is missing:
+    only as root, on Debian or Ubuntu with apt-get. Otherwise say so; the test then reports
+    the service ``chromium`` unavailable (a failure where PERSISTKIT_REQUIRE names it)."""
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return
+    apt = shutil.which("apt-get")
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if apt is None or not root or not Path("/etc/debian_version").exists():
+        print("chromium is not installed and dev.py installs it only as root on Debian/Ubuntu "
+              "(apt-get install -y chromium): tests/test_timeline_browser.py reports it unavailable", flush=True)
+        return
+    print("installing chromium for tests/test_timeline_browser.py (the timeline page in a browser)", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in ([apt, "update"], [apt, "install", "-y", "--no-install-recommends", "chromium"]):
+        print("+", " ".join(cmd), flush=True)
+        if subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode:
+            print("chromium could not be installed: tests/test_timeline_browser.py reports it unavailable", flush=True)
+            return
+
+
 def test(args: list[str]) -> int:
     ensure_venv("all,test")
+    ensure_chromium()
     # The coverage-guided fuzzer where a wheel exists; without it the fuzz tests
     # still run on hypothesis and the atheris run is skipped (and says so).
     if not (VENV / ".atheris-tried").exists():

@@ -65,6 +65,7 @@ if _TYPE_CHECKING:
     from .blackboard._watch import BoardWatch
     from .coordination import LeaseInfo
     from .coordination._thread_lease import ThreadLease
+    from .ops._retention import PruneReport, Retention
     from .state._model import State
     from .wrappers._encryption import RotationReport
     from .wrappers._verify import IntegrityProblem, IntegrityReport
@@ -104,9 +105,11 @@ __all__ = [
     "OutboxEffect",
     "OutboxReport",
     "PersistkitError",
+    "PruneReport",
     "Question",
     "Reducer",
     "ReplayReport",
+    "Retention",
     "Retry",
     "RetryableError",
     "RotationReport",
@@ -184,6 +187,8 @@ _LAZY = {
     "Claim": ".blackboard._claims",
     "ScopedBoard": ".blackboard._acl",
     "instruction_check": ".blackboard._validate",
+    "Retention": ".ops._retention",
+    "PruneReport": ".ops._retention",
 }
 
 

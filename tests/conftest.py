@@ -83,6 +83,23 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def chromium() -> str:
+    """The headless browser of the timeline page's test (Debian's ``chromium`` package,
+    which ``python3 dev.py test`` installs when missing); ``chromium`` in PERSISTKIT_REQUIRE
+    makes it required. The test drives it over the DevTools protocol with ``websockets``."""
+    import shutil
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        unavailable("chromium", "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)")
+    try:
+        import websockets.sync.client  # noqa: F401
+    except ImportError as exc:
+        unavailable("chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     try:
         import redis

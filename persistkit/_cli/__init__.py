@@ -11,6 +11,10 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_suspend``: ``answer``, ``pending``, ``due``
 * ``_replay``: ``replay-check``
 * ``_outbox``: ``drain-outbox``
+* ``_prune``: ``prune`` (retention)
+* ``_timeline``: ``timeline`` (a thread's runs as one HTML page)
+* ``_inspect``: ``show``, ``diff``, ``fork``
+* ``_transfer``: ``export``, ``import``
 
 Exit status: 0 ok; 1 an error, ``migrate --check`` found the schema behind,
 or ``verify`` found a broken record, or
@@ -18,8 +22,13 @@ or ``verify`` found a broken record, or
 run id or namespace argument that cannot be one); 3 not found (no store
 at the URL, or no such thread or checkpoint), the same for every verb.
 A reader that goes away (``persistkit threads | head -1``) ends a read verb
-(``threads``, ``history``, ``state``) quietly with 0, as its output was
-wanted only in part; any other verb with 1, as its work may be cut short.
+(``threads``, ``history``, ``state``, ``show``, ``diff``) quietly with 0, as its
+output was wanted only in part; any other verb with 1, as its work may be cut
+short (``export`` to stdout included: a cut export is not one).
+
+argparse, not a CLI library: the standard library keeps ``persistkit`` free of a
+dependency for a command of a few dozen flags, and gives usage, help and exit
+status 2 for usage errors as they are documented here.
 """
 
 from __future__ import annotations
@@ -31,13 +40,25 @@ import sys
 from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreOptionsError
 from ..engine._store import check_namespace, check_thread_id
 from ..secrets._redact import scrub
-from . import _keys, _leases, _outbox, _replay, _schema, _suspend, _threads
+from . import (
+    _inspect,
+    _keys,
+    _leases,
+    _outbox,
+    _prune,
+    _replay,
+    _schema,
+    _suspend,
+    _threads,
+    _timeline,
+    _transfer,
+)
 from ._output import Output
 
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
 
 EXIT_NOT_FOUND = 3
-_READ_VERBS = frozenset({"threads", "history", "state"})  # a closed pipe ends them with 0
+_READ_VERBS = frozenset({"threads", "history", "state", "show", "diff"})  # a closed pipe ends them with 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,16 +67,17 @@ def parser() -> argparse.ArgumentParser:
                         "sqlite:///.persistkit/persistkit.db); its password is never printed")
     p = argparse.ArgumentParser(
         prog="persistkit",
-        description="Inspect and manage persistkit stores. Every verb but `migrate` and `keygen` "
-        "opens an existing store and never creates one.",
+        description="Inspect and manage persistkit stores. Every verb but `migrate`, `import` and "
+        "`keygen` opens an existing store and never creates one.",
         epilog="Encrypted or integrity-protected stores: set $PERSISTKIT_ENCRYPTION_KEYS / "
         "$PERSISTKIT_INTEGRITY_KEYS (every verb opens the store with them), or add "
         "?encryption=true&integrity=true to the URL. Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
         "2 usage error, 3 no such store, thread or checkpoint. A closed pipe on stdout "
-        "(`| head`) ends threads, history and state with 0, other verbs with 1.",
+        "(`| head`) ends threads, history, state, show and diff with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    for group in (_threads, _schema, _keys, _leases, _suspend, _replay, _outbox):
+    groups = (_threads, _inspect, _transfer, _schema, _keys, _leases, _suspend, _replay, _outbox, _prune, _timeline)
+    for group in groups:
         group.add_parsers(sub, common)
     for verb in sub.choices.values():
         verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)

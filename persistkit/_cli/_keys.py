@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import os
 from typing import Any
 
 from ..backends import split_connect_options
 from ._open import open_store, resolve_url
-from ._output import Output
+from ._output import Output, dumps
 
 __all__ = ["add_parsers"]
 
@@ -29,10 +30,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     r.add_argument("--batch-size", type=int, default=100)
     r.add_argument("--after", help="continue a store-wide rotation after this thread id")
     r.add_argument("--encrypt-plaintext", action="store_true", help="also seal plaintext records (migration)")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(func=_rotate)
 
     k = sub.add_parser("keygen", help="print a fresh encryption key entry 'key_id:base64'")
     k.add_argument("--id", dest="key_id", help="key id (default: derived from the key)")
+    k.add_argument("--json", action="store_true", help='print {"id": ..., "entry": "key_id:base64"}')
     k.set_defaults(func=_keygen)
 
     v = sub.add_parser("verify", parents=[common],
@@ -45,6 +48,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     v.add_argument("--keys", default=None, help="encryption keys of an encrypted store: env:VAR or file:PATH "
                    "(default: $PERSISTKIT_ENCRYPTION_KEYS when set)")
     v.add_argument("--witness", default=None, help="the witness the store was written with: file:PATH or a store URL")
+    v.add_argument("--json", action="store_true", help="print the report as JSON (every problem a record)")
     v.set_defaults(func=_verify)
 
 
@@ -63,7 +67,10 @@ def _rotate(ns: argparse.Namespace, out: Output) -> int:
         report = store.rotate_keys(
             ns.thread, batch_size=ns.batch_size, after=ns.after, encrypt_plaintext=ns.encrypt_plaintext
         )
-    out.line(str(report))
+    if out.as_json:
+        out.value(dataclasses.asdict(report))
+    else:
+        out.line(str(report))
     return 0
 
 
@@ -73,7 +80,8 @@ def _keygen(ns: argparse.Namespace, out: Output) -> int:
     key = generate_key("encryption")
     kid = ns.key_id or fingerprint_id(key)
     KeyRing({kid: key})  # validates the id
-    out.line(f"{kid}:{base64.b64encode(key).decode('ascii')}")
+    entry = f"{kid}:{base64.b64encode(key).decode('ascii')}"
+    out.line(dumps({"id": kid, "entry": entry}) if out.as_json else entry)
     return 0
 
 
@@ -87,5 +95,10 @@ def _verify(ns: argparse.Namespace, out: Output) -> int:
     )
     with open_store(url, integrity=key, witness=ns.witness, encryption=encryption) as store:
         report = store.verify(ns.thread)
-    out.line(str(report))
+    if out.as_json:
+        out.value({"ok": report.ok, "threads": report.threads, "records": report.records, "blobs": report.blobs,
+                   "problems": [{"thread": p.thread_id, "namespace": p.namespace, "checkpoint": p.checkpoint_id,
+                                 "blob": p.blob_key, "reason": p.reason} for p in report.problems]})
+    else:
+        out.line(str(report))
     return 0 if report.ok else 1

@@ -2,7 +2,7 @@
 
 The URL is ``--url``, else ``$PERSISTKIT_URL``, else the default SQLite file;
 a first positional argument holding ``://`` is accepted as the URL too (the
-form before ``--url`` existed). Every verb but ``migrate`` opens an EXISTING
+form before ``--url`` existed). Every verb but ``migrate`` and ``import`` opens an EXISTING
 store: a missing SQLite file, or a database without persistkit's tables, is
 a :class:`NotFoundError` that names the URL, and nothing is created.
 Values are shown as plain JSON, never revived as classes, so a state holding
@@ -17,16 +17,13 @@ set, with ``integrity=True``, unless the URL's own ``?encryption=`` /
 
 from __future__ import annotations
 
-import base64
 import os
-from datetime import timedelta
 from typing import Any
 
 from .._errors import ConfigurationError, NotFoundError
 from .._io import call
 from ..backends import backend_class, mask_url, split_connect_options
-from ..codec._pipeline import Codec
-from ..codec._stdtypes import TAG
+from ..codec._plain import PlainCodec, plain
 from ..engine._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 
 __all__ = [
@@ -74,7 +71,7 @@ def open_store(url: str, *, create: bool = False, display: bool = False, **optio
         options = {**options, "migrate": False}
     store = connect(url, **options)
     if display:
-        store.codec = _PlainCodec.like(store.codec)
+        store.codec = PlainCodec.like(store.codec)
     return store
 
 
@@ -165,56 +162,3 @@ def thread_not_found(store: Store, thread_id: str, namespace: str = "") -> NotFo
         shown = ", ".join(repr(ns) for ns in spaces[:5])
         hint = f"It is stored under namespace(s) {shown}: pass --namespace {spaces[0]!r}"
     return NotFoundError(f"thread {thread_id!r} not found{where} in the store at {_where(store.url)}. {hint}")
-
-
-class _PlainCodec(Codec):
-    """The store's codec, decoding stored trees to plain JSON values (see :func:`plain`)."""
-
-    @classmethod
-    def like(cls, codec: Codec) -> _PlainCodec:
-        return cls(
-            codec.serializer,
-            compress_threshold=codec.compress_threshold,
-            compress_level=codec.compress_level,
-            redactor=codec.redactor,
-        )
-
-    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False) -> Any:
-        return _as_json(tree)  # never revives a class, so no migration runs: stored data as stored
-
-
-def plain(tree: Any) -> Any:
-    """A stored tree as plain JSON: tagged values become their JSON payload
-    (a model or dataclass its fields, a tuple or set a list, a datetime its
-    ISO text, a secret its handle), and no class is imported or revived."""
-    if isinstance(tree, str):
-        return tree.replace("$CRED{$}", "$CRED{")  # stored escape of a literal "$CRED{"
-    if isinstance(tree, list):
-        return [plain(v) for v in tree]
-    if not isinstance(tree, dict):
-        return tree
-    if TAG not in tree:
-        return {k: plain(v) for k, v in tree.items()}
-    tag, v = tree[TAG], tree.get("v")
-    if tag in ("m", "dc", "t", "s", "fs", "nt", "e"):
-        return plain(v)
-    if tag == "d" and isinstance(v, list):
-        return {str(plain(k)) if not isinstance(k, str) else k: plain(x) for k, x in v}
-    if tag == "i" and isinstance(v, str):
-        return int(v, 16)
-    if tag in ("dt", "tm") and isinstance(v, list) and v:
-        return v[0]
-    if tag == "td" and isinstance(v, list) and len(v) == 3:
-        return str(timedelta(days=v[0], seconds=v[1], microseconds=v[2]))
-    if tag == "pa" and isinstance(v, list) and len(v) == 2:
-        return v[1]
-    if tag == "sec":
-        return f"$CRED{{{v}}}"
-    if tag == "ex" and isinstance(v, dict):
-        return f"{str(tree.get('c', '')).partition(':')[2]}: {v.get('str', '')}"
-    if tag == "x" and isinstance(v, str):
-        return f"<pickled object, {len(base64.b64decode(v))} bytes>"
-    return plain(v)  # b ba (base64 text), f, da, dt, tm, u, dec (their text)
-
-
-_as_json = plain

@@ -7,18 +7,28 @@ table, text that is not plain printable text (a newline, a control character,
 a backslash, a quote or space at either end) is shown as a Python string
 literal, so one cell never looks like two rows or like another id; ``--json``
 gives every value exactly.
+
+On a terminal (or with ``$COLUMNS`` set) a table fits the width
+:func:`shutil.get_terminal_size` gives: the widest columns are narrowed first
+and a cell cut short ends with an ellipsis (``…``). Into a pipe or a file, rows
+are written whole, as scripts read them.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-__all__ = ["Output", "Shown", "cell", "dumps"]
+__all__ = ["ELLIPSIS", "Output", "Shown", "cell", "clip", "dumps"]
 
 _QUOTES = ("'", '"')
+ELLIPSIS = "\u2026"
+#: A column is never narrowed below this (or its header, when shorter).
+_MIN_WIDTH = 5
 
 
 class Shown(str):
@@ -37,6 +47,13 @@ def cell(value: Any) -> str:
     return repr(text)
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, its end an ellipsis when anything was cut."""
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[: width - 1] + ELLIPSIS
+
+
 def dumps(value: Any, *, indent: int | None = 2) -> str:
     """JSON text of an already plain value (see ``_open.plain``)."""
     return json.dumps(value, indent=indent, ensure_ascii=False, default=str)
@@ -45,9 +62,20 @@ def dumps(value: Any, *, indent: int | None = 2) -> str:
 class Output:
     """Writes one verb's result to ``stream``: a table (default) or JSON (``as_json``)."""
 
-    def __init__(self, *, as_json: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(self, *, as_json: bool = False, stream: TextIO | None = None, width: int | None = None) -> None:
         self.as_json = as_json
         self.stream = stream if stream is not None else sys.stdout
+        self._width = width
+
+    @property
+    def width(self) -> int | None:
+        """The width text is fitted to: the terminal's, or ``$COLUMNS``; None into a pipe or file."""
+        if self._width is not None:
+            return self._width
+        isatty = getattr(self.stream, "isatty", None)
+        if "COLUMNS" in os.environ or (callable(isatty) and isatty()):
+            return shutil.get_terminal_size().columns
+        return None
 
     def line(self, text: str) -> None:
         self.stream.write(text + "\n")
@@ -57,20 +85,52 @@ class Output:
         self.line(dumps(value))
 
     def table(
-        self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = (), header: bool = True
+        self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = (),
+        header: bool = True, keep: Sequence[int] = (),
     ) -> None:
         """Rows under a header, columns padded to ``widths`` (the last is never
-        padded); with ``as_json``, one JSON list of objects keyed by column."""
+        padded) and narrowed to fit :attr:`width`, except the columns ``keep``
+        (ids a reader copies into the next command); with ``as_json``, one JSON
+        list of objects keyed by column."""
         if self.as_json:
             self.value([dict(zip(columns, row, strict=True)) for row in rows])
             return
         pads = list(widths) + [0] * (len(columns) - len(widths))
-        if header:
-            self.line(self._row(columns, pads))
-        for row in rows:
-            self.line(self._row([cell(value) for value in row], pads))
+        cells = [[cell(value) for value in row] for row in rows]
+        width = self.width
+        fitted = width is not None
+        if width is not None:
+            pads = _fit([*([list(columns)] if header else []), *cells], pads, width, columns if header else (), keep)
+        for row in ([[str(c) for c in columns]] if header else []) + cells:
+            text = self._row(row, pads, fitted)
+            # columns at their narrowest may still not fit: the line is cut at the edge
+            self.line(text if width is None else clip(text, width))
 
     @staticmethod
-    def _row(cells: Sequence[str], pads: Sequence[int]) -> str:
+    def _row(cells: Sequence[str], pads: Sequence[int], fitted: bool) -> str:
         last = len(cells) - 1
-        return "  ".join(cell if i == last else f"{cell:<{pads[i]}}" for i, cell in enumerate(cells)).rstrip()
+        if fitted:
+            cells = [clip(c, pads[i]) for i, c in enumerate(cells)]
+        return "  ".join(c if i == last else f"{c:<{pads[i]}}" for i, c in enumerate(cells)).rstrip()
+
+
+def _fit(
+    rows: Sequence[Sequence[str]], pads: Sequence[int], width: int, heads: Sequence[str], keep: Sequence[int] = ()
+) -> list[int]:
+    """Column widths for ``rows`` within ``width`` characters (two spaces between columns):
+    each column as wide as its widest cell (at least its pad), then the widest narrowed
+    one character at a time until the row fits or every column is at its minimum
+    (``_MIN_WIDTH``, or its header's length when that is shorter; ``keep``: never narrowed)."""
+    n = len(pads)
+    want = [max([pads[i] if i < n - 1 else 0, *(len(r[i]) for r in rows)]) for i in range(n)]
+    floor = [want[i] if i in keep else min(want[i], _MIN_WIDTH, len(heads[i]) if heads else _MIN_WIDTH)
+             for i in range(n)]
+    room = width - 2 * (n - 1)
+    excess = sum(want) - room
+    while excess > 0:
+        i = max(range(n), key=lambda k: (want[k] - floor[k], k))
+        if want[i] <= floor[i]:
+            break
+        want[i] -= 1
+        excess -= 1
+    return want

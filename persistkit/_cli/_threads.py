@@ -56,6 +56,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("delete", parents=[common], help="delete threads and all their data",
                        description="Delete each THREAD (every namespace, every value). " + _URL_NOTE)
     d.add_argument("threads", nargs="+", metavar="THREAD", help="thread id(s)")
+    d.add_argument("--json", action="store_true", help='print [{"thread": ..., "deleted": true}, ...]')
     d.set_defaults(func=_delete)
 
 
@@ -71,7 +72,8 @@ def _threads(ns: argparse.Namespace, out: Output) -> int:
             else:
                 shown = "" if spaces in ([""], None) else "namespaces: " + ", ".join(map(repr, spaces or []))
                 rows.append((tid, Shown(shown)))
-    out.table(("thread", "namespaces"), rows, widths=(max([len(cell(r[0])) for r in rows] + [6]),), header=False)
+    out.table(("thread", "namespaces"), rows, widths=(max([len(cell(r[0])) for r in rows] + [6]),), header=False,
+              keep=(0,))
     return 0
 
 
@@ -105,7 +107,7 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
     widths: tuple[int, ...] = (max(len(cell(t)) for t in threads), 24, 12, 6, 7, 24, 9, 10)
     if len(threads) == 1 and not out.as_json:  # one thread: no thread column
         columns, widths, rows = columns[1:], widths[1:], [r[1:] for r in rows]
-    out.table(columns, rows, widths=widths)
+    out.table(columns, rows, widths=widths, keep=(columns.index("checkpoint"),))  # ids for show, diff, fork
     return 0
 
 
@@ -148,5 +150,8 @@ def _delete(ns: argparse.Namespace, out: Output) -> int:
         for tid in threads:
             if not store.delete_thread(tid):
                 raise thread_not_found(store, tid)
-            out.line(f"deleted {cell(tid)}" if len(threads) > 1 else "deleted")
+            if not out.as_json:
+                out.line(f"deleted {cell(tid)}" if len(threads) > 1 else "deleted")
+    if out.as_json:
+        out.value([{"thread": tid, "deleted": True} for tid in threads])
     return 0

@@ -5,13 +5,15 @@ near its size bound). Retention (``persistkit/ops/_retention.py``) decides what
 goes; these primitives only delete, and are never on the step path:
 
 ``prune_rows(thread_id, namespace, checkpoint_ids)``
-    Delete these rows of ``(thread_id, namespace)``, oldest first. Ids that do not
+    Delete these rows of ``(thread_id, namespace)``, newest first. Ids that do not
     exist are skipped. Rows whose id is not below the head's checkpoint id are
     never deleted (skipped, in the same atomic operation as the deletion where the
     store has transactions): the head's row, and anything written after the caller
     decided, stay. Returns how many rows were deleted. A store without
-    multi-object transactions (S3) deletes oldest first, so an interrupted call
-    leaves the newer part of what was asked; retention is safe to run again.
+    multi-object transactions (S3) deletes newest first, so an interrupted call
+    leaves the older part of what was asked: retention roots a kept list at the
+    newest row it loses (``state._channels.root_key``), so that row goes first and
+    readers never reach a row older than it; retention is safe to run again.
 ``delete_blobs(thread_id, keys)``
     Delete these blobs of ``thread_id``; missing keys are skipped. Returns how many
     existed.
@@ -58,7 +60,7 @@ class PrunePrimitives:
         return type(self).prune_rows is not PrunePrimitives.prune_rows
 
     def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
-        """Delete rows older than the head, oldest first; how many were deleted."""
+        """Delete rows older than the head, newest first; how many were deleted."""
         raise missing_prune(self, "prune_rows")
 
     def delete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
@@ -110,5 +112,5 @@ class ForwardPrune(PrunePrimitives):
 
 
 def sorted_ids(checkpoint_ids: Sequence[str]) -> builtins.list[str]:
-    """The distinct ids, oldest first (the order every store deletes in)."""
-    return sorted(set(checkpoint_ids))
+    """The distinct ids, newest first (the order every store deletes in)."""
+    return sorted(set(checkpoint_ids), reverse=True)

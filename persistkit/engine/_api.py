@@ -11,6 +11,7 @@ import functools
 import inspect
 import itertools
 import threading
+import time
 import typing
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
@@ -32,6 +33,7 @@ from ..coordination._saga import register_result_undo
 from ..coordination._suspend import Suspended, suspended_again
 from ..coordination._suspend import end_async as suspend_end_async
 from ..coordination._suspend import end_sync as suspend_end_sync
+from ..ops import _telemetry as telemetry
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
 from . import _outbox
@@ -169,6 +171,7 @@ class resume:
     def __enter__(self) -> Run:
         from ..coordination._turns import open_sync
 
+        began = time.time()  # the run's span starts here: the wait for the lease is part of it
         check = CHECKING.get()
         if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
             self.store = check.store
@@ -185,6 +188,7 @@ class resume:
                 from ..coordination._hooks import let_go_sync
 
                 _outbox.settle_sync(run, self._holding, let_go_sync)
+        run.observer = telemetry.opened(run, began, len(run._index))  # None unless telemetry is on
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -222,11 +226,14 @@ class resume:
                 raise failure from end_exc
         finally:
             let_go_sync(run.store, self._holding)
+            if run.observer is not None:
+                run.observer.end(run, exc)
         return None
 
     async def __aenter__(self) -> Run:
         from ..coordination._turns import open_async
 
+        began = time.time()
         check = CHECKING.get()
         if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
             self.store = check.store
@@ -243,6 +250,7 @@ class resume:
                 from ..coordination._hooks import let_go_async
 
                 await _outbox.settle_async(run, self._holding, let_go_async)
+        run.observer = telemetry.opened(run, began, len(run._index))  # None unless telemetry is on
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -280,6 +288,8 @@ class resume:
                 raise failure from end_exc
         finally:
             await let_go_async(run.store, self._holding)
+            if run.observer is not None:
+                run.observer.end(run, exc)
         return None
 
 
@@ -412,6 +422,8 @@ def _sync_wrapper(step: _Step) -> Callable[..., Any]:
                 with resume(kwargs.pop("thread_id"), store=_one_call_store(step, kwargs)):
                     return wrapper(*args, **kwargs)
             return fn(*args, **kwargs)
+        if frame.run.observer is not None:  # telemetry on (ops/_telemetry): the same call, in a span
+            return frame.run.observer.call_sync(_call_sync, step, frame, args, kwargs)
         return _call_sync(step, frame, args, kwargs)
 
     return wrapper
@@ -428,6 +440,8 @@ def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
                 async with resume(kwargs.pop("thread_id"), store=_one_call_store(step, kwargs)):
                     return await wrapper(*args, **kwargs)
             return await fn(*args, **kwargs)
+        if frame.run.observer is not None:  # telemetry on (ops/_telemetry): the same call, in a span
+            return await frame.run.observer.call_async(_call_async, step, frame, args, kwargs)
         return await _call_async(step, frame, args, kwargs)
 
     return wrapper
@@ -504,7 +518,8 @@ def _call_sync(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs: dict[s
     import tenacity
 
     try:
-        for att in tenacity.Retrying(**step.retry.tenacity_kwargs()):
+        retried = functools.partial(telemetry.retrying, run, position, step.name)  # logs, and a span event
+        for att in tenacity.Retrying(**step.retry.tenacity_kwargs(), before_sleep=retried):
             with att:
                 result = body()
     except Exception as exc:
@@ -560,7 +575,8 @@ async def _call_async(step: _Step, frame: _Frame, args: tuple[Any, ...], kwargs:
     import tenacity
 
     try:
-        async for att in tenacity.AsyncRetrying(**step.retry.tenacity_kwargs()):
+        retried = functools.partial(telemetry.retrying, run, position, step.name)
+        async for att in tenacity.AsyncRetrying(**step.retry.tenacity_kwargs(), before_sleep=retried):
             with att:
                 result = await body()
     except Exception as exc:

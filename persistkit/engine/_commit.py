@@ -9,6 +9,7 @@ compare-and-swap becomes a ``ConflictError`` whose advice is safe to follow (``_
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from .._errors import (
@@ -22,6 +23,7 @@ from ..backends import CheckpointRow, Head
 from ..codec._pipeline import _dump, content_hash
 from ..coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
 from ..coordination._lease import freeing
+from ..ops._telemetry import conflicted
 from ..state._channels import Diff
 from ..state._dedupe import result
 from ..state._records import Record
@@ -141,7 +143,8 @@ class Commits(ReplayCursor):
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
         row, blobs, diff = self._prepare(body, extra, args)
-        lease, version = self.lease, self._head.version if self._head else 0
+        lease, version, obs = self.lease, self._head.version if self._head else 0, self.observer
+        began = perf_counter() if obs is not None else 0.0  # telemetry (ops/_telemetry): write latency
         try:
             swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
@@ -158,14 +161,18 @@ class Commits(ReplayCursor):
             if lost is None:
                 return  # an end record that changes nothing: skipped (see _conflict)
             self._lost = lost
+            conflicted(self, body, lost)  # logged, and reported if observed (ops/_telemetry)
             raise lost from exc
         self._landed(row, body, diff, head, error)
+        if obs is not None:
+            obs.wrote(row.payload, blobs, body, perf_counter() - began)
 
     async def _write_async(
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
         row, blobs, diff = self._prepare(body, extra, args)
-        lease, version = self.lease, self._head.version if self._head else 0
+        lease, version, obs = self.lease, self._head.version if self._head else 0, self.observer
+        began = perf_counter() if obs is not None else 0.0  # telemetry (ops/_telemetry): write latency
         try:
             swap = freeing(lease) if lease is not None and self.release_at_end and body["k"] == "end" else None
             if lease is None:
@@ -182,8 +189,11 @@ class Commits(ReplayCursor):
             if lost is None:
                 return
             self._lost = lost
+            conflicted(self, body, lost)  # logged, and reported if observed (ops/_telemetry)
             raise lost from exc
         self._landed(row, body, diff, head, error)
+        if obs is not None:
+            obs.wrote(row.payload, blobs, body, perf_counter() - began)
 
     def _step_body(
         self, position: str, name: str, digest: bytes | str | None, result: Any, error: BaseException | None

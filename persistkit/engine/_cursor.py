@@ -235,6 +235,8 @@ class ReplayCursor(StateRestore):
         if migrations_ran() != ran:
             self.migrated = True
         self._events.append((pos, name, True, "failed" if failed else "completed"))
+        if self.observer is not None:  # telemetry (ops/_telemetry): the step's span says replayed
+            self.observer.replayed(pos, name, failed)
         if failed:
             self._failures[id(recorded)] = (recorded, rec.id)
             raise recorded

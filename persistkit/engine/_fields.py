@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from ..coordination import Lease
+    from ..ops._telemetry import Observer
 
 
 class RunFields:
@@ -42,6 +43,7 @@ class RunFields:
     lease: Lease | None
     release_at_end: bool
     keeps_turns: bool
+    observer: Observer | None
     _events: list[tuple[str, str, bool, str]]
     _moved_on: tuple[str, Head | None, str | None, str | None] | None
     _failed_end: Record | None

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from .._retry import Retry
     from ..coordination import Lease
+    from ..ops._telemetry import Observer
 
 
 __all__ = ["Run", "StepEvent", "StepInfo"]
@@ -147,6 +148,9 @@ class Run(Commits):
         #: resume waits) rather than start on top of another turn's unfinished run.
         self.keeps_turns = False
         self._questions: list[Question] = []  # set when the run suspends (pk.suspend, pk.sleep)
+        #: Set by resume() once the run is open: what reports its spans, metrics and DEBUG
+        #: lines (ops/_telemetry), or None (off: the step path tests only this).
+        self.observer: Observer | None = None
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"

@@ -24,6 +24,7 @@ from ..codec._pipeline import Codec
 from ..codec._serde import Serializer
 from ..coordination._outbox_store import OutboxStore
 from ..coordination._suspend_store import SuspendStore
+from ..ops._prune import RetentionStore
 from ..secrets._redact import Redactor, Vault, scrub
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
@@ -96,7 +97,7 @@ def _check_limit(limit: object) -> int | None:
     return limit
 
 
-class Store(SuspendStore, ReplayCheckStore, OutboxStore, StorePlans):
+class Store(SuspendStore, ReplayCheckStore, OutboxStore, RetentionStore, StorePlans):
     """A durable store. Open one with :func:`connect`; share it across threads and runs."""
 
     def __init__(self, backend: Backend, *, codec: Codec | None = None) -> None:

@@ -80,6 +80,14 @@ def _seg_key(name: str, gen: int, start: int, digest: str) -> str:
     return f"s:{_qname(name)}:{gen:06d}:{start:010d}:{digest}"
 
 
+def root_key(name: str, checkpoint_id: str) -> str:
+    """The blob that stands for the segment of list ``name`` in row ``checkpoint_id`` and
+    every segment before it: written by retention (``ops/_retention``) before it deletes
+    rows a kept list still links to, read only when that row (or a row whose result the
+    segment refers to) is gone. Its tree is a segment that starts at 0 and links nowhere."""
+    return f"l:{_qname(name)}:{checkpoint_id}"
+
+
 #: Values that cannot change in place: one that is the very object committed last is
 #: unchanged, so neither the pre-step check nor the commit serializes it again.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes})
@@ -429,7 +437,9 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self.add(Record.decode(self.codec, row) for row in page)
-            if not _is_blob_key(key):  # items stored as the result of another row: read that row
+                if key not in self.rows:  # pruned: retention rooted the list again in a blob
+                    yield from self._rooted(name, key)
+            if not _is_blob_key(key) and (name, key) not in self.raw:  # items stored as the result of another row: read that row
                 for ref in wanted(self.rows.get(key), name, self.rows):
                     try:
                         before = _after(ref)
@@ -441,6 +451,8 @@ class Loader:
                     big = result_blob(self.rows.get(ref))
                     if big is not None and big not in self.blobs:
                         self.blobs.update((yield call("get_blobs", self.thread_id, [big])))
+                if wanted(self.rows.get(key), name, self.rows):  # a row it refers to was pruned
+                    yield from self._rooted(name, key)
             if key in walked:
                 raise IntegrityError(
                     f"thread {self.thread_id!r}: list channel {name!r} has a segment chain that "
@@ -449,6 +461,26 @@ class Loader:
             walked[key] = None
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
+
+    def segment_keys(self, name: str, ref: dict[str, Any]) -> list[str]:
+        """The segment keys of a list ref's chain, oldest first (fetched first with :meth:`fetch`)."""
+        return [] if ref["l"] is None else list(self._walk(name, ref["l"], ref["n"]))
+
+    def segment_trees(self, name: str, key: str) -> list[Any]:
+        """The item trees of one segment, references to other rows' results resolved."""
+        return self._raw(name, key)[2]
+
+    def _rooted(self, name: str, key: str) -> Plan[None]:
+        """Stand the list's rooted copy (``root_key``), if retention wrote one, for the
+        segment ``key`` and all before it; without one, reading the segment reports it missing."""
+        rk = root_key(name, key)
+        if rk not in self.blobs:
+            self.blobs.update((yield call("get_blobs", self.thread_id, [rk])))
+        if rk in self.blobs:
+            tree = self.codec.unpack_tree(self.blobs[rk], f"state.{name}")
+            if type(tree) is not dict or tree.get("p") is not None or tree.get("s") != 0 or type(tree.get("i")) is not list:
+                raise SerializationError(f"the rooted list {rk} is malformed", path=f"state.{name}")
+            self.raw[(name, key)] = (None, 0, tree["i"])
 
     def value(self, name: str, ref: dict[str, Any], plain: bool = False) -> Any:
         """A freshly decoded value for a channel ref (the caller may mutate it).

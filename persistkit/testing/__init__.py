@@ -10,8 +10,8 @@ check (docs/long-runs.md); ``OutboxConformance`` after-commit effects (``run.aft
 ``store.drain_outbox``, docs/long-runs.md); ``SagaConformance`` compensations and the
 rollback; ``LongRunsConformance`` all four of those; ``KvConformance`` and
 ``WatchConformance`` the ``kv`` and ``watch`` capabilities a store's board needs
-(docs/shared-state.md); ``PruneConformance`` the ``prune`` capability retention needs
-(docs/operations.md); ``BoardConformance`` the board itself (``store.board()``: versions,
+(docs/shared-state.md); ``PruneConformance`` the ``prune`` capability retention needs and
+``RetentionConformance`` ``store.prune`` end to end (docs/operations.md); ``BoardConformance`` the board itself (``store.board()``: versions,
 cas, batches, TTL, claims, watches, scoped handles, validators, values through the
 wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
@@ -28,6 +28,7 @@ from .long_runs_suite import LongRunsConformance
 from .outbox_suite import OutboxConformance
 from .patch_suite import PatchConformance
 from .prune_suite import PruneConformance
+from .retention_suite import RetentionConformance
 from .saga_suite import SagaConformance
 from .store_suite import StoreConformance
 from .suspend_suite import SuspendConformance
@@ -43,6 +44,7 @@ __all__ = [
     "OutboxConformance",
     "PatchConformance",
     "PruneConformance",
+    "RetentionConformance",
     "SagaConformance",
     "StoreConformance",
     "SuspendConformance",

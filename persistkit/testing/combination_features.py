@@ -285,6 +285,51 @@ register_feature(
 )
 
 
+# -- retention: a prune between the crash and the resume ---------------------------------
+#
+# The new process prunes the thread before it resumes, as a nightly job may run while a
+# run waits to be resumed: keep one checkpoint, finished runs only their last. Everything
+# of the crashed run is still needed, so nothing may go, and the resume must still be
+# exactly once with every feature's bytes (lists, anchors under integrity, offloaded
+# values) intact. It runs once per case (a marker file), only for a crashed case.
+
+
+def _retention_setup(case: Case, version: int) -> None:
+    marker = case.path("pruned.json")
+    if version != 2 or case.crash_at is None or marker.exists():
+        return
+    from .combination import open_store
+
+    with open_store(case) as store:
+        report = store.prune(pk.Retention(keep_last=1, final_only=True), thread_id=case.thread, progress=False)
+    marker.write_text(json.dumps(report.as_dict()))
+
+
+def _retention_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    marker = case.path("pruned.json")
+    if case.crash_at is None:
+        return []
+    if not marker.exists():
+        return ["the prune before the resume did not run"]
+    report = json.loads(marker.read_text())
+    problems = []
+    if report["checkpoints"] or report["threads_deleted"]:
+        problems.append(f"the prune deleted what the crashed run needed: {report}")
+    if report["skipped"] and not any(f.name == "leases" for f in case.feature_objects()):
+        problems.append(f"the prune skipped the thread: {report['skipped']}")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="retention",
+        doc="store.prune(keep_last=1, final_only=True) in the new process before it resumes the crashed run",
+        setup=_retention_setup,
+        check=_retention_check,
+    )
+)
+
+
 # -- versioned value classes (pk.register(cls, version=2) + @pk.migration(cls, from_version=1)) --
 #
 # Each code version defines its own class under one stored name (this module's

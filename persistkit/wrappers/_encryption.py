@@ -57,6 +57,7 @@ from .._errors import (
     damaged_record_advice,
 )
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
+from ..backends._prune import ForwardPrune
 from ._keys import KeyRing
 from ._kv import ValueKv, kv_where
 
@@ -152,7 +153,7 @@ class RotationReport:
         )
 
 
-class EncryptedBackend(ForwardLeases, ValueKv, Backend):
+class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
     """``inner`` with every row payload and blob sealed by AES-256-GCM under ``keyring``.
 
     Heads, ids and blob keys pass through in plaintext (see the module docs).

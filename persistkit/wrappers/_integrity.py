@@ -31,6 +31,8 @@ What each read checks (and costs)
                steps by one, ``prev_cid``/``prev_tag`` match). One extra row
                is read past ``limit`` so the link across a page boundary is
                checked; a list that reaches the oldest row checks it is #1.
+               A gap that retention made is accepted when the prune's sealed
+               anchor says so (``_integrity_prune.py``; read only at a gap).
                The first page (no ``before``, no ``run_id``) also reads the
                head: newest row == head row, seq == version, witness.
                ``run_id`` lists check gaps between rows of the run with one
@@ -81,6 +83,8 @@ from .._errors import (
 )
 from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
+from ..backends._prune import ForwardPrune
+from ._integrity_prune import check_gap, prune_op
 from ._keys import KeyRing
 from ._kv import ValueKv, open_kv_tagged, tag_kv_op
 from ._witness import Witness, WitnessEntry, coerce_witness
@@ -320,7 +324,7 @@ def _req(method: str, *args: Any, **kwargs: Any) -> _Req:
     return (method, args, kwargs)
 
 
-class IntegrityBackend(ForwardLeases, ValueKv, Backend):
+class IntegrityBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
     """Seals every row and blob written through it and refuses any read that fails its checks.
 
     ``keyring`` is a ``KeyRing(purpose="integrity")``: the active key seals,
@@ -473,8 +477,9 @@ class IntegrityBackend(ForwardLeases, ValueKv, Backend):
         rows: list[CheckpointRow] = yield _req("list", thread_id, namespace, before=before, limit=want)
         sealed = [self._open(r) for r in rows]
         for a, b in pairwise(sealed):
-            check_links(thread_id, namespace, a, b)
-        if sealed and (want is None or len(sealed) < want) and sealed[-1].seq != 1:
+            yield from self._linked(thread_id, namespace, a, b)
+        bottom = sealed and (want is None or len(sealed) < want) and sealed[-1].seq != 1
+        if bottom and not (yield from check_gap(self, thread_id, namespace, sealed[-1], None)):
             oldest = sealed[-1]
             raise IntegrityError(
                 f"{where(thread_id, namespace, oldest.row.checkpoint_id)}: this is the oldest stored record, but "
@@ -520,25 +525,58 @@ class IntegrityBackend(ForwardLeases, ValueKv, Backend):
             )
             chain = [a, *(self._open(r) for r in gap)]
             for x, y in pairwise(chain):
-                check_links(thread_id, namespace, x, y)
+                yield from self._linked(thread_id, namespace, x, y)
                 if y.row.run_id == run_id and y.row.checkpoint_id != b.row.checkpoint_id:
                     raise IntegrityError(
                         f"{where(thread_id, namespace, y.row.checkpoint_id)}: this record of run {run_id} was "
                         f"left out of the run's listing; the store's index was edited. {_FIX}"
                     )
             if chain[-1].row.checkpoint_id != b.row.checkpoint_id:
-                check_links(thread_id, namespace, chain[-1], b)
+                yield from self._linked(thread_id, namespace, chain[-1], b)
         if sealed and (want is None or len(sealed) < want) and sealed[-1].seq > 1:
             oldest = sealed[-1]
             assert oldest.prev_cid is not None
             prev: CheckpointRow | None = yield _req("get", thread_id, namespace, oldest.prev_cid)
-            if prev is None:
+            if prev is None and (yield from self._pruned_below(thread_id, namespace, oldest)):
+                pass
+            elif prev is None:
                 raise IntegrityError(
                     f"{where(thread_id, namespace, oldest.row.checkpoint_id)}: its predecessor, checkpoint "
                     f"{oldest.prev_cid} (record #{oldest.seq - 1}), is missing; a record was deleted. {_FIX}"
                 )
-            check_links(thread_id, namespace, oldest, self._open(prev))
+            else:
+                check_links(thread_id, namespace, oldest, self._open(prev))
         return [s.plain() for s in (sealed if limit is None else sealed[:limit])]
+
+    def seal_blob(self, thread_id: str, key: str, data: bytes) -> bytes:
+        kid, mac_key = self.keyring.active()
+        return seal_blob(thread_id, key, data, kid, mac_key)
+
+    def open_blob(self, thread_id: str, key: str, value: bytes) -> bytes:
+        return open_blob(thread_id, key, value, self.keyring)
+
+    def _linked(self, thread_id: str, namespace: str, newer: Sealed, older: Sealed) -> _Op[None]:
+        """``older`` is ``newer``'s chain predecessor, or the gap between them was pruned
+        (an anchor says so; read only when there is a gap: see ``_integrity_prune``)."""
+        if newer.seq > older.seq + 1 and (yield from check_gap(self, thread_id, namespace, newer, older)):
+            return
+        check_links(thread_id, namespace, newer, older)
+
+    def _pruned_below(self, thread_id: str, namespace: str, oldest: Sealed) -> _Op[bool]:
+        """The predecessor of a run's oldest record is missing: was it pruned? The next older
+        stored record (if any) must be one the record's anchor allows."""
+        below: list[CheckpointRow] = yield _req("list", thread_id, namespace, before=oldest.row.checkpoint_id, limit=1)
+        older = self._open(below[0]) if below else None
+        allowed: bool = yield from check_gap(self, thread_id, namespace, oldest, older)
+        return allowed
+
+    # -- prune (retention): anchors first, then the deletion (``_integrity_prune``) ---------
+
+    def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        return self._drive(prune_op(self, thread_id, namespace, checkpoint_ids))
+
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        return await self._adrive(prune_op(self, thread_id, namespace, checkpoint_ids))
 
     def _write_op(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fence: int | None = None) -> _Op[Head]:
         t, ns = row.thread_id, row.namespace
@@ -593,7 +631,8 @@ class IntegrityBackend(ForwardLeases, ValueKv, Backend):
 
     def _blobs_op(self, thread_id: str, method: str, *args: Any) -> _Op[dict[str, bytes]]:
         found: dict[str, bytes] = yield _req(method, thread_id, *args)
-        return {k: open_blob(thread_id, k, v, self.keyring) for k, v in found.items()}
+        # prune anchors are this wrapper's own (``_integrity_prune``): not the layers' above
+        return {k: open_blob(thread_id, k, v, self.keyring) for k, v in found.items() if not k.startswith("a:")}
 
     def _delete_op(self, thread_id: str) -> _Op[bool]:
         existed: bool = yield _req("delete_thread", thread_id)

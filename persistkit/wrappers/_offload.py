@@ -517,6 +517,55 @@ class OffloadBackend(ForwardLeases, ValueKv, Backend):
         in_primary = await self.primary.adelete_thread(thread_id)
         return await self.blobs.adelete_thread(thread_id) or in_primary
 
+    # -- prune (retention): the primary's rows, then the objects only they pointed to ------
+
+    @property
+    def supports_prune(self) -> bool:
+        return self.primary.supports_prune and self.blobs.supports_prune
+
+    def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        rows: builtins.list[CheckpointRow] = []
+        while not rows or len(rows) % 500 == 0:
+            page = self.primary.list(thread_id, namespace, before=rows[-1].checkpoint_id if rows else None, limit=500)
+            rows.extend(page)
+            if not page:
+                break
+        deleted = self.primary.prune_rows(thread_id, namespace, checkpoint_ids)
+        orphans = _row_objects(thread_id, rows, set(checkpoint_ids))
+        if deleted and orphans:
+            self.blobs.delete_blobs(thread_id, orphans)
+        return deleted
+
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
+        rows: builtins.list[CheckpointRow] = []
+        while not rows or len(rows) % 500 == 0:
+            page = await self.primary.alist(thread_id, namespace, before=rows[-1].checkpoint_id if rows else None, limit=500)
+            rows.extend(page)
+            if not page:
+                break
+        deleted = await self.primary.aprune_rows(thread_id, namespace, checkpoint_ids)
+        orphans = _row_objects(thread_id, rows, set(checkpoint_ids))
+        if deleted and orphans:
+            await self.blobs.adelete_blobs(thread_id, orphans)
+        return deleted
+
+    def delete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        # primary first (its pointers), then the objects; a key may be in either
+        in_primary = self.primary.delete_blobs(thread_id, keys)
+        self.blobs.delete_blobs(thread_id, keys)
+        return in_primary
+
+    async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
+        in_primary = await self.primary.adelete_blobs(thread_id, keys)
+        await self.blobs.adelete_blobs(thread_id, keys)
+        return in_primary
+
+    def blob_sizes(self, thread_id: str) -> dict[str, int]:
+        return _sizes(self.primary.blob_sizes(thread_id), self.blobs.blob_sizes(thread_id))
+
+    async def ablob_sizes(self, thread_id: str) -> dict[str, int]:
+        return _sizes(await self.primary.ablob_sizes(thread_id), await self.blobs.ablob_sizes(thread_id))
+
     def close(self) -> None:
         try:
             self.primary.close()
@@ -528,3 +577,24 @@ class OffloadBackend(ForwardLeases, ValueKv, Backend):
             await self.primary.aclose()
         finally:
             await self.blobs.aclose()
+
+
+def _row_objects(thread_id: str, rows: Sequence[CheckpointRow], doomed: set[str]) -> builtins.list[str]:
+    """The blob-store objects of the offloaded payloads of the ``doomed`` rows (``rows``: the
+    chain, newest first, as it was before the prune) that no row still there points to.
+    The head's row and anything newer are never pruned, so they are never orphaned."""
+    head = rows[0].checkpoint_id if rows else ""
+    targets: dict[str, bool] = {}  # object key -> still pointed to
+    for r in rows:
+        if r.payload.startswith(_MARKER):
+            key = _parse(thread_id, r.checkpoint_id, r.payload).key
+            kept = r.checkpoint_id not in doomed or r.checkpoint_id >= head
+            targets[key] = targets.get(key, False) or kept
+    return sorted(k for k, kept in targets.items() if not kept)
+
+
+def _sizes(primary: Mapping[str, int], objects: Mapping[str, int]) -> dict[str, int]:
+    """Each blob key of the primary with the size of what it holds: the object's for an
+    offloaded value (the primary holds its pointer)."""
+    return {k: objects.get(k, n) for k, n in primary.items()}
+

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .._errors import IntegrityError
 from ..backends import Backend, CheckpointRow
+from ..backends._copy import BLOB_RANGE, all_threads, read_thread, write_thread
 from ._integrity import (
     _FIX,
     IntegrityBackend,
@@ -21,12 +22,11 @@ from ._integrity import (
     open_blob,
     open_row,
 )
+from ._integrity_prune import anchor_range, anchors_in, gap_allowed
 
 __all__ = ["IntegrityProblem", "IntegrityReport", "verify_backend"]
 
 _PAGE = 500
-#: Blob keys are printable ASCII; this range covers every one of them.
-_BLOB_RANGE = (" ", "\x7f")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,8 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
                 continue
             if good and last_ok:
                 try:
-                    check_links(thread_id, ns, good[-1], s)
+                    if not (good[-1].seq > s.seq + 1 and _anchored(ib, source, thread_id, ns, good[-1], s)):
+                        check_links(thread_id, ns, good[-1], s)
                 except IntegrityError as exc:
                     problem(good[-1].row.checkpoint_id, _reason(exc))
             good.append(s)
@@ -134,7 +135,7 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
         if len(page) < _PAGE:
             break
         before = page[-1].checkpoint_id
-    if good and good[-1].seq != 1:
+    if good and good[-1].seq != 1 and not _anchored(ib, source, thread_id, ns, good[-1], None):
         problem(good[-1].row.checkpoint_id, f"the oldest verifiable record is #{good[-1].seq}; older records are missing")
     newest = good[0] if good else None
     if head is None:
@@ -155,6 +156,19 @@ def _verify_namespace(ib: IntegrityBackend, thread_id: str, ns: str, report: Int
             problem(head.checkpoint_id if head else None, _reason(exc))
 
 
+def _anchored(ib: IntegrityBackend, source: _Source, thread_id: str, ns: str, newer: Sealed, older: Sealed | None) -> bool:
+    """Whether a prune anchored the gap below ``newer`` (``_integrity_prune``)."""
+    key = newer.row.checkpoint_id
+    found = {
+        k: open_blob(thread_id, k, source.blob(thread_id, k, v), ib.keyring)
+        for k, v in source.backend.scan_blobs(thread_id, *anchor_range(ns, key)).items()
+    }
+    anchors = anchors_in(thread_id, ns, key, found)
+    if older is None:
+        return gap_allowed(anchors, None, None, None)
+    return gap_allowed(anchors, older.seq, older.row.checkpoint_id, older.tag)
+
+
 def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport) -> None:
     report.threads += 1
     known = set(ib.inner.namespaces(thread_id))
@@ -164,7 +178,7 @@ def _verify_thread(ib: IntegrityBackend, thread_id: str, report: IntegrityReport
     for ns in sorted(known):
         _verify_namespace(ib, thread_id, ns, report)
     source = _Source(ib)
-    for key, value in source.backend.scan_blobs(thread_id, *_BLOB_RANGE).items():
+    for key, value in source.backend.scan_blobs(thread_id, *BLOB_RANGE).items():
         report.blobs += 1
         try:
             open_blob(thread_id, key, source.blob(thread_id, key, value), ib.keyring)
@@ -193,27 +207,9 @@ def copy_into(source: Backend, target: IntegrityBackend, thread_id: str | None =
 
     The migration path into integrity: rows are immutable, so an existing store is
     never sealed in place. Every row keeps its checkpoint id, parent, run id and
-    payload; blobs are copied first. Returns the number of rows copied. The target
+    payload; blobs are copied first (``backends/_copy``, shared with the command
+    line's export and import). Returns the number of rows copied. The target
     threads must not exist yet (``ConflictError`` otherwise).
     """
-    copied = 0
-    if thread_id is not None:
-        todo = [thread_id]
-    else:
-        todo, after = [], None
-        while True:
-            page = source.threads(after=after, limit=_PAGE)
-            todo += page
-            if len(page) < _PAGE:
-                break
-            after = page[-1]
-    for tid in todo:
-        blobs = source.scan_blobs(tid, *_BLOB_RANGE)
-        if blobs:
-            target.put_blobs(tid, blobs)
-        for ns in source.namespaces(tid):
-            rows = source.list(tid, ns)
-            for version, row in enumerate(reversed(rows)):
-                target.write(row, {}, version)
-                copied += 1
-    return copied
+    todo = [thread_id] if thread_id is not None else list(all_threads(source))
+    return sum(write_thread(target, read_thread(source, tid)) for tid in todo)

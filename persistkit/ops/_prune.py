@@ -1,0 +1,391 @@
+"""``store.prune(policy)`` / ``aprune``: retention that never breaks a resume.
+
+For each thread (``prefix``, or one ``thread_id``), under the thread's lease taken the
+way ``store.abandon`` does (a thread whose lease a live run holds is skipped and
+reported: its run may be writing), in this order, each step safe to interrupt:
+
+1. **sizes**: the thread's blob keys and sizes (``blob_sizes``), before anything is read;
+   only these can be swept, so a value a writer adds meanwhile is never touched.
+2. **read and decide**: every record of every namespace; :func:`~._retention.doomed`
+   picks what the policy lets go and nothing needs.
+3. **root the lists**: a kept checkpoint's list channel links back, segment by segment,
+   through older rows. Where its chain reaches a row that goes (or a row whose result a
+   kept segment refers to), the items up to there are written as one blob
+   (``state._channels.root_key``), which a reader uses when that row is gone. Written
+   before anything is deleted.
+4. **delete**: ``prune_rows`` in batches, newest first, so an interrupted prune leaves
+   only rows no kept list reaches any more (under ``integrity=`` the wrapper
+   first writes the anchors that let its chain skip them: ``wrappers/_integrity_prune``).
+5. **sweep**: blobs from step 1 whose keys are values, list segments or rooted lists
+   (``v:``, ``s:``, ``l:``) that no kept checkpoint refers to are deleted (any other key is
+   never touched).
+
+``thread_ttl`` deletes a whole expired thread instead (``delete_thread``). Forks: the
+checkpoint a thread was forked from is kept while that thread exists, which needs the
+fork records of every thread, so a prune first reads the oldest record of every thread
+of the store (one pass over its rows). Interrupted anywhere, the store is consistent
+and the next prune finishes the work.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._errors import (
+    ConfigurationError,
+    IntegrityError,
+    PersistkitError,
+    SerializationError,
+    StoreOptionsError,
+    ThreadBusyError,
+)
+from .._io import Call, Plan, call, run_sync
+from ..backends import Backend
+from ..backends._capabilities import require
+from ..codec._pipeline import Codec
+from ..coordination._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
+from ..secrets._redact import scrub
+from ..state._channels import Loader, root_key, seg_range
+from ..state._dedupe import result_blob, wanted
+from ..state._records import Record, read_rows
+from ._retention import PruneReport, Retention, doomed, thread_expired
+
+__all__ = ["RetentionStore"]
+
+_PAGE = 500
+_BATCH = 500  # rows per prune_rows call, blobs per delete_blobs call
+_PATIENCE = 5.0  # seconds to wait for a thread's lease before skipping the thread
+_SWEPT = ("v:", "s:", "l:")  # blob keys the sweep may delete; any other key stays
+_RESERVED = "__persistkit__"
+
+
+@dataclass
+class _Thread:
+    """One thread's work: its chains and what goes."""
+
+    thread_id: str
+    chains: dict[str, list[Record]] = field(default_factory=dict)
+    gone: dict[str, set[str]] = field(default_factory=dict)
+    roots: dict[str, bytes] = field(default_factory=dict)  # blobs to write first
+    needed_roots: set[str] = field(default_factory=set)
+
+
+def _threads(thread_id: str | None, prefix: str) -> Plan[list[str]]:
+    if thread_id is not None:
+        return [thread_id]
+    out: list[str] = []
+    after = None
+    while True:
+        page = yield call("threads", prefix=prefix, after=after, limit=_PAGE)
+        out.extend(t for t in page if not t.startswith(_RESERVED))
+        if len(page) < _PAGE:
+            return out
+        after = page[-1]
+
+
+def _namespaces(thread_id: str, namespace: str | None) -> Plan[list[str]]:
+    if namespace is not None:
+        return [namespace]
+    try:
+        spaces: list[str] = yield call("namespaces", thread_id)
+    except ConfigurationError:  # a third-party store without namespaces(): the default one
+        spaces = [""]
+    return spaces
+
+
+def _fork_sources(codec: Codec, unreadable: list[str]) -> Plan[dict[tuple[str, str], set[str]]]:
+    """(source thread, namespace) -> checkpoint ids some thread of the store was forked from.
+    A thread these store options cannot read (another key, another codec) is noted in
+    ``unreadable`` and passed over: a fork holds its own copy of the state, so what it
+    would protect is its source's history, not its own."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for t in (yield from _threads(None, "")):
+        try:
+            for ns in (yield from _namespaces(t, None)):
+                before = None
+                while True:  # the fork record is a chain's oldest: page to the bottom
+                    page = yield call("list", t, ns, before=before, limit=_PAGE)
+                    if len(page) < _PAGE:
+                        break
+                    before = page[-1].checkpoint_id
+                if page:
+                    rec = Record.decode(codec, page[-1])
+                    f = rec.body.get("f") if rec.kind == "fork" else None
+                    if f:
+                        out.setdefault((str(f[0]), ns), set()).add(str(f[1]))
+        except PersistkitError:
+            unreadable.append(t)
+    return out
+
+
+def _read(codec: Codec, work: _Thread, namespaces: Sequence[str]) -> Plan[None]:
+    for ns in namespaces:
+        work.chains[ns] = (yield from read_rows(codec, work.thread_id, ns))
+
+
+def _lists(codec: Codec, work: _Thread, ns: str, report: PruneReport) -> Plan[None]:
+    """Step 3's plan for one chain: which rooted lists the kept checkpoints need, and the
+    blobs of those not stored yet."""
+    records, gone = work.chains[ns], work.gone[ns]
+    stored = {r.id for r in records}
+    kept = [r for r in records if r.id not in gone]
+    loader = Loader(codec, work.thread_id, ns)
+    loader.add(records)
+    for rec in kept:
+        yield from loader.fetch([rec.refs])
+        for name, ref in rec.refs.items():
+            if "l" not in ref or ref["l"] is None:
+                continue
+            keys = loader.segment_keys(name, ref)
+
+            def lost(key: str, name: str = name) -> bool:
+                if key.startswith("s:"):
+                    return False
+                if key in gone or key not in stored:
+                    return True
+                body = loader.rows.get(key)
+                return any(c in gone or c not in stored for c in wanted(body, name, {}))
+
+            cut = max((i for i, k in enumerate(keys) if lost(k)), default=-1)
+            if cut < 0:
+                continue
+            rk = root_key(name, keys[cut])
+            work.needed_roots.add(rk)
+            if rk in work.roots or rk in loader.blobs:
+                continue
+            trees: list[Any] = []
+            for key in keys[: cut + 1]:
+                trees.extend(loader.segment_trees(name, key))
+            work.roots[rk] = codec.pack_tree({"p": None, "s": 0, "i": trees})
+            report.lists_rooted += 1
+
+
+def _marked(work: _Thread) -> tuple[set[str], set[str]]:
+    """(blob keys, list generation prefixes) the kept checkpoints of every chain refer to."""
+    keys: set[str] = set(work.needed_roots)
+    prefixes: set[str] = set()
+    for ns, records in work.chains.items():
+        gone = work.gone.get(ns, set())
+        for rec in records:
+            if rec.id in gone:
+                continue
+            big = result_blob(rec.body)
+            if big is not None:
+                keys.add(big)
+            for name, ref in rec.refs.items():
+                if "b" in ref:
+                    keys.add(ref["b"])
+                elif "l" in ref:
+                    prefixes.add(seg_range(name, ref["g"])[0])
+    return keys, prefixes
+
+
+def _sweepable(sizes: Mapping[str, int], work: _Thread) -> list[str]:
+    keys, prefixes = _marked(work)
+    return sorted(
+        k for k in sizes
+        if k.startswith(_SWEPT) and k not in keys and not any(k.startswith(p) for p in prefixes)
+    )
+
+
+def _batches(items: Sequence[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), _BATCH):
+        yield list(items[i : i + _BATCH])
+
+
+class _Progress:
+    """A line on a terminal (stderr, rewritten in place) while a prune runs, or each line
+    to the caller's function; nothing by default when stderr is not a terminal."""
+
+    def __init__(self, show: bool | Callable[[str], None] | None) -> None:
+        self._fn = show if callable(show) else None
+        self._terminal = self._fn is None and (sys.stderr.isatty() if show is None else bool(show))
+        self._shown = False
+
+    def __call__(self, line: str) -> None:
+        if self._fn is not None:
+            self._fn(line)
+        elif self._terminal:
+            print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
+            self._shown = True
+
+    def done(self) -> None:
+        if self._shown:
+            print(file=sys.stderr, flush=True)
+
+
+class RetentionStore:
+    """``pk.Store``'s retention methods (``Store`` inherits this mixin)."""
+
+    backend: Backend
+    codec: Codec
+
+    if TYPE_CHECKING:  # Store's own
+
+        def run_sync(self, plan: Plan[Any]) -> Any: ...
+
+        def call_sync(self, req: Call) -> Any: ...
+
+        def _check_open(self) -> None: ...
+
+    def prune(
+        self,
+        policy: Retention,
+        *,
+        prefix: str = "",
+        thread_id: str | None = None,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        progress: bool | Callable[[str], None] | None = None,
+    ) -> PruneReport:
+        """Delete what ``policy`` lets go and nothing still needs (docs/operations.md).
+
+        Threads starting with ``prefix`` (or the one ``thread_id``), every namespace (or
+        ``namespace``). ``dry_run``: report what would go (counts, bytes), change nothing.
+        ``progress``: a line on stderr (default: when stderr is a terminal), or a callable
+        given each line. Safe to interrupt and to run again. Returns a :class:`PruneReport`.
+        """
+        if not isinstance(policy, Retention):
+            raise ConfigurationError(f"store.prune(policy): give a pk.Retention(...), not {policy!r}")
+        self._check_open()
+        require(self.backend, "prune", "store.prune()")
+        report = PruneReport(dry_run=bool(dry_run))
+        show = _Progress(progress)
+        now = time.time()
+        unreadable: list[str] = []
+        forks = self.run_sync(_fork_sources(self.codec, unreadable))
+        targets = self.run_sync(_threads(thread_id, prefix))
+        for i, t in enumerate(targets, 1):
+            show(f"persistkit prune: thread {i}/{len(targets)} {t!r}: {report.checkpoints} checkpoint(s) so far")
+            report.threads += 1
+            if t in unreadable:
+                report.skipped.append((t, "", "cannot be read with this store's options (keys, codec)"))
+                continue
+            try:
+                self._prune_thread(t, namespace, policy, forks, now, report)
+            except (IntegrityError, SerializationError, StoreOptionsError) as exc:
+                report.skipped.append((t, "", f"cannot be read: {type(exc).__name__}: {scrub(str(exc))[:300]}"))
+        show.done()
+        return report
+
+    async def aprune(
+        self,
+        policy: Retention,
+        *,
+        prefix: str = "",
+        thread_id: str | None = None,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        progress: bool | Callable[[str], None] | None = None,
+    ) -> PruneReport:
+        """:meth:`prune` from a coroutine (it runs in a worker thread: maintenance, not the step path)."""
+        import asyncio
+
+        return await asyncio.to_thread(
+            self.prune, policy, prefix=prefix, thread_id=thread_id, namespace=namespace, dry_run=dry_run,
+            progress=progress,
+        )
+
+    # -- one thread ---------------------------------------------------------------------
+
+    def _prune_thread(
+        self, t: str, namespace: str | None, policy: Retention, forks: Mapping[tuple[str, str], set[str]],
+        now: float, report: PruneReport,
+    ) -> None:
+        sizes: dict[str, int] = self.call_sync(call("blob_sizes", t))
+        spaces: list[str] = self.run_sync(_namespaces(t, namespace))
+        work = _Thread(t)
+        self.run_sync(_read(self.codec, work, spaces))
+        row_bytes = {ns: sum(len(r.row.payload) for r in recs) for ns, recs in work.chains.items()}
+        before = sum(row_bytes.values()) + sum(sizes.values())
+        report.bytes_before += before
+        if namespace is None and thread_expired(work.chains, policy, now):
+            report.threads_deleted.append(t)
+            report.checkpoints += sum(len(r) for r in work.chains.values())
+            report.blobs += len(sizes)
+            if not report.dry_run:
+                self.call_sync(call("delete_thread", t))
+            return
+        for ns, records in work.chains.items():
+            work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now)
+        if not any(work.gone.values()):
+            report.kept += sum(len(r) for r in work.chains.values())
+            report.bytes_after += before
+            return
+        leases = self._take_leases(t, work, report) if not report.dry_run else {}
+        if leases is None:
+            report.kept += sum(len(r) for r in work.chains.values())
+            report.bytes_after += before
+            return
+        from ..coordination._drive import Heartbeat  # imports asyncio: not on `import persistkit`
+
+        beats = [Heartbeat(self.backend, lease) for lease, _ in leases.values()]
+        try:
+            if leases and self._moved(work):  # a run wrote since the read: decide again, under the leases
+                self.run_sync(_read(self.codec, work, list(work.chains)))
+                for ns, records in work.chains.items():
+                    work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now)
+            for ns in work.chains:
+                if work.gone[ns]:
+                    self.run_sync(_lists(self.codec, work, ns, report))
+            sweep = _sweepable(sizes, work)
+            gone_rows = sum(len(r.row.payload) for ns, recs in work.chains.items() for r in recs if r.id in work.gone[ns])
+            report.bytes_after += before - gone_rows - sum(sizes[k] for k in sweep) + sum(map(len, work.roots.values()))
+            report.checkpoints += sum(len(g) for g in work.gone.values())
+            report.kept += sum(len(r) for r in work.chains.values()) - sum(len(g) for g in work.gone.values())
+            report.blobs += len(sweep)
+            if report.dry_run:
+                return
+            if work.roots:
+                self.call_sync(call("put_blobs", t, work.roots))
+            for ns, gone in work.gone.items():
+                for batch in _batches(sorted(gone, reverse=True)):  # newest first: see backends/_prune
+                    self.call_sync(call("prune_rows", t, ns, batch))
+            for batch in _batches(sweep):
+                self.call_sync(call("delete_blobs", t, batch))
+        finally:
+            for beat in beats:
+                beat.stop()
+            for lease, top in leases.values():
+                if lease.lost is None:
+                    run_sync(self.backend, _give_back(lease, top))
+
+    def _moved(self, work: _Thread) -> bool:
+        for ns, records in work.chains.items():
+            head = self.call_sync(call("head", work.thread_id, ns))
+            if head is None or not records or head.checkpoint_id != records[-1].id:
+                return True
+        return False
+
+    def _take_leases(self, t: str, work: _Thread, report: PruneReport) -> dict[str, tuple[Lease, Record]] | None:
+        """The lease of each namespace to be pruned (None: one is held by a live run, the
+        thread is skipped and reported). A store without leases: none taken."""
+        if not self.backend.supports_leases:
+            return {}
+        taken: dict[str, tuple[Lease, Record]] = {}
+        for ns, gone in work.gone.items():
+            if not gone:
+                continue
+            top = work.chains[ns][-1]
+            try:
+                lease = run_sync(self.backend, acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True))
+            except ThreadBusyError as exc:
+                report.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
+                for held, held_top in taken.values():
+                    run_sync(self.backend, _give_back(held, held_top))
+                return None
+            taken[ns] = (lease, top)
+        return taken
+
+
+def _give_back(lease: Lease, top: Record) -> Plan[None]:
+    """Release the lease; reserved again for the thread's unfinished run (crashed or
+    suspended), as taking it cleared that (as the outbox's drain does)."""
+    run_id = top.row.run_id
+    if top.kind == "step" and top.run_status in ("running", "suspended") and run_id:
+        return step_aside(lease, run_id, "wait")
+    return release(lease)

@@ -94,16 +94,19 @@ def test_a_large_prune_runs_in_batches(backend: RedisBackend, admin: Any) -> Non
     pipe.hset(backend._keys.ns(t, "", b"h"), mapping={"v": n, "c": ids[-1]})
     pipe.execute()
     op = ops.op_prune_rows(backend._keys, t, "", ids)
-    batches, deleted = 0, 0
+    sent: list[list[str]] = []
     try:
         batch = next(op)
         while True:
-            batches += 1
-            assert len(batch.commands) == 1 and len(batch.commands[0]) <= 3 + 4 + ops.PRUNE_BATCH
+            (cmd,) = batch.commands  # one script a round trip, at most PRUNE_BATCH ids
+            sent.append([c.decode() for c in cmd[7:]])
+            assert len(sent[-1]) <= ops.PRUNE_BATCH
             batch = op.send(backend._execute(backend._client, batch))
     except StopIteration as done:
         deleted = done.value
-    assert (batches, deleted) == (3, n - 1)
+    assert deleted == n - 1
+    assert [b for batch in sent for b in batch] == ids[::-1]  # newest first
+    assert len(sent) == 3
     assert [r.checkpoint_id for r in backend.list(t, "", run_id="run")] == [ids[-1]]
     assert admin.zcard(backend._keys.ns(t, "", b"i")) == 1
 

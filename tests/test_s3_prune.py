@@ -90,7 +90,7 @@ def _row_objects(client: Any, b: S3Backend, t: str) -> dict[str, int]:
     return {o["Key"][len(prefix) :]: o["Size"] for page in pages for o in page.get("Contents", [])}
 
 
-def test_an_interrupted_prune_leaves_the_newer_part_readable(url: str, client: Any, backend: S3Backend) -> None:
+def test_an_interrupted_prune_leaves_the_older_part_off_the_chain(url: str, client: Any, backend: S3Backend) -> None:
     t = f"t-{uuid.uuid4().hex[:8]}"
     ids = _chain(backend, t, 8)
     dying = S3Backend.from_url(url, client=_Interrupting(client, budget=3))
@@ -99,18 +99,38 @@ def test_an_interrupted_prune_leaves_the_newer_part_readable(url: str, client: A
             dying.prune_rows(t, "", ids[:6])
     finally:
         dying.close()
-    # oldest first: the three oldest went, the newer part of what was asked is all there
-    assert _listed(backend, t) == ids[3:][::-1]
+    # newest first: 6 went alone first, which ended the chain above 1-5; then 5 and 4.
+    # The three oldest are still stored but off the chain: no reader sees them
+    assert _listed(backend, t) == [ids[7], ids[6]]
     assert len(_row_objects(client, backend, t)) == 5
-    got = backend.get(t, "", ids[3])
-    assert got is not None and got.payload == b"payload 000004"
-    assert _listed(backend, t, run_id="run", limit=2) == [ids[7], ids[6]]
+    assert backend.get(t, "", ids[0]) is None
+    assert _listed(backend, t, run_id="run") == [ids[7], ids[6]]
     head = backend.head(t, "")
     assert head is not None and head.version == 8
-    assert backend.prune_rows(t, "", ids[:6]) == 3  # run again: the rest
-    assert _listed(backend, t) == [ids[7], ids[6]]
+    # the next prune of the namespace deletes what is left below the oldest kept row
+    assert backend.prune_rows(t, "", ids[:6]) == 0  # (none of it was still a row to readers)
+    assert len(_row_objects(client, backend, t)) == 2
     backend.write(CheckpointRow(t, "", _cid(9), ids[7], "run", b"p"), {}, 8)  # the chain goes on
     assert _listed(backend, t) == [_cid(9), ids[7], ids[6]]
+
+
+def test_newest_first_across_markers_and_the_bottom(url: str, client: Any, backend: S3Backend) -> None:
+    t = f"t-{uuid.uuid4().hex[:8]}"
+    ids = _chain(backend, t, 6)
+    # one request each time: 4 is marked first; then (4 is a marker now) 2 goes alone,
+    # which takes 1 off the chain before the request that would delete it
+    for visible in ([5, 4, 2, 1, 0], [5, 4, 2]):
+        dying = S3Backend.from_url(url, client=_Interrupting(client, budget=1))
+        try:
+            with pytest.raises(BackendUnavailableError):
+                dying.prune_rows(t, "", [ids[0], ids[1], ids[3]])
+        finally:
+            dying.close()
+        assert _listed(backend, t) == [ids[i] for i in visible]
+    assert backend.prune_rows(t, "", [ids[0], ids[1], ids[3]]) == 0
+    assert _listed(backend, t) == [ids[5], ids[4], ids[2]]
+    assert sorted(_row_objects(client, backend, t).values())[0] == 0  # the marker of 4
+    assert len(_row_objects(client, backend, t)) == 4
 
 
 def test_rows_pruned_above_a_kept_one_become_markers(client: Any, backend: S3Backend) -> None:
@@ -142,14 +162,15 @@ def test_rows_pruned_above_a_kept_one_become_markers(client: Any, backend: S3Bac
 def test_an_interrupted_marking_leaves_a_readable_chain(url: str, client: Any, backend: S3Backend) -> None:
     t = f"t-{uuid.uuid4().hex[:8]}"
     ids = _chain(backend, t, 6)
-    dying = S3Backend.from_url(url, client=_Interrupting(client, budget=0))
+    dying = S3Backend.from_url(url, client=_Interrupting(client, budget=1))
     try:
         with pytest.raises(BackendUnavailableError):
             dying.prune_rows(t, "", [ids[1], ids[3]])
     finally:
         dying.close()
-    assert _listed(backend, t) == ids[::-1]
-    assert backend.prune_rows(t, "", [ids[1], ids[3]]) == 2
+    assert _listed(backend, t) == [ids[5], ids[4], ids[2], ids[1], ids[0]]  # 4 first: newest first
+    assert backend.prune_rows(t, "", [ids[1], ids[3]]) == 1
+    assert _listed(backend, t) == [ids[5], ids[4], ids[2], ids[0]]
 
 
 def test_a_reader_that_listed_before_a_prune_skips_what_went(url: str, backend: S3Backend) -> None:

@@ -550,9 +550,10 @@ def op_lease_list(k: Keys, prefix: str) -> Op[list[tuple[str, str, LeaseRecord]]
 # -- prune (retention; persistkit/backends/_prune.py) ---------------------------------
 #
 # A script blocks the server while it runs, so a long list goes in batches of
-# PRUNE_BATCH ids or keys, each its own script (and round trip), oldest first; each
-# batch reads the head anew, and the head only moves forward, so a later batch never
-# deletes what an earlier one had to keep.
+# PRUNE_BATCH ids or keys, each its own script (and round trip), newest first (the
+# order of backends/_prune.py: an interrupted prune leaves the older part); each batch
+# reads the head anew, and the head only moves forward, so a later batch never deletes
+# what an earlier one had to keep.
 
 PRUNE_BATCH = 500
 

@@ -1,18 +1,21 @@
 """The S3 store's ``prune`` capability (retention): the mixin :class:`S3Prune` of ``S3Backend``.
 
 A namespace's rows form a chain from the head (``head.token -> row prev -> ...``, see
-``s3.py``); readers walk it and stop where a ``prev`` names no object. So
-``prune_rows`` reads the head and lists the chain first, then:
+``s3.py``); readers walk it and stop where a ``prev`` names no object. ``prune_rows``
+reads the head and lists the chain first, then, newest first (the order of
+``backends/_prune.py``: an interrupted prune leaves the older part of what was asked):
 
-* the asked rows at the bottom of the chain (the oldest, up to the first row kept)
-  are deleted with ``DeleteObjects``, 1000 keys a request, oldest first: the walk then
-  ends at the oldest row left, and an interrupted prune leaves the newer part of what
-  was asked, every row of it still readable;
 * an asked row ABOVE a kept one cannot go without cutting the kept rows below it off
   the walk: its object is replaced by an empty one (``If-Match`` on the ETag listed, so
   a row deleted or rewritten meanwhile is left alone), a marker that links the chain
-  and that every reader skips (a real row object is never empty). A later prune whose
-  bottom reaches the marker deletes it with the rows below.
+  and that every reader skips (a real row object is never empty). One request each, in
+  order, newest first;
+* the asked rows (and markers) at the bottom of the chain, below the oldest row kept:
+  the newest of them is deleted alone first, which ends the walk above the rest, then
+  the rest with ``DeleteObjects`` (1000 keys a request). Interrupted after the first
+  request, the rest is off the chain: no reader sees it, and the next prune of the
+  namespace deletes it (row objects off the chain with an id below the oldest row
+  kept: a write in flight writes an id above the head's, so none of these is one).
 
 Only rows whose id is below the head's checkpoint id (the head read first) are
 touched, so the head's row and anything written since stay. S3 has no transaction
@@ -48,7 +51,9 @@ class S3Prune(Backend):
 
         def _check_open(self) -> None: ...
 
-        def _chain_refs(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]: ...
+        def _chain_refs(
+            self, thread_id: str, namespace: str
+        ) -> tuple[_HeadState | None, list[_RowRef], list[_RowRef]]: ...
 
         def _resolved(self, chain: builtins.list[_RowRef]) -> builtins.list[_RowRef]: ...
 
@@ -65,7 +70,7 @@ class S3Prune(Backend):
         wanted = set(checkpoint_ids)
         if not wanted:
             return 0
-        head, refs = self._chain_refs(thread_id, namespace)
+        head, refs, off_chain = self._chain_refs(thread_id, namespace)
         if head is None:
             return 0
         chain = self._resolved(refs)[::-1]  # oldest first
@@ -79,13 +84,20 @@ class S3Prune(Backend):
         while bottom < len(chain) and (chain[bottom].pruned or goes(chain[bottom])):
             bottom += 1
         # (the head's row is never below the head's id, so the bottom stops before it)
-        self._delete_keys([r.key for r in chain[:bottom]], f"pruning checkpoints of {thread_id!r}")
-        deleted = sum(not r.pruned for r in chain[:bottom])
-        above = [r for r in chain[bottom:] if goes(r)]
-        # oldest first, 16 at a time: an interruption leaves (about) the newer part
-        for i in range(0, len(above), 16):
-            deleted += sum(self._map(self._mark_pruned, above[i : i + 16]))
-        return deleted
+        deleted = 0
+        for ref in [r for r in chain[bottom:] if goes(r)][::-1]:
+            deleted += self._mark_pruned(ref)
+        block = chain[:bottom][::-1]
+        what = f"pruning checkpoints of {thread_id!r}"
+        if block:
+            self._delete_keys([block[0].key], what)  # the walk now ends above the rest
+        oldest_kept = chain[bottom].checkpoint_id if bottom < len(chain) else None
+        left_over = [  # an interrupted prune's rows, already off the chain
+            r.key for r in off_chain
+            if oldest_kept is not None and r.checkpoint_id is not None and r.checkpoint_id < oldest_kept
+        ]
+        self._delete_keys([r.key for r in block[1:]] + left_over, what)
+        return deleted + sum(not r.pruned for r in block)
 
     def _mark_pruned(self, ref: _RowRef) -> bool:
         """Replace the row object at ``ref`` by an empty marker; False if it changed or went since listed."""

@@ -435,15 +435,18 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
     def _chain(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]:
         """The head and its committed rows (newest version first): orphans and pruned rows
         (``_s3_prune``'s empty markers, which only link the chain) are skipped."""
-        head, chain = self._chain_refs(thread_id, namespace)
+        head, chain, _ = self._chain_refs(thread_id, namespace)
         return head, [r for r in chain if not r.pruned]
 
-    def _chain_refs(self, thread_id: str, namespace: str) -> tuple[_HeadState | None, list[_RowRef]]:
-        """``_chain`` with the pruned markers on it. The walk ends below the oldest row
-        left: a prune deletes a chain's oldest rows, and marks those above a kept one."""
+    def _chain_refs(
+        self, thread_id: str, namespace: str
+    ) -> tuple[_HeadState | None, list[_RowRef], list[_RowRef]]:
+        """``_chain`` with the pruned markers on it, and the row objects off the chain. The
+        walk ends below the oldest row left: a prune deletes a chain's oldest rows, and
+        marks those above a kept one (``_s3_prune``)."""
         head = self._read_head(thread_id, namespace)
         if head is None or head.placeholder:
-            return None, []
+            return None, [], []
         prefix = self._rows_prefix(thread_id, namespace)
         by_token: dict[str, _RowRef] = {}
         for key, size, etag in self._list_objects(prefix):
@@ -461,7 +464,8 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
             ref = by_token[token]
             chain.append(ref)
             token = ref.prev
-        return head, chain
+        on = {r.token for r in chain}
+        return head, chain, [r for t, r in by_token.items() if t not in on]
 
     def _fetch_rows(self, keys: Sequence[str]) -> list[CheckpointRow]:
         rows = self._fetch_some(keys)

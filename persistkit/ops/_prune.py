@@ -57,7 +57,7 @@ from ._retention import PruneReport, Retention, doomed, thread_expired
 __all__ = ["RetentionStore"]
 
 _PAGE = 500
-_BATCH = 500  # rows per prune_rows call, blobs per delete_blobs call
+_BATCH = 2000  # rows per prune_rows call (a store reads the thread once per call), blobs per delete_blobs call
 _PATIENCE = 5.0  # seconds to wait for a thread's lease before skipping the thread
 _SWEPT = ("v:", "s:", "l:")  # blob keys the sweep may delete; any other key stays
 _RESERVED = "__persistkit__"

@@ -275,7 +275,11 @@ class RetentionStore:
         now: float, report: PruneReport,
     ) -> None:
         sizes: dict[str, int] = self.call_sync(call("blob_sizes", t))
-        spaces: list[str] = self.run_sync(_namespaces(t, namespace))
+        # every namespace is read, even with ``namespace``: blobs are the thread's, shared by its
+        # namespaces (content-addressed), so the sweep must see every kept reference
+        spaces: list[str] = self.run_sync(_namespaces(t, None))
+        if namespace is not None and namespace not in spaces:
+            spaces.append(namespace)
         work = _Thread(t)
         self.run_sync(_read(self.codec, work, spaces))
         row_bytes = {ns: sum(len(r.row.payload) for r in recs) for ns, recs in work.chains.items()}
@@ -288,8 +292,7 @@ class RetentionStore:
             if not report.dry_run:
                 self.call_sync(call("delete_thread", t))
             return
-        for ns, records in work.chains.items():
-            work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now)
+        self._decide(work, namespace, policy, forks, now)
         if not any(work.gone.values()):
             report.kept += sum(len(r) for r in work.chains.values())
             report.bytes_after += before
@@ -305,8 +308,7 @@ class RetentionStore:
         try:
             if leases and self._moved(work):  # a run wrote since the read: decide again, under the leases
                 self.run_sync(_read(self.codec, work, list(work.chains)))
-                for ns, records in work.chains.items():
-                    work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now)
+                self._decide(work, namespace, policy, forks, now)
             for ns in work.chains:
                 if work.gone[ns]:
                     self.run_sync(_lists(self.codec, work, ns, report))
@@ -331,6 +333,16 @@ class RetentionStore:
             for lease, top in leases.values():
                 if lease.lost is None:
                     run_sync(self.backend, _give_back(lease, top))
+
+    @staticmethod
+    def _decide(
+        work: _Thread, namespace: str | None, policy: Retention, forks: Mapping[tuple[str, str], set[str]], now: float
+    ) -> None:
+        """What goes from each chain (only from ``namespace``'s when one is given)."""
+        t = work.thread_id
+        for ns, records in work.chains.items():
+            chosen = namespace is None or ns == namespace
+            work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now) if chosen else set()
 
     def _moved(self, work: _Thread) -> bool:
         for ns, records in work.chains.items():

@@ -132,6 +132,9 @@ class PrunePlans:
                 break
             before = page[-1].checkpoint_id
         chain = _Chain(ns, records)
+        # a checkpoint's place is its original's (the oldest record of its id): an interrupted
+        # rewrite left copies of some above originals of later checkpoints
+        place = {cp.metadata["langgraph_id"]: i for i, cp in enumerate(records) if "langgraph_id" in cp.metadata}
         seen: set[str] = set()
         hidden: set[str] = set()
         for i, cp in enumerate(records):
@@ -147,7 +150,7 @@ class PrunePlans:
             run = record_run(cp, lg)
             if run is None or run not in hidden:
                 chain.visible.append((cp, run))
-        chain.visible.reverse()
+        chain.visible.sort(key=lambda seen_cp: -place[seen_cp[0].metadata["langgraph_id"]])
         return chain
 
     def _chains(self, thread_id: str) -> Plan[list[_Chain]]:

@@ -26,3 +26,22 @@ def test_prune_of_one_namespace_keeps_the_values_of_the_others(
         assert store.get_state(t, namespace="b") == {"v": big, "w": "old " * 2000}
         assert store.get_state(t, namespace="a") == {"v": "y", "w": "old " * 2000}
         assert len(store.history(t, namespace="b")) == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_later_prune_keeps_the_lists_an_earlier_one_rooted(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The first prune roots the kept checkpoint's list (its segments' rows go); a second prune
+    that deletes nothing of that chain must still count the root as needed."""
+    with pk.connect(make_url(kind, request, tmp_path_factory)) as store:
+        t = uid("ns")
+        items = [str(j) * 3000 for j in range(3)]
+        for i in range(3):
+            store.update_state(t, {"l": items[: i + 1]}, namespace="a")
+        assert store.prune(pk.Retention(keep_last=1), thread_id=t).lists_rooted == 1
+        store.update_state(t, {"x": 1}, namespace="b")
+        store.update_state(t, {"x": 2}, namespace="b")
+        assert store.prune(pk.Retention(keep_last=1), thread_id=t).checkpoints == 1
+        assert store.prune(pk.Retention(keep_last=1), thread_id=t, namespace="b").checkpoints == 0
+        assert store.get_state(t, namespace="a") == {"l": items}

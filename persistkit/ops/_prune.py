@@ -309,8 +309,11 @@ class RetentionStore:
             if leases and self._moved(work):  # a run wrote since the read: decide again, under the leases
                 self.run_sync(_read(self.codec, work, list(work.chains)))
                 self._decide(work, namespace, policy, forks, now)
+            rooted = any(k.startswith("l:") for k in sizes)  # an earlier prune's rooted lists
             for ns in work.chains:
-                if work.gone[ns]:
+                # a chain losing nothing now may still read a list rooted by an earlier prune:
+                # its root is marked needed here, or the sweep would take it
+                if work.gone[ns] or rooted:
                     self.run_sync(_lists(self.codec, work, ns, report))
             sweep = _sweepable(sizes, work)
             gone_rows = sum(len(r.row.payload) for ns, recs in work.chains.items() for r in recs if r.id in work.gone[ns])

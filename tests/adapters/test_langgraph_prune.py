@@ -22,7 +22,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.graph import END, START, StateGraph
 
 import persistkit as pk
-from persistkit_langgraph import PersistkitSaver
+from persistkit_langgraph import PersistkitSaver, durable_invoke
 
 CUT = "langgraph_cut"
 
@@ -237,3 +237,43 @@ def pk_digest(run_id: str) -> str:
     from persistkit_langgraph._plans import run_digest
 
     return run_digest(run_id)
+
+
+def test_abandoned_turn_keeps_its_last_checkpoint(saver: PersistkitSaver) -> None:
+    """keep_latest keeps the checkpoint behind an abandon record (the next turn starts on it);
+    delete_for_runs refuses to rewrite a namespace under one, changing nothing."""
+    calls = {"fail": False}
+
+    def b(state: State) -> dict[str, Any]:
+        if calls["fail"]:
+            raise RuntimeError("b failed")
+        return {"items": ["b"]}
+
+    builder: StateGraph[Any] = StateGraph(State)
+    builder.add_node("a", lambda s: {"items": ["a"]})
+    builder.add_node("b", b)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", END)
+    graph = builder.compile(checkpointer=saver)
+    t = uid("lg")
+    config: RunnableConfig = {"configurable": {"thread_id": t}, "metadata": {"run_id": "r1"}}
+    durable_invoke(graph, {"items": ["1"]}, config, run_id="turn-1")
+    calls["fail"] = True
+    with pytest.raises(RuntimeError, match="b failed"):
+        durable_invoke(graph, {"items": ["2"]}, {**config, "metadata": {"run_id": "r2"}}, run_id="turn-2")
+    saver.store.abandon(t, "turn-2", namespace="lg:c:")
+    before = graph.get_state(cfg(t))
+    assert before.metadata["persistkit_abandoned"] is True
+    stored = rows(saver, t)
+    with pytest.raises(pk.ConfigurationError, match="abandoned"):
+        saver.delete_for_runs(["r1"])
+    assert [cp.checkpoint_id for cp in rows(saver, t)] == [cp.checkpoint_id for cp in stored]
+    saver.prune([t])
+    assert len(rows(saver, t)) == 2  # the abandon record and the checkpoint behind it
+    after = graph.get_state(cfg(t))
+    assert after.values == before.values and after.metadata["persistkit_abandoned"] is True
+    calls["fail"] = False
+    out = durable_invoke(graph, {"items": ["3"]}, cfg(t), run_id="turn-3")
+    assert out["items"] == ["1", "a", "b", "2", "a", "3", "a", "b"]
+    assert saver.store.verify(t).ok

@@ -9,6 +9,7 @@ load (graph-state versions and migrations, ``_migrate``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
@@ -64,9 +65,40 @@ ABANDONED_KEY = "persistkit_abandoned"
 MAX_RUN_ID = 512
 
 
+#: In the metadata of a cut marker (``delete_for_runs``, ``_prune``): the digests (:func:`run_digest`)
+#: of the LangGraph runs whose checkpoints below the marker are deleted (hidden until the
+#: rows are gone). A marker is no LangGraph checkpoint; a namespace whose head is one is empty.
+CUT_KEY = "langgraph_cut"
+
+#: In a checkpoint's record metadata: the :func:`run_digest` of LangGraph's ``metadata["run_id"]``
+#: (hexadecimal, so persistkit's run-metadata redaction never rewrites it, as it may the id itself).
+RUN_DIGEST_KEY = "langgraph_run"
+
+
+def run_digest(run_id: str) -> str:
+    """How a LangGraph run id is matched in stored records (``delete_for_runs``)."""
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def cut_marker(cp: pk.Checkpoint) -> bool:
+    """A cut marker written by ``delete_for_runs`` (see :data:`CUT_KEY`)."""
+    return CUT_KEY in cp.metadata
+
+
+def record_run(cp: pk.Checkpoint, lg: Mapping[str, Any] | None) -> str | None:
+    """The :func:`run_digest` of the LangGraph run a checkpoint record belongs to (None: no run
+    id). Records written before the digest was stored: from the decoded metadata ``lg``."""
+    digest = cp.metadata.get(RUN_DIGEST_KEY)
+    if isinstance(digest, str):
+        return digest
+    run = lg["metadata"].get("run_id") if lg is not None else None
+    return run_digest(run) if isinstance(run, str) else None
+
+
 def abandon_record(cp: pk.Checkpoint) -> bool:
-    """``store.abandon``'s end record in a saver namespace (every other record is a LangGraph checkpoint)."""
-    return "langgraph_id" not in cp.metadata
+    """``store.abandon``'s end record in a saver namespace (every other record is a LangGraph
+    checkpoint or a cut marker)."""
+    return "langgraph_id" not in cp.metadata and CUT_KEY not in cp.metadata
 
 
 def run_id_problem(run_id: object) -> str | None:
@@ -256,7 +288,7 @@ class SaverPlans:
             state = yield _call("get_state", thread_id, None, namespace=_wns(ns, checkpoint_id))
         except pk.NotFoundError:
             return {}
-        return dict(state)
+        return {k: v for k, v in state.items() if v is not None}  # None: emptied by a prune
 
     def _namespaces(self, thread_id: str) -> Plan[list[str]]:
         try:
@@ -281,6 +313,8 @@ class SaverPlans:
         cid = get_checkpoint_id(config)
         meta = {"langgraph_id": cid} if cid else None
         cps = yield _call("history", thread_id, limit=1, metadata=meta, namespace=_CP + ns)
+        if cps and cut_marker(cps[0]):  # every checkpoint of the namespace was deleted
+            return None
         abandoned = cps[0] if cps and abandon_record(cps[0]) else None
         if abandoned is not None:  # the turn's last checkpoint, behind the abandon's end record
             cps = yield _call("history", thread_id, limit=1, before=abandoned.checkpoint_id, namespace=_CP + ns)
@@ -339,15 +373,24 @@ class SaverPlans:
             namespaces = [str(wanted)] if wanted is not None else (yield from self._namespaces(thread_id))
             for ns in namespaces:
                 cursor = None
+                seen: set[str] = set()  # a checkpoint rewritten by delete_for_runs: its newest copy
+                hidden: set[str] = set()  # runs deleted below a cut marker (see CUT_KEY)
                 while True:
                     cps = yield _call("history", thread_id, limit=_PAGE, before=cursor, namespace=_CP + ns)
                     for cp in cps:
-                        if abandon_record(cp):
+                        if cut_marker(cp):
+                            hidden.update(cp.metadata[CUT_KEY])
+                        if "langgraph_id" not in cp.metadata:
                             continue
                         lg_id = cp.metadata["langgraph_id"]
+                        if lg_id in seen:
+                            continue
+                        seen.add(lg_id)
                         if (only_id and lg_id != only_id) or (before_id and lg_id >= before_id):
                             continue
                         lg = self._load_lg(cp.metadata["langgraph"])
+                        if hidden and record_run(cp, lg) in hidden:
+                            continue
                         if cp.run_id is not None:
                             lg["metadata"] = {**lg["metadata"], RUN_KEY: cp.run_id}
                         if filter and any(lg["metadata"].get(k) != v for k, v in filter.items()):
@@ -381,6 +424,9 @@ class SaverPlans:
             "langgraph": lg,
             VERSION_KEY: self.version,
         }
+        lg_run = lg_meta.get("run_id")
+        if isinstance(lg_run, str):
+            meta[RUN_DIGEST_KEY] = run_digest(lg_run)
         expected = yield from self._expected_head(thread_id, ns, config)
         check: dict[str, Any] = {} if expected is _UNCHECKED else {"expected_head": expected}
         if run is not None:
@@ -388,11 +434,25 @@ class SaverPlans:
         try:
             cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns, **check)
         except pk.ConflictError as exc:
-            raise _lost_race(thread_id, ns, checkpoint["id"], config["configurable"].get("checkpoint_id"), exc) from exc
+            cut = yield from self._cut_head(thread_id, ns, expected, exc)
+            if cut is None:
+                raise _lost_race(thread_id, ns, checkpoint["id"], config["configurable"].get("checkpoint_id"), exc) from exc
+            cp = yield _call("update_state", thread_id, state, metadata=meta, namespace=_CP + ns, **{**check, "expected_head": cut})
         self._remember(cp)
         if cp.parent_id is None:  # first checkpoint of this namespace: register it
             yield from self._update(thread_id, {"ns:" + ns: True}, _REG)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _cut_head(self, thread_id: str, ns: str, expected: Any, exc: pk.ConflictError) -> Plan[str | None]:
+        """The id of the cut marker a first put found at the head instead of an empty namespace
+        (every checkpoint of the namespace was deleted: the put goes on top of it), else None."""
+        if expected is not None or exc.found_checkpoint is None:
+            return None
+        try:
+            head = yield _call("get_checkpoint", thread_id, exc.found_checkpoint, namespace=_CP + ns)
+        except pk.NotFoundError:
+            return None
+        return head.checkpoint_id if cut_marker(head) else None
 
     def _put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str) -> Plan[None]:
         thread_id, ns = _ids(config)

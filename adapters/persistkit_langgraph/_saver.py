@@ -29,12 +29,13 @@ from ._migrate import (
     ModelCheck,
 )
 from ._plans import Plan, SaverPlans, T
+from ._prune import PrunePlans, check_ids, check_run_ids, check_strategy
 from ._values import from_tree
 
 __all__ = ["PersistkitSaver"]
 
 
-class PersistkitSaver(SaverPlans, BaseCheckpointSaver[str]):
+class PersistkitSaver(SaverPlans, PrunePlans, BaseCheckpointSaver[str]):
     """A LangGraph checkpointer that stores in a persistkit :class:`~persistkit.Store`.
 
     ``latest`` (``get_tuple`` without a checkpoint id) is the checkpoint written
@@ -150,6 +151,29 @@ class PersistkitSaver(SaverPlans, BaseCheckpointSaver[str]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._run(self._copy(str(source_thread_id), str(target_thread_id)))
 
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Keep only the latest checkpoint (and its writes) of each namespace of these threads
+        (``"keep_latest"``, through ``store.prune``: needs the store's prune capability), or
+        delete them (``"delete"``). See docs/adapters-langgraph.md, Deleting checkpoints."""
+        for thread_id in self._prune_targets(thread_ids, strategy):
+            self._run(self._prune_plan(thread_id, strategy))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints and writes of these LangGraph runs (``metadata["run_id"]``) in
+        every thread of the store; the runs' other threads' checkpoints stay. Needs the store's
+        prune capability. See docs/adapters-langgraph.md, Deleting checkpoints."""
+        runs = check_run_ids(run_ids)
+        if runs:
+            self._require_prune("delete_for_runs()")
+            self._run(self._delete_runs_plan(runs))
+
+    def _prune_targets(self, thread_ids: Sequence[str], strategy: str) -> tuple[str, ...]:
+        check_strategy(strategy)
+        ids = tuple(check_ids(thread_ids, "prune(thread_ids)"))
+        if ids and strategy == "keep_latest":
+            self._require_prune("prune(strategy='keep_latest')")
+        return ids
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._arun(self._get(config))
 
@@ -179,6 +203,16 @@ class PersistkitSaver(SaverPlans, BaseCheckpointSaver[str]):
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         await self._arun(self._copy(str(source_thread_id), str(target_thread_id)))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        for thread_id in self._prune_targets(thread_ids, strategy):
+            await self._arun(self._prune_plan(thread_id, strategy))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        runs = check_run_ids(run_ids)
+        if runs:
+            self._require_prune("adelete_for_runs()")
+            await self._arun(self._delete_runs_plan(runs))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         # Same scheme as LangGraph's own savers: monotonic counter + random tie-breaker.

@@ -297,7 +297,11 @@ class RetentionStore:
         now: float, report: PruneReport,
     ) -> None:
         sizes: dict[str, int] = self.call_sync(call("blob_sizes", t))
-        spaces: list[str] = self.run_sync(_namespaces(t, namespace))
+        # every namespace is read, even with ``namespace``: blobs are the thread's, shared by its
+        # namespaces (content-addressed), so the sweep must see every kept reference
+        spaces: list[str] = self.run_sync(_namespaces(t, None))
+        if namespace is not None and namespace not in spaces:
+            spaces.append(namespace)
         work = _Thread(t)
         self.run_sync(_read(self.codec, work, spaces))
         row_bytes = {ns: sum(len(r.row.payload) for r in recs) for ns, recs in work.chains.items()}
@@ -310,8 +314,7 @@ class RetentionStore:
             if not report.dry_run:
                 self.call_sync(call("delete_thread", t))
             return
-        for ns, records in work.chains.items():
-            work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now)
+        self._decide(work, namespace, policy, forks, now)
         if not any(work.gone.values()):
             report.kept += sum(len(r) for r in work.chains.values())
             report.bytes_after += before
@@ -327,10 +330,12 @@ class RetentionStore:
         try:
             if leases and self._moved(work):  # a run wrote since the read: decide again, under the leases
                 self.run_sync(_read(self.codec, work, list(work.chains)))
-                for ns, records in work.chains.items():
-                    work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now)
+                self._decide(work, namespace, policy, forks, now)
+            rooted = any(k.startswith("l:") for k in sizes)  # an earlier prune's rooted lists
             for ns in work.chains:
-                if work.gone[ns]:
+                # a chain losing nothing now may still read a list rooted by an earlier prune:
+                # its root is marked needed here, or the sweep would take it
+                if work.gone[ns] or rooted:
                     self.run_sync(_lists(self.codec, work, ns, report))
             sweep = _sweepable(sizes, work)
             gone_rows = sum(len(r.row.payload) for ns, recs in work.chains.items() for r in recs if r.id in work.gone[ns])
@@ -353,6 +358,16 @@ class RetentionStore:
             for lease, top in leases.values():
                 if lease.lost is None:
                     run_sync(self.backend, _give_back(lease, top))
+
+    @staticmethod
+    def _decide(
+        work: _Thread, namespace: str | None, policy: Retention, forks: Mapping[tuple[str, str], set[str]], now: float
+    ) -> None:
+        """What goes from each chain (only from ``namespace``'s when one is given)."""
+        t = work.thread_id
+        for ns, records in work.chains.items():
+            chosen = namespace is None or ns == namespace
+            work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now) if chosen else set()
 
     def _moved(self, work: _Thread) -> bool:
         for ns, records in work.chains.items():

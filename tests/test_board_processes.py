@@ -135,10 +135,11 @@ def test_sixteen_claimers_complete_every_item_once(
                 b.put(f"tasks/{item}", {"n": int(item[5:])})
     log = Log(tmp_path / "log")
     go = {name: tmp_path / f"go-{name}" for name in ("K0", "K1", "K2", "S0", "S1", "S2")}
-    names = [*go, *(f"W{i}" for i in range(10))]
+    # The six that will be killed or paused start first and each holds an item before the
+    # ten workers start: on a loaded machine a late starter could otherwise find the tasks gone.
     procs = {
-        name: spawn("claim", url, board.name, name, log, lease_ttl=LEASE_TTL, hold=2 + i % 3 if name in go else 0, go=str(go.get(name, "")))
-        for i, name in enumerate(names)
+        name: spawn("claim", url, board.name, name, log, lease_ttl=LEASE_TTL, hold=2 + i % 3, go=str(go[name]))
+        for i, name in enumerate(go)
     }
     everyone = list(procs.values())
     held: dict[str, str] = {}
@@ -149,6 +150,9 @@ def test_sixteen_claimers_complete_every_item_once(
             procs[name].kill()
         else:
             procs[name].send_signal(signal.SIGSTOP)
+    for i in range(10):
+        procs[f"W{i}"] = spawn("claim", url, board.name, f"W{i}", log, lease_ttl=LEASE_TTL, hold=0, go="")
+    everyone = list(procs.values())
     for name in ("S0", "S1", "S2"):  # paused past its claim until another worker completed the item
         _wait_until(lambda name=name: board.get(f"done/{held[name]}") is not None, f"{held[name]} taken over from {name}", everyone)  # type: ignore[misc]
         go[name].touch()

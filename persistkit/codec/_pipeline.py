@@ -273,9 +273,24 @@ class Codec:
     # -- whole values -----------------------------------------------------------
 
     def pack_tree(self, tree: Any) -> bytes:
-        """A record body sealed: redacted, with the high-entropy rule on its errors and metadata."""
+        """A record body sealed: redacted, with the high-entropy rule on its errors and metadata.
+
+        For a body made in this process (live values). A body copied from stored records
+        is in stored form already — its secrets are handles, its text that looks like a
+        handle escaped — and redacting it again would escape its handles into plain text
+        (the secret lost for good): use :meth:`pack_stored`."""
         data = _dump(tree)
         return self.seal(self.redactor.redact_json(data, tree, _dump, False, self._people(tree)))
+
+    def redact_tree(self, tree: Any) -> Any:
+        """``tree`` (live values) in stored form: what :meth:`pack_tree` would store of it."""
+        data = _dump(tree)
+        return self.load_tree(self.redactor.redact_json(data, tree, _dump, False, self._people(tree)))
+
+    def pack_stored(self, tree: Any) -> bytes:
+        """A record body in stored form sealed as it is: parts copied from stored records
+        (``unpack_tree``), and new parts put through :meth:`redact_tree` first."""
+        return self.seal(_dump(tree))
 
     # -- step arguments -----------------------------------------------------------
 

@@ -80,7 +80,7 @@ def _plan(store: Store, thread_id: str, namespace: str, run_id: str, lease: Leas
         )
     # The head's state as it is (channel refs copied, nothing decoded): the run's steps stay.
     body = {"k": "end", "rs": ABANDONED, "ch": top.body.get("ch") or {}, "sc": top.body.get("sc"), "t": time.time()}
-    row = new_row(t, ns, next_checkpoint_id(top.id), top.id, run_id, codec.pack_tree(body))
+    row = new_row(t, ns, next_checkpoint_id(top.id), top.id, run_id, codec.pack_stored(body))  # copied: stored form
     try:
         yield write_under(lease, row, head.version)
     except ConflictError as exc:

@@ -82,7 +82,8 @@ def _plan(
     elif answer_type is not None:
         S.type_name(answer_type, "store.answer(answer_type=)")  # a supported type, or ConfigurationError
         value = S.validate(value, answer_type, t, qid)
-    tree = codec.encode(value, f"answer to question {qid} of thread {t!r}")  # unstorable: nothing stored
+    # unstorable: nothing stored; in stored form, as the copied refs and questions are
+    tree = codec.redact_tree(codec.encode(value, f"answer to question {qid} of thread {t!r}"))
     body: dict[str, Any] = {"k": "step", "p": rec.body["p"], "n": rec.body["n"], "t": time.time()}
     qs = rec.body["q"]
     if isinstance(qs, list):
@@ -95,7 +96,7 @@ def _plan(
     # the head's state as it is (channel refs copied, nothing decoded)
     body["ch"] = rec.body.get("ch") or {}
     body["sc"] = rec.body.get("sc")
-    row = new_row(t, ns, next_checkpoint_id(rec.id), rec.id, rec.row.run_id, codec.pack_tree(body))
+    row = new_row(t, ns, next_checkpoint_id(rec.id), rec.id, rec.row.run_id, codec.pack_stored(body))
     try:
         yield write_under(lease, row, head.version)
     except ConflictError as exc:

@@ -210,19 +210,22 @@ def pending_in(records: Iterable[Record]) -> list[Pending]:
 
 def done_mark(
     codec: Codec, thread_id: str, namespace: str, run_id: str | None, head_id: str, head_body: dict[str, Any],
-    done: list[str],
+    done: list[str], *, stored: bool = False,
 ) -> tuple[CheckpointRow, dict[str, Any]]:
     """The row (and its body) that records ``done`` (the ids of effects that ran): a copy of
     the thread's head record (``head_id``, ``head_body``) — the same kind, run, status, state refs and result, so
     every reader treats it as the head it copies (a crashed run continues, a suspended one
     waits, a finished one stays finished) — without the effects the head registered (they
     are its own) or its list segments (the copied refs name the rows that hold them). Written
-    right after a run's effects ran (``engine/_outbox``), or by a drain."""
+    right after a run's effects ran (``engine/_outbox``), or by a drain. ``stored``: ``head_body``
+    was read back from the store (its secrets are handles already: packed as it is, see
+    ``Codec.pack_stored``), not the body this process committed (live values)."""
     body = {k: v for k, v in head_body.items() if k not in ("ac", "ad", "sg")}
     body["ad"] = done
     body["dm"] = 1  # a done mark: replay keeps the record it copies (it has the args digest)
     body["t"] = time.time()
-    row = new_row(thread_id, namespace, next_checkpoint_id(head_id), head_id, run_id, codec.pack_tree(body))
+    payload = codec.pack_stored(body) if stored else codec.pack_tree(body)
+    row = new_row(thread_id, namespace, next_checkpoint_id(head_id), head_id, run_id, payload)
     return row, body
 
 

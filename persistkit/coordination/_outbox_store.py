@@ -115,7 +115,7 @@ def _targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[
 
 def _mark(codec: Codec, top: Record, head: Head, done: list[str], lease: Lease | None) -> Plan[None]:
     r = top.row
-    row, _ = ob.done_mark(codec, r.thread_id, r.namespace, r.run_id, top.id, top.body, done)
+    row, _ = ob.done_mark(codec, r.thread_id, r.namespace, r.run_id, top.id, top.body, done, stored=True)
     yield write_under(lease, row, head.version)
 
 

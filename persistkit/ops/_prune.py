@@ -160,7 +160,7 @@ def _lists(codec: Codec, work: _Thread, ns: str, report: PruneReport) -> Plan[No
             trees: list[Any] = []
             for key in keys[: cut + 1]:
                 trees.extend(loader.segment_trees(name, key))
-            work.roots[rk] = codec.pack_tree({"p": None, "s": 0, "i": trees})
+            work.roots[rk] = codec.pack_stored({"p": None, "s": 0, "i": trees})  # read back: stored form
             report.lists_rooted += 1
 
 

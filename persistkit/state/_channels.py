@@ -400,23 +400,47 @@ class Loader:
                 self.rows[rec.id] = rec.body
 
     def _ingest(self, page: Iterable[CheckpointRow]) -> None:
-        """Rows read while walking a chain: keep their segments, not their bodies — except a
-        body whose segment refers to a result (``_dedupe``) or whose result is referred to."""
+        """Rows read while walking a chain, newest first: keep their segments, not their bodies.
+
+        A segment whose items refer to a step's result (``_dedupe``: always its row's parent,
+        the next row read) is resolved as soon as that row is read; one whose parent is not
+        in the page (or whose result is a blob, or that is malformed) keeps its row's body
+        for ``_raw``, as does a row whose result such a segment refers to."""
+        waiting: dict[str, list[tuple[str, CheckpointRow, dict[str, Any]]]] = {}
         for row in page:
             cid = row.checkpoint_id
             if cid in self.rows:
                 continue
             body = Record.decode(self.codec, row).body
+            for name, child, child_body in waiting.pop(cid, ()):
+                if result_blob(body) is None and body.get("k") == "step" and "r" in body:
+                    try:
+                        seg = resolve(child_body["sg"][name], {cid: body}, self.thread_id, name, child.checkpoint_id, self._result_tree)
+                    except (SerializationError, IntegrityError):  # reported if the chain is walked (_raw)
+                        seg = None
+                    tup = _segment(seg)
+                    if tup is not None:
+                        self.raw[(name, child.checkpoint_id)] = tup
+                        continue
+                self.rows[child.checkpoint_id] = child_body  # _raw resolves (or reports) it
+                self._need.add(cid)
             keep = cid in self._need
             for name, seg in (body.get("sg") or {}).items():
                 tup = _segment(seg) if "ri" not in seg else None
-                if tup is None:  # a reference to resolve, or malformed: _raw reads it from the body
-                    keep = True
-                    self._need.update(wanted(body, name, {}))
-                else:
+                refs = wanted(body, name, {}) if "ri" in seg else []
+                if tup is not None:
                     self.raw.setdefault((name, cid), tup)
+                elif len(set(refs)) == 1 and refs[0] == row.parent_id and refs[0] not in self.rows:
+                    waiting.setdefault(refs[0], []).append((name, row, body))
+                else:  # malformed, or refers to a row already read: _raw reads it from the body
+                    keep = True
+                    self._need.update(refs)
             if keep:
                 self.rows[cid] = body
+        for parent, children in waiting.items():  # the parent is on the next page: read by id
+            self._need.add(parent)
+            for _, child, child_body in children:
+                self.rows[child.checkpoint_id] = child_body
 
     def landed(self, checkpoint_id: str, body: dict[str, Any], diff: Diff) -> None:
         """The run committed ``body`` as ``checkpoint_id``: keep what a later replay in this
@@ -496,14 +520,17 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self._ingest(page)
-            if not _is_blob_key(key):  # items stored as the result of another row: read that row
+            if not _is_blob_key(key) and (name, key) not in self.raw:
+                # items stored as the result of another row: read from that row on (a page: the
+                # rows after it are the chain's next segments, most referring to their parents)
                 for ref in wanted(self.rows.get(key), name, self.rows):
                     try:
                         before = _after(ref)
                     except ValueError:
                         continue  # not a checkpoint id: _raw reports the segment as malformed
-                    page = yield call("list", self.thread_id, self.namespace, before=before, limit=1)
-                    self.add(Record.decode(self.codec, row) for row in page)
+                    self._need.add(ref)
+                    page = yield call("list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE)
+                    self._ingest(page)
                 for ref in wanted(self.rows.get(key), name, {}):  # and a result over the inline limit: its blob
                     big = result_blob(self.rows.get(ref))
                     if big is not None and big not in self.blobs:

@@ -54,7 +54,7 @@ INLINE_LIMIT = 96
 #: A new list chain with more items than this starts with a blob segment.
 INLINE_SEGMENT_ITEMS = 64
 #: Rows read per page when walking a segment chain back through a thread.
-_ROW_PAGE = 256
+_ROW_PAGE = 1024
 
 
 def _is_blob_key(key: str) -> bool:
@@ -411,7 +411,7 @@ class Loader:
             cid = row.checkpoint_id
             if cid in self.rows:
                 continue
-            body = Record.decode(self.codec, row).body
+            body = Record.decode(self.codec, row, walked=True).body
             for name, child, child_body in waiting.pop(cid, ()):
                 if result_blob(body) is None and body.get("k") == "step" and "r" in body:
                     try:
@@ -577,9 +577,11 @@ class Loader:
         else:
             items = chain[0][:base] if chain is not None and base else []
             ends = {k: e for k, e in chain[1].items() if e <= base} if chain is not None and base else {}
+        trees: list[Any] = []  # every new segment's item trees, decoded in one pass below
         for key in keys:
-            self._items_into(items, name, key, plain)
-            ends[key] = len(items)
+            trees.extend(self._raw(name, key)[2])
+            ends[key] = base + len(trees)
+        items.extend(self._decode(name, trees, base, plain))
         if chain is None:  # another branch of a cached chain (a replay went another way) is not cached
             self.chains[(name, gen, plain)] = (items, ends)
         return items[:n]
@@ -623,15 +625,17 @@ class Loader:
             )
         return self.codec.unpack_tree(blob, f"result {key}")
 
-    def _items_into(self, out: list[Any], name: str, key: str, plain: bool) -> None:
-        """Decode the items of segment ``key`` onto the end of ``out``."""
-        _, start, trees = self._raw(name, key)
+    def _decode(self, name: str, trees: list[Any], start: int, plain: bool) -> list[Any]:
+        """The items of ``trees``, list items ``start``... of channel ``name``."""
+        if not plain and all(type(t) is str for t in trees) and not any("$CRED{" in t for t in trees):
+            return trees  # a string without a handle decodes to itself (the common message list)
         decode = self.codec.decode
-        try:  # the segment as one list (a resume decodes every segment of the chain)
-            out.extend(decode(trees, plain=plain))
+        try:  # the items as one list
+            items: list[Any] = decode(trees, plain=plain)
+            return items
         except (SerializationError, SchemaVersionError):  # item by item, for the error that names the item
             try:
-                out.extend(decode(t, f"state.{name}[{start + i}]", plain=plain) for i, t in enumerate(trees))
+                return [decode(t, f"state.{name}[{start + i}]", plain=plain) for i, t in enumerate(trees)]
             except SchemaVersionError as exc:
                 raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
 

@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from .._errors import IntegrityError, SchemaVersionError, SerializationError
+from .._errors import IntegrityError, PersistkitError, SchemaVersionError, SerializationError
 from .._ids import next_checkpoint_id
 from .._io import Plan, call
 from ..backends import CheckpointRow
@@ -457,10 +457,12 @@ class Loader:
             now = diff.prev[name]
             last = now.last_tree if isinstance(now, _ListPrev) else None
             chain = self.chains.get((name, gen, False))
-            items = [*new[:-1], self.codec.decode(last, reveal=False)] if new else []
-            if start == 0 and chain is None:
+            fresh = start == 0 and chain is None
+            extends = chain is not None and start == len(chain[0]) and prev is not None and chain[1].get(prev) == start
+            items = self._committed(new, last) if fresh or extends else None
+            if items is not None and chain is None:
                 self.chains[(name, gen, False)] = (items, {tip: n})
-            elif chain is not None and start == len(chain[0]) and prev is not None and chain[1].get(prev) == start:
+            elif items is not None and chain is not None:
                 chain[0].extend(items)
                 chain[1][tip] = n
             elif seg is not None and "ri" not in seg:
@@ -475,6 +477,14 @@ class Loader:
             self.rows.pop(self._top, None)
         self.rows[checkpoint_id] = body
         self._top = checkpoint_id
+
+    def _committed(self, new: list[Any], last_tree: Any) -> list[Any] | None:
+        """The items a commit appended, the newest as a copy of its stored tree; None if that
+        tree does not decode here (the segment is then kept as trees, see :meth:`landed`)."""
+        try:
+            return [*new[:-1], self.codec.decode(last_tree, reveal=False)] if new else []
+        except PersistkitError:  # the commit landed: never fail it here
+            return None
 
     def fetch(self, refs: Iterable[dict[str, dict[str, Any]]]) -> Plan[None]:
         """Read every blob, row and segment chain the given checkpoint refs need (batched)."""

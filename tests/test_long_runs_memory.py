@@ -15,6 +15,7 @@ import pytest
 from conftest import uid
 
 import persistkit as pk
+from persistkit.state import _channels
 from persistkit.state._channels import Loader
 from persistkit.state._spec import StateSpec
 
@@ -115,9 +116,14 @@ def test_a_crashed_long_run_replays_every_step_with_bounded_caches(store: pk.Sto
     assert store.get_state(t)["messages"][-1] == "live"
 
 
-def test_results_appended_as_references_across_pages(local_store: pk.Store) -> None:
+@pytest.mark.parametrize("page", [7, 64, 1024])
+def test_results_appended_as_references_across_pages(
+    local_store: pk.Store, page: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The agent loop (a step's result appended by the caller) stores references to the
-    result (``_dedupe``): a chain walk that drops bodies keeps those it must resolve."""
+    result (``_dedupe``): a chain walk that drops bodies resolves them as each parent row
+    is read, and keeps a body only where a page ends between a row and its parent."""
+    monkeypatch.setattr(_channels, "_ROW_PAGE", page)
     t = uid()
     with pk.resume(t, store=local_store) as run:
         for i in range(STEPS):
@@ -126,7 +132,7 @@ def test_results_appended_as_references_across_pages(local_store: pk.Store) -> N
     assert local_store.get_state(t)["messages"] == want
     with pk.resume(t, store=local_store) as run:
         assert run.state["messages"] == want
-        assert _bodies(run) < 10
+        assert _bodies(run) <= 2 * (STEPS // page + 2)
 
 
 def test_a_retried_parent_replays_children_as_committed(local_store: pk.Store) -> None:

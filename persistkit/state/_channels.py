@@ -426,8 +426,9 @@ class Loader:
                 self._need.add(cid)
             keep = cid in self._need
             for name, seg in (body.get("sg") or {}).items():
-                tup = _segment(seg) if "ri" not in seg else None
-                refs = wanted(body, name, {}) if "ri" in seg else []
+                ri = type(seg) is dict and "ri" in seg
+                tup = _segment(seg) if not ri else None
+                refs = wanted(body, name, {}) if ri else []
                 if tup is not None:
                     self.raw.setdefault((name, cid), tup)
                 elif len(set(refs)) == 1 and refs[0] == row.parent_id and refs[0] not in self.rows:
@@ -579,7 +580,7 @@ class Loader:
         chain = self.chains.get((name, gen, plain))
         if chain is not None and chain[1].get(tip) == n:
             return chain[0][:n]
-        keys, base = self._walk(name, tip, n, chain[1] if chain is not None else {})
+        keys, base, segs = self._walk(name, tip, n, chain[1] if chain is not None else {})
         extends = chain is not None and base == len(chain[0])
         if extends:
             assert chain is not None
@@ -588,8 +589,8 @@ class Loader:
             items = chain[0][:base] if chain is not None and base else []
             ends = {k: e for k, e in chain[1].items() if e <= base} if chain is not None and base else {}
         trees: list[Any] = []  # every new segment's item trees, decoded in one pass below
-        for key in keys:
-            trees.extend(self._raw(name, key)[2])
+        for key, seg in zip(keys, segs, strict=True):
+            trees.extend(seg)
             ends[key] = base + len(trees)
         items.extend(self._decode(name, trees, base, plain))
         if chain is None:  # another branch of a cached chain (a replay went another way) is not cached
@@ -649,10 +650,14 @@ class Loader:
             except SchemaVersionError as exc:
                 raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
 
-    def _walk(self, name: str, tip: str, n: int, cached: dict[str, int]) -> tuple[list[str], int]:
+    def _walk(
+        self, name: str, tip: str, n: int, cached: dict[str, int]
+    ) -> tuple[list[str], int, list[list[Any]]]:
         """Segment keys of the chain ending at ``tip``, oldest first, checked for gaps, back to
-        the newest one ``cached`` (segment key -> end) holds; and where that one ends (0: none)."""
+        the newest one ``cached`` (segment key -> end) holds; where that one ends (0: none);
+        and each segment's item trees."""
         keys: list[str] = []
+        segs: list[list[Any]] = []
         key: str | None = tip
         end = n
         while key is not None:
@@ -665,6 +670,7 @@ class Loader:
                     f"at {key} (covers {start}..{start + len(items)}, expected to end at {end})"
                 )
             keys.append(key)
+            segs.append(items)
             end = start
             key = prev
         if key is None and end != 0:
@@ -672,7 +678,8 @@ class Loader:
                 f"thread {self.thread_id!r}: list channel {name!r} segment chain does not start at 0"
             )
         keys.reverse()
-        return keys, end if key is not None else 0
+        segs.reverse()
+        return keys, end if key is not None else 0, segs
 
 
 def _segment(seg: Any) -> tuple[str | None, int, list[Any]] | None:

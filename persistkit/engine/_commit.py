@@ -9,6 +9,7 @@ compare-and-swap becomes a ``ConflictError`` whose advice is safe to follow (``_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -277,16 +278,16 @@ class Commits(ReplayCursor):
             for key in self._attach.keys() & body.keys():
                 if self._attach[key] is body[key]:
                     del self._attach[key]
-        self._loader.rows[row.checkpoint_id] = body  # later replays in this run may read its segments
+        self._loader.landed(row.checkpoint_id, body, diff)  # what later replays in this run may read
         if body["k"] != "step":
             self._result = None
             return
         self._result = result(row.checkpoint_id, self._result_tree, self._result_raw)
-        rec = Record(row, body)
+        rec = Record(replace(row, payload=b""), body)  # the body is all a replay reads
         if error is not None:
             self._failures[id(error)] = (error, row.checkpoint_id)
         pos = body["p"]
-        self._remember(pos, rec)
+        self._remember(pos, rec, live=True)
         self._events.append((pos, body["n"], False, body["s"]))
 
     # -- another writer moved the head ------------------------------------------------------

@@ -125,12 +125,40 @@ class ReplayCursor(StateRestore):
         rec = Record.decode(self.codec, page[0])
         return rec.run_status if rec.kind == "end" else None
 
-    def _remember(self, pos: str, rec: Record) -> None:
-        """``rec``, the step at ``pos``, replays in this run."""
+    def _remember(self, pos: str, rec: Record, live: bool = False) -> None:
+        """``rec``, the step at ``pos``, replays in this run. ``live``: this block just
+        committed it (see :meth:`_forget_settled`)."""
         self._index[pos] = rec
         parent, _, seq = pos.rpartition("/")
         if seq.isdigit() and seq.isascii() and int(seq) > self._max_child.get(parent, -1):
             self._max_child[parent] = int(seq)
+        if live:
+            self._forget_settled(pos, parent, rec)
+
+    def _forget_settled(self, pos: str, parent: str, rec: Record) -> None:
+        """Drop the records this block committed that no later call can look up, so that a
+        long run keeps O(1) of them: a position is called again only when a step it is
+        nested in runs again (a retried parent), so once the step at ``pos`` completed its
+        descendants are settled (a call of ``pos`` replays ``pos`` itself), and top-level
+        positions are never called twice in one block. Records other layers read later
+        (compensations ``cp``, after-commit effects ``ac``, questions ``q``, rollback
+        positions) and the newest one (a rollback restores its state) always stay."""
+        if not parent:
+            for done in self._settled.pop("", ()):
+                self._drop_under(done, True)
+        if rec.body.get("s") == "completed":
+            self._drop_under(pos, False)
+        body = rec.body
+        if "cp" not in body and "ac" not in body and "q" not in body and pos.replace("/", "").isdigit():
+            self._settled.setdefault(parent, []).append(pos)
+
+    def _drop_under(self, pos: str, itself: bool) -> None:
+        """Forget the settled records nested in ``pos`` (and ``pos``'s own, if ``itself``)."""
+        stack = [pos] if itself else list(self._settled.pop(pos, ()))
+        while stack:
+            done = stack.pop()
+            self._index.pop(done, None)
+            stack.extend(self._settled.pop(done, ()))
 
     # -- replay decisions (no I/O) ------------------------------------------------------
 

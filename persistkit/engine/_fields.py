@@ -49,6 +49,7 @@ class RunFields:
     _failed_end: Record | None
     _lost: ConflictError | None
     _index: dict[str, Record]
+    _settled: dict[str, list[str]]
     _max_child: dict[str, int]
     _escaped: set[str]
     _failures: dict[int, tuple[BaseException, str]]

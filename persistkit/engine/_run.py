@@ -112,6 +112,9 @@ class Run(Commits):
         self._failed_end: Record | None = None
         self._lost: ConflictError | None = None  # what a commit of this run raised on a moved head
         self._index: dict[str, Record] = {}
+        #: Positions this block committed that may be forgotten, by the position they are nested
+        #: in ("" for top level): see ``_cursor._forget_settled``.
+        self._settled: dict[str, list[str]] = {}
         self._max_child: dict[str, int] = {}
         self._escaped: set[str] = set()
         self._failures: dict[int, tuple[BaseException, str]] = {}

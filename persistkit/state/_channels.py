@@ -30,13 +30,13 @@ returned it, the caller appended it) is stored as a reference to that result
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
-from .._errors import IntegrityError, SchemaVersionError, SerializationError
+from .._errors import IntegrityError, PersistkitError, SchemaVersionError, SerializationError
 from .._ids import next_checkpoint_id
 from .._io import Plan, call
 from ..backends import CheckpointRow
@@ -54,7 +54,7 @@ INLINE_LIMIT = 96
 #: A new list chain with more items than this starts with a blob segment.
 INLINE_SEGMENT_ITEMS = 64
 #: Rows read per page when walking a segment chain back through a thread.
-_ROW_PAGE = 256
+_ROW_PAGE = 1024
 
 
 def _is_blob_key(key: str) -> bool:
@@ -162,6 +162,7 @@ class Diff:
     segments: dict[str, dict[str, Any]]  # inline segments: go into the row's ``sg``
     prev: dict[str, _Prev]
     was_dirty: list[TrackedList]
+    appended: dict[str, list[Any]]  # per list written: the item objects its new segment holds
 
 
 class Tracker:
@@ -202,7 +203,7 @@ class Tracker:
 
         ``lenient`` (a failure's checkpoint, which must be recorded): a channel that
         cannot be serialized keeps the ref of its last stored value."""
-        d = Diff({}, {}, {}, {}, [])
+        d = Diff({}, {}, {}, {}, [], {})
         for name, value in channels.items():
             try:
                 if isinstance(value, list):
@@ -341,10 +342,12 @@ class Tracker:
         self, name: str, value: list[Any], start: int, prev_tip: str | None, gen: int, d: Diff, cid: str
     ) -> None:
         encode = self.codec.serializer.encode
+        new = value[start:]
         try:
-            trees = list(map(encode, value[start:]))
+            trees = list(map(encode, new))
         except SerializationError:  # again, item by item, for the error that names the item
-            trees = [encode(item, path=f"state.{name}[{start + i}]") for i, item in enumerate(value[start:])]
+            trees = [encode(item, path=f"state.{name}[{start + i}]") for i, item in enumerate(new)]
+        d.appended[name] = new
         segment = {"p": prev_tip, "s": start, "i": trees}
         if start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS:
             d.segments[name] = segment
@@ -372,26 +375,125 @@ def _ref_digest(codec: Codec, ref: dict[str, Any]) -> str:
 
 
 class Loader:
-    """Fetches and decodes channel values of one thread, caching what it has read."""
+    """Fetches and decodes channel values of one thread, caching what it has read.
+
+    What it keeps is bounded by what a replay still needs, not by how long the thread
+    is: a list is cached once per chain as its items and the end of each segment
+    (``chains``); rows read while walking a chain leave their segments behind
+    (``raw``), not their bodies; a run's own commits extend that cache with the items
+    they committed (:meth:`landed`) instead of keeping each checkpoint's body.
+    """
 
     def __init__(self, codec: Codec, thread_id: str, namespace: str = "") -> None:
         self.codec = codec
         self.thread_id = thread_id
         self.namespace = namespace
         self.blobs: dict[str, bytes] = {}
-        self.rows: dict[str, dict[str, Any]] = {}  # checkpoint id -> decoded payload
+        #: checkpoint id -> decoded payload: records handed in (``add``), rows whose result a
+        #: segment refers to or whose segment refers to one, and the run's newest commit.
+        self.rows: dict[str, dict[str, Any]] = {}
         self.scanned: set[tuple[str, int]] = set()
         self.complete: set[tuple[str, str]] = set()  # (channel, segment) with its whole chain cached
         self.raw: dict[tuple[str, str], tuple[str | None, int, list[Any]]] = {}
-        self.segments: dict[tuple[str, str, bool], list[Any]] = {}  # (name, key, plain) -> items
-        # (name, gen, plain) -> (items of the longest chain seen, {segment key: end index})
+        # (name, gen, plain) -> (items of a chain, {segment key: end index}); only ever extended
         self.chains: dict[tuple[str, int, bool], tuple[list[Any], dict[str, int]]] = {}
+        self._need: set[str] = set()  # rows whose result a segment read so far refers to
+        self._top: str | None = None  # the run's newest commit (kept in rows: an outbox done mark copies it)
+        self._keep: set[str] = set()  # commits whose body a segment still needs (see landed)
 
     def add(self, records: Iterable[Record | None]) -> None:
         """Records already read (they may hold inline segments)."""
         for rec in records:
             if rec is not None:
                 self.rows[rec.id] = rec.body
+
+    def _ingest(self, page: Iterable[CheckpointRow]) -> None:
+        """Rows read while walking a chain, newest first: keep their segments, not their bodies.
+
+        A segment whose items refer to a step's result (``_dedupe``: always its row's parent,
+        the next row read) is resolved as soon as that row is read; one whose parent is not
+        in the page (or whose result is a blob, or that is malformed) keeps its row's body
+        for ``_raw``, as does a row whose result such a segment refers to."""
+        waiting: dict[str, list[tuple[str, CheckpointRow, dict[str, Any]]]] = {}
+        for row in page:
+            cid = row.checkpoint_id
+            if cid in self.rows:
+                continue
+            body = Record.decode(self.codec, row, walked=True).body
+            for name, child, child_body in waiting.pop(cid, ()):
+                if result_blob(body) is None and body.get("k") == "step" and "r" in body:
+                    try:
+                        seg = resolve(child_body["sg"][name], {cid: body}, self.thread_id, name, child.checkpoint_id, self._result_tree)
+                    except (SerializationError, IntegrityError):  # reported if the chain is walked (_raw)
+                        seg = None
+                    tup = _segment(seg)
+                    if tup is not None:
+                        self.raw[(name, child.checkpoint_id)] = tup
+                        continue
+                self.rows[child.checkpoint_id] = child_body  # _raw resolves (or reports) it
+                self._need.add(cid)
+            keep = cid in self._need
+            for name, seg in (body.get("sg") or {}).items():
+                ri = type(seg) is dict and "ri" in seg
+                tup = _segment(seg) if not ri else None
+                refs = wanted(body, name, {}) if ri else []
+                if tup is not None:
+                    self.raw.setdefault((name, cid), tup)
+                elif len(set(refs)) == 1 and refs[0] == row.parent_id and refs[0] not in self.rows:
+                    waiting.setdefault(refs[0], []).append((name, row, body))
+                else:  # malformed, or refers to a row already read: _raw reads it from the body
+                    keep = True
+                    self._need.update(refs)
+            if keep:
+                self.rows[cid] = body
+        for parent, children in waiting.items():  # the parent is on the next page: read by id
+            self._need.add(parent)
+            for _, child, child_body in children:
+                self.rows[child.checkpoint_id] = child_body
+
+    def landed(self, checkpoint_id: str, body: dict[str, Any], diff: Diff) -> None:
+        """The run committed ``body`` as ``checkpoint_id``: keep what a later replay in this
+        run may need of it. Each list segment it wrote extends the cached chain it continues,
+        with the item objects committed (items are immutable once committed; the newest one,
+        which may still be edited in place, as a decoded copy of the tree stored). A segment
+        that continues no cached chain (a replay restored an earlier state, then the run went
+        another way) is kept as its items' trees, so that walking back to it still works."""
+        for name, new in diff.appended.items():
+            ref, seg = diff.refs[name], diff.segments.get(name)
+            tip, n, gen = ref["l"], ref["n"], ref["g"]
+            start = n - len(new)
+            prev = seg["p"] if seg is not None else None
+            now = diff.prev[name]
+            last = now.last_tree if isinstance(now, _ListPrev) else None
+            chain = self.chains.get((name, gen, False))
+            fresh = start == 0 and chain is None
+            extends = chain is not None and start == len(chain[0]) and prev is not None and chain[1].get(prev) == start
+            items = self._committed(new, last) if fresh or extends else None
+            if items is not None and chain is None:
+                self.chains[(name, gen, False)] = (items, {tip: n})
+            elif items is not None and chain is not None:
+                chain[0].extend(items)
+                chain[1][tip] = n
+            elif seg is not None and "ri" not in seg:
+                self.raw[(name, checkpoint_id)] = (prev, start, list(seg["i"]))
+            elif seg is None:  # a new chain's first segment, stored as a blob: its trees, by its key
+                self.raw[(name, tip)] = (None, 0, [self.codec.serializer.encode(x) for x in new])
+            else:  # its items refer to the parent's result: keep both bodies (_raw resolves them)
+                self._keep.add(checkpoint_id)
+                if prev is not None:
+                    self._keep.update(wanted(body, name, {}))
+        if self._top is not None and self._top not in self._keep:
+            self.rows.pop(self._top, None)
+        self.rows[checkpoint_id] = body
+        self._top = checkpoint_id
+
+    def _committed(self, new: list[Any], last_tree: Any) -> list[Any] | None:
+        """The items a commit appended, the newest as a copy of its stored tree; None if that
+        tree does not decode here (the segment is then kept as trees, see :meth:`landed`)."""
+        try:
+            return [*new[:-1], self.codec.decode(last_tree, reveal=False)] if new else []
+        except PersistkitError:  # the commit landed: never fail it here
+            return None
 
     def fetch(self, refs: Iterable[dict[str, dict[str, Any]]]) -> Plan[None]:
         """Read every blob, row and segment chain the given checkpoint refs need (batched)."""
@@ -425,7 +527,7 @@ class Loader:
                     self.scanned.add((name, gen))
                 if key not in self.blobs:
                     self.blobs.update((yield call("get_blobs", self.thread_id, [key])))
-            elif key not in self.rows:
+            elif (name, key) not in self.raw and key not in self.rows:
                 try:
                     before = _after(key)
                 except ValueError as exc:
@@ -436,17 +538,20 @@ class Loader:
                 page = yield call(
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
-                self.add(Record.decode(self.codec, row) for row in page)
-                if key not in self.rows:  # pruned: retention rooted the list again in a blob
+                self._ingest(page)
+                if (name, key) not in self.raw and key not in self.rows:  # pruned: retention rooted the list again
                     yield from self._rooted(name, key)
-            if not _is_blob_key(key) and (name, key) not in self.raw:  # items stored as the result of another row: read that row
+            if not _is_blob_key(key) and (name, key) not in self.raw:
+                # items stored as the result of another row: read from that row on (a page: the
+                # rows after it are the chain's next segments, most referring to their parents)
                 for ref in wanted(self.rows.get(key), name, self.rows):
                     try:
                         before = _after(ref)
                     except ValueError:
                         continue  # not a checkpoint id: _raw reports the segment as malformed
-                    page = yield call("list", self.thread_id, self.namespace, before=before, limit=1)
-                    self.add(Record.decode(self.codec, row) for row in page)
+                    self._need.add(ref)
+                    page = yield call("list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE)
+                    self._ingest(page)
                 for ref in wanted(self.rows.get(key), name, {}):  # and a result over the inline limit: its blob
                     big = result_blob(self.rows.get(ref))
                     if big is not None and big not in self.blobs:
@@ -464,7 +569,7 @@ class Loader:
 
     def segment_keys(self, name: str, ref: dict[str, Any]) -> list[str]:
         """The segment keys of a list ref's chain, oldest first (fetched first with :meth:`fetch`)."""
-        return [] if ref["l"] is None else list(self._walk(name, ref["l"], ref["n"]))
+        return [] if ref["l"] is None else self._walk(name, ref["l"], ref["n"], {})[0]
 
     def segment_trees(self, name: str, key: str) -> list[Any]:
         """The item trees of one segment, references to other rows' results resolved."""
@@ -497,20 +602,30 @@ class Loader:
         return TrackedList(self.list_items(name, ref, plain))
 
     def list_items(self, name: str, ref: dict[str, Any], plain: bool = False) -> list[Any]:
-        """The items of a list ref. Item objects are shared with the cache: treat as read-only."""
+        """The items of a list ref. Item objects are shared with the cache: treat as read-only.
+
+        Built in one pass: the chain is walked back from the tip only to the newest segment
+        the cached chain already holds, and its items are decoded straight into one list."""
         tip, n, gen = ref["l"], ref["n"], ref["g"]
         if tip is None:
             return []
         chain = self.chains.get((name, gen, plain))
         if chain is not None and chain[1].get(tip) == n:
             return chain[0][:n]
-        keys = list(self._walk(name, tip, n))
-        items: list[Any] = []
-        ends: dict[str, int] = {}
-        for key in keys:
-            items.extend(self._items(name, key, plain))
-            ends[key] = len(items)
-        if chain is None or len(items) >= len(chain[0]):
+        keys, base, segs = self._walk(name, tip, n, chain[1] if chain is not None else {})
+        extends = chain is not None and base == len(chain[0])
+        if extends:
+            assert chain is not None
+            items, ends = chain  # extended in place: every slice handed out is a copy
+        else:
+            items = chain[0][:base] if chain is not None and base else []
+            ends = {k: e for k, e in chain[1].items() if e <= base} if chain is not None and base else {}
+        trees: list[Any] = []  # every new segment's item trees, decoded in one pass below
+        for key, seg in zip(keys, segs, strict=True):
+            trees.extend(seg)
+            ends[key] = base + len(trees)
+        items.extend(self._decode(name, trees, base, plain))
+        if chain is None:  # another branch of a cached chain (a replay went another way) is not cached
             self.chains[(name, gen, plain)] = (items, ends)
         return items[:n]
 
@@ -553,27 +668,33 @@ class Loader:
             )
         return self.codec.unpack_tree(blob, f"result {key}")
 
-    def _items(self, name: str, key: str, plain: bool) -> list[Any]:
-        items = self.segments.get((name, key, plain))
-        if items is None:
-            _, start, trees = self._raw(name, key)
-            decode = self.codec.decode
-            try:  # the segment as one list (a resume decodes every segment of the run)
-                items = decode(trees, plain=plain)
-            except (SerializationError, SchemaVersionError):  # item by item, for the error that names the item
-                try:
-                    items = [decode(t, f"state.{name}[{start + i}]", plain=plain) for i, t in enumerate(trees)]
-                except SchemaVersionError as exc:
-                    raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
-            self.segments[(name, key, plain)] = items
-        return items
+    def _decode(self, name: str, trees: list[Any], start: int, plain: bool) -> list[Any]:
+        """The items of ``trees``, list items ``start``... of channel ``name``."""
+        if not plain and all(type(t) is str for t in trees) and not any("$CRED{" in t for t in trees):
+            return trees  # a string without a handle decodes to itself (the common message list)
+        decode = self.codec.decode
+        try:  # the items as one list
+            items: list[Any] = decode(trees, plain=plain)
+            return items
+        except (SerializationError, SchemaVersionError):  # item by item, for the error that names the item
+            try:
+                return [decode(t, f"state.{name}[{start + i}]", plain=plain) for i, t in enumerate(trees)]
+            except SchemaVersionError as exc:
+                raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
 
-    def _walk(self, name: str, tip: str, n: int) -> Iterator[str]:
-        """Segment keys of the chain ending at ``tip``, oldest first, checked for gaps."""
+    def _walk(
+        self, name: str, tip: str, n: int, cached: dict[str, int]
+    ) -> tuple[list[str], int, list[list[Any]]]:
+        """Segment keys of the chain ending at ``tip``, oldest first, checked for gaps, back to
+        the newest one ``cached`` (segment key -> end) holds; where that one ends (0: none);
+        and each segment's item trees."""
         keys: list[str] = []
+        segs: list[list[Any]] = []
         key: str | None = tip
         end = n
         while key is not None:
+            if cached.get(key) == end:
+                break
             prev, start, items = self._raw(name, key)
             if start + len(items) != end or start < 0 or len(keys) > n + 1:
                 raise IntegrityError(
@@ -581,10 +702,25 @@ class Loader:
                     f"at {key} (covers {start}..{start + len(items)}, expected to end at {end})"
                 )
             keys.append(key)
+            segs.append(items)
             end = start
             key = prev
-        if end != 0:
+        if key is None and end != 0:
             raise IntegrityError(
                 f"thread {self.thread_id!r}: list channel {name!r} segment chain does not start at 0"
             )
-        return reversed(keys)
+        keys.reverse()
+        segs.reverse()
+        return keys, end if key is not None else 0, segs
+
+
+def _segment(seg: Any) -> tuple[str | None, int, list[Any]] | None:
+    """(previous link, start, item trees) of a stored segment, or None when it is malformed."""
+    if type(seg) is not dict:
+        return None
+    prev, start, trees = seg.get("p"), seg.get("s"), seg.get("i")
+    if not (isinstance(start, int) and isinstance(trees, list) and (prev is None or isinstance(prev, str))):
+        return None
+    if "p" not in seg:
+        return None
+    return prev, start, trees

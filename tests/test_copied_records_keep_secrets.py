@@ -125,3 +125,17 @@ def test_a_rooted_list_keeps_its_items_keys(store: pk.Store) -> None:
     with pk.resume(t, store=store, state={}) as run:  # inside a run: the live key
         assert all(line.endswith(f" with {SECRET}") for line in run.state["log"])
     _later_turn(store, t)
+
+
+def test_an_effect_run_by_the_next_resume_leaves_the_live_key(store: pk.Store) -> None:
+    """The resume runs the pending effect and marks it done: a copy of the head it read back."""
+    t = f"rs-{uuid.uuid4().hex[:8]}"
+    DIE_IN_EFFECT.append(True)
+    with pytest.raises(_Crash), pk.resume(t, store=store, state={"token": SECRET}):
+        effect_step()
+    with pk.resume(t, store=store, state={"token": SECRET}) as run:
+        effect_step()
+        use(run.state["token"])
+    assert len(store.drain_outbox(thread_id=t, dry_run=True).pending) == 0
+    assert HANDED == [True]
+    _later_turn(store, t)

@@ -156,7 +156,11 @@ def _marker(run: Run, ids: list[str]) -> tuple[CheckpointRow, dict[str, Any]] | 
     top = run._loader.rows.get(head.checkpoint_id) if head is not None and not run.replay_only else None
     if top is None or head is None:
         return None
-    return ob.done_mark(run.codec, run.thread_id, run.namespace, run.run_id, head.checkpoint_id, top, ids)
+    # The copy is made of the head as stored: a body this process committed holds live values
+    # (its secrets not yet handles), one read back holds handles, which must not be redacted twice.
+    if run._loader.committed_here(head.checkpoint_id):
+        top = run.codec.redact_tree(top)
+    return ob.done_mark(run.codec, run.thread_id, run.namespace, run.run_id, head.checkpoint_id, top, ids, stored=True)
 
 
 def mark_done_sync(run: Run, ids: list[str]) -> None:

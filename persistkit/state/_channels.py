@@ -487,6 +487,11 @@ class Loader:
         self.rows[checkpoint_id] = body
         self._top = checkpoint_id
 
+    def committed_here(self, checkpoint_id: str) -> bool:
+        """Whether ``rows`` holds ``checkpoint_id``'s body as this process committed it (live
+        values, see :meth:`landed`) rather than as read back from the store (stored form)."""
+        return checkpoint_id == self._top
+
     def _committed(self, new: list[Any], last_tree: Any) -> list[Any] | None:
         """The items a commit appended, the newest as a copy of its stored tree; None if that
         tree does not decode here (the segment is then kept as trees, see :meth:`landed`)."""

@@ -16,12 +16,15 @@ are written whole, as scripts read them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any, TextIO
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any, TextIO
 
 __all__ = ["ELLIPSIS", "Output", "Shown", "cell", "clip", "dumps"]
 
@@ -134,3 +137,30 @@ def _fit(
         want[i] -= 1
         excess -= 1
     return want
+
+
+@contextlib.contextmanager
+def whole_file(path: str, mode: str = "wb") -> Iterator[IO[Any]]:
+    """``path`` opened for writing so that it ends up written whole or not at all: into a
+    temporary file beside it, renamed over it at the end (removed on any error). A symlink
+    is followed (its target is replaced, the link stays); a FIFO, a device or a socket is
+    written to directly: it cannot be replaced, and its reader is waiting for the bytes."""
+    real = os.path.realpath(path)
+    try:
+        special = not stat.S_ISREG(os.stat(real).st_mode)
+    except FileNotFoundError:
+        special = False
+    encoding = None if "b" in mode else "utf-8"
+    if special:
+        with open(real, mode, encoding=encoding) as f:
+            yield f
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".part", dir=os.path.dirname(real))
+    try:
+        with os.fdopen(fd, mode, encoding=encoding) as f:
+            yield f
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from typing import Any
 
 from .._errors import ConfigurationError
 from ..ops._timeline import MAX_CHECKPOINTS, VALUE_CAP, render
 from ..ops._timeline_html import page_name
 from ._open import open_store, require_thread, resolve_url, split_url
-from ._output import Output, cell
+from ._output import Output, cell, whole_file
 
 __all__ = ["add_parsers"]
 
@@ -66,17 +65,10 @@ def _timeline(ns: argparse.Namespace, out: Output) -> int:
 
 
 def _write(path: str, data: bytes) -> int:
-    """Write ``data`` to ``path`` whole or not at all."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Write ``data`` to ``path`` whole or not at all (``whole_file``)."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".timeline-", suffix=".html", dir=folder)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot write the timeline to {path!r}: {exc.strerror} ({folder})") from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with whole_file(path) as f:
             f.write(data)
-        os.replace(tmp, path)
     except OSError as exc:
-        os.unlink(tmp)
         raise ConfigurationError(f"cannot write the timeline to {path!r}: {exc.strerror}") from exc
     return len(data)

@@ -49,7 +49,7 @@ from ..codec._pipeline import Codec, _dump
 from ..engine._store import Store, check_namespace, check_thread_id
 from ..state._records import _check_body
 from ._open import env_keys, namespaces, open_store, resolve_url, thread_not_found
-from ._output import Output, dumps
+from ._output import Output, dumps, whole_file
 
 __all__ = ["FORMAT", "add_parsers"]
 
@@ -133,15 +133,11 @@ def _export(ns: argparse.Namespace, out: Output) -> int:
         if ns.output is None:
             _write(export_lines(store, threads), sys.stdout, counts)
         else:
-            part = ns.output + ".part"
             try:
-                with open(part, "w", encoding="utf-8") as f:
+                with whole_file(ns.output, "w") as f:
                     _write(export_lines(store, threads), f, counts)
-                os.replace(part, ns.output)
-            except BaseException:
-                if os.path.exists(part):
-                    os.remove(part)
-                raise
+            except OSError as exc:
+                raise ConfigurationError(f"cannot write the export to {ns.output!r}: {exc.strerror}") from exc
     summary = (f"exported {counts['threads']} thread(s), {counts['rows']} checkpoint(s), "
                f"{counts['blobs']} blob(s)" + (f" to {ns.output}" if ns.output else ""))
     report = Output(as_json=out.as_json, stream=sys.stderr if ns.output is None else out.stream)

@@ -69,6 +69,7 @@ __all__ = [
     "RunAbandonedError",
     "RunAbortedError",
     "RunCompensatedError",
+    "RunPrunedError",
     "SchemaVersionError",
     "SecretResolutionError",
     "SerializationError",
@@ -346,6 +347,25 @@ class RunAbandonedError(PersistkitError):
 
 def _rebuild_abandoned(message: str, thread_id: str, run_id: str) -> RunAbandonedError:
     return RunAbandonedError(message, thread_id=thread_id, run_id=run_id)
+
+
+class RunPrunedError(NotFoundError):
+    """A finished run whose records retention pruned (``store.prune``) was resumed again by
+    its ``run_id`` (a redelivered message): it cannot be replayed, and it never runs again.
+    Not retryable: the message was handled; drop it, or keep checkpoints longer than your
+    queue redelivers (``pk.Retention(max_age=...)``)."""
+
+    def __init__(self, message: str, *, thread_id: str = "", run_id: str = "") -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_pruned, (str(self), self.thread_id, self.run_id))
+
+
+def _rebuild_pruned(message: str, thread_id: str, run_id: str) -> RunPrunedError:
+    return RunPrunedError(message, thread_id=thread_id, run_id=run_id)
 
 
 class AnswerError(PersistkitError):

@@ -19,7 +19,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def duration(text: str) -> float:
     """``90`` (seconds), ``45s``, ``30m``, ``12h``, ``7d`` or ``2w`` as seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
     if m is None or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give e.g. 90, 45s, 30m, 12h, 7d or 2w")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
@@ -52,12 +52,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _prune(ns: argparse.Namespace, out: Output) -> int:
+    if ns.keep_last is None and ns.max_age is None and not ns.final_only and ns.thread_ttl is None:
+        ns.parser.error("no rule given: give --keep-last N, --max-age, --final-only and/or --thread-ttl")
+    if ns.keep_last is not None and ns.keep_last < 1:
+        ns.parser.error(f"--keep-last {ns.keep_last}: give a whole number >= 1 (a thread's newest checkpoint always stays)")
     try:
         policy = Retention(
             keep_last=ns.keep_last, max_age=ns.max_age, final_only=ns.final_only, thread_ttl=ns.thread_ttl
         )
-    except ConfigurationError as exc:
-        ns.parser.error(str(exc).replace("Retention() with no rule", "no rule given").replace("keep_last=", "--keep-last "))
+    except ConfigurationError as exc:  # pragma: no cover - the checks above and duration() cover the rules
+        ns.parser.error(str(exc))
     with open_store(resolve_url(ns.url)) as store:
         report = store.prune(
             policy, prefix=ns.prefix, thread_id=ns.thread, namespace=ns.namespace, dry_run=ns.dry_run,

@@ -188,7 +188,9 @@ class resume:
                 from ..coordination._hooks import let_go_sync
 
                 _outbox.settle_sync(run, self._holding, let_go_sync)
-        run.observer = telemetry.opened(run, began, len(run._index))  # None unless telemetry is on
+        # the recorded steps that replay (one recorded as failed runs again, or replays its error)
+        replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
+        run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -250,7 +252,9 @@ class resume:
                 from ..coordination._hooks import let_go_async
 
                 await _outbox.settle_async(run, self._holding, let_go_async)
-        run.observer = telemetry.opened(run, began, len(run._index))  # None unless telemetry is on
+        # the recorded steps that replay (one recorded as failed runs again, or replays its error)
+        replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
+        run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from .._errors import (
     ConflictError,
     NonDeterminismError,
+    NotFoundError,
     PersistkitError,
+    RunPrunedError,
     SchemaVersionError,
     SecretResolutionError,
 )
@@ -87,7 +89,12 @@ class ReplayCursor(StateRestore):
         elif head_rec is not None and base_id == head_rec.id:
             base_rec = head_rec
         else:
-            base_rec = yield from store.read_record(t, ns, base_id)
+            try:
+                base_rec = yield from store.read_record(t, ns, base_id)
+            except NotFoundError:
+                if not rows:
+                    raise
+                raise pruned_error(t, self.run_id, rows[-1].run_status) from None
         self._loader.add([base_rec, head_rec, *rows])
         wanted = [r.refs for r in (base_rec, head_rec, *rows) if r is not None]
         big = [r.body["rb"] for r in rows if "rb" in r.body]
@@ -304,3 +311,16 @@ class ReplayCursor(StateRestore):
             thread_id=t, namespace=self.namespace, expected=0,
             found=head.version if head else 0, found_checkpoint=head.checkpoint_id if head else None,
         )
+
+
+def pruned_error(thread_id: str, run_id: str, status: str | None) -> RunPrunedError:
+    """Resuming a run whose records before its oldest kept one were pruned: retention keeps
+    every record of an unfinished run, so this one finished (or the thread moved past it)."""
+    return RunPrunedError(
+        f"run {run_id} of thread {thread_id!r} ({status or 'finished'}) cannot be replayed: retention "
+        "(store.prune) deleted some of its checkpoints, so its recorded steps are not all there; it "
+        "will not run again. A redelivered message of it was handled already: drop it (not "
+        "retryable). To replay redeliveries, keep checkpoints longer than your queue redelivers: "
+        "pk.Retention(max_age=...)",
+        thread_id=thread_id, run_id=run_id,
+    )

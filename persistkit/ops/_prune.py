@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import (
     ConfigurationError,
     IntegrityError,
+    NotFoundError,
     PersistkitError,
     SerializationError,
     StoreOptionsError,
@@ -58,7 +59,6 @@ __all__ = ["RetentionStore"]
 
 _PAGE = 500
 _BATCH = 2000  # rows per prune_rows call (a store reads the thread once per call), blobs per delete_blobs call
-_PATIENCE = 5.0  # seconds to wait for a thread's lease before skipping the thread
 _SWEPT = ("v:", "s:", "l:")  # blob keys the sweep may delete; any other key stays
 _RESERVED = "__persistkit__"
 
@@ -72,6 +72,19 @@ class _Thread:
     gone: dict[str, set[str]] = field(default_factory=dict)
     roots: dict[str, bytes] = field(default_factory=dict)  # blobs to write first
     needed_roots: set[str] = field(default_factory=set)
+
+
+def _check_scope(prefix: Any, thread_id: Any, namespace: Any, dry_run: Any, progress: Any) -> None:
+    """The arguments of ``store.prune`` besides the policy: a clear error for each bad one."""
+    for name, value in (("prefix", prefix), ("thread_id", thread_id), ("namespace", namespace)):
+        if name != "prefix" and value is None:
+            continue
+        if not isinstance(value, str) or "\x00" in value or (name == "thread_id" and not value):
+            raise ConfigurationError(f"store.prune({name}={value!r}): give a str without NUL characters")
+    if not isinstance(dry_run, bool):
+        raise ConfigurationError(f"store.prune(dry_run={dry_run!r}): give True or False")
+    if progress is not None and not isinstance(progress, bool) and not callable(progress):
+        raise ConfigurationError(f"store.prune(progress={progress!r}): give True, False, None or a function of one line")
 
 
 def _threads(thread_id: str | None, prefix: str) -> Plan[list[str]]:
@@ -192,6 +205,16 @@ def _sweepable(sizes: Mapping[str, int], work: _Thread) -> list[str]:
     )
 
 
+def _bytes(work: _Thread, sizes: Mapping[str, int], namespace: str | None = None) -> int:
+    """The thread's bytes (or, with ``namespace``, that namespace's rows and the blobs)."""
+    rows = sum(len(r.row.payload) for ns, recs in work.chains.items() if namespace in (None, ns) for r in recs)
+    return rows + sum(sizes.values())
+
+
+def _count(work: _Thread, namespace: str | None) -> int:
+    return sum(len(recs) for ns, recs in work.chains.items() if namespace in (None, ns))
+
+
 def _batches(items: Sequence[str]) -> Iterator[list[str]]:
     for i in range(0, len(items), _BATCH):
         yield list(items[i : i + _BATCH])
@@ -251,8 +274,11 @@ class RetentionStore:
         """
         if not isinstance(policy, Retention):
             raise ConfigurationError(f"store.prune(policy): give a pk.Retention(...), not {policy!r}")
+        _check_scope(prefix, thread_id, namespace, dry_run, progress)
         self._check_open()
         require(self.backend, "prune", "store.prune()")
+        if thread_id is not None and not self.run_sync(_namespaces(thread_id, None)):
+            raise NotFoundError(f"store.prune(thread_id={thread_id!r}): the store has no such thread")
         report = PruneReport(dry_run=bool(dry_run))
         show = _Progress(progress)
         now = time.time()
@@ -304,10 +330,9 @@ class RetentionStore:
             spaces.append(namespace)
         work = _Thread(t)
         self.run_sync(_read(self.codec, work, spaces))
-        row_bytes = {ns: sum(len(r.row.payload) for r in recs) for ns, recs in work.chains.items()}
-        before = sum(row_bytes.values()) + sum(sizes.values())
-        report.bytes_before += before
-        if namespace is None and thread_expired(work.chains, policy, now):
+        forked = any(forks.get((t, ns)) for ns in spaces)  # a live fork's source is never deleted
+        if namespace is None and not forked and thread_expired(work.chains, policy, now):
+            report.bytes_before += _bytes(work, sizes)
             report.threads_deleted.append(t)
             report.checkpoints += sum(len(r) for r in work.chains.values())
             report.blobs += len(sizes)
@@ -315,14 +340,11 @@ class RetentionStore:
                 self.call_sync(call("delete_thread", t))
             return
         self._decide(work, namespace, policy, forks, now)
-        if not any(work.gone.values()):
-            report.kept += sum(len(r) for r in work.chains.values())
-            report.bytes_after += before
-            return
-        leases = self._take_leases(t, work, report) if not report.dry_run else {}
-        if leases is None:
-            report.kept += sum(len(r) for r in work.chains.values())
-            report.bytes_after += before
+        leases = self._take_leases(t, work, report) if any(work.gone.values()) and not report.dry_run else {}
+        if leases is None or not any(work.gone.values()):  # skipped (a live run holds it), or nothing goes
+            report.bytes_before += _bytes(work, sizes, namespace)
+            report.bytes_after += _bytes(work, sizes, namespace)
+            report.kept += _count(work, namespace)
             return
         from ..coordination._drive import Heartbeat  # imports asyncio: not on `import persistkit`
 
@@ -338,20 +360,22 @@ class RetentionStore:
                 if work.gone[ns] or rooted:
                     self.run_sync(_lists(self.codec, work, ns, report))
             sweep = _sweepable(sizes, work)
+            before = _bytes(work, sizes, namespace)
             gone_rows = sum(len(r.row.payload) for ns, recs in work.chains.items() for r in recs if r.id in work.gone[ns])
+            report.bytes_before += before
             report.bytes_after += before - gone_rows - sum(sizes[k] for k in sweep) + sum(map(len, work.roots.values()))
-            report.checkpoints += sum(len(g) for g in work.gone.values())
-            report.kept += sum(len(r) for r in work.chains.values()) - sum(len(g) for g in work.gone.values())
-            report.blobs += len(sweep)
+            report.kept += _count(work, namespace) - sum(len(g) for g in work.gone.values())
             if report.dry_run:
+                report.checkpoints += sum(len(g) for g in work.gone.values())
+                report.blobs += len(sweep)
                 return
             if work.roots:
                 self.call_sync(call("put_blobs", t, work.roots))
             for ns, gone in work.gone.items():
                 for batch in _batches(sorted(gone, reverse=True)):  # newest first: see backends/_prune
-                    self.call_sync(call("prune_rows", t, ns, batch))
+                    report.checkpoints += self.call_sync(call("prune_rows", t, ns, batch))  # what went, not what was meant to
             for batch in _batches(sweep):
-                self.call_sync(call("delete_blobs", t, batch))
+                report.blobs += self.call_sync(call("delete_blobs", t, batch))
         finally:
             for beat in beats:
                 beat.stop()
@@ -387,7 +411,7 @@ class RetentionStore:
                 continue
             top = work.chains[ns][-1]
             try:
-                lease = run_sync(self.backend, acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True))
+                lease = run_sync(self.backend, acquire(t, ns, "reject", DEFAULT_TTL, None, top.row.run_id, ahead=True))
             except ThreadBusyError as exc:
                 report.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
                 for held, held_top in taken.values():

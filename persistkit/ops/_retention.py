@@ -127,8 +127,8 @@ class PruneReport:
         verb = "would delete" if self.dry_run else "deleted"
         text = (
             f"{self.threads} thread(s) looked at: {verb} {self.checkpoints} checkpoint(s) "
-            f"({self.kept} kept), {len(self.threads_deleted)} whole thread(s), {self.blobs} stored value(s); "
-            f"{_size(self.bytes_before)} before, {_size(self.bytes_after)} after"
+            f"({self.kept} kept), {len(self.threads_deleted)} whole thread(s), {self.blobs} stored value(s), "
+            f"{self.lists_rooted} list(s) rooted; {_size(self.bytes_before)} before, {_size(self.bytes_after)} after"
         )
         lines = [text, *(f"  skipped thread {t!r}{f' namespace {ns!r}' if ns else ''}: {why}" for t, ns, why in self.skipped)]
         return "\n".join(lines)

@@ -159,6 +159,54 @@ class RetentionConformance(TwoStores):
         _turn(store, live, range(3))  # the crashed run resumes: step 0 is not run again
         assert [i for t, i in RAN if t == live] == [0, 1, 1, 2]
 
+    def test_a_redelivered_pruned_run_never_runs_again(self, store: Store) -> None:
+        from .._errors import RunPrunedError
+
+        t = _thread()
+
+        def turn(run_id: str, steps: range) -> None:
+            with resume(t, store=store, state={"log": [], "last": {}}, run_id=run_id):
+                for i in steps:
+                    work(i)
+
+        turn("msg-1", range(0, 5))
+        turn("msg-2", range(10, 13))
+        store.prune(Retention(keep_last=2), thread_id=t)
+        RAN.clear()
+        with pytest.raises(RunPrunedError, match="retention") as caught:  # partly pruned
+            turn("msg-2", range(10, 13))
+        assert caught.value.run_id == "msg-2" and not caught.value.retryable
+        assert RAN == []  # nothing ran again
+        # every checkpoint of msg-1 is gone: nothing is left to tell it ran, so it is a new run
+        turn("msg-1", range(0, 5))
+        assert [i for th, i in RAN if th == t] == [0, 1, 2, 3, 4]
+        t = _thread()
+        turn("a", range(3))
+        turn("b", range(3))
+        store.prune(Retention(final_only=True), thread_id=t)
+        RAN.clear()
+        with pytest.raises(RunPrunedError):
+            turn("a", range(3))
+        assert RAN == []
+
+    def test_thread_ttl_keeps_a_thread_a_live_fork_came_from(self, store: Store) -> None:
+        t = _thread()
+        _turn(store, t, range(3))
+        fork = store.fork(t, store.history(t)[-2].checkpoint_id, new_thread_id=_thread())
+        report = store.prune(Retention(thread_ttl=1e-9), thread_id=t)
+        assert report.threads_deleted == [] and store.history(t)
+        store.delete_thread(fork.thread_id)
+        assert store.prune(Retention(thread_ttl=1e-9), thread_id=t).threads_deleted == [t]
+
+    def test_a_missing_thread_and_bad_arguments_are_refused(self, store: Store) -> None:
+        from .._errors import NotFoundError
+
+        with pytest.raises(NotFoundError, match="no such thread"):
+            store.prune(Retention(keep_last=1), thread_id=_thread())
+        for bad in ({"prefix": None}, {"thread_id": ""}, {"namespace": 5}, {"dry_run": "yes"}, {"progress": 5}):
+            with pytest.raises(ConfigurationError):
+                store.prune(Retention(keep_last=1), **bad)
+
     def test_policy_is_checked(self, store: Store) -> None:
         with pytest.raises(ConfigurationError, match="no rule"):
             Retention()
@@ -309,7 +357,7 @@ class RetentionConformance(TwoStores):
                             forks.append(store.fork(t, src.checkpoint_id, new_thread_id=_thread()).thread_id)
                             if flag and forks:
                                 store.delete_thread(forks.pop(0))
-                    else:
+                    elif store.history(t):  # pruning a thread that does not exist: NotFoundError
                         before = _states(store, t)
                         policy = Retention(final_only=True) if op == "final" else Retention(keep_last=n, final_only=flag)
                         store.prune(policy, thread_id=t)

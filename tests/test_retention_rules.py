@@ -90,3 +90,38 @@ def test_thread_ttl_spares_unfinished_threads_and_pending_effects() -> None:
     assert not thread_expired(pending, Retention(thread_ttl=10), now=NOW)
     young_namespace = {**finished, "sub": [rec(3, "b", "end", "completed", t=NOW)]}
     assert not thread_expired(young_namespace, Retention(thread_ttl=10), now=NOW)
+
+
+def test_a_checkpoint_pruned_while_it_is_read_is_not_found(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A reader that read a checkpoint's record just before a prune deleted it and the rows its
+    list links to gets NotFoundError, not a "damaged store" IntegrityError."""
+    import uuid
+
+    import pytest
+
+    import persistkit as pk
+    from persistkit import NotFoundError
+    from persistkit.engine import _store_plans
+
+    store = pk.connect(f"memory://race-{uuid.uuid4().hex[:8]}")
+
+    @pk.checkpointed
+    def say(i: int) -> str:
+        pk.current_run().state["log"].append(f"line {i}")  # type: ignore[union-attr]
+        return "ok"
+
+    with pk.resume("race", store=store, state={"log": []}):
+        for i in range(6):
+            say(i)
+    old = store.history("race")[-3].checkpoint_id
+    real = _store_plans.StorePlans.read_record
+
+    def read_then_prune(self, thread_id, namespace, checkpoint_id):  # type: ignore[no-untyped-def]
+        rec = yield from real(self, thread_id, namespace, checkpoint_id)
+        ids = [c.checkpoint_id for c in store.history("race")][1:]
+        store.backend.prune_rows("race", "", ids)  # a prune, between the read and the walk
+        return rec
+
+    monkeypatch.setattr(_store_plans.StorePlans, "read_record", read_then_prune)
+    with pytest.raises(NotFoundError, match="deleted while it was read"):
+        store.get_state("race", checkpoint_id=old)

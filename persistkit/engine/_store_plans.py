@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import (
     ConfigurationError,
     ConflictError,
+    IntegrityError,
     NotFoundError,
 )
 from .._ids import is_checkpoint_id
@@ -100,7 +101,16 @@ class StorePlans:
         # Inspection never needs a secret's value: handles stay handle text (a Secret field
         # stays a lazy Secret), so a thread can be read in a process that cannot resolve them.
         loader = Loader(self._inspecting(), thread_id, namespace)
-        state = yield from self.load_state(rec, spec, loader, plain=plain)
+        try:
+            state = yield from self.load_state(rec, spec, loader, plain=plain)
+        except IntegrityError:
+            # A row its lists link to is missing: deleted by a prune running now, if the
+            # checkpoint itself went meanwhile. Then it is not found, not damaged.
+            if (yield call("get", thread_id, namespace, rec.id)) is None:
+                raise NotFoundError(
+                    f"thread {thread_id!r} has no checkpoint {rec.id!r} (deleted while it was read: retention)"
+                ) from None
+            raise
         return state
 
     def _inspecting(self) -> Codec:

@@ -114,3 +114,26 @@ def test_a_pruned_thread_exports_and_imports_whole(tmp_path: Path) -> None:
     with pk.resume("pruned", store=target, state={"log": []}):
         cli_step(99)
     assert len(target.get_state("pruned")["log"]) == len(before["log"]) + 1
+
+
+def test_an_export_missing_a_row_is_refused_by_import(url: str, tmp_path: Path) -> None:
+    """The file's lines are each well formed, but a row is missing: the thread would not
+    read back, so it is not imported (found from outside: it was, and verified)."""
+    dump = tmp_path / "t.jsonl"
+    assert _cli("export", "cli-t", "--url", url, "-o", str(dump)).returncode == 0
+    lines, rows = [], 0
+    for line in dump.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "row":
+            rows += 1
+            if rows == 3:  # a step's row: a segment of the list the head reads
+                continue
+        if rec.get("type") == "thread":
+            rec["rows"] -= 1
+        lines.append(json.dumps(rec))
+    hole = tmp_path / "hole.jsonl"
+    hole.write_text("\n".join(lines) + "\n")
+    target = f"sqlite:///{tmp_path}/target.db"
+    done = _cli("import", str(hole), "--url", target)
+    assert done.returncode == 1 and "cli-t" in done.stderr, (done.stdout, done.stderr)
+    assert pk.connect(target).history("cli-t") == []

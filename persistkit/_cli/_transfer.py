@@ -352,6 +352,10 @@ def _write_thread(store: Store, t: _Thread, *, replace: bool) -> dict[str, Any]:
         store.delete_thread(t.thread_id)
     try:
         rows = write_thread(store.backend, copy)
+        # The lines were checked one by one; a thread they describe must also read back whole
+        # (a row missing from the file leaves a list linking to nothing: refused, not imported).
+        for space in namespaces(store, t.thread_id):
+            store.get_state(t.thread_id, namespace=space, plain=True)
     except BaseException as exc:
         store.delete_thread(t.thread_id)  # all or nothing: no half thread stays
         if isinstance(exc, PersistkitError):

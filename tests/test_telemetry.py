@@ -264,7 +264,17 @@ def test_a_conflict_is_an_event_a_count_and_a_log_line(
     last = max(refused, key=lambda s: s.start_time or 0)
     assert "persistkit.conflict" in [e.name for e in last.events]
     assert last.status.status_code is StatusCode.ERROR
+    assert attrs(last)["persistkit.step.position"] == "1"  # the refused record's position
     assert any("head moved" in r.getMessage() and mine.run_id in r.getMessage() for r in caplog.records)
+
+
+def test_the_sdk_disabled_by_its_variable_turns_telemetry_off(
+    otel: Otel, store: pk.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    with pk.resume("t-disabled", store=store) as run:
+        leaf(1)
+    assert run.observer is None and otel.steps() == []
 
 
 def test_a_suspension_is_an_event_and_no_error(otel: Otel, store: pk.Store) -> None:
@@ -297,7 +307,8 @@ def test_a_suspension_inside_a_step(otel: Otel, store: pk.Store) -> None:
         ask()
     (step,) = otel.steps()
     assert attrs(step)["persistkit.status"] == "suspended"
-    assert "persistkit.step.position" not in attrs(step)  # the question's record is not the step's
+    # the question's record (at 0/0) is not the step's, but tells the step's position
+    assert attrs(step)["persistkit.step.position"] == "0"
     assert step.status.status_code is StatusCode.UNSET
     assert [e.name for e in step.events] == ["persistkit.suspended"]
 

@@ -354,7 +354,7 @@ def _write_thread(store: Store, t: _Thread, *, replace: bool) -> dict[str, Any]:
         rows = write_thread(store.backend, copy)
         # The lines were checked one by one; a thread they describe must also read back whole
         # (a row missing from the file leaves a list linking to nothing: refused, not imported).
-        for space in namespaces(store, t.thread_id):
+        for space in namespaces(store, t.thread_id) or [""]:
             store.get_state(t.thread_id, namespace=space, plain=True)
     except BaseException as exc:
         store.delete_thread(t.thread_id)  # all or nothing: no half thread stays

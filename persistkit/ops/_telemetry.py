@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import sys
 import time
 import traceback
@@ -113,6 +114,11 @@ def _version() -> str:
         return "0"
 
 
+def _disabled() -> bool:
+    """``OTEL_SDK_DISABLED=true``: the SDK's providers make no-op spans; persistkit makes none."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def _tracer() -> Any:
     """The tracer of a configured tracer provider, or None (OpenTelemetry not imported, or
     only the API's default proxy or a no-op provider): one dict lookup when unused."""
@@ -121,7 +127,7 @@ def _tracer() -> Any:
     if api is None:
         return None
     provider = api.get_tracer_provider()
-    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
+    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider) or _disabled():
         return None
     if _tracer_cache[0] is not provider:
         _tracer_cache = (provider, provider.get_tracer("persistkit", _version()))
@@ -156,7 +162,7 @@ def _instruments() -> _Instruments | None:
     if api is None:
         return None
     provider = api.get_meter_provider()
-    if isinstance(provider, api.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider":
+    if isinstance(provider, api.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider" or _disabled():
         return None
     if _meter_cache[0] is not provider:
         _meter_cache = (provider, _Instruments(provider.get_meter("persistkit", _version())))
@@ -314,6 +320,10 @@ class Observer:
         if kind != "step":
             if suspended:
                 self._event("persistkit.suspended", {POSITION: str(body.get("p")), STEP: str(body.get("n"))})
+                c = _CALL.get()  # a pk.suspend inside a step: that step's position is its parent's
+                step_at = str(body.get("p")).rpartition("/")[0]
+                if c is not None and c.obs is self and c.position is None and step_at and step_at.rpartition("/")[0] == c.parent:
+                    c.position = step_at
             return
         c = _CALL.get()
         if c is not None and "dm" not in body and "q" not in body and c.owns(self, body["p"], body["n"]):
@@ -362,6 +372,9 @@ def conflicted(run: Any, body: Mapping[str, Any], error: BaseException) -> None:
     obs: Observer | None = run.observer
     if obs is None:
         return
+    c = _CALL.get()  # the refused record was this step call's own: its position is known
+    if c is not None and body["k"] == "step" and c.owns(obs, str(body["p"]), str(body["n"])):
+        c.position = str(body["p"])
     if obs.instruments is not None:
         obs.instruments.conflicts.add(1, {KIND: str(body["k"])})
     found = getattr(error, "found", None)

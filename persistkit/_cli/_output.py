@@ -76,7 +76,10 @@ class Output:
         if self._width is not None:
             return self._width
         isatty = getattr(self.stream, "isatty", None)
-        if "COLUMNS" in os.environ or (callable(isatty) and isatty()):
+        columns = os.environ.get("COLUMNS", "").strip()
+        if columns.isdigit() and int(columns) > 0:
+            return int(columns)
+        if callable(isatty) and isatty():
             return shutil.get_terminal_size().columns
         return None
 
@@ -125,7 +128,8 @@ def _fit(
     one character at a time until the row fits or every column is at its minimum
     (``_MIN_WIDTH``, or its header's length when that is shorter; ``keep``: never narrowed)."""
     n = len(pads)
-    want = [max([pads[i] if i < n - 1 else 0, *(len(r[i]) for r in rows)]) for i in range(n)]
+    # fitted, a column is as wide as what it shows (its pad is for whole rows into a pipe)
+    want = [max(len(r[i]) for r in rows) if rows else pads[i] for i in range(n)]
     floor = [want[i] if i in keep else min(want[i], _MIN_WIDTH, len(heads[i]) if heads else _MIN_WIDTH)
              for i in range(n)]
     room = width - 2 * (n - 1)

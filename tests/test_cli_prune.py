@@ -137,3 +137,27 @@ def test_an_export_missing_a_row_is_refused_by_import(url: str, tmp_path: Path) 
     done = _cli("import", str(hole), "--url", target)
     assert done.returncode == 1 and "cli-t" in done.stderr, (done.stdout, done.stderr)
     assert pk.connect(target).history("cli-t") == []
+
+
+class Chat(pk.State):
+    messages: list[str] = []
+
+
+@pk.checkpointed
+def chat_step() -> str:
+    return "ok"
+
+
+def test_fork_update_of_a_field_the_state_class_lacks_is_a_usage_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/chat.db"
+    store = pk.connect(url)
+    with pk.resume("chat", store=store, state=Chat) as run:
+        run.state.messages.append("hi")
+        chat_step()
+    store.close()
+    bad = _cli("fork", "chat", "--to", "chat-2", "--update", '{"nochannel": 1}', "--url", url)
+    assert bad.returncode == 2 and "no such field" in bad.stderr, bad.stderr
+    good = _cli("fork", "chat", "--to", "chat-2", "--update", '{"messages": ["hello"]}', "--url", url)
+    assert good.returncode == 0, good.stderr
+    with pk.resume("chat-2", store=pk.connect(url), state=Chat) as run:
+        assert run.state.messages == ["hello"]

@@ -268,6 +268,14 @@ def _fork(ns: argparse.Namespace, out: Output) -> int:
         require_thread(store, ns.thread, ns.namespace)
         if ns.checkpoint is not None:
             _record(store, ns.thread, ns.checkpoint, ns.namespace)  # a clear not-found first
+        at = store.get_checkpoint(ns.thread, ns.checkpoint, namespace=ns.namespace)
+        unknown = sorted(set(update or ()) - set(at.channels))
+        if unknown and at.schema is not None:  # a pk.State class: its fields are all there is
+            ns.parser.error(
+                f"--update {', '.join(unknown)}: the state of thread {ns.thread!r} is the class "
+                f"{at.schema[0]!r}, which has no such field (its fields: {', '.join(at.channels)}); "
+                "the fork could not be resumed"
+            )
         own = store.codec
         trees = None if update is None else {k: own.encode(v, f"update.{k}") for k, v in update.items()}
         meta = None if metadata is None else own.encode(metadata, "metadata")

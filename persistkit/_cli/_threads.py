@@ -29,7 +29,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                        "(LangGraph threads: 'lg:…'; read them with --namespace). " + _URL_NOTE)
     t.add_argument("legacy_url", nargs="?", help=argparse.SUPPRESS)
     t.add_argument("--prefix", default="", help="only ids starting with this")
-    t.add_argument("--limit", type=int, help="at most this many")
+    t.add_argument("--limit", type=_positive, help="at most this many")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.set_defaults(func=_threads)
 
@@ -37,7 +37,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                        description="Checkpoints of each THREAD, newest first. " + _URL_NOTE)
     h.add_argument("threads", nargs="+", metavar="THREAD", help="thread id(s)")
     h.add_argument("--namespace", default="", help="the threads' namespace (see `persistkit threads`)")
-    h.add_argument("--limit", type=int, help="at most this many checkpoints per thread")
+    h.add_argument("--limit", type=_positive, help="at most this many checkpoints per thread")
     h.add_argument("--run", metavar="RUN_ID", help="only this run's checkpoints")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.set_defaults(func=_history)
@@ -155,3 +155,10 @@ def _delete(ns: argparse.Namespace, out: Output) -> int:
     if out.as_json:
         out.value([{"thread": tid, "deleted": True} for tid in threads])
     return 0
+
+
+def _positive(text: str) -> int:
+    """``--limit``: a whole number >= 1 (a usage error otherwise, exit 2)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return int(text)

@@ -60,3 +60,29 @@ def test_a_device_is_written_through() -> None:
     with whole_file(os.devnull) as f:
         f.write(b"gone")
     assert Path(os.devnull).is_char_device()
+
+
+def test_a_long_thread_id_gets_a_page_name_a_file_system_takes() -> None:
+    from persistkit.ops._timeline_html import page_name
+
+    long_a, long_b = "日本語" * 40, "日本語" * 40 + "x"
+    for tid in (long_a, long_b):
+        assert len(page_name(tid).encode()) <= 255 and page_name(tid).endswith(".html")
+    assert page_name(long_a) != page_name(long_b)
+    assert page_name("ticket-42") == "ticket-42.html"  # short ids as they were
+
+
+def test_timeline_usage_errors(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "persistkit", "timeline", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=60)
+
+    two = cli("sqlite:///a.db", "t", "--url", "sqlite:///b.db")
+    assert two.returncode == 2 and "two stores" in two.stderr
+    both = cli("t", "-o", "-", "--json", "--url", f"sqlite:///{tmp_path}/x.db")
+    assert both.returncode == 2 and "--json" in both.stderr

@@ -49,6 +49,10 @@ def _timeline(ns: argparse.Namespace, out: Output) -> int:
         ns.parser.error("timeline shows ONE thread: give THREAD (the store URL goes in --url)" if not args
                         else f"timeline shows ONE thread, got {len(args)}: {' '.join(map(cell, args))}")
     thread = args[0]
+    if url is not None and ns.url is not None and url != ns.url:
+        ns.parser.error(f"two stores given: {cell(url)} and --url {cell(ns.url)}; give one")
+    if ns.output == "-" and ns.json:
+        ns.parser.error("-o - writes the page to stdout: --json has nowhere to go (drop one)")
     with open_store(resolve_url(ns.url or url), display=True) as store:
         require_thread(store, thread, ns.namespace)
         text = render(store, thread, namespace=ns.namespace)

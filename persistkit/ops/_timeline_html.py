@@ -10,6 +10,7 @@ script run (a nonce) and forbids every network request.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from datetime import UTC, datetime
@@ -24,8 +25,17 @@ _ROW = 84.0  # percent of a lane the longest attempt's timed bars fill (the rest
 
 
 def page_name(thread_id: str) -> str:
-    """The file name a thread's page gets by default: fork links point at these names."""
-    return quote(thread_id, safe="") + ".html"
+    """The file name a thread's page gets by default: fork links point at these names. An id
+    whose quoted form would pass a file system's 255-byte name limit is shortened, with a
+    digest of the whole id so that two long ids never share a page."""
+    name = quote(thread_id, safe="")
+    if len(name) > 200:
+        digest = hashlib.blake2b(thread_id.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+        cut = name[:180]
+        if "%" in cut[-2:]:  # not in the middle of an escape
+            cut = cut[: cut.rindex("%")]
+        name = f"{cut}-{digest}"
+    return name + ".html"
 
 
 def _link(thread_id: str) -> str:

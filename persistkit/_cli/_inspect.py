@@ -108,6 +108,17 @@ def _result(store: Store, rec: Any) -> Any:
     return plain(Codec.load_tree(store.codec.open(blob, f"result {key}"), f"result {key}"))
 
 
+_QUESTION_KEYS = {"i": "id", "v": "payload", "d": "deadline", "df": "default", "ty": "answer_type", "w": "timer",
+                  "a": "answer"}
+
+
+def _question(q: Any) -> Any:
+    """A suspend record's question (or questions), its stored short keys spelled out."""
+    if isinstance(q, list):
+        return [_question(x) for x in q]
+    return {_QUESTION_KEYS.get(k, k): plain(v) for k, v in q.items()} if isinstance(q, dict) else plain(q)
+
+
 def _show(ns: argparse.Namespace, out: Output) -> int:
     with open_store(resolve_url(ns.url), display=True) as store:
         require_thread(store, ns.thread, ns.namespace)
@@ -122,6 +133,8 @@ def _show(ns: argparse.Namespace, out: Output) -> int:
             "error": None if cp.error is None else scrub(cp.error),
             "metadata": cp.metadata,
             "forked_from": None if cp.forked_from is None else {"thread": cp.forked_from[0], "checkpoint": cp.forked_from[1]},
+            # a suspended step's question(s), as stored (payload, deadline, answer so far)
+            "question": _question(rec.body["q"]) if "q" in rec.body else None,
             "state": store.get_state(ns.thread, rec.id, namespace=ns.namespace),
         }
     if out.as_json:

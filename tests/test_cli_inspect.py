@@ -195,15 +195,41 @@ def test_a_table_fits_the_terminal_and_a_pipe_gets_whole_rows(chat: str, tmp_pat
     piped.table(("thread", "note"), [("t-1", long)], widths=(6,))
     assert piped.stream.getvalue().splitlines()[1].endswith(long)  # type: ignore[attr-defined]
 
-    out = cli("history", "--url", chat, "chat", cwd=tmp_path, env={"COLUMNS": "70"})
-    assert out.returncode == 0 and all(len(line) <= 70 for line in out.stdout.splitlines())
-    assert ELLIPSIS in out.stdout
+    code, text = on_a_terminal("history", "--url", chat, "chat", cwd=tmp_path, columns=70)
+    assert code == 0 and all(len(line) <= 70 for line in text.splitlines())
+    assert ELLIPSIS in text
     ids = {r["checkpoint"] for r in history(chat, "chat", tmp_path)}
-    assert {line.split()[0] for line in out.stdout.splitlines()[1:]} == ids  # ids are never cut
-    show = cli("show", "--url", chat, "chat", step(history(chat, "chat", tmp_path), "report", "3"),
-               cwd=tmp_path, env={"COLUMNS": "50"})
-    result = next(line for line in show.stdout.splitlines() if line.startswith("result"))
+    assert {line.split()[0] for line in text.splitlines()[1:]} == ids  # ids are never cut
+    code, text = on_a_terminal("show", "--url", chat, "chat", step(history(chat, "chat", tmp_path), "report", "3"),
+                               cwd=tmp_path, columns=50)
+    result = next(line for line in text.splitlines() if line.startswith("result"))
     assert len(result) == 50 and result.endswith(ELLIPSIS)
+    piped = cli("history", "--url", chat, "chat", cwd=tmp_path, env={"COLUMNS": "40"})  # a pipe: whole rows
+    assert ELLIPSIS not in piped.stdout and any(len(line) > 40 for line in piped.stdout.splitlines())
+
+
+def on_a_terminal(*args: str, cwd: Path, columns: int) -> tuple[int, str]:
+    """The CLI with its stdout on a pseudo-terminal ``columns`` wide ($COLUMNS)."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**{k: v for k, v in os.environ.items() if k != "PERSISTKIT_URL"}, "COLUMNS": str(columns),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "adapters")])}
+    proc = subprocess.Popen([sys.executable, "-m", "persistkit", *args], cwd=cwd, stdout=slave,
+                            stderr=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=120), b"".join(chunks).decode().replace("\r\n", "\n")
 
 
 def test_every_verb_speaks_json_for_scripts() -> None:

@@ -72,16 +72,17 @@ class Output:
 
     @property
     def width(self) -> int | None:
-        """The width text is fitted to: the terminal's, or ``$COLUMNS``; None into a pipe or file."""
+        """The width text is fitted to on a terminal: ``$COLUMNS``, else the terminal's; None
+        into a pipe or file."""
         if self._width is not None:
             return self._width
         isatty = getattr(self.stream, "isatty", None)
+        if not (callable(isatty) and isatty()):
+            # into a pipe or a file, whatever $COLUMNS says (libraries set it, and a script
+            # reading the rows must get them whole)
+            return None
         columns = os.environ.get("COLUMNS", "").strip()
-        if columns.isdigit() and int(columns) > 0:
-            return int(columns)
-        if callable(isatty) and isatty():
-            return shutil.get_terminal_size().columns
-        return None
+        return int(columns) if columns.isdigit() and int(columns) > 0 else shutil.get_terminal_size().columns
 
     def line(self, text: str) -> None:
         self.stream.write(text + "\n")

@@ -301,6 +301,9 @@ def _retention_setup(case: Case, version: int) -> None:
     from .combination import open_store
 
     with open_store(case) as store:
+        if not store.history(case.thread):  # crashed before its first checkpoint: nothing to prune
+            marker.write_text(json.dumps(pk.PruneReport(dry_run=False).as_dict()))
+            return
         report = store.prune(pk.Retention(keep_last=1, final_only=True), thread_id=case.thread, progress=False)
     marker.write_text(json.dumps(report.as_dict()))
 

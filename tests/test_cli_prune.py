@@ -105,7 +105,7 @@ def test_a_pruned_thread_exports_and_imports_whole(tmp_path: Path) -> None:
 
     out = cli("export", "pruned", "--url", src, "-o", str(tmp_path / "t.jsonl"))
     assert out.returncode == 0, out.stderr
-    assert '"a:' not in (tmp_path / "t.jsonl").read_text()  # no anchor leaves its store
+    assert '"~pa:' not in (tmp_path / "t.jsonl").read_text()  # no anchor leaves its store
     done = cli("import", str(tmp_path / "t.jsonl"), "--url", dst)
     assert done.returncode == 0, done.stderr
     target = pk.connect(dst, **keys)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import sys
 import time
 import traceback
@@ -114,11 +113,6 @@ def _version() -> str:
         return "0"
 
 
-def _disabled() -> bool:
-    """``OTEL_SDK_DISABLED=true``: the SDK's providers make no-op spans; persistkit makes none."""
-    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-
-
 def _tracer() -> Any:
     """The tracer of a configured tracer provider, or None (OpenTelemetry not imported, or
     only the API's default proxy or a no-op provider): one dict lookup when unused."""
@@ -127,7 +121,7 @@ def _tracer() -> Any:
     if api is None:
         return None
     provider = api.get_tracer_provider()
-    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider) or _disabled():
+    if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
         return None
     if _tracer_cache[0] is not provider:
         _tracer_cache = (provider, provider.get_tracer("persistkit", _version()))
@@ -162,7 +156,7 @@ def _instruments() -> _Instruments | None:
     if api is None:
         return None
     provider = api.get_meter_provider()
-    if isinstance(provider, api.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider" or _disabled():
+    if isinstance(provider, api.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider":
         return None
     if _meter_cache[0] is not provider:
         _meter_cache = (provider, _Instruments(provider.get_meter("persistkit", _version())))

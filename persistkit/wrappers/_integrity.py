@@ -84,7 +84,7 @@ from .._errors import (
 from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
 from ..backends._prune import ForwardPrune
-from ._integrity_prune import check_gap, prune_op
+from ._integrity_prune import ANCHOR, check_gap, prune_op
 from ._keys import KeyRing
 from ._kv import ValueKv, open_kv_tagged, tag_kv_op
 from ._witness import Witness, WitnessEntry, coerce_witness
@@ -632,7 +632,7 @@ class IntegrityBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
     def _blobs_op(self, thread_id: str, method: str, *args: Any) -> _Op[dict[str, bytes]]:
         found: dict[str, bytes] = yield _req(method, thread_id, *args)
         # prune anchors are this wrapper's own (``_integrity_prune``): not the layers' above
-        return {k: open_blob(thread_id, k, v, self.keyring) for k, v in found.items() if not k.startswith("a:")}
+        return {k: open_blob(thread_id, k, v, self.keyring) for k, v in found.items() if not k.startswith(ANCHOR)}
 
     def _delete_op(self, thread_id: str) -> _Op[bool]:
         existed: bool = yield _req("delete_thread", thread_id)

@@ -7,7 +7,7 @@ the integrity wrapper writes an **anchor** for each record that is kept and whos
 predecessor goes: a blob of the thread, sealed like every blob (keyed MAC over the
 thread, the key and the bytes), under the key
 
-    a:<namespace as hex>:<kept checkpoint id>:<seq of the next older kept record, 20 digits>
+    ~pa:<namespace as hex>:<kept checkpoint id>:<seq of the next older kept record, 20 digits>
 
 holding that older record's seq, tag and checkpoint id (seq 0: nothing older is
 kept). A reader that finds a gap after a record (or a record other than #1 at the
@@ -32,7 +32,10 @@ from typing import Any
 from .._errors import IntegrityError
 from ..backends._protocol import CheckpointRow
 
-__all__ = ["Anchor", "anchor_range", "anchors_in", "gap_allowed", "plan_anchors"]
+__all__ = ["ANCHOR", "Anchor", "anchor_range", "anchors_in", "gap_allowed", "plan_anchors"]
+
+#: The prefix of every anchor's blob key: the integrity wrapper's own, kept from the layers above.
+ANCHOR = "~pa:"
 
 _Req = tuple[str, tuple[Any, ...], dict[str, Any]]
 
@@ -53,12 +56,12 @@ def _ns(namespace: str) -> str:
 
 def anchor_range(namespace: str, checkpoint_id: str) -> tuple[str, str]:
     """The blob key range holding the anchors of one kept record."""
-    base = f"a:{_ns(namespace)}:{checkpoint_id}:"
+    base = f"{ANCHOR}{_ns(namespace)}:{checkpoint_id}:"
     return base, base[:-1] + ";"
 
 
 def anchor_key(namespace: str, checkpoint_id: str, older_seq: int) -> str:
-    return f"a:{_ns(namespace)}:{checkpoint_id}:{older_seq:020d}"
+    return f"{ANCHOR}{_ns(namespace)}:{checkpoint_id}:{older_seq:020d}"
 
 
 def anchor_bytes(older_seq: int, older_tag: bytes | None, older_cid: str | None) -> bytes:
@@ -147,7 +150,7 @@ def prune_op(ib: Any, thread_id: str, namespace: str, checkpoint_ids: Sequence[s
     if anchors:
         yield ("put_blobs", (thread_id, anchors), {})
     deleted: int = yield ("prune_rows", (thread_id, namespace, sorted(doomed)), {})
-    prefix = f"a:{_ns(namespace)}:"
+    prefix = f"{ANCHOR}{_ns(namespace)}:"
     stale: dict[str, bytes] = yield ("scan_blobs", (thread_id, prefix, prefix[:-1] + ";"), {})
     gone = [k for k in stale if k[len(prefix) :].split(":", 1)[0] in doomed]
     if gone:

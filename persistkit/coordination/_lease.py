@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from .._errors import ConfigurationError, LeaseLostError, ThreadBusyError
 from .._io import Plan, Sleep, call
 from ..backends import LeaseRecord
+from ..state._records import Record
 
 __all__ = [
     "BUSY_POLICIES",
@@ -62,6 +63,7 @@ __all__ = [
     "acquire",
     "check_options",
     "freeing",
+    "give_back",
     "info",
     "release",
     "renew",
@@ -447,6 +449,16 @@ def renew(lease: Lease) -> Plan[None]:
         if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
             lease.known = (rec.version + 1, st)
             return
+
+
+def give_back(lease: Lease, top: Record) -> Plan[None]:
+    """Give up a lease taken ahead of the queue by a sweep (a drain, a prune) of a thread whose
+    newest record is ``top``: reserved again for the thread's unfinished run (crashed or
+    suspended), as taking it cleared that, so the thread's turns keep waiting for that run."""
+    run_id = top.row.run_id
+    if top.kind == "step" and top.run_status in ("running", "suspended") and run_id:
+        return step_aside(lease, run_id, "wait")
+    return release(lease)
 
 
 def release(lease: Lease) -> Plan[None]:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, PersistkitError, ThreadBusyError
 from .._io import Plan, call, run_async, run_sync
-from ..state._records import Record, read_rows
+from ..state._records import Record, read_rows, targets
 from . import _outbox as ob
 from ._fence import write_under
-from ._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
+from ._lease import DEFAULT_TTL, Lease, acquire, give_back
 
 if TYPE_CHECKING:
     from ..backends._protocol import Backend, Head
@@ -40,7 +40,6 @@ __all__ = ["OutboxEffect", "OutboxReport", "OutboxStore"]
 #: every second) before it skips the thread: a run that holds it longer is live, and runs
 #: its pending effects itself when it resumes.
 _PATIENCE = 2.0
-_PAGE = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,30 +88,6 @@ def _scan(codec: Codec, t: str, ns: str) -> Plan[tuple[list[ob.Pending], Record 
     return ob.pending_in(recs), Record.decode(codec, found[1]), found[0]
 
 
-def _targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[list[tuple[str, str]]]:
-    if thread_id is not None:
-        threads = [thread_id]
-    else:
-        threads, after = [], None
-        while True:
-            page = yield call("threads", prefix=prefix, after=after, limit=_PAGE)
-            threads.extend(page)
-            if len(page) < _PAGE:
-                break
-            after = page[-1]
-    out: list[tuple[str, str]] = []
-    for t in threads:
-        if namespace is not None:
-            out.append((t, namespace))
-            continue
-        try:
-            spaces: list[str] = yield call("namespaces", t)
-        except ConfigurationError:  # a store without namespaces(): the default one
-            spaces = [""]
-        out.extend((t, ns) for ns in spaces)
-    return out
-
-
 def _mark(codec: Codec, top: Record, head: Head, done: list[str], lease: Lease | None) -> Plan[None]:
     r = top.row
     row, _ = ob.done_mark(codec, r.thread_id, r.namespace, r.run_id, top.id, top.body, done, stored=True)
@@ -158,15 +133,6 @@ def _lease_plan(t: str, ns: str, top: Record) -> Plan[Lease]:
     return acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True)
 
 
-def _give_back(lease: Lease, top: Record) -> Plan[None]:
-    """Release the lease; reserved again for the thread's unfinished run (crashed or
-    suspended), as taking it cleared that: the thread's turns keep waiting for that run."""
-    run_id = top.row.run_id
-    if top.kind == "step" and top.run_status in ("running", "suspended") and run_id:
-        return step_aside(lease, run_id, "wait")
-    return release(lease)
-
-
 def _call_of(codec: Codec, p: ob.Pending) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
     where = p.where()
     fn = ob.resolve(str(p.entry.get("f")), codec, where)
@@ -202,7 +168,7 @@ class OutboxStore:
         _check(prefix, thread_id, namespace, dry_run)
         self._check_open()
         drain = _Drain()
-        for t, ns in self.run_sync(_targets(thread_id, prefix, namespace)):
+        for t, ns in self.run_sync(targets(thread_id, prefix, namespace)):
             drain.threads += 1
             pending, top, _ = self.run_sync(_scan(self.codec, t, ns))
             if not pending or top is None:
@@ -224,7 +190,7 @@ class OutboxStore:
                 if beat is not None:
                     beat.stop()
                 if lease is not None and lease.lost is None:
-                    run_sync(self.backend, _give_back(lease, top))
+                    run_sync(self.backend, give_back(lease, top))
         return drain.report()
 
     def _drain_one_sync(self, drain: _Drain, t: str, ns: str, lease: Lease | None) -> None:
@@ -256,7 +222,7 @@ class OutboxStore:
         _check(prefix, thread_id, namespace, dry_run)
         self._check_open()
         drain = _Drain()
-        for t, ns in await self.run_async(_targets(thread_id, prefix, namespace)):
+        for t, ns in await self.run_async(targets(thread_id, prefix, namespace)):
             drain.threads += 1
             pending, top, _ = await self.run_async(_scan(self.codec, t, ns))
             if not pending or top is None:
@@ -278,7 +244,7 @@ class OutboxStore:
                 if beat is not None:
                     await beat.stop()
                 if lease is not None and lease.lost is None:
-                    await run_async(self.backend, _give_back(lease, top))
+                    await run_async(self.backend, give_back(lease, top))
         return drain.report()
 
     async def _drain_one_async(self, drain: _Drain, t: str, ns: str, lease: Lease | None) -> None:

@@ -48,11 +48,11 @@ from .._io import Call, Plan, call, run_sync
 from ..backends import Backend
 from ..backends._capabilities import require
 from ..codec._pipeline import Codec
-from ..coordination._lease import DEFAULT_TTL, Lease, acquire, release, step_aside
+from ..coordination._lease import DEFAULT_TTL, Lease, acquire, give_back
 from ..secrets._redact import scrub
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
-from ..state._records import Record, read_rows
+from ..state._records import Record, read_rows, targets
 from ._retention import PruneReport, Retention, doomed, thread_expired
 
 __all__ = ["RetentionStore"]
@@ -88,26 +88,14 @@ def _check_scope(prefix: Any, thread_id: Any, namespace: Any, dry_run: Any, prog
 
 
 def _threads(thread_id: str | None, prefix: str) -> Plan[list[str]]:
-    if thread_id is not None:
-        return [thread_id]
-    out: list[str] = []
-    after = None
-    while True:
-        page = yield call("threads", prefix=prefix, after=after, limit=_PAGE)
-        out.extend(t for t in page if not t.startswith(_RESERVED))
-        if len(page) < _PAGE:
-            return out
-        after = page[-1]
+    """The threads a prune looks at (never a reserved one: the store's own)."""
+    pairs = yield from targets(thread_id, prefix, "")  # one namespace each: the threads alone
+    return [t for t, _ in pairs if not t.startswith(_RESERVED)]
 
 
-def _namespaces(thread_id: str, namespace: str | None) -> Plan[list[str]]:
-    if namespace is not None:
-        return [namespace]
-    try:
-        spaces: list[str] = yield call("namespaces", thread_id)
-    except ConfigurationError:  # a third-party store without namespaces(): the default one
-        spaces = [""]
-    return spaces
+def _namespaces(thread_id: str) -> Plan[list[str]]:
+    pairs = yield from targets(thread_id, "", None)
+    return [ns for _, ns in pairs]
 
 
 def _fork_sources(codec: Codec, unreadable: list[str]) -> Plan[dict[tuple[str, str], set[str]]]:
@@ -116,20 +104,21 @@ def _fork_sources(codec: Codec, unreadable: list[str]) -> Plan[dict[tuple[str, s
     ``unreadable`` and passed over: a fork holds its own copy of the state, so what it
     would protect is its source's history, not its own."""
     out: dict[tuple[str, str], set[str]] = {}
-    for t in (yield from _threads(None, "")):
+    for t, ns in (yield from targets(None, "", None)):
+        if t in unreadable:
+            continue
         try:
-            for ns in (yield from _namespaces(t, None)):
-                before = None
-                while True:  # the fork record is a chain's oldest: page to the bottom
-                    page = yield call("list", t, ns, before=before, limit=_PAGE)
-                    if len(page) < _PAGE:
-                        break
-                    before = page[-1].checkpoint_id
-                if page:
-                    rec = Record.decode(codec, page[-1])
-                    f = rec.body.get("f") if rec.kind == "fork" else None
-                    if f:
-                        out.setdefault((str(f[0]), ns), set()).add(str(f[1]))
+            before = None
+            while True:  # the fork record is a chain's oldest: page to the bottom
+                page = yield call("list", t, ns, before=before, limit=_PAGE)
+                if len(page) < _PAGE:
+                    break
+                before = page[-1].checkpoint_id
+            if page:
+                rec = Record.decode(codec, page[-1])
+                f = rec.body.get("f") if rec.kind == "fork" else None
+                if f:
+                    out.setdefault((str(f[0]), ns), set()).add(str(f[1]))
         except PersistkitError:
             unreadable.append(t)
     return out
@@ -277,7 +266,7 @@ class RetentionStore:
         _check_scope(prefix, thread_id, namespace, dry_run, progress)
         self._check_open()
         require(self.backend, "prune", "store.prune()")
-        if thread_id is not None and not self.run_sync(_namespaces(thread_id, None)):
+        if thread_id is not None and not self.run_sync(_namespaces(thread_id)):
             raise NotFoundError(f"store.prune(thread_id={thread_id!r}): the store has no such thread")
         report = PruneReport(dry_run=bool(dry_run))
         show = _Progress(progress)
@@ -325,7 +314,7 @@ class RetentionStore:
         sizes: dict[str, int] = self.call_sync(call("blob_sizes", t))
         # every namespace is read, even with ``namespace``: blobs are the thread's, shared by its
         # namespaces (content-addressed), so the sweep must see every kept reference
-        spaces: list[str] = self.run_sync(_namespaces(t, None))
+        spaces: list[str] = self.run_sync(_namespaces(t))
         if namespace is not None and namespace not in spaces:
             spaces.append(namespace)
         work = _Thread(t)
@@ -381,7 +370,7 @@ class RetentionStore:
                 beat.stop()
             for lease, top in leases.values():
                 if lease.lost is None:
-                    run_sync(self.backend, _give_back(lease, top))
+                    run_sync(self.backend, give_back(lease, top))
 
     @staticmethod
     def _decide(
@@ -415,16 +404,7 @@ class RetentionStore:
             except ThreadBusyError as exc:
                 report.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
                 for held, held_top in taken.values():
-                    run_sync(self.backend, _give_back(held, held_top))
+                    run_sync(self.backend, give_back(held, held_top))
                 return None
             taken[ns] = (lease, top)
         return taken
-
-
-def _give_back(lease: Lease, top: Record) -> Plan[None]:
-    """Release the lease; reserved again for the thread's unfinished run (crashed or
-    suspended), as taking it cleared that (as the outbox's drain does)."""
-    run_id = top.row.run_id
-    if top.kind == "step" and top.run_status in ("running", "suspended") and run_id:
-        return step_aside(lease, run_id, "wait")
-    return release(lease)

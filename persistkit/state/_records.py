@@ -52,12 +52,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .._errors import SerializationError, StoreOptionsError, damaged_record_advice
+from .._errors import (
+    ConfigurationError,
+    SerializationError,
+    StoreOptionsError,
+    damaged_record_advice,
+)
 from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..codec._pipeline import Codec
 
-__all__ = ["Checkpoint", "Record", "read_rows"]
+__all__ = ["Checkpoint", "Record", "read_rows", "targets"]
 
 KINDS = frozenset({"step", "end", "fork", "update"})
 
@@ -254,6 +259,34 @@ def read_rows(codec: Codec, thread_id: str, namespace: str, run_id: str | None =
             break
         before = page[-1].checkpoint_id
     out.reverse()
+    return out
+
+
+def targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[list[tuple[str, str]]]:
+    """The ``(thread, namespace)`` chains a sweep over the store looks at: the one
+    ``thread_id`` or every thread starting with ``prefix`` (in pages), each in ``namespace``
+    or in every namespace it has (a third-party store without ``namespaces()``: the
+    default one). What a drain and a prune walk."""
+    if thread_id is not None:
+        threads = [thread_id]
+    else:
+        threads, after = [], None
+        while True:
+            page = yield call("threads", prefix=prefix, after=after, limit=500)
+            threads.extend(page)
+            if len(page) < 500:
+                break
+            after = page[-1]
+    out: list[tuple[str, str]] = []
+    for t in threads:
+        if namespace is not None:
+            out.append((t, namespace))
+            continue
+        try:
+            spaces: list[str] = yield call("namespaces", t)
+        except ConfigurationError:  # a store without namespaces(): the default one
+            spaces = [""]
+        out.extend((t, ns) for ns in spaces)
     return out
 
 

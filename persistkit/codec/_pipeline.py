@@ -279,13 +279,15 @@ class Codec:
         is in stored form already — its secrets are handles, its text that looks like a
         handle escaped — and redacting it again would escape its handles into plain text
         (the secret lost for good): use :meth:`pack_stored`."""
-        data = _dump(tree)
-        return self.seal(self.redactor.redact_json(data, tree, _dump, False, self._people(tree)))
+        return self.seal(self._redacted(tree))
 
     def redact_tree(self, tree: Any) -> Any:
         """``tree`` (live values) in stored form: what :meth:`pack_tree` would store of it."""
-        data = _dump(tree)
-        return self.load_tree(self.redactor.redact_json(data, tree, _dump, False, self._people(tree)))
+        return self.load_tree(self._redacted(tree))
+
+    def _redacted(self, tree: Any) -> bytes:
+        """The JSON bytes of ``tree`` redacted, with the high-entropy rule on its errors and metadata."""
+        return self.redactor.redact_json(_dump(tree), tree, _dump, False, self._people(tree))
 
     def pack_stored(self, tree: Any) -> bytes:
         """A record body in stored form sealed as it is: parts copied from stored records

@@ -524,12 +524,14 @@ class OffloadBackend(ForwardLeases, ValueKv, Backend):
         return self.primary.supports_prune and self.blobs.supports_prune
 
     def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
-        rows: builtins.list[CheckpointRow] = []
-        while not rows or len(rows) % 500 == 0:
-            page = self.primary.list(thread_id, namespace, before=rows[-1].checkpoint_id if rows else None, limit=500)
+        rows: builtins.list[CheckpointRow] = []  # the chain as stored: pointers, not payloads
+        before = None
+        while True:
+            page = self.primary.list(thread_id, namespace, before=before, limit=500)
             rows.extend(page)
-            if not page:
+            if len(page) < 500:
                 break
+            before = page[-1].checkpoint_id
         deleted = self.primary.prune_rows(thread_id, namespace, checkpoint_ids)
         orphans = _row_objects(thread_id, rows, set(checkpoint_ids))
         if deleted and orphans:
@@ -538,11 +540,13 @@ class OffloadBackend(ForwardLeases, ValueKv, Backend):
 
     async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         rows: builtins.list[CheckpointRow] = []
-        while not rows or len(rows) % 500 == 0:
-            page = await self.primary.alist(thread_id, namespace, before=rows[-1].checkpoint_id if rows else None, limit=500)
+        before = None
+        while True:
+            page = await self.primary.alist(thread_id, namespace, before=before, limit=500)
             rows.extend(page)
-            if not page:
+            if len(page) < 500:
                 break
+            before = page[-1].checkpoint_id
         deleted = await self.primary.aprune_rows(thread_id, namespace, checkpoint_ids)
         orphans = _row_objects(thread_id, rows, set(checkpoint_ids))
         if deleted and orphans:

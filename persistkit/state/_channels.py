@@ -25,14 +25,29 @@ links, reading rows newest-first in pages and blobs in one range read.
 An appended item that is a copy of the parent checkpoint's result (the step
 returned it, the caller appended it) is stored as a reference to that result
 (``_dedupe``): ``ri`` in the segment lists which items are references.
+
+*Spans* keep a long chain cheap to read. A chain of thousands of row segments
+would cost a decompression and a JSON parse per row on every load; so once the
+inline segments written since the chain's newest blob segment number
+``SPAN_SEGMENTS``, the checkpoint that would write the next one writes a blob
+segment instead (``s:`` key, like a first segment), holding those segments'
+items and its own and linking to the segment before them. The rows keep their
+own segments (each older checkpoint still loads through them); the chains of
+later checkpoints reach back through a few large blobs and at most
+``SPAN_SEGMENTS`` rows. Only small segments are gathered (a span holds at most
+``SPAN_BYTES``): beside many bytes, a row's own cost is small. The price: the
+items of a long list of small appends are stored twice (in their rows and in a
+span) until retention prunes the rows.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import compress, repeat
+from operator import contains
 from typing import Any
 from urllib.parse import quote
 
@@ -41,7 +56,7 @@ from .._ids import next_checkpoint_id
 from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..backends._protocol import new_row
-from ..codec._pipeline import Codec, _orjson, content_hash
+from ..codec._pipeline import Codec, _dump, _orjson, content_hash
 from ..secrets._registry import _generation
 from ._dedupe import Result, refer, resolve, result_blob, wanted
 from ._records import Record
@@ -54,7 +69,12 @@ INLINE_LIMIT = 96
 #: A new list chain with more items than this starts with a blob segment.
 INLINE_SEGMENT_ITEMS = 64
 #: Rows read per page when walking a segment chain back through a thread.
-_ROW_PAGE = 1024
+_ROW_PAGE = 512
+#: A span gathers the inline segments written since a chain's newest blob segment into one
+#: blob once there are more than this many (spans, in the module docstring)...
+SPAN_SEGMENTS = 256
+#: ... holding at most this many bytes (serialized): larger segments are not gathered.
+SPAN_BYTES = 8 << 20
 
 
 def _is_blob_key(key: str) -> bool:
@@ -107,6 +127,18 @@ class _ValuePrev:
         return self.obj is value and self.gen == _generation[0]
 
 
+@dataclass(slots=True, frozen=True)
+class _Inline:
+    """An inline segment written since the chain's newest blob segment (what a span gathers)."""
+
+    key: str  # its checkpoint id
+    prev: str | None  # the segment before it
+    start: int
+    trees: list[Any]
+    size: int  # its items' serialized bytes
+    stored: bool  # trees in stored form (read back), not as this process encoded them
+
+
 @dataclass(slots=True)
 class _ListPrev:
     ref: dict[str, Any]
@@ -117,12 +149,15 @@ class _ListPrev:
     obj: list[Any] | None = None  # identity mode: the live TrackedList committed last
     items: list[Any] | None = None  # compare mode: the committed items (shallow)
     last_raw: bytes | None = None  # orjson bytes of the newest item, when it is plain JSON
+    recent: tuple[_Inline, ...] = ()  # inline segments since the chain's newest blob segment
 
 
 # A cheap "was the newest item edited in place?" for plain-JSON items: datetimes,
 # dataclasses, subclasses and the like raise, and take the typed comparison.
 _RAW_OPTS = (
-    _orjson.OPT_PASSTHROUGH_DATETIME | _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_SUBCLASS
+    _orjson.OPT_PASSTHROUGH_DATETIME
+    | _orjson.OPT_PASSTHROUGH_DATACLASS
+    | _orjson.OPT_PASSTHROUGH_SUBCLASS
     if _orjson is not None
     else 0
 )
@@ -163,6 +198,10 @@ class Diff:
     prev: dict[str, _Prev]
     was_dirty: list[TrackedList]
     appended: dict[str, list[Any]]  # per list written: the item objects its new segment holds
+    #: per list written: the tip it continues (None: a new chain), and, for a segment written
+    #: as a blob, that segment (link, start, item trees in stored form)
+    links: dict[str, str | None] = field(default_factory=dict)
+    spans: dict[str, tuple[str | None, int, list[Any]]] = field(default_factory=dict)
 
 
 class Tracker:
@@ -173,20 +212,31 @@ class Tracker:
         self.prev: dict[str, _Prev] = {}
         self.known: set[str] = set()
 
-    def reset(self, refs: dict[str, dict[str, Any]], loader: Loader, new_lists: bool = False) -> None:
+    def reset(
+        self, refs: dict[str, dict[str, Any]], loader: Loader, new_lists: bool = False
+    ) -> None:
         """Start from a stored checkpoint's refs (the thread head); with ``new_lists``
         (the head has another schema version) the next checkpoint starts every list anew."""
         self.prev = {}
         for name, ref in refs.items():
             if "l" in ref and new_lists:
-                self.prev[name] = _ListPrev(ref, ref["n"], ref["l"], ref["g"], None)  # neither obj nor items
+                self.prev[name] = _ListPrev(
+                    ref, ref["n"], ref["l"], ref["g"], None
+                )  # neither obj nor items
             elif "l" in ref:
                 items = loader.list_items(name, ref)
                 # The newest item as this process encodes it (what a commit compares it with),
                 # not the stored tree: a secret in it is a handle there, and the live value
                 # would never match, rewriting the whole list at each run's first commit.
-                last = self.codec.encode(items[-1], f"state.{name}[{len(items) - 1}]") if items else None
-                self.prev[name] = _ListPrev(ref, ref["n"], ref["l"], ref["g"], last, items=items)
+                last = (
+                    self.codec.encode(items[-1], f"state.{name}[{len(items) - 1}]")
+                    if items
+                    else None
+                )
+                recent = loader.recent(name, ref["l"])
+                self.prev[name] = _ListPrev(
+                    ref, ref["n"], ref["l"], ref["g"], last, items=items, recent=recent
+                )
             else:
                 self.prev[name] = _ValuePrev(ref, _ref_digest(self.codec, ref))
                 if "b" in ref:
@@ -326,9 +376,11 @@ class Tracker:
             assert isinstance(p, _ListPrev)
             if len(value) == p.n:
                 d.refs[name] = p.ref
-                d.prev[name] = _ListPrev(p.ref, p.n, p.tip, p.gen, p.last_tree, *_mode(value), p.last_raw)
+                d.prev[name] = _ListPrev(
+                    p.ref, p.n, p.tip, p.gen, p.last_tree, *_mode(value), p.last_raw, p.recent
+                )
                 return
-            self._write_segment(name, value, p.n, p.tip, p.gen, d, cid)
+            self._write_segment(name, value, p.n, p, p.gen, d, cid)
         else:
             gen = p.gen + 1 if isinstance(p, _ListPrev) else 1
             if not value:
@@ -339,8 +391,17 @@ class Tracker:
             self._write_segment(name, value, 0, None, gen, d, cid)
 
     def _write_segment(
-        self, name: str, value: list[Any], start: int, prev_tip: str | None, gen: int, d: Diff, cid: str
+        self,
+        name: str,
+        value: list[Any],
+        start: int,
+        p: _ListPrev | None,
+        gen: int,
+        d: Diff,
+        cid: str,
     ) -> None:
+        """The segment of items ``start``... of list ``name``: inline in the row (continuing the
+        chain of ``p`` when ``start`` > 0), or a blob: a new chain's long first segment, or a span."""
         encode = self.codec.serializer.encode
         new = value[start:]
         try:
@@ -348,17 +409,49 @@ class Tracker:
         except SerializationError:  # again, item by item, for the error that names the item
             trees = [encode(item, path=f"state.{name}[{start + i}]") for i, item in enumerate(new)]
         d.appended[name] = new
-        segment = {"p": prev_tip, "s": start, "i": trees}
-        if start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS:
-            d.segments[name] = segment
-            key = cid
+        prev_tip = p.tip if p is not None and start > 0 else None
+        d.links[name] = prev_tip
+        this = _Inline(cid, prev_tip, start, trees, len(_dump(trees)), stored=False)
+        gathered = _gather(p.recent if p is not None and start > 0 else (), this)
+        if (start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS) and len(gathered) <= SPAN_SEGMENTS:
+            d.segments[name] = {"p": prev_tip, "s": start, "i": trees}
+            key, recent = cid, gathered
         else:
-            text = self.codec.dump_tree(segment)
-            key = _seg_key(name, gen, start, content_hash(text))
-            d.blobs[key] = self.codec.seal(text)
+            key, recent = self._span(name, gen, gathered, d), ()
         ref = {"l": key, "n": len(value), "g": gen}
         d.refs[name] = ref
-        d.prev[name] = _ListPrev(ref, len(value), key, gen, trees[-1], *_mode(value), _raw(value[-1]))
+        d.prev[name] = _ListPrev(
+            ref, len(value), key, gen, trees[-1], *_mode(value), _raw(value[-1]), recent
+        )
+
+    def _span(self, name: str, gen: int, gathered: tuple[_Inline, ...], d: Diff) -> str:
+        """Write ``gathered`` (inline segments, the last one this checkpoint's) as one blob segment."""
+        codec, first = self.codec, gathered[0]
+        items: list[Any] = []
+        for (
+            seg
+        ) in gathered:  # in stored form: a segment read back is already; one of ours is redacted
+            items.extend(seg.trees if seg.stored else codec.redact_tree(seg.trees))
+        text = _dump({"p": first.prev, "s": first.start, "i": items})
+        key = _seg_key(name, gen, first.start, content_hash(text))
+        d.blobs[key] = codec.seal(text)
+        d.spans[name] = (first.prev, first.start, items)
+        return key
+
+
+def _handle_free(strings: list[str]) -> bool:
+    """Whether no string holds a secret handle (``$CRED{``): looked for as "$" first, a memchr
+    (most text has none), then as the whole marker in the strings that have one."""
+    with_dollar = compress(strings, map(contains, strings, repeat("$")))
+    return not any("$CRED{" in s for s in with_dollar)
+
+
+def _gather(recent: tuple[_Inline, ...], this: _Inline) -> tuple[_Inline, ...]:
+    """The inline segments the next span would hold, ``this`` (about to be written) last. Large
+    segments are cheap to read one by one (a row's cost is small beside its bytes): once
+    the segments gathered hold over ``SPAN_BYTES``, gathering starts again from ``this``."""
+    gathered = (*recent, this)
+    return gathered if sum(seg.size for seg in gathered) <= SPAN_BYTES else (this,)
 
 
 def _mode(value: list[Any]) -> tuple[list[Any] | None, list[Any] | None]:
@@ -392,13 +485,16 @@ class Loader:
         #: checkpoint id -> decoded payload: records handed in (``add``), rows whose result a
         #: segment refers to or whose segment refers to one, and the run's newest commit.
         self.rows: dict[str, dict[str, Any]] = {}
-        self.scanned: set[tuple[str, int]] = set()
-        self.complete: set[tuple[str, str]] = set()  # (channel, segment) with its whole chain cached
+        self.complete: set[tuple[str, str]] = (
+            set()
+        )  # (channel, segment) with its whole chain cached
         self.raw: dict[tuple[str, str], tuple[str | None, int, list[Any]]] = {}
         # (name, gen, plain) -> (items of a chain, {segment key: end index}); only ever extended
         self.chains: dict[tuple[str, int, bool], tuple[list[Any], dict[str, int]]] = {}
         self._need: set[str] = set()  # rows whose result a segment read so far refers to
-        self._top: str | None = None  # the run's newest commit (kept in rows: an outbox done mark copies it)
+        self._top: str | None = (
+            None  # the run's newest commit (kept in rows: an outbox done mark copies it)
+        )
         self._keep: set[str] = set()  # commits whose body a segment still needs (see landed)
 
     def add(self, records: Iterable[Record | None]) -> None:
@@ -423,8 +519,18 @@ class Loader:
             for name, child, child_body in waiting.pop(cid, ()):
                 if result_blob(body) is None and body.get("k") == "step" and "r" in body:
                     try:
-                        seg = resolve(child_body["sg"][name], {cid: body}, self.thread_id, name, child.checkpoint_id, self._result_tree)
-                    except (SerializationError, IntegrityError):  # reported if the chain is walked (_raw)
+                        seg = resolve(
+                            child_body["sg"][name],
+                            {cid: body},
+                            self.thread_id,
+                            name,
+                            child.checkpoint_id,
+                            self._result_tree,
+                        )
+                    except (
+                        SerializationError,
+                        IntegrityError,
+                    ):  # reported if the chain is walked (_raw)
                         seg = None
                     tup = _segment(seg)
                     if tup is not None:
@@ -459,25 +565,30 @@ class Loader:
         that continues no cached chain (a replay restored an earlier state, then the run went
         another way) is kept as its items' trees, so that walking back to it still works."""
         for name, new in diff.appended.items():
-            ref, seg = diff.refs[name], diff.segments.get(name)
+            ref, seg, span = diff.refs[name], diff.segments.get(name), diff.spans.get(name)
             tip, n, gen = ref["l"], ref["n"], ref["g"]
             start = n - len(new)
-            prev = seg["p"] if seg is not None else None
+            prev = diff.links[name]
             now = diff.prev[name]
             last = now.last_tree if isinstance(now, _ListPrev) else None
             chain = self.chains.get((name, gen, False))
             fresh = start == 0 and chain is None
-            extends = chain is not None and start == len(chain[0]) and prev is not None and chain[1].get(prev) == start
+            extends = (
+                chain is not None
+                and start == len(chain[0])
+                and prev is not None
+                and chain[1].get(prev) == start
+            )
             items = self._committed(new, last) if fresh or extends else None
             if items is not None and chain is None:
                 self.chains[(name, gen, False)] = (items, {tip: n})
             elif items is not None and chain is not None:
                 chain[0].extend(items)
                 chain[1][tip] = n
+            elif span is not None:  # a blob segment (a long first one, or a span): by its key
+                self.raw[(name, tip)] = span
             elif seg is not None and "ri" not in seg:
                 self.raw[(name, checkpoint_id)] = (prev, start, list(seg["i"]))
-            elif seg is None:  # a new chain's first segment, stored as a blob: its trees, by its key
-                self.raw[(name, tip)] = (None, 0, [self.codec.serializer.encode(x) for x in new])
             else:  # its items refer to the parent's result: keep both bodies (_raw resolves them)
                 self._keep.add(checkpoint_id)
                 if prev is not None:
@@ -525,13 +636,12 @@ class Loader:
     def _fetch_chain(self, name: str, key: str | None, gen: int) -> Plan[None]:
         walked: dict[str, None] = {}  # ordered, and a loop is found in O(1)
         while key is not None and (name, key) not in self.complete:
-            if _is_blob_key(key):
-                if key not in self.blobs and (name, gen) not in self.scanned:
-                    start, stop = seg_range(name, gen)
-                    self.blobs.update((yield call("scan_blobs", self.thread_id, start, stop)))
-                    self.scanned.add((name, gen))
-                if key not in self.blobs:
+            if _is_blob_key(key):  # one read per blob: a long chain's spans are read one at a time
+                if (name, key) not in self.raw and key not in self.blobs:
                     self.blobs.update((yield call("get_blobs", self.thread_id, [key])))
+                if key in self.blobs:
+                    self._raw(name, key)
+                    del self.blobs[key]  # parsed into raw: not kept twice
             elif (name, key) not in self.raw and key not in self.rows:
                 try:
                     before = _after(key)
@@ -544,7 +654,9 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self._ingest(page)
-                if (name, key) not in self.raw and key not in self.rows:  # pruned: retention rooted the list again
+                if (
+                    (name, key) not in self.raw and key not in self.rows
+                ):  # pruned: retention rooted the list again
                     yield from self._rooted(name, key)
             if not _is_blob_key(key) and (name, key) not in self.raw:
                 # items stored as the result of another row: read from that row on (a page: the
@@ -555,9 +667,13 @@ class Loader:
                     except ValueError:
                         continue  # not a checkpoint id: _raw reports the segment as malformed
                     self._need.add(ref)
-                    page = yield call("list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE)
+                    page = yield call(
+                        "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
+                    )
                     self._ingest(page)
-                for ref in wanted(self.rows.get(key), name, {}):  # and a result over the inline limit: its blob
+                for ref in wanted(
+                    self.rows.get(key), name, {}
+                ):  # and a result over the inline limit: its blob
                     big = result_blob(self.rows.get(ref))
                     if big is not None and big not in self.blobs:
                         self.blobs.update((yield call("get_blobs", self.thread_id, [big])))
@@ -571,6 +687,22 @@ class Loader:
             walked[key] = None
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
+
+    def recent(self, name: str, tip: str | None) -> tuple[_Inline, ...]:
+        """The inline segments of the chain ending at ``tip`` after its newest blob segment
+        (at most ``SPAN_SEGMENTS``), oldest first, as read (after :meth:`fetch`): what the
+        next span gathers."""
+        out: list[_Inline] = []
+        key = tip
+        while key is not None and not _is_blob_key(key) and len(out) < SPAN_SEGMENTS:
+            seg = self.raw.get((name, key))
+            if seg is None:  # not read here: the next span starts after it
+                break
+            prev, start, trees = seg
+            out.append(_Inline(key, prev, start, trees, len(_dump(trees)), stored=True))
+            key = prev
+        out.reverse()
+        return tuple(out)
 
     def segment_keys(self, name: str, ref: dict[str, Any]) -> list[str]:
         """The segment keys of a list ref's chain, oldest first (fetched first with :meth:`fetch`)."""
@@ -588,7 +720,12 @@ class Loader:
             self.blobs.update((yield call("get_blobs", self.thread_id, [rk])))
         if rk in self.blobs:
             tree = self.codec.unpack_tree(self.blobs[rk], f"state.{name}")
-            if type(tree) is not dict or tree.get("p") is not None or tree.get("s") != 0 or type(tree.get("i")) is not list:
+            if (
+                type(tree) is not dict
+                or tree.get("p") is not None
+                or tree.get("s") != 0
+                or type(tree.get("i")) is not list
+            ):
                 raise SerializationError(f"the rooted list {rk} is malformed", path=f"state.{name}")
             self.raw[(name, key)] = (None, 0, tree["i"])
 
@@ -601,7 +738,9 @@ class Loader:
             if "i" in ref:
                 return self.codec.decode(ref["i"], path, plain=plain)
             if "b" in ref:
-                return self.codec.decode(self.codec.unpack_tree(self.blobs[ref["b"]], path), path, plain=plain)
+                return self.codec.decode(
+                    self.codec.unpack_tree(self.blobs[ref["b"]], path), path, plain=plain
+                )
         except SchemaVersionError as exc:
             raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
         return TrackedList(self.list_items(name, ref, plain))
@@ -624,13 +763,19 @@ class Loader:
             items, ends = chain  # extended in place: every slice handed out is a copy
         else:
             items = chain[0][:base] if chain is not None and base else []
-            ends = {k: e for k, e in chain[1].items() if e <= base} if chain is not None and base else {}
+            ends = (
+                {k: e for k, e in chain[1].items() if e <= base}
+                if chain is not None and base
+                else {}
+            )
         trees: list[Any] = []  # every new segment's item trees, decoded in one pass below
         for key, seg in zip(keys, segs, strict=True):
             trees.extend(seg)
             ends[key] = base + len(trees)
         items.extend(self._decode(name, trees, base, plain))
-        if chain is None:  # another branch of a cached chain (a replay went another way) is not cached
+        if (
+            chain is None
+        ):  # another branch of a cached chain (a replay went another way) is not cached
             self.chains[(name, gen, plain)] = (items, ends)
         return items[:n]
 
@@ -655,7 +800,11 @@ class Loader:
             )
         try:
             prev, start, trees = tree["p"], tree["s"], tree["i"]
-            if not (isinstance(start, int) and isinstance(trees, list) and (prev is None or isinstance(prev, str))):
+            if not (
+                isinstance(start, int)
+                and isinstance(trees, list)
+                and (prev is None or isinstance(prev, str))
+            ):
                 raise TypeError("bad segment fields")
         except (KeyError, TypeError) as exc:
             raise SerializationError(f"segment {key} is malformed", path=path) from exc
@@ -675,15 +824,21 @@ class Loader:
 
     def _decode(self, name: str, trees: list[Any], start: int, plain: bool) -> list[Any]:
         """The items of ``trees``, list items ``start``... of channel ``name``."""
-        if not plain and all(type(t) is str for t in trees) and not any("$CRED{" in t for t in trees):
+        if not plain and set(map(type, trees)) <= {str} and _handle_free(trees):
             return trees  # a string without a handle decodes to itself (the common message list)
         decode = self.codec.decode
         try:  # the items as one list
             items: list[Any] = decode(trees, plain=plain)
             return items
-        except (SerializationError, SchemaVersionError):  # item by item, for the error that names the item
+        except (
+            SerializationError,
+            SchemaVersionError,
+        ):  # item by item, for the error that names the item
             try:
-                return [decode(t, f"state.{name}[{start + i}]", plain=plain) for i, t in enumerate(trees)]
+                return [
+                    decode(t, f"state.{name}[{start + i}]", plain=plain)
+                    for i, t in enumerate(trees)
+                ]
             except SchemaVersionError as exc:
                 raise SchemaVersionError(f"thread {self.thread_id!r}: {exc}") from exc.__cause__
 
@@ -724,7 +879,11 @@ def _segment(seg: Any) -> tuple[str | None, int, list[Any]] | None:
     if type(seg) is not dict:
         return None
     prev, start, trees = seg.get("p"), seg.get("s"), seg.get("i")
-    if not (isinstance(start, int) and isinstance(trees, list) and (prev is None or isinstance(prev, str))):
+    if not (
+        isinstance(start, int)
+        and isinstance(trees, list)
+        and (prev is None or isinstance(prev, str))
+    ):
         return None
     if "p" not in seg:
         return None

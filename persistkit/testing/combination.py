@@ -67,6 +67,7 @@ import signal
 import traceback
 import types
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -148,7 +149,11 @@ class Stored:
     def contains(self, needle: str | bytes) -> list[str]:
         """Where ``needle`` occurs: "raw" and/or "opened"."""
         b = needle.encode() if isinstance(needle, str) else needle
-        return [name for name, parts in (("raw", self.raw), ("opened", self.opened)) if any(b in p for p in parts)]
+        return [
+            name
+            for name, parts in (("raw", self.raw), ("opened", self.opened))
+            if any(b in p for p in parts)
+        ]
 
 
 def _none(*_: Any) -> None:
@@ -184,6 +189,8 @@ class Feature:
       process, so it must tolerate that (version 2 after version 1).
     * ``connect(case)``: ``pk.connect`` keyword options (encryption=, blobs=, ...).
     * ``resume(case)``: ``pk.resume`` keyword options (busy=, lease_ttl=).
+    * ``around(case)``: a context manager each run of the agent runs in (a process-wide
+      setting that must not outlive the run: inline mode shares the test process).
     * ``fields(version)``: state fields this feature adds, ``{name: (annotation, default)}``.
     * ``bumps_state``: the state schema changes between the versions; then
       ``migrate(data)`` turns this feature's fields of a version-1 state dict
@@ -203,6 +210,7 @@ class Feature:
     setup: Callable[[Case, int], None] = _none
     connect: Callable[[Case], dict[str, Any]] = _no_options
     resume: Callable[[Case], dict[str, Any]] = _no_options
+    around: Callable[[Case], AbstractContextManager[Any]] = lambda _: nullcontext()
     fields: Callable[[int], dict[str, tuple[Any, Any]]] = _no_fields
     bumps_state: bool = False
     migrate: Callable[[dict[str, Any]], None] | None = None
@@ -216,9 +224,13 @@ class Feature:
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
-            raise ConfigurationError(f"Feature name must be letters, digits and '_', got {self.name!r}")
+            raise ConfigurationError(
+                f"Feature name must be letters, digits and '_', got {self.name!r}"
+            )
         if self.bumps_state and self.migrate is None:
-            raise ConfigurationError(f"Feature {self.name!r} bumps the state schema: give it migrate=")
+            raise ConfigurationError(
+                f"Feature {self.name!r} bumps the state schema: give it migrate="
+            )
 
 
 _FEATURES: dict[str, Feature] = {}
@@ -227,7 +239,9 @@ _FEATURES: dict[str, Feature] = {}
 def register_feature(feature: Feature) -> Feature:
     """Add ``feature`` to the matrix (by name; registering the same name again replaces it)."""
     if not isinstance(feature, Feature):
-        raise ConfigurationError(f"register_feature takes a persistkit.testing.combination.Feature, got {feature!r}")
+        raise ConfigurationError(
+            f"register_feature takes a persistkit.testing.combination.Feature, got {feature!r}"
+        )
     _FEATURES[feature.name] = feature
     return feature
 
@@ -266,7 +280,9 @@ def design(names: Sequence[str]) -> list[tuple[str, ...]]:
             combos.append(combo)
     for a, b in itertools.combinations(names, 2):
         for want in itertools.product((False, True), repeat=2):
-            if not any(((a in c), (b in c)) == want for c in combos):  # pragma: no cover - the construction's promise
+            if not any(
+                ((a in c), (b in c)) == want for c in combos
+            ):  # pragma: no cover - the construction's promise
                 raise AssertionError(f"design() does not cover {a}={want[0]}, {b}={want[1]}")
     return combos
 
@@ -367,11 +383,21 @@ def run_agent(
 
     outputs: list[dict[str, Any]] = []
     cls = state_class(case.features, version)
-    with pk.resume(case.thread, store=store, state=cls, run_id=run_id, **resume_options(case)) as run:
+    with ExitStack() as around:
+        for f in features:
+            around.enter_context(f.around(case))
+        run = around.enter_context(
+            pk.resume(case.thread, store=store, state=cls, run_id=run_id, **resume_options(case))
+        )
         handed: dict[str, Any] = {}
         for i in range(case.steps) if indices is None else indices:
             handed = step(i, handed)
-            outputs.append({"square": handed["square"], **{f.name: f.summary(handed.get(f.name)) for f in stepped}})
+            outputs.append(
+                {
+                    "square": handed["square"],
+                    **{f.name: f.summary(handed.get(f.name)) for f in stepped},
+                }
+            )
             if crash and case.crash_at == i and case.when == "after":
                 _die(case)
     return {"run_id": run.run_id, "outputs": outputs}
@@ -444,7 +470,9 @@ def check_case(case: Case, store: pk.Store, resumed: dict[str, Any]) -> list[str
         problems.append(f"history holds checkpoints of failed runs: {failed}")
     steps = sorted((cp for cp in history if cp.kind == "step"), key=lambda cp: cp.checkpoint_id)
     if [cp.position for cp in steps] != [str(i) for i in range(case.steps)]:
-        problems.append(f"step checkpoints at positions {[cp.position for cp in steps]}, expected 0..{case.steps - 1}")
+        problems.append(
+            f"step checkpoints at positions {[cp.position for cp in steps]}, expected 0..{case.steps - 1}"
+        )
     if any(f.bumps_state for f in case.feature_objects()):
         stamps = [cp.schema[1] if cp.schema else None for cp in steps]
         want = [1] * case.committed + [2] * (case.steps - case.committed)
@@ -457,16 +485,22 @@ def check_case(case: Case, store: pk.Store, resumed: dict[str, Any]) -> list[str
         try:
             store.get_state(case.thread, cp.checkpoint_id, state=v2)
         except pk.PersistkitError as exc:
-            problems.append(f"checkpoint {cp.checkpoint_id} ({cp.kind}) does not load: {type(exc).__name__}: {exc}")
+            problems.append(
+                f"checkpoint {cp.checkpoint_id} ({cp.kind}) does not load: {type(exc).__name__}: {exc}"
+            )
     before = _effects(case)
     again = run_agent(case, store, 2, run_id=resumed["run_id"])
     if _effects(case) != before:
         problems.append("replaying the finished run by its run_id ran a step again")
     if again["outputs"] != resumed["outputs"]:
-        problems.append(f"replaying the finished run returned {again['outputs']}, the run returned {resumed['outputs']}")
+        problems.append(
+            f"replaying the finished run returned {again['outputs']}, the run returned {resumed['outputs']}"
+        )
     run_agent(case, store, 2, indices=[case.steps])
     if _effects(case) != [*before, case.steps]:
-        problems.append(f"a later run should have run step {case.steps} once; effects {_effects(case)}")
+        problems.append(
+            f"a later run should have run step {case.steps} once; effects {_effects(case)}"
+        )
     final = store.get_state(case.thread, state=v2).model_dump(mode="json")
     if store.get_state(case.thread)["done"] != final["done"]:  # read as a plain dict too
         problems.append("the head read without a state class differs from the typed read")
@@ -490,7 +524,11 @@ def _effects(case: Case) -> list[int]:
     return [int(x) for x in p.read_text().split()] if p.exists() else []
 
 
-PHASES: dict[str, Callable[[Case], dict[str, Any]]] = {"write": _write, "resume": _resume, "check": _check}
+PHASES: dict[str, Callable[[Case], dict[str, Any]]] = {
+    "write": _write,
+    "resume": _resume,
+    "check": _check,
+}
 
 
 def run_job(case: Case, phase: str) -> str:

@@ -12,6 +12,8 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Annotated, Any
 
@@ -95,7 +97,11 @@ def _secret_feature(name: str, doc: str, value: str, handle: str, setup: Any) ->
             key = value if i == 0 else "<nothing handed>"
         else:
             key = handed["key"]
-            ok = handed["key"] == value and value in handed["body"] and "$CRED{" not in handed["body"]
+            ok = (
+                handed["key"] == value
+                and value in handed["body"]
+                and "$CRED{" not in handed["body"]
+            )
             with open(case.path(evidence), "a") as f:
                 f.write(("ok" if ok else f"step {i} BAD {str(handed)[:80]!r}") + "\n")
         getattr(state, log).append(f"tool call {i} with Authorization: Bearer {key} for user 7")
@@ -112,7 +118,9 @@ def _secret_feature(name: str, doc: str, value: str, handle: str, setup: Any) ->
         if where:
             problems.append(f"the secret's value is in the stored bytes ({', '.join(where)})")
         if not data.contains(handle):
-            problems.append(f"no {handle} in the opened records: the secret was not stored as that handle")
+            problems.append(
+                f"no {handle} in the opened records: the secret was not stored as that handle"
+            )
         p = case.path(evidence)
         bad = [h for h in (p.read_text().splitlines() if p.exists() else []) if h != "ok"]
         if bad:
@@ -200,7 +208,9 @@ register_feature(
         connect=lambda case: {"blobs": case.blob_url, "blob_threshold": BLOB_THRESHOLD},
         fields=lambda version: {"big": (Annotated[list[str], pk.append], [])},
         step=_offload_step,
-        summary=lambda v: hashlib.sha256(v.encode()).hexdigest()[:16] if isinstance(v, str) else repr(v),
+        summary=lambda v: (
+            hashlib.sha256(v.encode()).hexdigest()[:16] if isinstance(v, str) else repr(v)
+        ),
         check=_offload_check,
     )
 )
@@ -209,14 +219,25 @@ register_feature(
 # -- encryption ----------------------------------------------------------------------------
 
 
-def _encryption_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+def _encryption_check(
+    case: Case, store: pk.Store, data: Stored, final: dict[str, Any]
+) -> list[str]:
     problems = []
     if any(MARKER.encode() in p for p in data.raw):
         problems.append("plaintext of the state is in the stored bytes")
-    clear = [p[:12] for p in data.raw if not (p.startswith(b"\xe1") or p.startswith(b"\x00PKREF1:"))]
+    clear = [
+        p[:12] for p in data.raw if not (p.startswith(b"\xe1") or p.startswith(b"\x00PKREF1:"))
+    ]
     if clear:
-        problems.append(f"{len(clear)} stored record(s) are neither ciphertext nor a pointer: {clear[:3]}")
-    extra = {k: v for f in case.feature_objects() if f.name != "encryption" for k, v in f.connect(case).items()}
+        problems.append(
+            f"{len(clear)} stored record(s) are neither ciphertext nor a pointer: {clear[:3]}"
+        )
+    extra = {
+        k: v
+        for f in case.feature_objects()
+        if f.name != "encryption"
+        for k, v in f.connect(case).items()
+    }
     extra.pop("integrity", None)
     extra.pop("witness", None)
     with pk.connect(case.url, **extra) as keyless:
@@ -251,7 +272,10 @@ register_feature(
     Feature(
         name="integrity",
         doc="a keyed hash chain per thread and a file witness (integrity=, witness=)",
-        connect=lambda case: {"integrity": {"mi1": INTEGRITY_KEY}, "witness": f"file:{case.dir}/witness.log"},
+        connect=lambda case: {
+            "integrity": {"mi1": INTEGRITY_KEY},
+            "witness": f"file:{case.dir}/witness.log",
+        },
         check=_integrity_check,
     )
 )
@@ -304,7 +328,9 @@ def _retention_setup(case: Case, version: int) -> None:
         if not store.history(case.thread):  # crashed before its first checkpoint: nothing to prune
             marker.write_text(json.dumps(pk.PruneReport(dry_run=False).as_dict()))
             return
-        report = store.prune(pk.Retention(keep_last=1, final_only=True), thread_id=case.thread, progress=False)
+        report = store.prune(
+            pk.Retention(keep_last=1, final_only=True), thread_id=case.thread, progress=False
+        )
     marker.write_text(json.dumps(report.as_dict()))
 
 
@@ -333,6 +359,58 @@ register_feature(
 )
 
 
+# -- spans: long list chains gathered into blobs ---------------------------------------------
+#
+# A long list's inline segments are gathered into a span blob every SPAN_SEGMENTS
+# segments (state._channels). At the real threshold (256) no case of the matrix is
+# long enough, so this feature lowers it to 1 for its runs: every second checkpoint of
+# each list writes a span, and crashes, replays, wrappers and prunes meet chains that
+# mix rows and spans. Every checkpoint of the thread must then load whole.
+
+
+@contextmanager
+def _spans_every_two(case: Case) -> Iterator[None]:
+    from persistkit.state import _channels
+
+    before = _channels.SPAN_SEGMENTS
+    _channels.SPAN_SEGMENTS = 1
+    try:
+        yield
+    finally:
+        _channels.SPAN_SEGMENTS = before
+
+
+def _spans_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
+    from persistkit.backends import open_backend
+
+    direct = open_backend(case.url)
+    try:
+        spans = [
+            k
+            for k in direct.scan_blobs(case.thread, "s:", "s;")
+            if k.startswith(("s:done:", "s:notes:"))
+        ]
+    finally:
+        direct.close()
+    problems = [] if spans or case.steps < 2 else ["no list was gathered into a span"]
+    for cp in store.history(case.thread):
+        state = store.get_state(case.thread, cp.checkpoint_id)
+        done, notes = state.get("done", []), state.get("notes", [])
+        if notes != [f"{MARKER} step {i}" for i in done]:
+            problems.append(f"checkpoint {cp.checkpoint_id} loads done={done} with notes={notes}")
+    return problems
+
+
+register_feature(
+    Feature(
+        name="spans",
+        doc="lists are gathered into span blobs every 2 segments (SPAN_SEGMENTS lowered to 1 for the runs)",
+        around=_spans_every_two,
+        check=_spans_check,
+    )
+)
+
+
 # -- versioned value classes (pk.register(cls, version=2) + @pk.migration(cls, from_version=1)) --
 #
 # Each code version defines its own class under one stored name (this module's
@@ -352,7 +430,9 @@ def msg_class(version: int) -> type[BaseModel]:
         cls = create_model("MatrixMsg", __module__=__name__, role=(str, ...), text=(str, ...))
         pk.register(cls)
     else:
-        cls = create_model("MatrixMsg", __module__=__name__, role=(str, ...), content=(str, ...), chars=(int, ...))
+        cls = create_model(
+            "MatrixMsg", __module__=__name__, role=(str, ...), content=(str, ...), chars=(int, ...)
+        )
         pk.register(cls, version=2)
 
         @pk.migration(cls, from_version=1)
@@ -368,11 +448,18 @@ def msg_class(version: int) -> type[BaseModel]:
 def _nested_step(case: Case, version: int, i: int, state: Any, handed: Any) -> None:
     text = f"answer {i}"
     m = msg_class(version)
-    state.msgs.append(m(role="assistant", text=text) if version == 1 else m(role="assistant", content=text, chars=len(text)))
+    state.msgs.append(
+        m(role="assistant", text=text)
+        if version == 1
+        else m(role="assistant", content=text, chars=len(text))
+    )
 
 
 def _nested_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:
-    want = [{"role": "assistant", "content": f"answer {i}", "chars": len(f"answer {i}")} for i in range(case.steps + 1)]
+    want = [
+        {"role": "assistant", "content": f"answer {i}", "chars": len(f"answer {i}")}
+        for i in range(case.steps + 1)
+    ]
     return [] if final.get("msgs") == want else [f"messages after a later run: {final.get('msgs')}"]
 
 
@@ -492,13 +579,19 @@ def _long_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]
         if len(got) != 1:
             problems.append(f"the effect of step {i} ran {len(got)} times (want 1)")
         if len({e["key"] for e in got}) > 1:
-            problems.append(f"the effect of step {i} ran with different idempotency keys: {[e['key'] for e in got]}")
+            problems.append(
+                f"the effect of step {i} ran with different idempotency keys: {[e['key'] for e in got]}"
+            )
         if any(e["value"] != _long_value(case) for e in got):
-            problems.append(f"the effect of step {i} was handed {[e['value'][:24] for e in got]}, not the value")
+            problems.append(
+                f"the effect of step {i} was handed {[e['value'][:24] for e in got]}, not the value"
+            )
     if runs:
         problems.append(f"effects of steps that never ran: {sorted(runs)}")
     if case.path("undone.log").exists():
-        problems.append(f"compensations ran in runs that did not fail: {case.path('undone.log').read_text().split()}")
+        problems.append(
+            f"compensations ran in runs that did not fail: {case.path('undone.log').read_text().split()}"
+        )
     return problems
 
 

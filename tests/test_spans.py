@@ -21,7 +21,7 @@ import pytest
 from conftest import uid
 
 import persistkit as pk
-from persistkit.state import _channels
+from persistkit.state import _channels, _tracker
 from persistkit.state._records import Record
 
 ENC = bytes(range(32))
@@ -96,7 +96,7 @@ def check_every_checkpoint(store: pk.Store, tid: str, config: str) -> None:
 
 @pytest.fixture
 def spans_every_three(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_channels, "SPAN_SEGMENTS", 3)
+    monkeypatch.setattr(_tracker, "SPAN_SEGMENTS", 3)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -131,8 +131,8 @@ def test_a_spanned_list_loads_at_every_checkpoint_and_keeps_gathering_in_a_new_s
 def test_large_segments_are_not_gathered(
     local_store: pk.Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_channels, "SPAN_SEGMENTS", 3)
-    monkeypatch.setattr(_channels, "SPAN_BYTES", 10_000)
+    monkeypatch.setattr(_tracker, "SPAN_SEGMENTS", 3)
+    monkeypatch.setattr(_tracker, "SPAN_BYTES", 10_000)
     tid = uid("sp")
     with pk.resume(tid, store=local_store) as run:
         for i in range(12):
@@ -150,7 +150,7 @@ def test_a_long_chain_of_rows_is_continued_with_spans(
     tid = uid("sp")
     run_steps(local_store, tid, "plain", range(0, 40))
     assert not any(k.startswith("s:") for k in chain(local_store, tid))
-    monkeypatch.setattr(_channels, "SPAN_SEGMENTS", 5)
+    monkeypatch.setattr(_tracker, "SPAN_SEGMENTS", 5)
     run_steps(local_store, tid, "plain", range(40, 52))
     keys = chain(local_store, tid)
     spans = [k for k in keys if k.startswith("s:")]

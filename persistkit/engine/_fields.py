@@ -10,10 +10,11 @@ from .._errors import (
     PersistkitError,
 )
 from ..backends import Head
-from ..state._channels import Loader, Tracker
+from ..state._channels import Loader
 from ..state._dedupe import Result
 from ..state._records import Record
 from ..state._spec import StateSpec
+from ..state._tracker import Tracker
 
 if TYPE_CHECKING:
     import asyncio

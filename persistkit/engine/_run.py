@@ -29,10 +29,11 @@ from .._errors import (
 )
 from ..backends import Head
 from ..coordination._suspend import Question
-from ..state._channels import Loader, Tracker
+from ..state._channels import Loader
 from ..state._dedupe import Result
 from ..state._records import Record
 from ..state._spec import StateSpec
+from ..state._tracker import Tracker
 from ._commit import Commits
 from ._cursor import RUNNING
 

@@ -26,9 +26,10 @@ from ..backends import Backend, Head
 from ..codec._pipeline import Codec
 from ..coordination._fence import write_call
 from ..coordination._suspend import is_answered
-from ..state._channels import Loader, Tracker
+from ..state._channels import Loader
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
+from ..state._tracker import Tracker
 from ._heads import ANY_HEAD, AnyHead, check_head
 
 if TYPE_CHECKING:

@@ -362,7 +362,7 @@ register_feature(
 # -- spans: long list chains gathered into blobs ---------------------------------------------
 #
 # A long list's inline segments are gathered into a span blob every SPAN_SEGMENTS
-# segments (state._channels). At the real threshold (256) no case of the matrix is
+# segments (state._tracker). At the real threshold (256) no case of the matrix is
 # long enough, so this feature lowers it to 1 for its runs: every second checkpoint of
 # each list writes a span, and crashes, replays, wrappers and prunes meet chains that
 # mix rows and spans. Every checkpoint of the thread must then load whole.
@@ -370,14 +370,14 @@ register_feature(
 
 @contextmanager
 def _spans_every_two(case: Case) -> Iterator[None]:
-    from persistkit.state import _channels
+    from persistkit.state import _tracker
 
-    before = _channels.SPAN_SEGMENTS
-    _channels.SPAN_SEGMENTS = 1
+    before = _tracker.SPAN_SEGMENTS
+    _tracker.SPAN_SEGMENTS = 1
     try:
         yield
     finally:
-        _channels.SPAN_SEGMENTS = before
+        _tracker.SPAN_SEGMENTS = before
 
 
 def _spans_check(case: Case, store: pk.Store, data: Stored, final: dict[str, Any]) -> list[str]:

@@ -274,14 +274,23 @@ class Snapshot:
     at any earlier point left: each chain cut after the last checkpoint that had landed."""
 
     def __init__(self, store: Store, threads: set[tuple[str, str]]) -> None:
-        self.chains: dict[tuple[str, str], list[CheckpointRow]] = {}
+        self.rows: dict[tuple[str, str], dict[str, CheckpointRow]] = {}
         self.blobs: dict[str, dict[str, bytes]] = {}
         backend = store.backend
         for thread, ns in sorted(threads):
-            rows = backend.list(thread, ns)
-            self.chains[(thread, ns)] = sorted(rows, key=lambda r: r.checkpoint_id)
+            self.rows[(thread, ns)] = {r.checkpoint_id: r for r in backend.list(thread, ns)}
             if thread not in self.blobs:
                 self.blobs[thread] = backend.scan_blobs(thread, "", "\x7f")
+
+    def chain(self, chain: tuple[str, str], cut: str) -> list[CheckpointRow]:
+        """The rows from the thread's first checkpoint to ``cut``, by their parent links (two
+        ids made in one clock tick need not sort in the order they were written)."""
+        rows, out = self.rows.get(chain, {}), []
+        at: str | None = cut
+        while at is not None and at in rows:
+            out.append(rows[at])
+            at = rows[at].parent_id
+        return out[::-1]
 
     def materialize(self, into: Store, cuts: Mapping[tuple[str, str], str]) -> None:
         """Write into the empty store ``into`` each chain up to its cut (no lease: a dead
@@ -289,9 +298,7 @@ class Snapshot:
         backend, given = into.backend, set()
         for chain, cut in cuts.items():
             version = 0
-            for row in self.chains.get(chain, ()):
-                if row.checkpoint_id > cut:
-                    break
+            for row in self.chain(chain, cut):
                 blobs = self.blobs.get(chain[0], {}) if chain[0] not in given else {}
                 given.add(chain[0])
                 version = backend.write(row, blobs, version).version

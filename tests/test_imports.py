@@ -338,6 +338,8 @@ def test_an_upward_import_is_named_with_its_line(tmp_path: Path) -> None:
         ("persistkit_langgraph", ("persistkit", "persistkit_langgraph.*")),
         ("persistkit_openai_agents", ("persistkit", "persistkit_openai_agents.*")),
         ("persistkit_crewai", ("persistkit", "persistkit_crewai.*")),
+        # The pytest plugin: the crash matrix, imported only when a test asks for its fixture.
+        ("persistkit_pytest", ("persistkit.testing.crash_matrix",)),
     ],
 )
 def test_layers_import_only_downwards(layer: str, allowed: tuple[str, ...]) -> None:

@@ -36,7 +36,7 @@ from ..coordination._suspend import end_sync as suspend_end_sync
 from ..ops import _telemetry as telemetry
 from ..secrets._registry import _loaded
 from ..state._spec import StateSpec
-from . import _outbox
+from . import _context, _outbox
 from ._context import CURRENT
 from ._inputs import live_inputs
 from ._replay_check import CHECKING
@@ -191,6 +191,8 @@ class resume:
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
+        if _context.MATRIX is not None:  # the crash matrix (persistkit.testing) watches the run
+            run.observer = _context.MATRIX.opened(run, run.observer)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -255,6 +257,8 @@ class resume:
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
+        if _context.MATRIX is not None:  # the crash matrix (persistkit.testing) watches the run
+            run.observer = _context.MATRIX.opened(run, run.observer)
         self._token = _CURRENT.set(_Frame(run, ""))
         return run
 
@@ -425,6 +429,8 @@ def _sync_wrapper(step: _Step) -> Callable[..., Any]:
             if "thread_id" in kwargs and not step.takes_thread_id:
                 with resume(kwargs.pop("thread_id"), store=_one_call_store(step, kwargs)):
                     return wrapper(*args, **kwargs)
+            if _context.MATRIX is not None:  # the crash matrix counts a step run where no run is
+                _context.MATRIX.plain(step.name)
             return fn(*args, **kwargs)
         if frame.run.observer is not None:  # telemetry on (ops/_telemetry): the same call, in a span
             return frame.run.observer.call_sync(_call_sync, step, frame, args, kwargs)
@@ -443,6 +449,8 @@ def _async_wrapper(step: _Step) -> Callable[..., Awaitable[Any]]:
             if "thread_id" in kwargs and not step.takes_thread_id:
                 async with resume(kwargs.pop("thread_id"), store=_one_call_store(step, kwargs)):
                     return await wrapper(*args, **kwargs)
+            if _context.MATRIX is not None:
+                _context.MATRIX.plain(step.name)
             return await fn(*args, **kwargs)
         if frame.run.observer is not None:  # telemetry on (ops/_telemetry): the same call, in a span
             return await frame.run.observer.call_async(_call_async, step, frame, args, kwargs)

@@ -17,11 +17,15 @@ wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
+
+``crash_matrix(agent)`` (``persistkit.testing.crash_matrix``, and the pytest fixture of the
+same name) proves that *your* agent survives a crash at every step: docs/testing.md.
 """
 
 from .backend_suite import BackendConformance
 from .board_suite import BoardConformance
 from .combination_suite import CombinationConformance
+from .crash_matrix import CrashMatrixResult, crash_matrix
 from .kv_suite import KvConformance
 from .lease_suite import LeaseConformance
 from .long_runs_suite import LongRunsConformance
@@ -38,6 +42,7 @@ __all__ = [
     "BackendConformance",
     "BoardConformance",
     "CombinationConformance",
+    "CrashMatrixResult",
     "KvConformance",
     "LeaseConformance",
     "LongRunsConformance",
@@ -49,4 +54,5 @@ __all__ = [
     "StoreConformance",
     "SuspendConformance",
     "WatchConformance",
+    "crash_matrix",
 ]

@@ -1,0 +1,92 @@
+"""The crash matrix: what proving an agent at every crash point costs against one run of it.
+
+    python3 dev.py bench crash_matrix [--steps 20] [--rounds 5] [--work 0,200]
+    .venv/bin/python bench/bench_crash_matrix.py [same options]
+
+The agent: ``--steps`` top-level steps on ``memory://`` (the matrix's inline default), each
+appending its result to ``run.state["notes"]``; a step body does ``--work`` iterations of a
+fake model's string building (0: an empty body, the matrix's worst case, since its fixed
+costs then weigh most). Measured in the same run, interleaved round by round: one uncrashed
+run of the agent on a fresh store (the baseline), and ``crash_matrix(agent)`` inline with
+every crash point (before, inside and after each step: 3 x steps points). It prints the
+medians and the matrix as a multiple of the baseline (the goal: under 20x for 20 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+import persistkit as pk
+from persistkit.testing.crash_matrix import crash_matrix
+
+
+def make_agent(steps: int, work: int):  # type: ignore[no-untyped-def]
+    @pk.checkpointed
+    def step(i: int, topic: str) -> str:
+        text = topic
+        for j in range(work):
+            text = f"{text[-40:]} {i}:{j}"
+        return text
+
+    thread = f"bench-{uuid.uuid4().hex[:8]}"
+
+    def agent() -> int:
+        with pk.resume(thread) as run:
+            run.state.setdefault("notes", [])
+            for i in range(steps):
+                note = step(
+                    i, "refund order 42"
+                )  # the step first: a replayed step restores run.state
+                run.state["notes"].append(note)
+            return len(run.state["notes"])
+
+    return agent
+
+
+def once(agent) -> float:  # type: ignore[no-untyped-def]
+    from persistkit.engine import _store
+
+    before = _store._default
+    _store._default = pk.connect("memory://")
+    try:
+        t = time.perf_counter()
+        agent()
+        return time.perf_counter() - t
+    finally:
+        _store._default = before
+
+
+def matrix(agent) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    result = crash_matrix(agent, echo=None)
+    took = time.perf_counter() - t
+    assert result.ok, str(result)
+    return took, len(result.points)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--work", default="0,200")
+    args = ap.parse_args()
+    for work in [int(w) for w in args.work.split(",")]:
+        agent = make_agent(args.steps, work)
+        once(agent), matrix(agent)  # warm up: imports, first-call caches
+        runs, mats, points = [], [], 0
+        for _ in range(args.rounds):
+            runs.append(statistics.median(once(agent) for _ in range(5)))
+            took, points = matrix(agent)
+            mats.append(took)
+        run_s, mat_s = statistics.median(runs), statistics.median(mats)
+        print(
+            f"{args.steps} steps, body work {work}: one run {run_s * 1e3:.2f} ms, matrix of {points} crash points "
+            f"{mat_s * 1e3:.1f} ms = {mat_s / run_s:.1f}x one run"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The crash matrix's findings, in words a person can act on (``persistkit.testing.crash_matrix``).
+
+Each finding names the crash point, what differs (a state field's diff, the return value,
+a step's body runs, the recorded step sequence) and the likely cause, told apart by what
+the matrix saw: a value that looks like the time of the run ("code between steps read the
+clock"), a step that ran where no run was current ("its side effect happened outside a
+step"), arguments that two uncrashed runs agree on but a resume does not ("they depend on
+something that is not in the state"), a step that returned something else when it ran
+again ("the step is not deterministic"), a state field the store cannot keep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "Outcome", "clock_like", "describe_diff", "first_difference", "short"]
+
+#: Kinds of finding, and which assertion reports them.
+EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable")
+SAME_OUTCOME = (
+    "state",
+    "value",
+    "sequence",
+    "nondeterminism",
+    "arguments",
+    "resume-failed",
+    "reference-failed",
+    "unstorable",
+)
+
+_STARTED = time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing the matrix found: ``kind`` (see ``EXACTLY_ONCE`` / ``SAME_OUTCOME``),
+    ``message`` (what and the likely cause), ``points`` (the crash points it was seen at)."""
+
+    kind: str
+    message: str
+    points: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        if not self.points:
+            return self.message
+        shown = ", ".join(self.points[:3]) + (
+            f" and {len(self.points) - 3} more" if len(self.points) > 3 else ""
+        )
+        return f"{self.message}\n    seen at: {shown}"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one agent call ended with: its return value (or error), each thread's final
+    state, the recorded step sequence per thread, and how often each step body ran."""
+
+    value: Any = None
+    error: BaseException | None = None
+    states: dict[tuple[str, str], Any] = field(default_factory=dict)
+    sequences: dict[tuple[str, str], list[tuple[str, str]]] = field(default_factory=dict)
+    counts: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    plain: Mapping[str, int] = field(default_factory=dict)
+    results: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    digests: dict[tuple[str, str, str], str] = field(default_factory=dict)
+
+
+def short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _leaves(value: Any, path: str) -> Iterable[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first place (a path such as ``notes[2]``) where ``a`` and ``b`` differ."""
+    if _same(a, b):
+        return None
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for k in list(a) + [k for k in b if k not in a]:
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                return sub, a.get(k, "<missing>"), b.get(k, "<missing>")
+            found = first_difference(a[k], b[k], sub)
+            if found is not None:
+                return found
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            found = first_difference(x, y, f"{path}[{i}]")
+            if found is not None:
+                return found
+        if len(a) != len(b):
+            return f"{path} (length)", len(a), len(b)
+    return path, a, b
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a value whose == raises: compared by its text
+        return repr(a) == repr(b)
+
+
+def clock_like(value: Any) -> bool:
+    """Whether ``value`` looks like a reading of the clock taken while the matrix runs."""
+    lo, hi = _STARTED - 86400, time.time() + 86400
+    if isinstance(value, dt.datetime):
+        stamp = value if value.tzinfo else value.astimezone()
+        return lo <= stamp.timestamp() <= hi
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return any(lo <= value / scale <= hi for scale in (1, 1e3, 1e6, 1e9))
+    if isinstance(value, str) and 10 <= len(value) <= 40:
+        try:
+            return clock_like(dt.datetime.fromisoformat(value))
+        except ValueError:
+            return False
+    return False
+
+
+def differs_by_clock(a: Any, b: Any) -> bool:
+    """Whether the leaves where ``a`` and ``b`` differ look like two readings of the clock."""
+    left, right = dict(_leaves(a, "")), dict(_leaves(b, ""))
+    return any(
+        (clock_like(left[p]) or clock_like(right[p])) and not _same(left[p], right[p])
+        for p in left.keys() & right.keys()
+    )
+
+
+def describe_diff(what: str, ref: Any, got: Any) -> str:
+    """``what`` differs: where, the uncrashed run's value and the resumed one's."""
+    found = first_difference(ref, got)
+    if found is None:
+        return f"{what} is the same"
+    path, a, b = found
+    where = f"{what}{'.' + path if path and not path.startswith(' ') else path}"
+    return f"{where} differs: uncrashed run {short(a)}, after the crash {short(b)}"

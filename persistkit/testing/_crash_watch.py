@@ -1,0 +1,309 @@
+"""What the crash matrix sees of the agent it runs (``persistkit.testing.crash_matrix``).
+
+:class:`Watch` is installed as ``engine._context.MATRIX`` while the agent runs: every
+``pk.resume`` block hands it its run, and it becomes the run's observer (wrapping the
+telemetry observer when there is one), so it sees every step call. For a step that runs
+live it wraps the body: it counts the body's runs by step key (thread, namespace,
+position), keeps its arguments' digest and its result, and passes the three crash points
+of the step: ``before`` (the engine decided to run the body: nothing of the step is
+written), ``inside`` (the body ran: its side effects happened, its result never reached
+the engine) and ``after`` (the body returned and the engine is about to write its
+checkpoint: the write never lands). A step called where no run is current (another
+thread, code after the block) is counted by name: it is recorded nowhere.
+
+:class:`RecordingStore` is the ``pk.Store`` the agent is given: it logs every checkpoint
+write that lands, in order, so that "what a process dying at this point leaves in the
+store" is a prefix of the log (:meth:`RecordingStore.materialize`), and it passes the
+``after`` point just before the step's own write.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..backends import CheckpointRow, Head
+from ..engine._store import Store
+
+__all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch"]
+
+Key = tuple[str, str, str]  # thread, namespace, position
+
+WHENS = ("before", "inside", "after")
+
+
+class Crash(BaseException):
+    """A process death in miniature: not an ``Exception``, so the engine records nothing for
+    the step, and the block writes no end record (a ``BaseException`` other than an
+    ``Exception`` leaves the run unfinished, as a killed process does)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One crash point: the ``index``-th step body of the run (call order), ``when``."""
+
+    index: int
+    when: str
+    key: Key
+    step: str
+    cuts: Mapping[tuple[str, str], str] = field(
+        default_factory=dict
+    )  # per chain: the last checkpoint landed
+    counts: Mapping[Key, int] = field(default_factory=dict)  # body runs so far
+    plain: Mapping[str, int] = field(default_factory=dict)  # runs outside any run so far
+    committed: frozenset[Key] = frozenset()
+
+    def label(self) -> str:
+        where = {"before": "before", "inside": "inside", "after": "after"}[self.when]
+        return f"crash {where} step #{self.index} `{self.step}` (position {self.key[2]})"
+
+
+@dataclass(slots=True)
+class StepCall:
+    """One live step body run, as the watch saw it."""
+
+    key: Key
+    step: str
+    digest: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    result: Any = None
+    returned: bool = False
+
+
+class Watch:
+    """The matrix's view of one agent call (see the module docstring).
+
+    ``on_point(point)`` is called at every crash point; it may raise :class:`Crash`, kill
+    the process, or record the point and return."""
+
+    def __init__(
+        self, on_point: Callable[[Point], None] | None = None, events_fd: int | None = None
+    ) -> None:
+        self.on_point = on_point
+        self.events_fd = events_fd  # process mode: each body start is written here as it happens
+        self.counts: Counter[Key] = Counter()
+        self.plain_counts: Counter[str] = Counter()
+        self.calls: list[StepCall] = []
+        self.committed: set[Key] = set()
+        self.runs: dict[tuple[str, str], Any] = {}  # (thread, namespace) -> the run's last Run
+        self.end_states: dict[tuple[str, str], Any] = {}
+        self.cuts: dict[tuple[str, str], str] = {}  # per chain: the last checkpoint that landed
+        self.index = 0
+        self._after: tuple[int, Key, str] | None = None
+
+    # -- the engine's side ----------------------------------------------------------------
+
+    def opened(self, run: Any, observer: Any) -> Any:
+        self.runs[(run.thread_id, run.namespace)] = run
+        return _Observer(self, observer, run)
+
+    def plain(self, name: str) -> None:
+        self.plain_counts[name] += 1
+        self._event(f"plain\t{name}\n")
+
+    def _event(self, line: str) -> None:
+        if self.events_fd is not None:
+            os.write(self.events_fd, line.encode())
+
+    def point(self, index: int, when: str, key: Key, step: str) -> None:
+        if self.on_point is None:
+            return
+        self.on_point(
+            Point(
+                index,
+                when,
+                key,
+                step,
+                dict(self.cuts),
+                dict(self.counts),
+                dict(self.plain_counts),
+                frozenset(self.committed),
+            )
+        )
+
+    def body(self, step: Any, frame: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The step object the engine runs, its body wrapped (the engine calls it only to run it live)."""
+        if not step.hints_done:
+            step.register_hints()  # on the user's step, once: the copy must not repeat it per call
+        run = frame.run
+        fn = step.fn
+        watch = self
+
+        def wrapped(*a: Any, **k: Any) -> Any:
+            from ..engine._api import current_step
+
+            info = current_step()
+            assert info is not None
+            key = (run.thread_id, run.namespace, info.position)
+            index = watch.index
+            watch.index += 1
+            call = StepCall(key, info.name, run.digest(args, kwargs), args, kwargs)
+            watch.calls.append(call)
+            watch.point(index, "before", key, info.name)
+            watch.counts[key] += 1
+            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{info.name}\n")
+            try:
+                result = fn(*a, **k)
+            except Exception:
+                watch._after = (index, key, info.name)  # its failure's checkpoint is the next write
+                raise
+            if _awaitable(result):
+                return _finish_async(watch, call, index, result)
+            return watch._returned(call, index, result)
+
+        return replace(step, fn=wrapped)
+
+    def _returned(self, call: StepCall, index: int, result: Any) -> Any:
+        call.result, call.returned = result, True
+        self.point(index, "inside", call.key, call.step)
+        self._after = (index, call.key, call.step)
+        return result
+
+    def before_write(self) -> None:
+        after, self._after = self._after, None
+        if after is not None:
+            self.point(after[0], "after", after[1], after[2])
+
+    def landed(self, run: Any, body: Mapping[str, Any]) -> None:
+        chain = (run.thread_id, run.namespace)
+        if run.checkpoint_id is not None:
+            self.cuts[chain] = run.checkpoint_id
+        if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
+            self.committed.add((*chain, str(body["p"])))
+
+
+def _awaitable(value: Any) -> bool:
+    import inspect
+
+    return inspect.isawaitable(value)
+
+
+async def _finish_async(watch: Watch, call: StepCall, index: int, pending: Any) -> Any:
+    try:
+        result = await pending
+    except Exception:
+        watch._after = (index, call.key, call.step)
+        raise
+    return watch._returned(call, index, result)
+
+
+class _Observer:
+    """The run's observer while the matrix watches: steps through the watch, the rest to
+    the telemetry observer when there is one."""
+
+    __slots__ = ("inner", "run", "watch")
+
+    def __init__(self, watch: Watch, inner: Any, run: Any) -> None:
+        self.watch, self.inner, self.run = watch, inner, run
+
+    def call_sync(
+        self, call: Callable[..., Any], step: Any, frame: Any, args: Any, kwargs: Any
+    ) -> Any:
+        step = self.watch.body(step, frame, args, kwargs)
+        if self.inner is not None:
+            return self.inner.call_sync(call, step, frame, args, kwargs)
+        return call(step, frame, args, kwargs)
+
+    async def call_async(
+        self, call: Callable[..., Any], step: Any, frame: Any, args: Any, kwargs: Any
+    ) -> Any:
+        step = self.watch.body(step, frame, args, kwargs)
+        if self.inner is not None:
+            return await self.inner.call_async(call, step, frame, args, kwargs)
+        return await call(step, frame, args, kwargs)
+
+    def replayed(self, position: str, name: str, failed: bool) -> None:
+        if self.inner is not None:
+            self.inner.replayed(position, name, failed)
+
+    def wrote(
+        self, payload: bytes, blobs: Mapping[str, bytes], body: Mapping[str, Any], seconds: float
+    ) -> None:
+        self.watch.landed(self.run, body)
+        if self.inner is not None:
+            self.inner.wrote(payload, blobs, body, seconds)
+
+    def end(self, run: Any, exc: BaseException | None) -> None:
+        self.watch.end_states[(run.thread_id, run.namespace)] = run.state
+        if self.inner is not None:
+            self.inner.end(run, exc)
+
+
+class RecordingStore(Store):
+    """A ``pk.Store`` that passes the ``after`` crash point just before a step's checkpoint
+    write (see the module docstring)."""
+
+    def __init__(self, base: Store) -> None:
+        super().__init__(base.backend, codec=base.codec)
+        self.watch: Watch | None = None
+
+    def _before(self) -> None:
+        if self.watch is not None:
+            self.watch.before_write()
+
+    def write_sync(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int) -> Head:
+        self._before()
+        return super().write_sync(row, blobs, expected)
+
+    async def write_async(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int
+    ) -> Head:
+        self._before()
+        return await super().write_async(row, blobs, expected)
+
+    def write_fenced_sync(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, lease: Any
+    ) -> Head:
+        self._before()
+        return super().write_fenced_sync(row, blobs, expected, lease)
+
+    async def write_fenced_async(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, lease: Any
+    ) -> Head:
+        self._before()
+        return await super().write_fenced_async(row, blobs, expected, lease)
+
+
+class Snapshot:
+    """The rows and values a finished agent call left in a store, to make the store a death
+    at any earlier point left: each chain cut after the last checkpoint that had landed."""
+
+    def __init__(self, store: Store, threads: set[tuple[str, str]]) -> None:
+        self.rows: dict[tuple[str, str], dict[str, CheckpointRow]] = {}
+        self.blobs: dict[str, dict[str, bytes]] = {}
+        backend = store.backend
+        for thread, ns in sorted(threads):
+            self.rows[(thread, ns)] = {r.checkpoint_id: r for r in backend.list(thread, ns)}
+            if thread not in self.blobs:
+                self.blobs[thread] = backend.scan_blobs(thread, "", "\x7f")
+
+    def chain(self, chain: tuple[str, str], cut: str) -> list[CheckpointRow]:
+        """The rows from the thread's first checkpoint to ``cut``, by their parent links (two
+        ids made in one clock tick need not sort in the order they were written)."""
+        rows, out = self.rows.get(chain, {}), []
+        at: str | None = cut
+        while at is not None and at in rows:
+            out.append(rows[at])
+            at = rows[at].parent_id
+        return out[::-1]
+
+    def materialize(self, into: Store, cuts: Mapping[tuple[str, str], str]) -> None:
+        """Write into the empty store ``into`` each chain up to its cut (no lease: a dead
+        holder's lease is over)."""
+        backend, given = into.backend, set()
+        for chain, cut in cuts.items():
+            version = 0
+            for row in self.chain(chain, cut):
+                blobs = self.blobs.get(chain[0], {}) if chain[0] not in given else {}
+                given.add(chain[0])
+                version = backend.write(row, blobs, version).version
+
+
+def kill_self(point: Point) -> None:
+    """Process mode: die here, as a ``kill -9`` would kill the process."""
+    os.kill(os.getpid(), signal.SIGKILL)

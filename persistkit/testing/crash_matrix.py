@@ -1,0 +1,656 @@
+"""Prove that your own agent survives a crash at every step: ``crash_matrix(agent)``.
+
+The durability equivalent of a property test. The matrix runs ``agent`` (a callable taking
+no argument, or the store as its one argument) once, uncrashed, on a fresh store, then,
+for every step position k and each crash point of that step — ``before`` its body,
+``inside`` it (the body ran, its result never reached the engine) and ``after`` it returned
+but before its checkpoint landed — it resumes the agent from what a process dying there
+leaves in the store, and compares the resumed outcome with the uncrashed one: the return
+value, each thread's final state, the recorded step sequence and how often each step body
+ran (every committed step once; the step in flight at the crash at most twice).
+
+Two modes:
+
+* ``mode="inline"`` (default, fast): the crash points are passed during one watched run;
+  at each, the store a death there leaves is the run's chains cut after their last landed
+  checkpoint (nothing after the crash point is written). The three points of one step leave
+  the same store, so they share one resume (their counts differ: a crash inside or after
+  the body ran it once already). A point's "crash" is thus exact on the store's side;
+  what the dead process held in memory is the one thing inline cannot take away (globals
+  keep their values), which is what ``mode="process"`` is for.
+* ``mode="process"``: for each point a child process runs the agent on a fresh store and
+  is killed there by a real ``SIGKILL``; this process resumes it. Needs a store that
+  crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
+
+Nondeterminism between steps is found by running the agent uncrashed twice and comparing
+the step names and argument digests recorded at each position; the findings name the
+likely cause (see ``_crash_report``). ``positions=`` samples crash points (an int: that
+many, drawn with ``seed``, which is printed so the sample can be repeated; or the step
+indexes to crash at). Use the ``crash_matrix`` pytest fixture (the ``persistkit_pytest``
+plugin) or call :func:`crash_matrix` from any runner; docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import random
+import re
+import shutil
+import signal
+import tempfile
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ConfigurationError, NonDeterminismError, SerializationError
+from ..engine import _context
+from ..engine import _store as _stores
+from ..engine._store import Store, connect
+from ._crash_report import (
+    EXACTLY_ONCE,
+    SAME_OUTCOME,
+    Finding,
+    Outcome,
+    describe_diff,
+    differs_by_clock,
+    first_difference,
+    short,
+)
+from ._crash_watch import (
+    WHENS,
+    Key,
+    Point,
+    RecordingStore,
+    Snapshot,
+    StepCall,
+    Watch,
+    kill_self,
+)
+
+__all__ = ["CrashMatrixResult", "crash_matrix"]
+
+MODES = ("inline", "process")
+
+
+@dataclass
+class CrashMatrixResult:
+    """What :func:`crash_matrix` found. ``findings`` is empty when the agent kept the
+    replay contract at every crash point tried; ``points`` names those points."""
+
+    mode: str
+    seed: int | None
+    total: int  # crash points the agent has
+    points: list[str]
+    findings: list[Finding]
+    reference: Outcome = field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def assert_exactly_once(self) -> None:
+        """Fail unless every committed step body ran exactly once (the one in flight at a
+        crash at most twice) and no step ran where no run records it."""
+        self._assert(EXACTLY_ONCE, "a step ran more often than the replay contract allows")
+
+    def assert_same_outcome(self) -> None:
+        """Fail unless every resumed run ended with the uncrashed run's return value, final
+        state and recorded step sequence."""
+        self._assert(SAME_OUTCOME, "a resumed run ended differently from the uncrashed run")
+
+    def _assert(self, kinds: Sequence[str], what: str) -> None:
+        found = [f for f in self.findings if f.kind in kinds]
+        if found:
+            raise AssertionError(f"crash matrix ({self.mode}): {what}\n" + self._lines(found))
+
+    def _lines(self, findings: Iterable[Finding]) -> str:
+        out = [f"  - {f}" for f in findings]
+        out.append(
+            f"  ({len(self.points)} of {self.total} crash points tried"
+            + (f", seed={self.seed})" if self.seed is not None else ")")
+        )
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"crash matrix ({self.mode}): {len(self.points)} crash points, no finding"
+        return f"crash matrix ({self.mode}): {len(self.findings)} finding(s)\n" + self._lines(
+            self.findings
+        )
+
+
+def crash_matrix(
+    agent: Callable[..., Any],
+    *,
+    url: str | None = None,
+    mode: str = "inline",
+    positions: int | Iterable[int] | None = None,
+    crash: Iterable[str] = WHENS,
+    seed: int | None = None,
+    directory: str | None = None,
+    echo: Callable[[str], None] | None = print,
+) -> CrashMatrixResult:
+    """Crash ``agent`` at every step (see the module docstring) and report what differs.
+
+    ``url``: ``"memory://"`` (inline's default), ``"sqlite"`` (a fresh file per store in
+    ``directory``, default a temporary one; process mode's default) or a server URL (its
+    threads the agent uses are deleted before each store is used, and at the end).
+    ``crash``: which points of each step (``"before"``, ``"inside"``, ``"after"``).
+    """
+    if mode not in MODES:
+        raise ConfigurationError(f"crash_matrix(mode={mode!r}): expected 'inline' or 'process'")
+    whens = tuple(crash)
+    if not whens or any(w not in WHENS for w in whens):
+        raise ConfigurationError(f"crash_matrix(crash={whens!r}): pick from {WHENS}")
+    if not callable(agent):
+        raise ConfigurationError(f"crash_matrix needs the agent as a callable, got {agent!r}")
+    url = url or ("memory://" if mode == "inline" else "sqlite")
+    if mode == "process":
+        if url.startswith("memory:"):
+            raise ConfigurationError(
+                "crash_matrix(mode='process') needs a store that crosses processes: url='sqlite' or a server URL"
+            )
+        if not hasattr(os, "fork"):
+            raise ConfigurationError(
+                "crash_matrix(mode='process') needs os.fork (Linux or macOS); use mode='inline'"
+            )
+    takes_store = _takes_store(agent)
+    pool = _Stores(url, directory)
+    try:
+        return _Matrix(agent, takes_store, pool, mode, whens, positions, seed, echo).run()
+    finally:
+        pool.close()
+
+
+def _takes_store(agent: Callable[..., Any]) -> bool:
+    try:
+        params = [
+            p
+            for p in inspect.signature(agent).parameters.values()
+            if p.default is inspect.Parameter.empty
+        ]
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(params) > 1 or (params and params[0].kind not in positional):
+        raise ConfigurationError(
+            f"crash_matrix: the agent must take no argument or the store as its one argument, got {inspect.signature(agent)}"
+        )
+    return bool(params)
+
+
+class _Stores:
+    """Fresh stores of one kind: memory, SQLite files, or a server URL whose threads are reset."""
+
+    def __init__(self, url: str, directory: str | None) -> None:
+        self.url = url
+        self.shared = not (url.startswith("memory:") or url == "sqlite")
+        self.own_dir = directory is None and url == "sqlite"
+        self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-") if self.own_dir else directory
+        self.n = 0
+        self.threads: set[str] = set()
+        self.open: list[Store] = []
+
+    def fresh_url(self) -> str:
+        if self.url == "sqlite":
+            self.n += 1
+            return f"sqlite:///{os.path.join(self.dir or '.', f'matrix-{os.getpid()}-{self.n}.db')}"
+        if self.shared:
+            self.reset()
+        return self.url
+
+    def fresh(self) -> Store:
+        store = connect(self.fresh_url())
+        self.open.append(store)
+        return store
+
+    def reset(self) -> None:
+        if self.threads:
+            with connect(self.url) as store:
+                for t in sorted(self.threads):
+                    store.delete_thread(t)
+
+    def close(self) -> None:
+        for store in self.open:
+            store.close()
+        if self.shared:
+            self.reset()
+        if self.own_dir and self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def call_agent(agent: Callable[..., Any], takes_store: bool, store: Store, watch: Watch) -> Outcome:
+    """One agent call on ``store`` under ``watch``; a planned :class:`Crash` propagates."""
+    rec = RecordingStore(store)
+    rec.watch = watch
+    before = _context.MATRIX, _stores._default
+    _context.MATRIX, _stores._default = watch, rec
+    out = Outcome()
+    try:
+        value = agent(rec) if takes_store else agent()
+        if inspect.iscoroutine(value):
+            value = asyncio.run(value)
+        out.value = value
+    except Exception as exc:
+        out.error = exc
+    finally:
+        _context.MATRIX, _stores._default = before
+    _read(store, watch, out)
+    return out
+
+
+def _read(store: Store, watch: Watch, out: Outcome) -> None:
+    for chain in watch.runs:
+        thread, ns = chain
+        mem = watch.end_states.get(chain)
+        typed = type(mem) if hasattr(mem, "model_dump") else None
+        try:
+            state = (
+                store.get_state(thread, namespace=ns, state=typed)
+                if typed
+                else store.get_state(thread, namespace=ns)
+            )
+            out.states[chain] = state.model_dump(mode="json") if typed else state
+        except Exception as exc:  # the finding says what
+            out.states[chain] = f"<the state does not load: {type(exc).__name__}: {exc}>"
+        steps = [cp for cp in store.history(thread, namespace=ns) if cp.kind == "step"]
+        out.sequences[chain] = [
+            (str(cp.position), str(cp.step)) for cp in sorted(steps, key=lambda c: c.checkpoint_id)
+        ]
+    out.counts, out.plain = dict(watch.counts), dict(watch.plain_counts)
+    out.results = {c.key: c.result for c in watch.calls if c.returned}
+    out.digests = {c.key: c.digest for c in watch.calls}
+
+
+class _Matrix:
+    def __init__(
+        self,
+        agent: Callable[..., Any],
+        takes_store: bool,
+        pool: _Stores,
+        mode: str,
+        whens: tuple[str, ...],
+        positions: int | Iterable[int] | None,
+        seed: int | None,
+        echo: Callable[[str], None] | None,
+    ) -> None:
+        self.agent, self.takes_store, self.pool, self.mode = agent, takes_store, pool, mode
+        self.whens, self.positions, self.seed, self.echo = whens, positions, seed, echo
+        self.found: dict[tuple[str, str], list[str]] = {}
+        self.texts: dict[tuple[str, str], str] = {}
+        self.names: dict[Key, str] = {}
+        self.shaky: dict[
+            Key, str
+        ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
+
+    def note(
+        self, kind: str, message: str, point: str | None = None, group: str | None = None
+    ) -> None:
+        """Record a finding; findings of one ``group`` (default: the message) are one, at many points."""
+        key = (kind, group or message)
+        self.texts.setdefault(key, message)
+        seen = self.found.setdefault(key, [])
+        if point is not None and point not in seen:
+            seen.append(point)
+
+    def run(self) -> CrashMatrixResult:
+        points: list[Point] = []
+        store_a = self.pool.fresh()
+        watch_a = Watch(points.append)
+        ref = call_agent(self.agent, self.takes_store, store_a, watch_a)
+        self.pool.threads |= {t for t, _ in watch_a.runs}
+        self.names = {c.key: c.step for c in watch_a.calls}
+        chosen = [p for p in points if p.when in self.whens]
+        total = len(chosen)
+        if ref.error is not None:
+            self._reference_failed(ref.error)
+            return self._result(ref, total, [])
+        self._unstorable(store_a, watch_a)
+        chosen = self._sample(chosen)
+        snapshot = Snapshot(store_a, set(watch_a.runs)) if self.mode == "inline" else None
+        watch_b = Watch()
+        second = call_agent(self.agent, self.takes_store, self.pool.fresh(), watch_b)
+        self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
+        if self.mode == "inline":
+            assert snapshot is not None
+            self._inline(chosen, snapshot, ref, second)
+        else:
+            for p in chosen:
+                self._process(p, ref)
+        return self._result(ref, total, [p.label() for p in chosen])
+
+    def _result(self, ref: Outcome, total: int, tried: list[str]) -> CrashMatrixResult:
+        findings = [Finding(key[0], self.texts[key], tuple(pts)) for key, pts in self.found.items()]
+        sampled = (
+            self.seed if self.positions is not None and not _explicit(self.positions) else None
+        )
+        return CrashMatrixResult(self.mode, sampled, total, tried, findings, ref)
+
+    def _sample(self, chosen: list[Point]) -> list[Point]:
+        if self.positions is None:
+            return chosen
+        if _explicit(self.positions):
+            wanted = set(self.positions)  # type: ignore[arg-type]
+            return [p for p in chosen if p.index in wanted]
+        count = self.positions
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ConfigurationError(
+                f"crash_matrix(positions={count!r}): a positive int, or the step indexes to crash at"
+            )
+        if self.seed is None:
+            self.seed = random.SystemRandom().randrange(2**32)
+        picked = sorted(
+            random.Random(self.seed).sample(range(len(chosen)), min(count, len(chosen)))
+        )
+        if self.echo is not None:
+            self.echo(
+                f"crash_matrix: {len(picked)} of {len(chosen)} crash points sampled with seed={self.seed} "
+                f"(pass seed={self.seed} to try the same ones)"
+            )
+        return [chosen[i] for i in picked]
+
+    # -- the uncrashed runs -----------------------------------------------------------------
+
+    def _reference_failed(self, error: BaseException) -> None:
+        text = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, SerializationError):
+            m = re.search(r"state\.([\w.\[\]]+): cannot serialize an object of type ([\w.]+)", text)
+            if m:
+                self.note(
+                    "unstorable",
+                    f"state field `{m.group(1)}` cannot be stored (it holds a {m.group(2)}), so the uncrashed run failed "
+                    "before any crash point: keep functions, locks, clients and other live objects out of run.state; "
+                    "store the data they stand for",
+                )
+                return
+        self.note(
+            "reference-failed",
+            f"the uncrashed run raised {type(error).__name__}: {short(text, 400)} (no crash point was tried)",
+        )
+
+    def _unstorable(self, store: Store, watch: Watch) -> None:
+        """A state field the run held in memory that the store does not give back as it was."""
+        for chain, mem in watch.end_states.items():
+            try:
+                if hasattr(mem, "model_dump"):
+                    stored = store.get_state(chain[0], namespace=chain[1], state=type(mem))
+                else:
+                    stored = store.get_state(chain[0], namespace=chain[1])
+            except Exception as exc:  # the finding says what
+                self.note(
+                    "unstorable",
+                    f"the state of thread {chain[0]!r} does not load back: {type(exc).__name__}: {exc}",
+                )
+                continue
+            found = first_difference(_fields(mem), _fields(stored))
+            if found is not None:
+                path, a, b = found
+                self.note(
+                    "unstorable",
+                    f"state field `{path}` does not come back from the store as the run held it: in memory {short(a)}, "
+                    f"read back {short(b)}; a resumed run sees the stored value. Store plain data (JSON-like values, "
+                    "pydantic models, dataclasses), not live objects",
+                )
+
+    def _compare_uncrashed(self, a: list[StepCall], b: list[StepCall], second: Outcome) -> None:
+        if second.error is not None:
+            self.note(
+                "nondeterminism",
+                f"a second uncrashed run raised {type(second.error).__name__}: {short(str(second.error), 300)}",
+            )
+        for x, y in zip(a, b, strict=False):
+            if x.key != y.key or x.step != y.step:
+                self.note(
+                    "nondeterminism",
+                    f"two uncrashed runs called different steps: `{x.step}` at position {x.key[2]} in one, `{y.step}` at "
+                    f"{y.key[2]} in the other: the code between steps chose another path (it reads the clock, a random "
+                    "choice or a global; keep such reads in steps)",
+                )
+                return
+            if x.digest != y.digest:
+                where = first_difference((x.args, x.kwargs), (y.args, y.kwargs))
+                detail = (
+                    f" ({short(where[1])} in one, {short(where[2])} in the other)" if where else ""
+                )
+                if differs_by_clock((x.args, x.kwargs), (y.args, y.kwargs)):
+                    cause = "code between steps read the clock: read it inside a step, whose result is recorded"
+                else:
+                    cause = (
+                        "they depend on something that is not in the state and not deterministic (a random "
+                        "choice, a uuid, a set's order, a global the runs changed): make it a step, or keep it in run.state"
+                    )
+                self.shaky[x.key] = cause
+                self.note(
+                    "nondeterminism",
+                    f"the arguments of step `{x.step}` at position {x.key[2]} differ between two uncrashed runs{detail}: {cause}",
+                )
+        if len(a) != len(b):
+            self.note(
+                "nondeterminism",
+                f"two uncrashed runs ran {len(a)} and {len(b)} step bodies: the code between steps is not deterministic",
+            )
+
+    # -- crashes ----------------------------------------------------------------------------
+
+    def _inline(
+        self, chosen: list[Point], snapshot: Snapshot, ref: Outcome, second: Outcome
+    ) -> None:
+        groups: dict[frozenset[tuple[tuple[str, str], str]], list[Point]] = {}
+        for p in chosen:
+            groups.setdefault(frozenset(p.cuts.items()), []).append(p)
+        for cuts, group in groups.items():
+            if not cuts:
+                resumed = second  # nothing had landed: the resume is a run on an empty store, which the second run was
+            else:
+                store = self.pool.fresh()
+                snapshot.materialize(store, dict(cuts))
+                resumed = call_agent(self.agent, self.takes_store, store, Watch())
+                store.close()
+                self.pool.open.remove(store)
+            for p in group:
+                self._judge(p, ref, resumed)
+
+    def _process(self, p: Point, ref: Outcome) -> None:
+        url = self.pool.fresh_url()
+        events = os.path.join(
+            self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}.log"
+        )
+        fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        pid = os.fork()
+        if pid == 0:  # the child: run the agent and die at the point
+            code = 3
+            try:
+
+                def die(q: Point) -> None:
+                    if (q.index, q.when) == (p.index, p.when):
+                        kill_self(q)
+
+                out = call_agent(self.agent, self.takes_store, connect(url), Watch(die, fd))
+                code = 4 if out.error is not None else 3
+            except BaseException:  # the parent reports the exit code
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        counts, plain = _read_events(events)
+        os.unlink(events)
+        if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+            how = "ended" if os.WIFEXITED(status) else f"died by signal {os.WTERMSIG(status)}"
+            self.note(
+                "resume-failed",
+                f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
+                p.label(),
+            )
+            return
+        store = connect(url)
+        committed = set()
+        for chain in ref.states:
+            for cp in store.history(chain[0], namespace=chain[1]):
+                if cp.kind == "step":
+                    committed.add((*chain, str(cp.position)))
+        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed))
+        resumed = call_agent(self.agent, self.takes_store, store, Watch())
+        store.close()
+        self._judge(at, ref, resumed)
+
+    # -- judging one resume -------------------------------------------------------------------
+
+    def _judge(self, p: Point, ref: Outcome, got: Outcome) -> None:
+        label = p.label()
+        self._counts(p, ref, got, label)
+        if got.error is not None:
+            self._resume_error(got.error, label)
+            return
+        for key, digest in got.digests.items():
+            if key in ref.digests and digest != ref.digests[key]:
+                self._arguments(self.names.get(key, "?"), key[2], label)
+        cause = self._cause(ref, got)
+        if not _same(ref.value, got.value):
+            what, why = (
+                describe_diff("the return value", ref.value, got.value),
+                cause(ref.value, got.value),
+            )
+            self.note("value", f"{what}: {why}", label, group=f"value {why}")
+        for chain in sorted(set(ref.states) | set(got.states)):
+            a, b = ref.states.get(chain), got.states.get(chain)
+            if not _same(a, b):
+                what, why = describe_diff(f"thread {chain[0]!r}: state", a, b), cause(a, b)
+                where = first_difference(a, b)
+                self.note(
+                    "state",
+                    f"{what}: {why}",
+                    label,
+                    group=f"{chain} {where[0] if where else ''} {why}",
+                )
+            sa, sb = ref.sequences.get(chain, []), got.sequences.get(chain, [])
+            if sa != sb:
+                i = next(
+                    (i for i, (x, y) in enumerate(zip(sa, sb, strict=False)) if x != y),
+                    min(len(sa), len(sb)),
+                )
+                one = sa[i] if i < len(sa) else ("-", "nothing")
+                two = sb[i] if i < len(sb) else ("-", "nothing")
+                self.note(
+                    "sequence",
+                    f"thread {chain[0]!r}: the recorded steps differ from checkpoint {i} on: uncrashed `{one[1]}` at {one[0]}, "
+                    f"after the crash `{two[1]}` at {two[0]} ({len(sa)} and {len(sb)} step checkpoints)",
+                    label,
+                )
+
+    def _counts(self, p: Point, ref: Outcome, got: Outcome, label: str) -> None:
+        for key in sorted(set(ref.counts) | set(got.counts) | set(p.counts)):
+            total = p.counts.get(key, 0) + got.counts.get(key, 0)
+            in_flight = p.counts.get(key, 0) > 0 and key not in p.committed
+            allowed = ref.counts.get(key, 0) + (1 if in_flight else 0)
+            if total > allowed:
+                name = self.names.get(key, "?")
+                if key in p.committed:
+                    msg = f"step `{name}` at position {key[2]} ran again after its checkpoint had committed ({total} times in all)"
+                else:
+                    msg = f"step `{name}` at position {key[2]} ran {total} times, {allowed} allowed"
+                self.note("ran-twice", msg, label)
+        for name in sorted(set(ref.plain) | set(got.plain) | set(p.plain)):
+            total, once = p.plain.get(name, 0) + got.plain.get(name, 0), ref.plain.get(name, 0)
+            if total > once:
+                self.note(
+                    "ran-twice",
+                    f"step `{name}` ran {_times(total)} ({_times(once)} in the uncrashed run): its side effect happened "
+                    "outside a step — it was called where no pk.resume run was current (in another thread the context "
+                    "did not follow, or outside the block), so nothing records it and every resume runs it again. "
+                    "Call it inside the block, in the block's thread (contextvars.copy_context().run for a pool)",
+                    label,
+                )
+
+    def _resume_error(self, error: BaseException, label: str) -> None:
+        if isinstance(error, NonDeterminismError) and "different arguments" in str(error):
+            self._arguments(str(error.step), str(error.position), label)
+            return
+        if isinstance(error, NonDeterminismError):
+            self.note(
+                "sequence",
+                f"on replay another step was called at position {error.position} than the run recorded "
+                f"(`{error.step}`): the code between steps chose another path, it depends on something that is not in the state",
+                label,
+            )
+            return
+        first = str(error).splitlines()[0] if str(error) else ""
+        self.note(
+            "resume-failed",
+            f"the resumed run raised {type(error).__name__}: {short(first, 300)}",
+            label,
+        )
+
+    def _arguments(self, step: str, position: str, label: str) -> None:
+        key = next((k for k, n in self.names.items() if k[2] == position and n == step), None)
+        cause = (self.shaky.get(key) if key else None) or (
+            "they depend on something that is not in the state (a global, a cache, or a variable a step's body "
+            "sets: a replayed step does not run its body). Build them from run.state or from step results"
+        )
+        self.note(
+            "arguments",
+            f"the arguments of step `{step}` at position {position} differ on replay: {cause}",
+            label,
+        )
+
+    def _cause(self, ref: Outcome, got: Outcome) -> Callable[[Any, Any], str]:
+        moved = [k for k, d in got.digests.items() if k in ref.digests and d != ref.digests[k]]
+        rerun = [
+            k for k in got.results if k in ref.results and not _same(ref.results[k], got.results[k])
+        ]
+
+        def cause(a: Any, b: Any) -> str:
+            if moved:
+                k = moved[0]
+                return (
+                    f"it follows from the arguments of step `{self.names.get(k, '?')}` at position {k[2]}, "
+                    "which differ on replay (see that finding)"
+                )
+            if rerun:
+                k = rerun[0]
+                return (
+                    f"step `{self.names.get(k, '?')}` at position {k[2]} returned {short(got.results[k], 60)} when it ran "
+                    f"again after the crash, {short(ref.results[k], 60)} in the uncrashed run: the step is not "
+                    "deterministic (a clock, a random choice or a real model inside it); give the matrix a fake model"
+                )
+            if differs_by_clock(a, b):
+                return "code between steps read the clock: every resume reads it again; read it inside a step, whose result is recorded"
+            return (
+                "code between steps is not deterministic or reads something that is not in the state (a global, "
+                "a cache, a random choice, a set's order): make it a step, or keep what it needs in run.state"
+            )
+
+        return cause
+
+
+def _explicit(positions: int | Iterable[int] | None) -> bool:
+    return positions is not None and not isinstance(positions, int)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return first_difference(a, b) is None
+
+
+def _times(n: int) -> str:
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _fields(state: Any) -> Any:
+    return state.model_dump() if hasattr(state, "model_dump") else state
+
+
+def _read_events(path: str) -> tuple[dict[Key, int], dict[str, int]]:
+    counts: Counter[Key] = Counter()
+    plain: Counter[str] = Counter()
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if parts[0] == "run" and len(parts) == 5:
+                counts[(parts[1], parts[2], parts[3])] += 1
+            elif parts[0] == "plain" and len(parts) == 2:
+                plain[parts[1]] += 1
+    return dict(counts), dict(plain)

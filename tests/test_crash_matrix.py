@@ -1,0 +1,262 @@
+"""The crash matrix (persistkit.testing.crash_matrix) on agents planted with each defect it
+must name, and on agents without one, in both modes; the pytest plugin as users see it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import crash_matrix_agents as agents
+import pytest
+from conftest import uid
+
+import persistkit as pk
+from persistkit.testing import CrashMatrixResult, crash_matrix
+
+pytest_plugins = ["pytester"]
+
+MODES = ["inline", "process"]
+
+
+def run(agent: Callable[[str], Any], mode: str, tmp_path: Any, **options: Any) -> CrashMatrixResult:
+    agents.reset()
+    thread = uid("cm")
+    return crash_matrix(lambda: agent(thread), mode=mode, directory=str(tmp_path), **options)
+
+
+def kinds(result: CrashMatrixResult) -> set[str]:
+    return {f.kind for f in result.findings}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_without_a_defect_passes_at_every_crash_point(mode: str, tmp_path: Any) -> None:
+    result = run(agents.good, mode, tmp_path)
+    assert result.ok, str(result)
+    # plan + 4 searches + summarize + send_email, each crashed before, inside and after its body
+    assert result.total == 7 * 3 and len(result.points) == 21
+    result.assert_exactly_once()
+    result.assert_same_outcome()
+    assert result.reference.value.startswith("result for refunds part 0")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_clock_read_between_steps_is_named(mode: str, tmp_path: Any) -> None:
+    result = run(agents.clock_between_steps, mode, tmp_path)
+    assert kinds(result) == {"state"}, str(result)
+    (finding,) = result.findings
+    assert "state.checked_at differs" in finding.message
+    assert "code between steps read the clock" in finding.message
+    result.assert_exactly_once()  # the clock changes the outcome, not how often a step ran
+    with pytest.raises(AssertionError, match="code between steps read the clock"):
+        result.assert_same_outcome()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_side_effect_outside_a_step_is_named(mode: str, tmp_path: Any) -> None:
+    result = run(agents.side_effect_outside_a_step, mode, tmp_path)
+    assert kinds(result) == {"ran-twice"}, str(result)
+    (finding,) = result.findings
+    assert finding.message.startswith(
+        "step `send_email` ran twice (once in the uncrashed run): its side effect happened outside a step"
+    )
+    # only a crash after the thread's call repeats it: at the steps that come later
+    assert finding.points and all("summarize" in p for p in finding.points)
+    with pytest.raises(AssertionError, match="send_email` ran twice"):
+        result.assert_exactly_once()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_arguments_from_an_unstored_global_are_named(mode: str, tmp_path: Any) -> None:
+    result = run(agents.arguments_from_a_global, mode, tmp_path)
+    assert "arguments" in kinds(result), str(result)
+    first = result.findings[0]
+    assert first.message.startswith("the arguments of step `summarize` at position 4")
+    assert (
+        "at position 4 differ on replay: they depend on something that is not in the state"
+        in first.message
+    )
+    # the outcome differences say where they come from
+    assert all(
+        "follows from the arguments of step" in f.message
+        for f in result.findings
+        if f.kind in ("state", "value")
+    )
+    with pytest.raises(AssertionError, match="differ on replay"):
+        result.assert_same_outcome()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_unstorable_state_field_is_named(mode: str, tmp_path: Any) -> None:
+    result = run(agents.unstorable_field, mode, tmp_path)
+    assert kinds(result) == {"unstorable"}, str(result)
+    assert (
+        "state field `client` cannot be stored (it holds a crash_matrix_agents.Client)"
+        in result.findings[0].message
+    )
+    for check in (result.assert_exactly_once, result.assert_same_outcome):
+        with pytest.raises(AssertionError, match="state field `client` cannot be stored"):
+            check()
+
+
+def test_arguments_that_differ_between_two_uncrashed_runs_name_the_clock(tmp_path: Any) -> None:
+    @pk.checkpointed
+    def remind(at: str) -> str:
+        return f"reminder at {at}"
+
+    def agent() -> str:
+        import datetime as dt
+
+        with pk.resume(thread):
+            return remind(
+                dt.datetime.now().isoformat()
+            )  # the clock, read between steps, into arguments
+
+    thread = uid("cm")
+    result = crash_matrix(agent)
+    assert {"nondeterminism", "arguments"} <= kinds(result), str(result)
+    text = str(result)
+    assert "the arguments of step" in text and "differ between two uncrashed runs" in text
+    assert "code between steps read the clock" in text
+
+
+def test_a_step_that_is_not_deterministic_is_named(tmp_path: Any) -> None:
+    calls = iter(range(10**6))
+
+    @pk.checkpointed
+    def draft(topic: str) -> str:
+        return f"{topic} #{next(calls)}"  # a model that answers differently each time
+
+    def agent() -> str:
+        with pk.resume(thread) as run:
+            run.state["draft"] = draft("refund")
+            return str(run.state["draft"])
+
+    thread = uid("cm")
+    result = crash_matrix(agent)
+    assert "returned" in str(result) and "the step is not deterministic" in str(result)
+
+
+def test_the_agent_may_take_the_store(tmp_path: Any) -> None:
+    thread = uid("cm")
+    seen: list[pk.Store] = []
+
+    def agent(store: pk.Store) -> str:
+        seen.append(store)
+        with pk.resume(thread, store=store) as run:
+            run.state["n"] = agents.search("q")
+            return str(run.state["n"])
+
+    result = crash_matrix(agent, url="sqlite", directory=str(tmp_path))
+    assert result.ok, str(result)
+    assert len({id(s) for s in seen}) == len(seen) >= 2  # a fresh store for every run
+
+
+def test_async_agents_run(tmp_path: Any) -> None:
+    @pk.checkpointed
+    async def fetch(q: str) -> str:
+        return q.upper()
+
+    async def agent() -> str:
+        async with pk.resume(thread) as run:
+            run.state["a"] = await fetch("a")
+            run.state["b"] = await fetch("b")
+            return str(run.state["a"] + run.state["b"])
+
+    thread = uid("cm")
+    result = crash_matrix(agent)
+    assert result.ok and len(result.points) == 6, str(result)
+
+
+def test_positions_sample_with_a_printed_seed_and_repeat(tmp_path: Any) -> None:
+    printed: list[str] = []
+    first = run(agents.good, "inline", tmp_path, positions=5, echo=printed.append)
+    assert len(first.points) == 5 and first.seed is not None
+    assert f"seed={first.seed}" in printed[0] and "5 of 21 crash points" in printed[0]
+    again = run(agents.good, "inline", tmp_path, positions=5, seed=first.seed, echo=None)
+    assert again.points == first.points
+    chosen = run(agents.good, "inline", tmp_path, positions=[0, 6], crash=["after"])
+    assert [p.split(" `")[0] for p in chosen.points] == [
+        "crash after step #0",
+        "crash after step #6",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"mode": "threads"}, "expected 'inline' or 'process'"),
+        ({"crash": ["during"]}, "pick from"),
+        ({"mode": "process", "url": "memory://"}, "crosses processes"),
+        ({"positions": 0}, "a positive int"),
+    ],
+)
+def test_bad_options_say_what_is_wrong(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(pk.ConfigurationError, match=match):
+        crash_matrix(lambda: agents.good(uid("cm")), **options)
+
+
+def test_an_agent_with_two_parameters_is_refused() -> None:
+    with pytest.raises(pk.ConfigurationError, match="no argument or the store"):
+        crash_matrix(lambda a, b: None)
+
+
+def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_agent="""
+        import persistkit as pk
+        import threading
+
+        @pk.checkpointed
+        def search(q):
+            return q.upper()
+
+        @pk.checkpointed
+        def notify(text):
+            return text
+
+        def test_good(crash_matrix):
+            def agent():
+                with pk.resume("good") as run:
+                    run.state["a"] = search("a")
+                    run.state["b"] = search("b")
+                    return run.state["a"] + run.state["b"]
+            result = crash_matrix(agent)
+            result.assert_exactly_once()
+            result.assert_same_outcome()
+
+        def test_bad(crash_matrix):
+            def agent():
+                with pk.resume("bad") as run:
+                    run.state["a"] = search("a")
+                    t = threading.Thread(target=notify, args=("hi",))
+                    t.start(); t.join()
+                    run.state["b"] = search("b")
+            crash_matrix(agent, mode="process").assert_exactly_once()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "persistkit_pytest", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*step `notify` ran twice (once in the uncrashed run): its side effect happened outside a step*"
+        ]
+    )
+
+
+def test_imports_stay_light() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, persistkit; print('_pytest' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "False", "import persistkit imported pytest"
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, persistkit_pytest; print('persistkit' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "False", "the pytest plugin imported persistkit at startup"

@@ -161,7 +161,8 @@ class PersistkitDurability(BaseDurabilityCapability[AgentDepsT]):
         durable_unit_plural="steps",
         durable_container_noun="run",
         codec=JSON_CODEC,  # results are stored as JSON: redacted, encrypted and migrated like state
-        unsupported_runtime_toolset_kinds=frozenset({"mcp", "dynamic"}),
+        # a toolset given to run()/override() inside a run would run its tools unrecorded: refused
+        unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
         wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
         toolset_lifecycles={
             "function": "enter-always",

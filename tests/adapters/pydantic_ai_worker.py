@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 

@@ -227,13 +227,14 @@ async def test_run_stream_in_a_run_replays(store: Any) -> None:
     calls = Calls()
     agent = tool_agent(calls, "stream")
     thread = uid("stream")
-    async with pk.resume(thread, store=store) as run:
-        async with agent.run_stream("weather?") as result:
-            text = await result.get_output()
+    async with pk.resume(thread, store=store) as run, agent.run_stream("weather?") as result:
+        text = await result.get_output()
     assert text == "Mexico City | sunny in Mexico City"
-    async with pk.resume(thread, store=store, run_id=run.run_id):
-        async with agent.run_stream("weather?") as result:
-            assert await result.get_output() == text
+    async with (
+        pk.resume(thread, store=store, run_id=run.run_id),
+        agent.run_stream("weather?") as result,
+    ):
+        assert await result.get_output() == text
     assert calls == {"model": 2, "get_country": 1, "get_weather": 1}
     assert "stream__model.request_stream" in steps(store, thread)
 

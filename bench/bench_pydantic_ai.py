@@ -72,7 +72,11 @@ def main() -> None:
     else:
         pk_url, dbos_url = f"{PG}?schema=pkbench_pyd_{TAG}", PG
         where = f"PostgreSQL {PG}"
-    config: dict[str, Any] = {"name": f"pkbench-pyd-{TAG}", "system_database_url": dbos_url, "run_admin_server": False}
+    config: dict[str, Any] = {
+        "name": f"pkbench-pyd-{TAG}",
+        "system_database_url": dbos_url,
+        "run_admin_server": False,
+    }
     if not use_sqlite:
         config["dbos_system_schema"] = f"dbos_pyd_{TAG}"
     DBOS(config=config)  # type: ignore[arg-type]
@@ -125,8 +129,10 @@ def main() -> None:
         extra = f"{per_step[k]:>22.0f}" if k in per_step else f"{'(baseline)':>22}"
         print(f"{k:<12}{med[k] * 1e3:>10.1f}{steps[k]:>8}{extra}")
     print(f"persistkit / DBOS per step: {per_step['persistkit'] / per_step['DBOS']:.2f}")
-    print(f"persistkit / DBOS per turn: {(med['persistkit'] - med['plain']) / (med['DBOS'] - med['plain']):.2f}"
-          " (persistkit also records every tool call)")
+    print(
+        f"persistkit / DBOS per turn: {(med['persistkit'] - med['plain']) / (med['DBOS'] - med['plain']):.2f}"
+        " (persistkit also records every tool call)"
+    )
 
 
 if __name__ == "__main__":

@@ -176,7 +176,9 @@ GRAPH = graph(ROOT)
 
 def test_the_walk_sees_every_module() -> None:
     assert {"persistkit", "persistkit._errors", "persistkit.backends.sqlite", "persistkit.wrappers"} <= set(GRAPH)
-    assert {"persistkit_langgraph", "persistkit_crewai", "persistkit_openai_agents"} <= set(GRAPH)
+    assert {
+        "persistkit_langgraph", "persistkit_crewai", "persistkit_openai_agents", "persistkit_pydantic_ai"
+    } <= set(GRAPH)
     assert any(e.target == "persistkit.engine._store" for e in GRAPH["persistkit.engine._api"])
 
 
@@ -340,6 +342,7 @@ def test_an_upward_import_is_named_with_its_line(tmp_path: Path) -> None:
         ("persistkit_crewai", ("persistkit", "persistkit_crewai.*")),
         # The pytest plugin: the crash matrix, imported only when a test asks for its fixture.
         ("persistkit_pytest", ("persistkit.testing.crash_matrix",)),
+        ("persistkit_pydantic_ai", ("persistkit", "persistkit_pydantic_ai.*")),
     ],
 )
 def test_layers_import_only_downwards(layer: str, allowed: tuple[str, ...]) -> None:

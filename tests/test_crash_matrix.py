@@ -236,7 +236,8 @@ def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:
             crash_matrix(agent, mode="process").assert_exactly_once()
         """
     )
-    result = pytester.runpytest_subprocess("-p", "persistkit_pytest", "-p", "no:cacheprovider")
+    # the fixture comes from the pytest11 entry point of the installed package, as for users
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [

@@ -410,3 +410,45 @@ def test_history_names_a_recorded_error(local_store: pk.Store) -> None:
     step, end = sorted(local_store.history(tid), key=lambda c: c.kind == "end")
     assert step.status == "failed" and step.error == "KeyError: 'no such tool'"
     assert end.run_status == "failed" and end.error == "KeyError: 'no such tool'"
+
+
+class _Died(BaseException):
+    """A process death stand-in: nothing after it runs."""
+
+
+@pytest.mark.parametrize("shape", ["setdefault", "assigned", "typed"])
+def test_appending_a_steps_result_to_state_survives_its_replay(local_store: pk.Store, shape: str) -> None:
+    """``run.state["notes"].append(step(i))`` reads the list before the step runs; a replayed
+    step restores the state, and the append must land in the restored list (it used to go
+    to a list the restore had replaced, when the code had put a plain list there)."""
+    crash = [True]
+
+    @pk.checkpointed(name="engine.append_result")
+    def step(i: int) -> str:
+        if i == 2 and crash[0]:
+            crash[0] = False
+            raise _Died()
+        return f"r{i}"
+
+    class Notes(pk.State, name="tests.engine.Notes"):
+        notes: list[str] = []
+
+    def agent(tid: str) -> list[str]:
+        with pk.resume(tid, store=local_store, state=Notes if shape == "typed" else None) as run:
+            if shape == "setdefault":
+                notes = run.state.setdefault("notes", [])
+            elif shape == "assigned":
+                if "notes" not in run.state:
+                    run.state["notes"] = []
+                notes = run.state["notes"]
+            else:
+                notes = run.state.notes
+            for i in range(4):
+                notes.append(step(i))
+            return list(run.state.notes if shape == "typed" else run.state["notes"])
+
+    tid = uid("append")
+    with pytest.raises(_Died):
+        agent(tid)
+    assert agent(tid) == ["r0", "r1", "r2", "r3"]
+    assert local_store.get_state(tid)["notes"] == ["r0", "r1", "r2", "r3"]

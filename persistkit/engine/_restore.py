@@ -2,7 +2,8 @@
 recorded step, migrated to the code's schema version and checked like every load.
 
 Lists and dicts keep their identity (a caller holding ``run.state.messages`` sees the
-restored items); a typed state's channels are validated; the records a run opens with
+restored items, and ``run.state.messages.append(step())`` appends to the restored list,
+even when the list is a plain one the code set itself); a typed state's channels are validated; the records a run opens with
 are checked once, before anything runs (:meth:`StateRestore._check_rows`).
 """
 
@@ -42,6 +43,9 @@ class StateRestore(RunFields):
                     self._tracker.detach(name)
                     live._pk_reset(loader.list_items(name, ref))
                     continue
+                if type(live) is list:  # a plain list the code put there (e.g. by setdefault)
+                    live[:] = loader.list_items(name, ref)
+                    continue
                 value: Any = TrackedList(loader.list_items(name, ref))
             else:
                 value = loader.value(name, ref)
@@ -61,6 +65,8 @@ class StateRestore(RunFields):
         if isinstance(live, TrackedList) and isinstance(value, list):
             self._tracker.detach(name)
             live._pk_reset(value)
+        elif type(live) is list and isinstance(value, list):
+            live[:] = value
         elif isinstance(live, dict) and isinstance(value, dict) and type(live) is type(value):
             live.clear()
             live.update(value)

@@ -120,7 +120,9 @@ def test_registered_secret_next_to_lookalike_is_redacted_and_resolves(
     thread = uid("looksec")
     items = ITEMS["with-secret-dedupe"]
     _loop(store, thread, items)
-    if not store_url.startswith("memory:"):  # the CLI opens the URL anew: memory:// is this process's
+    if not store_url.startswith(
+        "memory:"
+    ):  # the CLI opens the URL anew: memory:// is this process's
         assert main(["show", "--url", store_url, thread, "--json"]) == 0
         out = capsys.readouterr().out
         assert SECRET not in out  # stored as its handle
@@ -165,7 +167,9 @@ def test_in_run_replay_of_a_retried_parent_keeps_the_lookalike(store_url: str) -
     def child(x: str) -> str:
         return x
 
-    @pk.checkpointed(name="look.parent", retry=pk.Retry(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0))
+    @pk.checkpointed(
+        name="look.parent", retry=pk.Retry(attempts=2, wait_initial=0, wait_max=0, wait_jitter=0)
+    )
     def parent() -> tuple[str, str, str]:
         got = (child(L), child(ESC), child(WITH_SECRET))
         calls["n"] += 1

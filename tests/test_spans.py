@@ -29,7 +29,6 @@ MAC = bytes(range(7, 39))
 SECRET = "sk-proj-Sp4nQ81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7"
 LOOKALIKE = "user text: $CRED{env:NOT_A_HANDLE} stays as typed"
 CONFIGS = ["plain", "secrets", "sealed", "offload"]
-LOOKALIKE_FIXED = False
 
 
 class Log(pk.State, name="tests.spans.Log"):
@@ -40,7 +39,7 @@ def item(i: int, config: str) -> Any:
     text = f"item {i} " + "x" * 40
     if config == "secrets" and i % 5 == 1:
         text += f" key {SECRET}"
-    if i % 7 == 3 and LOOKALIKE_FIXED:
+    if i % 7 == 3:
         text += " " + LOOKALIKE
     return text if i % 2 == 0 else {"role": "assistant", "content": text, "i": i}
 

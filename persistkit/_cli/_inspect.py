@@ -253,8 +253,10 @@ class _TreeCodec(Codec):
     def encode(self, value: Any, path: str = "value") -> Any:
         return value
 
-    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False) -> Any:
-        return _held(tree)
+    def decode(
+        self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False, live: bool = False
+    ) -> Any:
+        return _held(tree)  # a stored tree handed through (its encode is the identity): never a live one
 
 
 def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:

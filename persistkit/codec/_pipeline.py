@@ -157,23 +157,45 @@ class Codec:
         #: Whether decoded values get their handles resolved (the CLI turns it off).
         self.reveal = True
         self._plain_serializer: Serializer | None = None
+        self._verbatim_serializer: Serializer | None = None
 
     # -- trees (JSON-able structures) -----------------------------------------
 
     def encode(self, value: Any, path: str = "value") -> Any:
         return self.serializer.encode(value, path=path)
 
-    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False) -> Any:
+    def decode(
+        self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False, live: bool = False
+    ) -> Any:
         """The value of a stored tree; its handles resolved unless ``reveal`` (default
         ``self.reveal``) is false (history listings, CLI output, replayed errors).
-        ``plain``: models and dataclasses as dicts, for a migration (``Serializer.decode``)."""
+        ``plain``: models and dataclasses as dicts, for a migration (``Serializer.decode``).
+
+        ``live``: ``tree`` is not a stored tree but one this process encoded (:meth:`encode`)
+        and kept — a record it committed, a list item it appended. Its text is decoded as it
+        is: only the stored form escapes a ``$CRED{`` someone typed (``$CRED{$}``), so in a
+        live tree such text is text, never a handle to resolve or to remember as read back."""
+        if live:
+            return self._verbatim().decode(tree, path=path, plain=plain)
         if self.reveal if reveal is None else reveal:
             return self.serializer.decode(tree, path=path, plain=plain)
         return self._plain().decode(tree, path=path, plain=plain)
 
-    def decode_exception(self, tree: Any, path: str = "exception") -> BaseException:
-        """A recorded exception, revived with handles left in place (never a secret in a message)."""
-        return self._plain().decode_exception(tree, path=path)
+    def decode_exception(self, tree: Any, path: str = "exception", *, live: bool = False) -> BaseException:
+        """A recorded exception, revived with handles left in place (never a secret in a message);
+        ``live``: a tree this process encoded, its text as it is (see :meth:`decode`)."""
+        return (self._verbatim() if live else self._plain()).decode_exception(tree, path=path)
+
+    def _verbatim(self) -> Serializer:
+        """The serializer of live trees: strings come back as they are (see :meth:`decode`)."""
+        twin = self._verbatim_serializer
+        if twin is None:
+            twin = copy.copy(self.serializer)
+            twin.reveal = None
+            twin._plain_twin = None  # its own, that keeps text as it is too
+            twin._solid = twin
+            self._verbatim_serializer = twin
+        return twin
 
     def _plain(self) -> Serializer:
         plain = self._plain_serializer

@@ -30,7 +30,9 @@ class PlainCodec(Codec):
             redactor=codec.redactor,
         )
 
-    def decode(self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False) -> Any:
+    def decode(
+        self, tree: Any, path: str = "value", *, reveal: bool | None = None, plain: bool = False, live: bool = False
+    ) -> Any:
         return _as_json(tree)  # never revives a class, so no migration runs: stored data as stored
 
 

@@ -330,7 +330,7 @@ class Rollback:
         mark = run._index[ROLLBACK]
         at = f"thread {run.thread_id!r} run {run.run_id}: the failure that started its rollback"
         tree = mark.body.get("ce")
-        failure = run.codec.decode_exception(tree, at) if tree is not None else RuntimeError("unknown")
+        failure = run.codec.decode_exception(tree, at, live=mark.live) if tree is not None else RuntimeError("unknown")
         return cls(run, list(mark.body.get("cb") or []), failure, tree)
 
     def mark_body(self) -> dict[str, Any]:
@@ -361,8 +361,9 @@ class Rollback:
         codec, run = self.run.codec, self.run
         what = f"compensation {item.describe()} of thread {run.thread_id!r} run {run.run_id}"
         fn = resolve(codec, item.entry["f"], what)
-        args = list(codec.decode(item.entry["a"], what + ": arguments")) if "a" in item.entry else []
-        kwargs = dict(codec.decode(item.entry["kw"], what + ": arguments")) if "kw" in item.entry else {}
+        fresh = item.source.live  # the step's record as this process committed it
+        args = list(codec.decode(item.entry["a"], what + ": arguments", live=fresh)) if "a" in item.entry else []
+        kwargs = dict(codec.decode(item.entry["kw"], what + ": arguments", live=fresh)) if "kw" in item.entry else {}
         if item.entry.get("rr"):
             args.insert(0, self._result(item.source, what))
         policy = retry_policy(codec, item.entry.get("rt"), what)
@@ -374,7 +375,7 @@ class Rollback:
         at = what + ": the step's recorded result"
         if "rb" in body:
             return codec.decode(codec.unpack_tree(self.run._loader.blobs[body["rb"]], at), at)
-        return codec.decode(body.get("r"), at)
+        return codec.decode(body.get("r"), at, live=rec.live)
 
     def done(self, item: Item) -> None:
         self.undone.append(item.describe())

@@ -283,7 +283,7 @@ class Commits(ReplayCursor):
             self._result = None
             return
         self._result = result(row.checkpoint_id, self._result_tree, self._result_raw)
-        rec = Record(replace(row, payload=b""), body)  # the body is all a replay reads
+        rec = Record(replace(row, payload=b""), body, live=True)  # the body is all a replay reads
         if error is not None:
             self._failures[id(error)] = (error, row.checkpoint_id)
         pos = body["p"]

@@ -255,11 +255,11 @@ class ReplayCursor(StateRestore):
         at = f"thread {self.thread_id!r} run {self.run_id}, step {name!r} at {pos}: recorded {'error' if failed else 'result'}"
         try:
             if failed:
-                recorded = self.codec.decode_exception(rec.body.get("e"), at)
-            elif "rb" in rec.body:
+                recorded = self.codec.decode_exception(rec.body.get("e"), at, live=rec.live)
+            elif "rb" in rec.body:  # a blob: stored form, even of a record this run committed
                 value = self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], at), at)
             else:
-                value = self.codec.decode(rec.body.get("r"), at)
+                value = self.codec.decode(rec.body.get("r"), at, live=rec.live)
         except SchemaVersionError as error:  # a recorded value's class changed shape: write nothing
             self.load_error = error
             raise

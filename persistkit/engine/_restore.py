@@ -31,7 +31,7 @@ class StateRestore(RunFields):
         schema = rec.schema
         current = spec.channels(state)
         if spec.cls is not None and schema != spec.schema:
-            fresh = spec.build({n: loader.value(n, r, True) for n, r in rec.refs.items()}, schema, self._where(rec))
+            fresh = spec.build({n: loader.value(n, r, True, rec.live) for n, r in rec.refs.items()}, schema, self._where(rec))
             for name, migrated in spec.channels(fresh).items():  # every field: a migration may add some
                 self._set(current, name, migrated)
             return
@@ -48,7 +48,7 @@ class StateRestore(RunFields):
                     continue
                 value: Any = TrackedList(loader.list_items(name, ref))
             else:
-                value = loader.value(name, ref)
+                value = loader.value(name, ref, live=rec.live)
                 if typed:
                     value = spec.check_value(name, value, schema, lambda: self._where(rec))
             self._set(current, name, value)

@@ -107,7 +107,8 @@ _write, _awrite, _suspend_body = S.write_sync, S.write_async, S.suspend_body
 def _value(run: Run, rec: Record | None) -> Any:
     """The answer recorded in ``rec`` (the defaults this run just recorded)."""
     assert rec is not None  # a completed record is always written
-    return run.codec.decode(rec.body.get("r"), f"thread {run.thread_id!r} run {run.run_id}: answer at {rec.body['p']}")
+    at = f"thread {run.thread_id!r} run {run.run_id}: answer at {rec.body['p']}"
+    return run.codec.decode(rec.body.get("r"), at, live=rec.live)
 
 
 def _ask(what: str, payloads: Sequence[Any], many: bool, deadline: Any, default: Any, answer_type: Any

@@ -760,6 +760,17 @@ def hold_text(text: str) -> str:
     return text.replace("$CRED{$}", "$CRED{")
 
 
+def escape_tree(tree: Any) -> Any:
+    """An encoded tree of live values with its text escaped as the stored form's is (a copy
+    where it changes; secrets are not replaced): what a stored-form decoder reads as typed."""
+    t = type(tree)
+    if t is str:
+        return _HANDLE_OR_OPEN.sub(_escape, tree) if "$CRED{" in tree else tree
+    if t is list:
+        return [escape_tree(v) for v in tree]
+    return {escape_tree(k): escape_tree(v) for k, v in tree.items()} if t is dict else tree
+
+
 def _escape(m: re.Match[str]) -> str:
     # A handle this process read back unresolved is written again as the same handle;
     # any other "$CRED{" in text is escaped, so it can never resolve to a secret on load.

@@ -55,6 +55,7 @@ from .._errors import IntegrityError, PersistkitError, SchemaVersionError, Seria
 from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..codec._pipeline import Codec, _dump
+from ..secrets._redact import escape_tree
 from ..secrets._registry import _generation
 from ._dedupe import resolve, result_blob, wanted
 from ._records import Record
@@ -198,6 +199,7 @@ class Loader:
             None  # the run's newest commit (kept in rows: an outbox done mark copies it)
         )
         self._keep: set[str] = set()  # commits whose body a segment still needs (see landed)
+        self._live: dict[str, dict[str, Any]] = {}  # bodies in rows this process committed (see _stored)
 
     def add(self, records: Iterable[Record | None]) -> None:
         """Records already read (they may hold inline segments)."""
@@ -290,15 +292,22 @@ class Loader:
             elif span is not None:  # a blob segment (a long first one, or a span): by its key
                 self.raw[(name, tip)] = span
             elif seg is not None and "ri" not in seg:
-                self.raw[(name, checkpoint_id)] = (prev, start, list(seg["i"]))
+                self.raw[(name, checkpoint_id)] = (prev, start, self._stored(seg["i"]))
             else:  # its items refer to the parent's result: keep both bodies (_raw resolves them)
                 self._keep.add(checkpoint_id)
                 if prev is not None:
                     self._keep.update(wanted(body, name, {}))
         if self._top is not None and self._top not in self._keep:
             self.rows.pop(self._top, None)
-        self.rows[checkpoint_id] = body
+            self._live.pop(self._top, None)
+        self.rows[checkpoint_id] = self._live[checkpoint_id] = body
         self._top = checkpoint_id
+
+    def _stored(self, trees: Any) -> Any:
+        """Trees of live values (as this process encoded them, not as stored) with their text
+        escaped as stored (``escape_tree``), for the decoders of stored trees: in a live tree
+        a ``$CRED{`` someone typed is not escaped, and would read back as a handle."""
+        return escape_tree(trees) if self.codec.redactor.enabled else list(trees)
 
     def committed_here(self, checkpoint_id: str) -> bool:
         """Whether ``rows`` holds ``checkpoint_id``'s body as this process committed it (live
@@ -309,7 +318,7 @@ class Loader:
         """The items a commit appended, the newest as a copy of its stored tree; None if that
         tree does not decode here (the segment is then kept as trees, see :meth:`landed`)."""
         try:
-            return [*new[:-1], self.codec.decode(last_tree, reveal=False)] if new else []
+            return [*new[:-1], self.codec.decode(last_tree, live=True)] if new else []
         except PersistkitError:  # the commit landed: never fail it here
             return None
 
@@ -431,14 +440,15 @@ class Loader:
                 raise SerializationError(f"the rooted list {rk} is malformed", path=f"state.{name}")
             self.raw[(name, key)] = (None, 0, tree["i"])
 
-    def value(self, name: str, ref: dict[str, Any], plain: bool = False) -> Any:
+    def value(self, name: str, ref: dict[str, Any], plain: bool = False, live: bool = False) -> Any:
         """A freshly decoded value for a channel ref (the caller may mutate it).
 
-        ``plain``: models and dataclasses as dicts, for a state migration."""
+        ``plain``: models and dataclasses as dicts, for a state migration. ``live``: the ref
+        is of a record this process committed (``Record.live``): an inline value is a live tree."""
         path = f"state.{name}"
         try:
             if "i" in ref:
-                return self.codec.decode(ref["i"], path, plain=plain)
+                return self.codec.decode(ref["i"], path, plain=plain, live=live)
             if "b" in ref:
                 return self.codec.decode(
                     self.codec.unpack_tree(self.blobs[ref["b"]], path), path, plain=plain
@@ -493,8 +503,14 @@ class Loader:
         else:
             body = self.rows.get(key)
             tree = None if body is None else (body.get("sg") or {}).get(name)
+            rows: dict[str, Any] = self.rows
+            if type(tree) is dict and self._live:  # trees a commit of this process holds: as stored
+                if body is self._live.get(key) and type(tree.get("i")) is list:
+                    tree = {**tree, "i": self._stored(tree["i"])}
+                if "ri" in tree:
+                    rows = {c: self._live_row(c) for c in wanted(body, name, {}) if c in self.rows}
             if type(tree) is dict and "ri" in tree:
-                tree = resolve(tree, self.rows, self.thread_id, name, key, self._result_tree)
+                tree = resolve(tree, rows, self.thread_id, name, key, self._result_tree)
         if tree is None:
             raise IntegrityError(
                 f"thread {self.thread_id!r}: list channel {name!r} is missing its segment {key}; "
@@ -513,6 +529,11 @@ class Loader:
         seg = (prev, start, trees)
         self.raw[(name, key)] = seg
         return seg
+
+    def _live_row(self, cid: str) -> dict[str, Any]:
+        """The body of ``cid`` in ``rows``, its result's text escaped as stored if this process committed it."""
+        body = self.rows[cid]
+        return {**body, "r": self._stored(body["r"])} if body is self._live.get(cid) and "r" in body else body
 
     def _result_tree(self, key: str) -> Any:
         """The tree of a step's result stored as the blob ``key`` (a list item may refer to it)."""

@@ -73,6 +73,10 @@ class Record:
 
     row: CheckpointRow
     body: dict[str, Any]
+    #: The body as this process committed it (live values: secrets not yet handles, text
+    #: that looks like a handle not escaped), not as read back: decode its trees with
+    #: ``codec.decode(..., live=rec.live)``.
+    live: bool = False
 
     @property
     def id(self) -> str:

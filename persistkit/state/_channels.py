@@ -365,9 +365,7 @@ class Loader:
                     "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
                 )
                 self._ingest(page)
-                if (
-                    (name, key) not in self.raw and key not in self.rows
-                ):  # pruned: retention rooted the list again
+                if (name, key) not in self.raw and key not in self.rows:  # pruned: rooted again
                     yield from self._rooted(name, key)
             if not _is_blob_key(key) and (name, key) not in self.raw:
                 # items stored as the result of another row: read from that row on (a page: the
@@ -485,9 +483,7 @@ class Loader:
             trees.extend(seg)
             ends[key] = base + len(trees)
         items.extend(self._decode(name, trees, base, plain))
-        if (
-            chain is None
-        ):  # another branch of a cached chain (a replay went another way) is not cached
+        if chain is None:  # another branch of a cached chain (a replay went another way) is not
             self.chains[(name, gen, plain)] = (items, ends)
         return items[:n]
 

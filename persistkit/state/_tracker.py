@@ -302,10 +302,8 @@ class Tracker:
     def _span(self, name: str, gen: int, gathered: tuple[_Inline, ...], d: Diff) -> str:
         """Write ``gathered`` (inline segments, the last one this checkpoint's) as one blob segment."""
         codec, first = self.codec, gathered[0]
-        items: list[Any] = []
-        for (
-            seg
-        ) in gathered:  # in stored form: a segment read back is already; one of ours is redacted
+        items: list[Any] = []  # in stored form: a segment read back is; one of ours is redacted
+        for seg in gathered:
             items.extend(seg.trees if seg.stored else codec.redact_tree(seg.trees))
         text = _dump({"p": first.prev, "s": first.start, "i": items})
         key = _seg_key(name, gen, first.start, content_hash(text))

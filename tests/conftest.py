@@ -2,7 +2,7 @@
 
 Every store test is parametrized over every backend with the ``store_url``
 fixture. Services: PostgreSQL and Redis are expected on their usual loopback
-ports; S3 is moto's server, started here as a separate process on a free
+ports; S3 (and DynamoDB) is moto's server, started here as a separate process on a free
 loopback port and spoken to over real HTTP. A service that cannot be reached
 is skipped (and listed in the summary by ``-ra``), unless it is named in
 ``PERSISTKIT_REQUIRE`` (comma-separated), in which case the test fails.
@@ -28,7 +28,7 @@ POSTGRES_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.
 REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RABBITMQ_URL = os.environ.get("PERSISTKIT_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 REQUIRED = {s.strip() for s in os.environ.get("PERSISTKIT_REQUIRE", "").split(",") if s.strip()}
-BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3"]
+BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3", "dynamodb"]
 SESSION_TAG = uuid.uuid4().hex[:8]
 
 pk.set_testing(True)
@@ -91,11 +91,16 @@ def chromium() -> str:
 
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        unavailable("chromium", "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)")
+        unavailable(
+            "chromium",
+            "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)",
+        )
     try:
         import websockets.sync.client  # noqa: F401
     except ImportError as exc:
-        unavailable("chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})")
+        unavailable(
+            "chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})"
+        )
     return str(path)
 
 
@@ -143,11 +148,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ids = [m for m in client.zrange("persistkit:threads", 0, -1) if SESSION_TAG.encode() in m]
         client.close()
         if ids:
-            leaks.append(f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}")
+            leaks.append(
+                f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}"
+            )
     except Exception:  # as above
         pass
     if leaks:
-        print(f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url.")
+        print(
+            f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url."
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -158,7 +167,9 @@ def rabbitmq_url() -> str:
         import celery  # noqa: F401
         import kombu
     except ImportError as exc:
-        unavailable("rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})")
+        unavailable(
+            "rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})"
+        )
     try:
         with kombu.Connection(RABBITMQ_URL, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1)
@@ -178,7 +189,12 @@ def s3_endpoint() -> Iterator[str]:
     port = _free_port()
     # moto's server with atomic conditional writes, as AWS has (see tests/moto_s3.py)
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(os.path.dirname(__file__), "moto_s3.py"), "127.0.0.1", str(port)],
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "moto_s3.py"),
+            "127.0.0.1",
+            str(port),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -203,8 +219,33 @@ def s3_endpoint() -> Iterator[str]:
         proc.kill()
 
 
+@pytest.fixture(scope="session")
+def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
+    """moto's server (the ``s3_endpoint`` one, which speaks DynamoDB too) with this session's
+    table created: ``dynamodb://<table>?endpoint_url=...&region=us-east-1``."""
+    try:
+        endpoint = request.getfixturevalue("s3_endpoint")
+    except pytest.skip.Exception as exc:
+        unavailable("dynamodb", f"moto's server did not start: {exc}")
+        raise
+    from persistkit.backends.dynamodb import create_table, make_client
+
+    client = make_client(endpoint, "us-east-1")
+    try:
+        create_table(client, f"pktest-{SESSION_TAG}")
+    except Exception as exc:
+        unavailable("dynamodb", f"moto's server did not create a DynamoDB table: {exc}")
+    finally:
+        client.close()
+    return endpoint
+
+
 def make_url(
-    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
+    kind: str,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    isolated: bool = False,
 ) -> str:
     """A URL for a fresh, isolated store of ``kind``. PostgreSQL stores share this session's
     schema (threads apart by id) unless ``isolated``: a test that lists the whole store
@@ -224,6 +265,10 @@ def make_url(
     if kind == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         return f"s3://persistkit-test/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"
+    if kind == "dynamodb":
+        # one table per test: a store's threads(), leases and kv scopes are table-wide
+        endpoint = request.getfixturevalue("dynamodb_endpoint")
+        return f"dynamodb://pktest-{SESSION_TAG}-{tag}?endpoint_url={endpoint}&region=us-east-1&create=1"
     raise AssertionError(kind)
 
 
@@ -246,7 +291,9 @@ def store(store_url: str) -> Iterator[pk.Store]:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def local_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[pk.Store]:
+def local_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[pk.Store]:
     """A store on the two backends that need no service (for tests of engine logic)."""
     s = pk.connect(make_url(request.param, request, tmp_path_factory))
     yield s

@@ -106,7 +106,7 @@ def _record(item: dict[str, Any]) -> LeaseRecord:
     return LeaseRecord(num(item, "lt"), bytes(item.get("ld", {}).get("B", b"")), num(item, "lv"))
 
 
-def _failed_item(exc: Exception) -> dict[str, Any] | None | bool:
+def _failed_item(exc: Exception) -> dict[str, Any] | bool | None:
     """The item a failed condition returned (None: there was none); False when ``exc`` is
     not a failed condition."""
     from ._dynamo_items import reasons

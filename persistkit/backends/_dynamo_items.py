@@ -181,7 +181,7 @@ def missing_table(table: str, detail: str = "") -> ConfigurationError:
     return ConfigurationError(
         f"the DynamoDB table {table!r} does not exist"
         + (f" ({detail})" if detail else "")
-        + f". Create it with `persistkit dynamodb create-table 'dynamodb://{table}?region=…'`, or open the "
+        + f". Create it with `persistkit dynamodb create-table --url 'dynamodb://{table}?region=…'`, or open the "
         "store with ?create=1 (docs/backends.md lists its key schema and the IAM actions it needs)"
     )
 

@@ -4,7 +4,7 @@ URL: ``dynamodb://TABLE?region=eu-west-1&endpoint_url=http://host:port&create=1`
 Credentials come from boto3's usual chain (environment, profile, instance role),
 never from the URL. ``from_url`` also takes ``client=`` (your own boto3 DynamoDB
 client) as a keyword, and ``watch_interval`` (seconds between a kv watch's polls,
-default 1). The table must exist (``persistkit dynamodb create-table URL``), or
+default 1). The table must exist (``persistkit dynamodb create-table --url URL``), or
 ``create=1`` creates it (on-demand capacity) when it is missing; otherwise opening
 the store raises a ``ConfigurationError`` naming the table and that command.
 

@@ -91,16 +91,11 @@ def chromium() -> str:
 
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        unavailable(
-            "chromium",
-            "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)",
-        )
+        unavailable("chromium", "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)")
     try:
         import websockets.sync.client  # noqa: F401
     except ImportError as exc:
-        unavailable(
-            "chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})"
-        )
+        unavailable("chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})")
     return str(path)
 
 
@@ -148,15 +143,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ids = [m for m in client.zrange("persistkit:threads", 0, -1) if SESSION_TAG.encode() in m]
         client.close()
         if ids:
-            leaks.append(
-                f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}"
-            )
+            leaks.append(f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}")
     except Exception:  # as above
         pass
     if leaks:
-        print(
-            f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url."
-        )
+        print(f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url.")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -167,9 +158,7 @@ def rabbitmq_url() -> str:
         import celery  # noqa: F401
         import kombu
     except ImportError as exc:
-        unavailable(
-            "rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})"
-        )
+        unavailable("rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})")
     try:
         with kombu.Connection(RABBITMQ_URL, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1)
@@ -189,12 +178,7 @@ def s3_endpoint() -> Iterator[str]:
     port = _free_port()
     # moto's server with atomic conditional writes, as AWS has (see tests/moto_s3.py)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(os.path.dirname(__file__), "moto_s3.py"),
-            "127.0.0.1",
-            str(port),
-        ],
+        [sys.executable, os.path.join(os.path.dirname(__file__), "moto_s3.py"), "127.0.0.1", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -221,8 +205,8 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
-    """moto's server (the ``s3_endpoint`` one, which speaks DynamoDB too) with this session's
-    table created: ``dynamodb://<table>?endpoint_url=...&region=us-east-1``."""
+    """moto's server (the ``s3_endpoint`` one, which speaks DynamoDB too) checked able to
+    create a DynamoDB table; a store URL adds ``dynamodb://<table>?...&create=1``."""
     try:
         endpoint = request.getfixturevalue("s3_endpoint")
     except pytest.skip.Exception as exc:
@@ -237,15 +221,11 @@ def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
         unavailable("dynamodb", f"moto's server did not create a DynamoDB table: {exc}")
     finally:
         client.close()
-    return endpoint
+    return str(endpoint)
 
 
 def make_url(
-    kind: str,
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    *,
-    isolated: bool = False,
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
 ) -> str:
     """A URL for a fresh, isolated store of ``kind``. PostgreSQL stores share this session's
     schema (threads apart by id) unless ``isolated``: a test that lists the whole store
@@ -266,7 +246,7 @@ def make_url(
         endpoint = request.getfixturevalue("s3_endpoint")
         return f"s3://persistkit-test/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"
     if kind == "dynamodb":
-        # one table per test: a store's threads(), leases and kv scopes are table-wide
+        # one table per store: a store's threads(), leases and kv scopes are table-wide
         endpoint = request.getfixturevalue("dynamodb_endpoint")
         return f"dynamodb://pktest-{SESSION_TAG}-{tag}?endpoint_url={endpoint}&region=us-east-1&create=1"
     raise AssertionError(kind)
@@ -291,9 +271,7 @@ def store(store_url: str) -> Iterator[pk.Store]:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def local_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[pk.Store]:
+def local_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[pk.Store]:
     """A store on the two backends that need no service (for tests of engine logic)."""
     s = pk.connect(make_url(request.param, request, tmp_path_factory))
     yield s

@@ -14,7 +14,7 @@ The same server speaks DynamoDB. moto 5.2 evaluates a DynamoDB condition and
 applies the write (or a transaction's items, one by one) without a lock, where
 DynamoDB evaluates conditions atomically and isolates transactions
 (serializable), so DynamoDB requests are serialized too (see docs/backends.md;
-tests/test_dynamodb.py shows the race on an unserialized server).
+tests/test_dynamodb.py runs a race on an unserialized server: --raw-dynamodb).
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ def main() -> None:
 
     def atomic(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         conditional = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
-        if conditional or (
-            serialize_dynamodb and environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB_")
-        ):
+        if conditional or (serialize_dynamodb and environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB_")):
             with _CONDITIONAL:
                 return list(app(environ, start_response))
         return app(environ, start_response)  # type: ignore[no-any-return]

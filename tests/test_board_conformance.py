@@ -28,19 +28,15 @@ def _blobs() -> str:
 
 # A batch larger than one DynamoDB transaction (100 items: 50 keys) is refused with a
 # ConfigurationError there (docs/backends.md); strict, so the entry goes with a fix.
-KNOWN_GAPS = {
-    ("dynamodb", "test_scan_reads_every_page"): "a 205-key batch exceeds a DynamoDB transaction"
-}
+KNOWN_GAPS = {("dynamodb", "test_scan_reads_every_page"): "a 205-key batch exceeds a DynamoDB transaction"}
 
 
 @pytest.fixture(autouse=True)
 def _known_gaps(request: pytest.FixtureRequest) -> None:
     callspec = getattr(request.node, "callspec", None)
-    url = str(callspec.params.get("store_url", "")) if callspec else ""
-    if KNOWN_GAPS.get((url, request.node.originalname)):
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[(url, request.node.originalname)])
-        )
+    reason = KNOWN_GAPS.get((str(callspec.params.get("store_url", "")) if callspec else "", request.node.originalname))
+    if reason:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 class TestBoard(BoardConformance):
@@ -54,9 +50,7 @@ class _OneWrapper(BoardConformance):
     @pytest.fixture(autouse=True)
     def _two_stores(self, persistkit_url: str) -> None:
         if not persistkit_url.startswith(("memory:", "sqlite:")):
-            pytest.skip(
-                "a single wrapper is crossed with memory and SQLite; all three together run on every store"
-            )
+            pytest.skip("a single wrapper is crossed with memory and SQLite; all three together run on every store")
 
 
 class TestBoardEncrypted(_OneWrapper):
@@ -80,9 +74,4 @@ class TestBoardOffload(_OneWrapper):
 class TestBoardAllWrappers(BoardConformance):
     @pytest.fixture
     def backend_options(self) -> dict[str, Any]:
-        return {
-            "blobs": _blobs(),
-            "blob_threshold": BLOB_THRESHOLD,
-            "encryption": {"k1": ENC},
-            "integrity": {"m1": MAC},
-        }
+        return {"blobs": _blobs(), "blob_threshold": BLOB_THRESHOLD, "encryption": {"k1": ENC}, "integrity": {"m1": MAC}}

@@ -51,9 +51,7 @@ def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     url = make_url(request.param, request, tmp_path_factory)
     with pk.connect(url) as store:
         if not store.backend.supports_kv:
-            pytest.skip(
-                f"{request.param}: the store has no 'kv' capability (store.backend.supports_kv is False)"
-            )
+            pytest.skip(f"{request.param}: the store has no 'kv' capability (store.backend.supports_kv is False)")
     yield url
 
 
@@ -66,21 +64,13 @@ class Log:
         return [line.split(" ", 2) for line in self.path.read_text().splitlines() if line]
 
     def events(self, name: str | None = None, event: str | None = None) -> list[list[str]]:
-        return [
-            e
-            for e in self.lines()
-            if (name is None or e[0] == name) and (event is None or e[1] == event)
-        ]
+        return [e for e in self.lines() if (name is None or e[0] == name) and (event is None or e[1] == event)]
 
-    def wait(
-        self, name: str, event: str, procs: list[subprocess.Popen[bytes]], count: int = 1
-    ) -> list[list[str]]:
+    def wait(self, name: str, event: str, procs: list[subprocess.Popen[bytes]], count: int = 1) -> list[list[str]]:
         deadline = time.monotonic() + DEADLINE
         while len(found := self.events(name, event)) < count:
             _alive(procs, f"{name} {event}")
-            assert time.monotonic() < deadline, (
-                f"no {name} {event} after {DEADLINE} s: {self.lines()[-20:]}"
-            )
+            assert time.monotonic() < deadline, f"no {name} {event} after {DEADLINE} s: {self.lines()[-20:]}"
             time.sleep(0.02)
         return found
 
@@ -90,9 +80,7 @@ def _alive(procs: list[subprocess.Popen[bytes]], waiting_for: str) -> None:
     assert not dead, f"a worker failed (exit {dead[0].returncode}) before {waiting_for}"
 
 
-def _wait_until(
-    check: Callable[[], bool], what: str, procs: list[subprocess.Popen[bytes]] = ()
-) -> None:  # type: ignore[assignment]
+def _wait_until(check: Callable[[], bool], what: str, procs: list[subprocess.Popen[bytes]] = ()) -> None:  # type: ignore[assignment]
     deadline = time.monotonic() + DEADLINE
     while not check():
         _alive(procs, what)
@@ -104,19 +92,9 @@ def _wait_until(
 def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(
-        mode: str, url: str, board: str, name: str, log: Log, **opts: object
-    ) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]
-            ),
-        }
-        p = subprocess.Popen(
-            [sys.executable, str(AGENT), mode, url, board, name, str(log.path), json.dumps(opts)],
-            env=env,
-        )
+    def start(mode: str, url: str, board: str, name: str, log: Log, **opts: object) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
+        p = subprocess.Popen([sys.executable, str(AGENT), mode, url, board, name, str(log.path), json.dumps(opts)], env=env)
         procs.append(p)
         return p
 
@@ -160,16 +138,7 @@ def test_sixteen_claimers_complete_every_item_once(
     # The six that will be killed or paused start first and each holds an item before the
     # ten workers start: on a loaded machine a late starter could otherwise find the tasks gone.
     procs = {
-        name: spawn(
-            "claim",
-            url,
-            board.name,
-            name,
-            log,
-            lease_ttl=LEASE_TTL,
-            hold=2 + i % 3,
-            go=str(go[name]),
-        )
+        name: spawn("claim", url, board.name, name, log, lease_ttl=LEASE_TTL, hold=2 + i % 3, go=str(go[name]))
         for i, name in enumerate(go)
     }
     everyone = list(procs.values())
@@ -182,33 +151,21 @@ def test_sixteen_claimers_complete_every_item_once(
         else:
             procs[name].send_signal(signal.SIGSTOP)
     for i in range(10):
-        procs[f"W{i}"] = spawn(
-            "claim", url, board.name, f"W{i}", log, lease_ttl=LEASE_TTL, hold=0, go=""
-        )
+        procs[f"W{i}"] = spawn("claim", url, board.name, f"W{i}", log, lease_ttl=LEASE_TTL, hold=0, go="")
     everyone = list(procs.values())
     for name in ("S0", "S1", "S2"):  # paused past its claim until another worker completed the item
-        _wait_until(
-            lambda name=name: board.get(f"done/{held[name]}") is not None,
-            f"{held[name]} taken over from {name}",
-            everyone,
-        )  # type: ignore[misc]
+        _wait_until(lambda name=name: board.get(f"done/{held[name]}") is not None, f"{held[name]} taken over from {name}", everyone)  # type: ignore[misc]
         go[name].touch()
         procs[name].send_signal(signal.SIGCONT)
     for name, p in procs.items():
-        assert p.wait(timeout=DEADLINE * 3) == (-signal.SIGKILL if name.startswith("K") else 0), (
-            name
-        )
+        assert p.wait(timeout=DEADLINE * 3) == (-signal.SIGKILL if name.startswith("K") else 0), name
 
     assert board.list("tasks/") == []  # no item left behind
     done = {e[2]: e[0] for e in log.events(event="done")}
-    assert Counter(e[2] for e in log.events(event="done")) == Counter(
-        items
-    )  # each completed once, by one worker
+    assert Counter(e[2] for e in log.events(event="done")) == Counter(items)  # each completed once, by one worker
     for item in items:
         versions = board.history(f"done/{item}")
-        assert [(v.value, v.deleted) for v in versions] == [(done[item], False)], (
-            item
-        )  # written once, by that worker
+        assert [(v.value, v.deleted) for v in versions] == [(done[item], False)], item  # written once, by that worker
         [last] = board.history(f"tasks/{item}", limit=1)
         assert last.deleted, item  # completed (the item's delete), not lost
     for name in ("S0", "S1", "S2"):
@@ -219,9 +176,7 @@ def test_sixteen_claimers_complete_every_item_once(
         assert all(done[item] != name for item in lost)
     for name in ("K0", "K1", "K2"):
         assert done[held[name]] != name
-    assert (
-        sum(1 for e in log.events(event="work")) >= n
-    )  # every item worked at least once (the held ones twice)
+    assert sum(1 for e in log.events(event="work")) >= n  # every item worked at least once (the held ones twice)
 
 
 # -- 2. CAS counters -----------------------------------------------------------------------
@@ -229,9 +184,7 @@ def test_sixteen_claimers_complete_every_item_once(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sixteen_writers_count_exactly(
-    url: str, board: pk.Board, tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]]
-) -> None:
+def test_sixteen_writers_count_exactly(url: str, board: pk.Board, tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]]) -> None:
     """16 processes each add 1 twenty times, with ``update`` and with a hand-written cas
     loop: the totals are exact, and every version of the counter holds its own number
     (no increment applied twice, none lost)."""
@@ -241,10 +194,7 @@ def test_sixteen_writers_count_exactly(
     assert len(log.events(event="counted")) == 16
     for key in ("counter", "counter-cas"):
         entry = board.get(key)
-        assert entry is not None and entry.value == 16 * runs and entry.version == 16 * runs, (
-            key,
-            entry,
-        )
+        assert entry is not None and entry.value == 16 * runs and entry.version == 16 * runs, (key, entry)
         assert all(v.value == v.version for v in board.history(key)), key
 
 
@@ -282,9 +232,7 @@ def _listeners(url: str, pid: int) -> list[Any]:
         import psycopg
 
         with psycopg.connect(url.split("?")[0], autocommit=True) as admin:
-            rows = admin.execute(
-                "SELECT pid, client_port, query FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%'"
-            ).fetchall()
+            rows = admin.execute("SELECT pid, client_port, query FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%'").fetchall()
         return [row[0] for row in rows if row[1] in ports]
     import redis
 
@@ -294,10 +242,8 @@ def _listeners(url: str, pid: int) -> list[Any]:
     finally:
         admin.close()
     return [
-        int(c["id"])
-        for c in clients
-        if int(c["addr"].rsplit(":", 1)[1]) in ports
-        and int(c.get("sub", 0)) + int(c.get("psub", 0)) + int(c.get("ssub", 0)) > 0
+        int(c["id"]) for c in clients
+        if int(c["addr"].rsplit(":", 1)[1]) in ports and int(c.get("sub", 0)) + int(c.get("psub", 0)) + int(c.get("ssub", 0)) > 0
     ]
 
 
@@ -307,9 +253,7 @@ def _kill_listeners(url: str, ids: list[Any]) -> None:
 
         with psycopg.connect(url.split("?")[0], autocommit=True) as admin:
             for backend in ids:
-                assert admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (
-                    True,
-                )
+                assert admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (True,)
         return
     import redis
 
@@ -323,9 +267,7 @@ def _kill_listeners(url: str, ids: list[Any]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="finds the watch's connection through /proc"
-)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the watch's connection through /proc")
 def test_a_watch_misses_nothing_across_a_killed_connection(
     url: str, board: pk.Board, tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
@@ -355,9 +297,7 @@ def test_a_watch_misses_nothing_across_a_killed_connection(
         before = _listeners(url, watcher.pid)
         assert len(before) == 1, f"the watcher's watch connection on the server: {before}"
         _kill_listeners(url, before)
-    for i in range(
-        5, 10
-    ):  # new keys, an update, a delete, a key written twice: all while nobody listens
+    for i in range(5, 10):  # new keys, an update, a delete, a key written twice: all while nobody listens
         want[f"w/{i}"] = (board.put(f"w/{i}", i), "put")
     want["w/0"] = (board.put("w/0", "again"), "put")
     assert board.delete("w/1")
@@ -367,11 +307,7 @@ def test_a_watch_misses_nothing_across_a_killed_connection(
     watcher.send_signal(signal.SIGCONT)
     _wait_until(lambda: seen() == want, "the writes made while the watcher was away", [watcher])
     if push:  # it connected again (a new connection), and hints arrive on it
-        _wait_until(
-            lambda: _listeners(url, watcher.pid) not in ([], before),
-            "the watch to connect again",
-            [watcher],
-        )
+        _wait_until(lambda: _listeners(url, watcher.pid) not in ([], before), "the watch to connect again", [watcher])
 
     want["w/stop"] = (board.put("w/stop", True), "put")
     go.touch()
@@ -409,37 +345,22 @@ def test_a_scoped_handle_in_another_process_stays_in_its_grants(
     out = json.loads(raw)
 
     assert out["get_inside"] == {"ok": "finding"}
-    assert out["list_all"] == {
-        "ok": ["inbox/summarizer/job", "research/a"]
-    }  # not secret/, not output/ (write only)
+    assert out["list_all"] == {"ok": ["inbox/summarizer/job", "research/a"]}  # not secret/, not output/ (write only)
     assert out["put_inside"] == {"ok": 1}
     assert out["complete_outside"]["key"] == "secret/leak"
     refused = {
-        "get_outside": "secret/plan",
-        "value_outside": "secret/plan",
-        "history_outside": "secret/plan",
-        "list_outside": "secret/",
-        "put_outside": "secret/plan",
-        "put_readonly": "research/a",
-        "cas_outside": "secret/plan",
-        "delete_outside": "secret/plan",
-        "update_outside": "secret/plan",
-        "batch_outside": "secret/from-batch",
-        "claim_outside": "secret/",
-        "claim_readonly": "research/",
-        "complete_outside": "secret/leak",
-        "watch_outside": "secret/",
-        "aget_outside": "secret/plan",
+        "get_outside": "secret/plan", "value_outside": "secret/plan", "history_outside": "secret/plan",
+        "list_outside": "secret/", "put_outside": "secret/plan", "put_readonly": "research/a",
+        "cas_outside": "secret/plan", "delete_outside": "secret/plan", "update_outside": "secret/plan",
+        "batch_outside": "secret/from-batch", "claim_outside": "secret/", "claim_readonly": "research/",
+        "complete_outside": "secret/leak", "watch_outside": "secret/", "aget_outside": "secret/plan",
         "aput_outside": "secret/plan",
     }
     for what, key in refused.items():
         assert set(out[what]) == {"denied", "key"}, (what, out[what])
         assert out[what]["key"] == key, (what, out[what])
         message = out[what]["denied"]
-        assert "summarizer" in message and repr(key) in message and "grants" in message, (
-            what,
-            message,
-        )
+        assert "summarizer" in message and repr(key) in message and "grants" in message, (what, message)
     for what in ("policy", "clear", "rescope"):
         assert "denied" in out[what], (what, out[what])
     assert out["watched"] == ["research/last"]  # the watch of '*' showed only what the grants cover
@@ -450,7 +371,5 @@ def test_a_scoped_handle_in_another_process_stays_in_its_grants(
     for key in ("secret/from-batch", "output/summarizer/in-batch", "secret/leak"):
         assert board.history(key) == [], key
     assert board.value("output/summarizer/1") == "summary"
-    assert (
-        board.value("output/summarizer/answer") == "done"
-    )  # the claim completed inside the grants
+    assert board.value("output/summarizer/answer") == "done"  # the claim completed inside the grants
     assert board.get("inbox/summarizer/job") is None

@@ -22,61 +22,34 @@ from persistkit.secrets import _redact as _secrets
 # One value per format. The secret part (what must never be stored) is the
 # second item; the first is the text it is planted as.
 PLANTED: dict[str, tuple[str, str]] = {
-    "openai": (
-        "sk-proj-Zq81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7",
-        "sk-proj-Zq81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7",
-    ),
-    "openai_legacy": (
-        "sk-Tx9Lq2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp",
-        "sk-Tx9Lq2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp",
-    ),
-    "anthropic": (
-        "sk-ant-api03-Hq7Kd9Lm2Np4Rs6Tv8Wx0Yz1Ab3Cd5Ef7Gh9Jk",
-        "sk-ant-api03-Hq7Kd9Lm2Np4Rs6Tv8Wx0Yz1Ab3Cd5Ef7Gh9Jk",
-    ),
+    "openai": ("sk-proj-Zq81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7", "sk-proj-Zq81xLmN0pQrS2tUvW3xYz4AbC5dEf6GhI7"),
+    "openai_legacy": ("sk-Tx9Lq2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp", "sk-Tx9Lq2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp"),
+    "anthropic": ("sk-ant-api03-Hq7Kd9Lm2Np4Rs6Tv8Wx0Yz1Ab3Cd5Ef7Gh9Jk", "sk-ant-api03-Hq7Kd9Lm2Np4Rs6Tv8Wx0Yz1Ab3Cd5Ef7Gh9Jk"),
     "aws_id": ("AKIAZ7QX3MPL4TRW9KVE", "AKIAZ7QX3MPL4TRW9KVE"),
     "aws_secret": (
         "aws_secret_access_key = Qm9vT2xlc3NTZWNyZXRLZXlGb3JUZXN0aW5nMTIz",
         "Qm9vT2xlc3NTZWNyZXRLZXlGb3JUZXN0aW5nMTIz",
     ),
-    "github": (
-        "ghp_R8sT2uV4wX6yZ8aB0cD2eF4gH6iJ8kL0mN2p",
-        "ghp_R8sT2uV4wX6yZ8aB0cD2eF4gH6iJ8kL0mN2p",
-    ),
+    "github": ("ghp_R8sT2uV4wX6yZ8aB0cD2eF4gH6iJ8kL0mN2p", "ghp_R8sT2uV4wX6yZ8aB0cD2eF4gH6iJ8kL0mN2p"),
     "github_pat": (
         "github_pat_11ABCDEFG0Zq8Wx7Ve6Ut5_Sr4Qp3On2Ml1Kj0Ih9Gf8Ed7Cb6Az5Yx4Wv3Ut2Sr1Qp0On9Ml8Kj7",
         "github_pat_11ABCDEFG0Zq8Wx7Ve6Ut5_Sr4Qp3On2Ml1Kj0Ih9Gf8Ed7Cb6Az5Yx4Wv3Ut2Sr1Qp0On9Ml8Kj7",
     ),
-    "slack": (
-        "xoxb-2468013579-1357924680-Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk",
-        "xoxb-2468013579-1357924680-Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk",
-    ),
-    "google": (
-        "AIzaSyQ7w8E9r0T1y2U3i4O5p6A7s8D9f0G1h2J",
-        "AIzaSyQ7w8E9r0T1y2U3i4O5p6A7s8D9f0G1h2J",
-    ),
+    "slack": ("xoxb-2468013579-1357924680-Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk", "xoxb-2468013579-1357924680-Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk"),
+    "google": ("AIzaSyQ7w8E9r0T1y2U3i4O5p6A7s8D9f0G1h2J", "AIzaSyQ7w8E9r0T1y2U3i4O5p6A7s8D9f0G1h2J"),
     "stripe": ("sk_live_51Hq2Wx3Ec4Rv5Tb6Yn7Um8Ik9Ol0", "sk_live_51Hq2Wx3Ec4Rv5Tb6Yn7Um8Ik9Ol0"),
     "jwt": (
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJwbGFudGVkLXVzZXIifQ.Vq3Xk9Lp2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJwbGFudGVkLXVzZXIifQ.Vq3Xk9Lp2Wm4Rn6Bv8Cz0Dy1Ex3Fw5Gu7Ht9Ks2Mp",
     ),
-    "bearer": (
-        "Authorization: Bearer Tk4Hq8Zm2Xn6Cv0Bl3Kj7Gf1Ds5Ap9",
-        "Tk4Hq8Zm2Xn6Cv0Bl3Kj7Gf1Ds5Ap9",
-    ),
+    "bearer": ("Authorization: Bearer Tk4Hq8Zm2Xn6Cv0Bl3Kj7Gf1Ds5Ap9", "Tk4Hq8Zm2Xn6Cv0Bl3Kj7Gf1Ds5Ap9"),
     "pem": (
         "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAq7PlantedKeyBodyLineOne0123456789abcdefgh\n"
         "PlantedKeyBodyLineTwo9876543210ZYXWVUTSRQPONMLKJIH\n-----END RSA PRIVATE KEY-----",
         "MIIEowIBAAKCAQEAq7PlantedKeyBodyLineOne0123456789abcdefgh",
     ),
-    "url_password": (
-        "postgresql://alice:Tr0ub4dor-horse-battery@db.internal:5432/app",
-        "Tr0ub4dor-horse-battery",
-    ),
-    "registered": (
-        "my registered value: plumbus-Fleeb-9931-dinglebop",
-        "plumbus-Fleeb-9931-dinglebop",
-    ),
+    "url_password": ("postgresql://alice:Tr0ub4dor-horse-battery@db.internal:5432/app", "Tr0ub4dor-horse-battery"),
+    "registered": ("my registered value: plumbus-Fleeb-9931-dinglebop", "plumbus-Fleeb-9931-dinglebop"),
     "typed": ("(a pk.Secret)", "typed-secret-Schleem-4417"),
 }
 EVERYTHING = "\n".join(text for text, _ in PLANTED.values())
@@ -125,11 +98,7 @@ def _flatten(obj: Any, out: list[bytes], seen: set[int]) -> None:
     elif isinstance(obj, list | tuple | set | frozenset):
         for v in obj:
             _flatten(v, out, seen)
-    elif (
-        hasattr(obj, "__dataclass_fields__")
-        or hasattr(obj, "__slots__")
-        or hasattr(obj, "__dict__")
-    ):
+    elif hasattr(obj, "__dataclass_fields__") or hasattr(obj, "__slots__") or hasattr(obj, "__dict__"):
         names = list(getattr(obj, "__dataclass_fields__", ())) or list(getattr(obj, "__dict__", {}))
         for n in names:
             _flatten(getattr(obj, n, None), out, seen)
@@ -142,11 +111,7 @@ def read_everything(store: pk.Store, url: str) -> list[bytes]:
         data = store.backend._data  # type: ignore[attr-defined]
         _flatten({"heads": data.heads, "rows": data.rows, "blobs": data.blobs}, out, set())
     elif kind == "sqlite":
-        path = (
-            Path(url.removeprefix("sqlite:///"))
-            if url.startswith("sqlite:////")
-            else Path(url[len("sqlite:///") :])
-        )
+        path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:////") else Path(url[len("sqlite:///") :])
         for suffix in ("", "-wal", "-shm"):
             p = Path(str(path) + suffix)
             if p.exists():
@@ -157,13 +122,9 @@ def read_everything(store: pk.Store, url: str) -> list[bytes]:
         schema = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["schema"][0]
         base = url.split("?", 1)[0]
         with psycopg.connect(base) as conn:
-            tables = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-                    (schema,),
-                )
-            ]
+            tables = [r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            )]
             assert tables
             for table in tables:
                 for row in conn.execute(f'SELECT * FROM "{schema}"."{table}"'):
@@ -267,9 +228,7 @@ def test_no_planted_secret_reaches_any_store(store_url: str, vault: pk.secrets.F
     # No compression: compressed bytes would hide plain text from the raw scan.
     store = pk.connect(store_url, vault=vault, compress_threshold=1 << 30)
     try:
-        with pk.resume(
-            thread, store=store, metadata={"note": EVERYTHING, "key": PLANTED["github"][0]}
-        ) as run:
+        with pk.resume(thread, store=store, metadata={"note": EVERYTHING, "key": PLANTED["github"][0]}) as run:
             first = agent(run)
         assert PLANTED["openai"][0] in first["out"]["answer"]  # the live run sees live values
         blobs = read_everything(store, store_url)
@@ -298,9 +257,7 @@ def test_no_planted_secret_reaches_any_store(store_url: str, vault: pk.secrets.F
         state = pk.secrets.resolve(state, store=store)
         assert state["notes"] == EVERYTHING
         assert state["typed"].reveal() == PLANTED["typed"][1]
-        assert_clean(
-            read_everything(store, store_url), store_url.split(":", 1)[0] + " after replay"
-        )
+        assert_clean(read_everything(store, store_url), store_url.split(":", 1)[0] + " after replay")
     finally:
         store.close()
 

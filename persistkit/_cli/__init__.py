@@ -60,18 +60,13 @@ from ._output import Output
 __all__ = ["EXIT_NOT_FOUND", "main", "parser"]
 
 EXIT_NOT_FOUND = 3
-_READ_VERBS = frozenset(
-    {"threads", "history", "state", "show", "diff"}
-)  # a closed pipe ends them with 0
+_READ_VERBS = frozenset({"threads", "history", "state", "show", "diff"})  # a closed pipe ends them with 0
 
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--url",
-        help="the store's URL (default: $PERSISTKIT_URL, else "
-        "sqlite:///.persistkit/persistkit.db); its password is never printed",
-    )
+    common.add_argument("--url", help="the store's URL (default: $PERSISTKIT_URL, else "
+                        "sqlite:///.persistkit/persistkit.db); its password is never printed")
     p = argparse.ArgumentParser(
         prog="persistkit",
         description="Inspect and manage persistkit stores. Every verb but `migrate`, `import`, "
@@ -83,20 +78,8 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history, state, show and diff with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    groups = (
-        _threads,
-        _inspect,
-        _transfer,
-        _schema,
-        _dynamodb,
-        _keys,
-        _leases,
-        _suspend,
-        _replay,
-        _outbox,
-        _prune,
-        _timeline,
-    )
+    groups = (_threads, _inspect, _transfer, _schema, _dynamodb, _keys, _leases, _suspend, _replay, _outbox, _prune,
+              _timeline)
     for group in groups:
         group.add_parsers(sub, common)
     for verb in sub.choices.values():
@@ -135,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 def _check_ids(ns: argparse.Namespace) -> None:
     """Thread ids, run ids and the namespace given as arguments are checked before any store
     opens: a bad one is a usage error (exit 2, with the verb's usage), like argparse's own."""
-    given: list[tuple[str, str]] = [
-        (v, "thread_id") for v in getattr(ns, "threads", None) or () if "://" not in v
-    ]
+    given: list[tuple[str, str]] = [(v, "thread_id") for v in getattr(ns, "threads", None) or () if "://" not in v]
     thread, run = getattr(ns, "thread", None), getattr(ns, "run", None)
     if isinstance(thread, str) and "://" not in thread:
         given.append((thread, "thread_id"))

@@ -48,7 +48,9 @@ def register_backend(scheme: str, backend: type[Backend]) -> None:
     if not scheme or not scheme.isascii() or not scheme.replace("+", "").isalnum():
         raise ConfigurationError(f"invalid URL scheme {scheme!r}: use letters and digits")
     if not (isinstance(backend, type) and issubclass(backend, Backend)):
-        raise ConfigurationError(f"{backend!r} is not a persistkit.backends.Backend subclass")
+        raise ConfigurationError(
+            f"{backend!r} is not a persistkit.backends.Backend subclass"
+        )
     _REGISTERED[scheme.lower()] = backend
 
 
@@ -95,17 +97,8 @@ URL_PASSWORD_MASK = "$CRED{url_password}"
 
 #: The options ``pk.connect()`` takes itself (every other keyword goes to the store).
 CONNECT_OPTIONS = (
-    "blobs",
-    "blob_threshold",
-    "allow_pickle",
-    "allow_modules",
-    "compress_threshold",
-    "redact",
-    "vault",
-    "encryption",
-    "accept_plaintext",
-    "integrity",
-    "witness",
+    "blobs", "blob_threshold", "allow_pickle", "allow_modules", "compress_threshold", "redact",
+    "vault", "encryption", "accept_plaintext", "integrity", "witness",
 )
 
 
@@ -149,10 +142,8 @@ def split_connect_options(url: str) -> tuple[str, dict[str, Any]]:
 def _connect_option(name: str, text: str, url: str) -> Any:
     def bad(expected: str) -> ConfigurationError:
         # a key source's value may be key text pasted by mistake: never echo it (nor the URL)
-        shown = (
-            f"{name}=<{len(text)} characters> in the store URL"
-            if name in _KEYS
-            else (f"{name}={text!r} in the URL {_mask(url)!r}")
+        shown = f"{name}=<{len(text)} characters> in the store URL" if name in _KEYS else (
+            f"{name}={text!r} in the URL {_mask(url)!r}"
         )
         return ConfigurationError(f"{shown}: expected {expected}")
 

@@ -36,9 +36,7 @@ def detected(backend: Backend) -> frozenset[str]:
     """The capabilities whose primitive methods ``backend``'s class overrides."""
     cls = type(backend)
     return frozenset(
-        name
-        for name, methods in NAMES.items()
-        if all(getattr(cls, m) is not getattr(Backend, m) for m in methods)
+        name for name, methods in NAMES.items() if all(getattr(cls, m) is not getattr(Backend, m) for m in methods)
     )
 
 
@@ -49,9 +47,7 @@ def declared(backend: Backend) -> frozenset[str]:
 def has(backend: Backend, name: str) -> bool:
     """Whether ``backend`` (a store or a wrapper over one) has capability ``name``."""
     if name not in NAMES:
-        raise ConfigurationError(
-            f"unknown store capability {name!r}; known: {', '.join(sorted(NAMES))}"
-        )
+        raise ConfigurationError(f"unknown store capability {name!r}; known: {', '.join(sorted(NAMES))}")
     if name in ("leases", "fencing"):
         return backend.supports_leases
     if name == "kv":

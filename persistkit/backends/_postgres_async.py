@@ -210,16 +210,12 @@ class AsyncAccess:
 
     async def _held_cursor(self, slot: _Slot) -> Cur:
         conn, cur = slot.conn, slot.cursor
-        if (
-            conn is not None
-            and slot.owned
-            and (
-                conn.closed
-                or conn.broken
-                # Not idle between operations: e.g. a cancelled statement still running.
-                or conn.pgconn.transaction_status != _IDLE
-                or time.monotonic() - slot.opened > MAX_LIFETIME
-            )
+        if conn is not None and slot.owned and (
+            conn.closed
+            or conn.broken
+            # Not idle between operations: e.g. a cancelled statement still running.
+            or conn.pgconn.transaction_status != _IDLE
+            or time.monotonic() - slot.opened > MAX_LIFETIME
         ):
             await conn.close()
             conn = slot.conn = slot.cursor = None
@@ -342,12 +338,7 @@ class AsyncCore:
         self._noted: set[tuple[str, str, str | None]] = set()
 
     def _write_sql(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected: int,
-        fenced: bool,
-        swap: bool = False,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fenced: bool, swap: bool = False
     ) -> bytes:
         first = expected == 0
         run = first or (row.thread_id, row.namespace, row.run_id) not in self._noted
@@ -529,9 +520,7 @@ class AsyncCore:
 
     # -- prune (retention; the SQL and why it is one statement: _postgres_sql.py) ----------
 
-    async def prune_rows(
-        self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-    ) -> int:
+    async def prune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         if not checkpoint_ids:
             self._shared.check_open()
             return 0
@@ -562,10 +551,7 @@ class AsyncCore:
 
     async def blob_sizes(self, thread_id: str) -> dict[str, int]:
         async def op(cur: Cur) -> dict[str, int]:
-            return {
-                k: int(n)
-                for k, n in await _fetch(cur, self._q.prune["blob_sizes"], {"t": thread_id})
-            }
+            return {k: int(n) for k, n in await _fetch(cur, self._q.prune["blob_sizes"], {"t": thread_id})}
 
         return await self._run("sizing blobs", thread_id, op, read=True)
 
@@ -665,24 +651,13 @@ class AsyncCore:
         return (await self._write_fenced(row, blobs, expected_version, fence, None))[0]
 
     async def write_fenced_swap(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
-        lease_version: int,
-        lease_data: bytes,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
     ) -> tuple[Head, bool]:
-        return await self._write_fenced(
-            row, blobs, expected_version, fence, (lease_version, lease_data)
-        )
+        return await self._write_fenced(row, blobs, expected_version, fence, (lease_version, lease_data))
 
     async def _write_fenced(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
         swap: tuple[int, bytes] | None,
     ) -> tuple[Head, bool]:
         """A fenced write, and with ``swap`` (the lease record's version and new data) the
@@ -708,16 +683,12 @@ class AsyncCore:
             moved = await _inserted(cur, query, params)
             if moved:
                 self._wrote(row)
-                return Head(row.checkpoint_id, int(moved[0][0])), swap is not None and bool(
-                    moved[0][1]
-                )
+                return Head(row.checkpoint_id, int(moved[0][0])), swap is not None and bool(moved[0][1])
             # Nothing moved: a stale token, or a moved head (only this path reads more).
             lease = await _fetch(cur, lq["lease_get"], params)
             token = int(lease[0][0]) if lease else 0
             if token != fence:
-                raise LeaseLostError(
-                    thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token
-                )
+                raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token)
             found = await _fetch(cur, self._q.head, params)
             if found and int(found[0][1]) == expected_version:
                 raise reused_id(row, self._shared.url)
@@ -734,25 +705,13 @@ class AsyncCore:
     async def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         async def op(cur: Cur) -> LeaseRecord | None:
             found = await _fetch(cur, self._q.lease["lease_get"], {"t": thread_id, "ns": namespace})
-            return (
-                LeaseRecord(int(found[0][0]), bytes(found[0][1]), int(found[0][2]))
-                if found
-                else None
-            )
+            return LeaseRecord(int(found[0][0]), bytes(found[0][1]), int(found[0][2])) if found else None
 
         return await self._run("reading the lease", thread_id, op, read=True)
 
-    async def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    async def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         query = self._q.lease["lease_create" if expected == 0 else "lease_swap"]
-        params = {
-            "t": thread_id,
-            "ns": namespace,
-            "expected": expected,
-            "token": token,
-            "data": bytes(data),
-        }
+        params = {"t": thread_id, "ns": namespace, "expected": expected, "token": token, "data": bytes(data)}
 
         async def op(cur: Cur) -> bool:
             return bool(await _fetch(cur, query, params))

@@ -165,9 +165,7 @@ class PostgresKv(Backend):
     ) -> builtins.list[KvEntry]:
         core = self._kv_async()
         if core is None:
-            return await asyncio.to_thread(
-                self.kv_list, scope, prefix=prefix, after=after, limit=limit
-            )
+            return await asyncio.to_thread(self.kv_list, scope, prefix=prefix, after=after, limit=limit)
         return await core.list(scope, prefix=prefix, after=after, limit=limit)
 
     async def akv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:

@@ -120,9 +120,7 @@ def grant(core: Core, role: str, scope: str, read: Sequence[str], write: Sequenc
     """Replace ``role``'s grants in ``scope`` by ``read`` and ``write`` (see the module)."""
     _check(role, scope, [*read, *write])
     q = core._shared.queries
-    rows = sorted(
-        {("read", like_pattern(p)) for p in read} | {("write", like_pattern(p)) for p in write}
-    )
+    rows = sorted({("read", like_pattern(p)) for p in read} | {("write", like_pattern(p)) for p in write})
 
     def op(cur: Cur) -> None:
         with cur.connection.transaction():
@@ -156,10 +154,7 @@ def revoke(core: Core, role: str, scope: str | None) -> None:
                 f"DELETE FROM {q.quoted_schema}.kv_grants WHERE role = %s AND (%s::text IS NULL OR scope = %s)".encode(),
                 (role, scope, scope),
             )
-            cur.execute(
-                f"SELECT 1 FROM {q.quoted_schema}.kv_grants WHERE role = %s LIMIT 1".encode(),
-                (role,),
-            )
+            cur.execute(f"SELECT 1 FROM {q.quoted_schema}.kv_grants WHERE role = %s LIMIT 1".encode(), (role,))
             if cur.fetchone() is None:
                 _privileges(cur, q.schema, role, give=False)
 

@@ -53,46 +53,27 @@ class AsyncKvCore:
             found = await _read(cur, query, params, self._shared.url, scope, key)
             return _entry(key, found[0]) if found else None
 
-        return await self._core._run(
-            f"kv read of key {key!r} in scope {scope!r}", None, op, read=True
-        )
+        return await self._core._run(f"kv read of key {key!r} in scope {scope!r}", None, op, read=True)
 
     async def history(
         self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
     ) -> builtins.list[KvEntry]:
-        params = {
-            "scope": scope,
-            "key": key,
-            "before": before,
-            "limit": None if limit is None else max(limit, 0),
-        }
+        params = {"scope": scope, "key": key, "before": before, "limit": None if limit is None else max(limit, 0)}
 
         async def op(cur: Cur) -> builtins.list[KvEntry]:
-            return [
-                _entry(key, found)
-                for found in await _read(cur, self._q.history, params, self._shared.url, scope, key)
-            ]
+            return [_entry(key, found) for found in await _read(cur, self._q.history, params, self._shared.url, scope, key)]
 
-        return await self._core._run(
-            f"kv history of key {key!r} in scope {scope!r}", None, op, read=True
-        )
+        return await self._core._run(f"kv history of key {key!r} in scope {scope!r}", None, op, read=True)
 
     async def list(
         self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
     ) -> builtins.list[KvEntry]:
         query = self._q.list[after is not None]
-        params = {
-            "scope": scope,
-            "prefix": prefix,
-            "after": after,
-            "limit": None if limit is None else max(limit, 0),
-        }
+        params = {"scope": scope, "prefix": prefix, "after": after, "limit": None if limit is None else max(limit, 0)}
 
         async def op(cur: Cur) -> builtins.list[KvEntry]:
             found = await _read(cur, query, params, self._shared.url, scope, prefix + "*")
-            return [
-                KvEntry(k, int(v), None if value is None else bytes(value)) for k, v, value in found
-            ]
+            return [KvEntry(k, int(v), None if value is None else bytes(value)) for k, v, value in found]
 
         return await self._core._run(f"kv listing of scope {scope!r}", None, op, read=True)
 
@@ -121,9 +102,7 @@ class AsyncKvCore:
                     raise
                 await self._conflict(cur, scope, ops)
 
-        await self._core._run(
-            f"kv write of {len(ops)} key(s) in scope {scope!r}", None, op, read=False
-        )
+        await self._core._run(f"kv write of {len(ops)} key(s) in scope {scope!r}", None, op, read=False)
 
     async def _conflict(self, cur: Cur, scope: str, ops: Sequence[KvOp]) -> None:
         """Raise the ConflictError of the first op (in the caller's order) whose key is not
@@ -131,9 +110,7 @@ class AsyncKvCore:
         found = await _fetch(cur, self._q.found, {"scope": scope, "keys": [o.key for o in ops]})
         versions = [int(f[0]) for f in found]
         first = next((i for i, o in enumerate(ops) if versions[i] != o.expected), 0)
-        raise ConflictError(
-            key=ops[first].key, namespace=scope, expected=ops[first].expected, found=versions[first]
-        )
+        raise ConflictError(key=ops[first].key, namespace=scope, expected=ops[first].expected, found=versions[first])
 
     async def _denied(
         self, cur: Cur, scope: str, ops: Sequence[KvOp], exc: psycopg.Error
@@ -181,12 +158,7 @@ async def _read(
 
 
 def _denial(
-    url: str,
-    scope: str,
-    key: str,
-    operation: str,
-    grants: Sequence[tuple[Any, ...]],
-    exc: psycopg.Error,
+    url: str, scope: str, key: str, operation: str, grants: Sequence[tuple[Any, ...]], exc: psycopg.Error
 ) -> AccessDeniedError:
     shown = ", ".join(f"{mode} {glob_of(pattern)!r}" for mode, pattern in grants) or "none readable"
     detail = " ".join(str(exc).split()) or type(exc).__name__
@@ -204,9 +176,7 @@ class AsyncWatchCore:
     """One LISTEN connection on one scope's channel, reconnected on the next wait after
     it drops (that wait then returns ``[KvHint(None)]``: hints may have been lost)."""
 
-    def __init__(
-        self, conninfo: str, connect: Mapping[str, Any], chan: str, scope: str, url: str
-    ) -> None:
+    def __init__(self, conninfo: str, connect: Mapping[str, Any], chan: str, scope: str, url: str) -> None:
         self._conninfo = conninfo
         self._connect = {**connect, "autocommit": True}
         self._listen = f'LISTEN "{chan}"'.encode()
@@ -227,9 +197,7 @@ class AsyncWatchCore:
                 await conn.close()
                 raise
         except psycopg.Error as exc:
-            raise map_error(
-                exc, f"listening for kv hints of scope {self._scope!r}", None, self._url
-            ) from exc
+            raise map_error(exc, f"listening for kv hints of scope {self._scope!r}", None, self._url) from exc
         self._conn = conn
 
     async def wait(self, timeout: float) -> builtins.list[KvHint]:

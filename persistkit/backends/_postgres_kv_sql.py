@@ -110,11 +110,7 @@ class KvQueries:
         self.schema = schema
 
         def render(text: str) -> bytes:
-            return (
-                text.replace("{s}", quoted_schema)
-                .replace("{max_key}", str(_HINT_KEY_BYTES))
-                .encode()
-            )
+            return text.replace("{s}", quoted_schema).replace("{max_key}", str(_HINT_KEY_BYTES)).encode()
 
         self.write = render(_WRITE)
         self.get = render(_SQL["get"])
@@ -127,9 +123,7 @@ class KvQueries:
         # Two static variants rather than "(after IS NULL OR ...)", so each gets a plan
         # that bounds the index scan.
         self.list = {
-            after: render(
-                _SQL["list"].replace("{after}", " AND k.key > %(after)s::text" if after else "")
-            )
+            after: render(_SQL["list"].replace("{after}", " AND k.key > %(after)s::text" if after else ""))
             for after in (False, True)
         }
 

@@ -59,18 +59,10 @@ class KvCore:
     def history(
         self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
     ) -> builtins.list[KvEntry]:
-        params = {
-            "scope": scope,
-            "key": key,
-            "before": before,
-            "limit": None if limit is None else max(limit, 0),
-        }
+        params = {"scope": scope, "key": key, "before": before, "limit": None if limit is None else max(limit, 0)}
 
         def op(cur: Cur) -> builtins.list[KvEntry]:
-            return [
-                _entry(key, found)
-                for found in _read(cur, self._q.history, params, self._shared.url, scope, key)
-            ]
+            return [_entry(key, found) for found in _read(cur, self._q.history, params, self._shared.url, scope, key)]
 
         return self._core._run(f"kv history of key {key!r} in scope {scope!r}", None, op, read=True)
 
@@ -78,18 +70,11 @@ class KvCore:
         self, scope: str, *, prefix: str = "", after: str | None = None, limit: int | None = None
     ) -> builtins.list[KvEntry]:
         query = self._q.list[after is not None]
-        params = {
-            "scope": scope,
-            "prefix": prefix,
-            "after": after,
-            "limit": None if limit is None else max(limit, 0),
-        }
+        params = {"scope": scope, "prefix": prefix, "after": after, "limit": None if limit is None else max(limit, 0)}
 
         def op(cur: Cur) -> builtins.list[KvEntry]:
             found = _read(cur, query, params, self._shared.url, scope, prefix + "*")
-            return [
-                KvEntry(k, int(v), None if value is None else bytes(value)) for k, v, value in found
-            ]
+            return [KvEntry(k, int(v), None if value is None else bytes(value)) for k, v, value in found]
 
         return self._core._run(f"kv listing of scope {scope!r}", None, op, read=True)
 
@@ -126,9 +111,7 @@ class KvCore:
         found = _fetch(cur, self._q.found, {"scope": scope, "keys": [o.key for o in ops]})
         versions = [int(f[0]) for f in found]
         first = next((i for i, o in enumerate(ops) if versions[i] != o.expected), 0)
-        raise ConflictError(
-            key=ops[first].key, namespace=scope, expected=ops[first].expected, found=versions[first]
-        )
+        raise ConflictError(key=ops[first].key, namespace=scope, expected=ops[first].expected, found=versions[first])
 
     def _denied(
         self, cur: Cur, scope: str, ops: Sequence[KvOp], exc: psycopg.Error
@@ -176,12 +159,7 @@ def _read(
 
 
 def _denial(
-    url: str,
-    scope: str,
-    key: str,
-    operation: str,
-    grants: Sequence[tuple[Any, ...]],
-    exc: psycopg.Error,
+    url: str, scope: str, key: str, operation: str, grants: Sequence[tuple[Any, ...]], exc: psycopg.Error
 ) -> AccessDeniedError:
     shown = ", ".join(f"{mode} {glob_of(pattern)!r}" for mode, pattern in grants) or "none readable"
     detail = " ".join(str(exc).split()) or type(exc).__name__
@@ -199,9 +177,7 @@ class WatchCore:
     """One LISTEN connection on one scope's channel, reconnected on the next wait after
     it drops (that wait then returns ``[KvHint(None)]``: hints may have been lost)."""
 
-    def __init__(
-        self, conninfo: str, connect: Mapping[str, Any], chan: str, scope: str, url: str
-    ) -> None:
+    def __init__(self, conninfo: str, connect: Mapping[str, Any], chan: str, scope: str, url: str) -> None:
         self._conninfo = conninfo
         self._connect = {**connect, "autocommit": True}
         self._listen = f'LISTEN "{chan}"'.encode()
@@ -222,9 +198,7 @@ class WatchCore:
                 conn.close()
                 raise
         except psycopg.Error as exc:
-            raise map_error(
-                exc, f"listening for kv hints of scope {self._scope!r}", None, self._url
-            ) from exc
+            raise map_error(exc, f"listening for kv hints of scope {self._scope!r}", None, self._url) from exc
         self._conn = conn
 
     def wait(self, timeout: float) -> builtins.list[KvHint]:

@@ -45,9 +45,7 @@ class PostgresPrune(Backend):
     def blob_sizes(self, thread_id: str) -> dict[str, int]:
         return self._sync_core().blob_sizes(thread_id)
 
-    async def aprune_rows(
-        self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-    ) -> int:
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         core = self._async_core()
         if core is None:
             return await asyncio.to_thread(self.prune_rows, thread_id, namespace, checkpoint_ids)

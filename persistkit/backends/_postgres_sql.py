@@ -246,11 +246,8 @@ def _write(*, fenced: bool, first: bool, run: bool, blobs: bool, swap: bool = Fa
     cp = _CP.replace("{at_head}", _FIRST if first else _NEXT)
     cp = cp.replace("{fenced}", "\n      AND EXISTS (SELECT 1 FROM fence)" if fenced else "")
     return (
-        "WITH "
-        + (_FENCE if fenced else "")
-        + cp
-        + (_RUN if run else "")
-        + (_BLOBS if blobs else "")
+        "WITH " + (_FENCE if fenced else "") + cp
+        + (_RUN if run else "") + (_BLOBS if blobs else "")
         + (_SWAP + _SWAP_RESULT if swap else _RESULT)
     )
 
@@ -428,9 +425,7 @@ class Queries:
             return text.replace("{s}", quoted).encode()
 
         self.writes = {
-            case: render(
-                _write(fenced=case[0], first=case[1], run=case[2], blobs=case[3], swap=case[4])
-            )
+            case: render(_write(fenced=case[0], first=case[1], run=case[2], blobs=case[3], swap=case[4]))
             for case in WRITE_CASES
         }
         self.put_blobs = render(_SQL["put_blobs"])

@@ -210,16 +210,12 @@ class Access:
 
     def _held_cursor(self, slot: _Slot) -> Cur:
         conn, cur = slot.conn, slot.cursor
-        if (
-            conn is not None
-            and slot.owned
-            and (
-                conn.closed
-                or conn.broken
-                # Not idle between operations: e.g. a cancelled statement still running.
-                or conn.pgconn.transaction_status != _IDLE
-                or time.monotonic() - slot.opened > MAX_LIFETIME
-            )
+        if conn is not None and slot.owned and (
+            conn.closed
+            or conn.broken
+            # Not idle between operations: e.g. a cancelled statement still running.
+            or conn.pgconn.transaction_status != _IDLE
+            or time.monotonic() - slot.opened > MAX_LIFETIME
         ):
             conn.close()
             conn = slot.conn = slot.cursor = None
@@ -342,12 +338,7 @@ class Core:
         self._noted: set[tuple[str, str, str | None]] = set()
 
     def _write_sql(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected: int,
-        fenced: bool,
-        swap: bool = False,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fenced: bool, swap: bool = False
     ) -> bytes:
         first = expected == 0
         run = first or (row.thread_id, row.namespace, row.run_id) not in self._noted
@@ -449,7 +440,9 @@ class Core:
 
     # -- writes ----------------------------------------------------------------
 
-    def write(self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int) -> Head:
+    def write(
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int
+    ) -> Head:
         q = self._q
         params = {
             "t": row.thread_id,
@@ -558,9 +551,7 @@ class Core:
 
     def blob_sizes(self, thread_id: str) -> dict[str, int]:
         def op(cur: Cur) -> dict[str, int]:
-            return {
-                k: int(n) for k, n in _fetch(cur, self._q.prune["blob_sizes"], {"t": thread_id})
-            }
+            return {k: int(n) for k, n in _fetch(cur, self._q.prune["blob_sizes"], {"t": thread_id})}
 
         return self._run("sizing blobs", thread_id, op, read=True)
 
@@ -660,22 +651,13 @@ class Core:
         return (self._write_fenced(row, blobs, expected_version, fence, None))[0]
 
     def write_fenced_swap(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
-        lease_version: int,
-        lease_data: bytes,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
     ) -> tuple[Head, bool]:
         return self._write_fenced(row, blobs, expected_version, fence, (lease_version, lease_data))
 
     def _write_fenced(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
         swap: tuple[int, bytes] | None,
     ) -> tuple[Head, bool]:
         """A fenced write, and with ``swap`` (the lease record's version and new data) the
@@ -701,16 +683,12 @@ class Core:
             moved = _inserted(cur, query, params)
             if moved:
                 self._wrote(row)
-                return Head(row.checkpoint_id, int(moved[0][0])), swap is not None and bool(
-                    moved[0][1]
-                )
+                return Head(row.checkpoint_id, int(moved[0][0])), swap is not None and bool(moved[0][1])
             # Nothing moved: a stale token, or a moved head (only this path reads more).
             lease = _fetch(cur, lq["lease_get"], params)
             token = int(lease[0][0]) if lease else 0
             if token != fence:
-                raise LeaseLostError(
-                    thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token
-                )
+                raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=token)
             found = _fetch(cur, self._q.head, params)
             if found and int(found[0][1]) == expected_version:
                 raise reused_id(row, self._shared.url)
@@ -727,25 +705,13 @@ class Core:
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         def op(cur: Cur) -> LeaseRecord | None:
             found = _fetch(cur, self._q.lease["lease_get"], {"t": thread_id, "ns": namespace})
-            return (
-                LeaseRecord(int(found[0][0]), bytes(found[0][1]), int(found[0][2]))
-                if found
-                else None
-            )
+            return LeaseRecord(int(found[0][0]), bytes(found[0][1]), int(found[0][2])) if found else None
 
         return self._run("reading the lease", thread_id, op, read=True)
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         query = self._q.lease["lease_create" if expected == 0 else "lease_swap"]
-        params = {
-            "t": thread_id,
-            "ns": namespace,
-            "expected": expected,
-            "token": token,
-            "data": bytes(data),
-        }
+        params = {"t": thread_id, "ns": namespace, "expected": expected, "token": token, "data": bytes(data)}
 
         def op(cur: Cur) -> bool:
             return bool(_fetch(cur, query, params))

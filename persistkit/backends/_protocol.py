@@ -201,12 +201,7 @@ _new = object.__new__
 
 
 def new_row(
-    thread_id: str,
-    namespace: str,
-    checkpoint_id: str,
-    parent_id: str | None,
-    run_id: str | None,
-    payload: bytes,
+    thread_id: str, namespace: str, checkpoint_id: str, parent_id: str | None, run_id: str | None, payload: bytes
 ) -> CheckpointRow:
     """``CheckpointRow(...)`` for the per-step path."""
     row: Any = _new(_RowDraft)
@@ -386,9 +381,7 @@ class Backend(PrunePrimitives, abc.ABC):
         """The lease record of ``(thread_id, namespace)``, or None if it never had one."""
         raise _missing(self, "lease_get", _LEASES)
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         """Compare-and-swap the lease record: if its version is ``expected`` (0: no record
         yet), store ``token`` and ``data`` with version ``expected + 1`` and return True;
         otherwise change nothing and return False. Atomic; records are never deleted
@@ -409,13 +402,8 @@ class Backend(PrunePrimitives, abc.ABC):
         raise _missing(self, "write_fenced", _LEASES)
 
     def write_fenced_swap(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
-        lease_version: int,
-        lease_data: bytes,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
     ) -> tuple[Head, bool]:
         """``write_fenced``, then ``lease_swap(row.thread_id, row.namespace, lease_version, fence,
         lease_data)``: a run's end record that gives its lease up with it. Returns the new head
@@ -553,9 +541,7 @@ class Backend(PrunePrimitives, abc.ABC):
 
     async def ahead_row(self, thread_id: str, namespace: str) -> tuple[Head, CheckpointRow] | None:
         head = await self.ahead(thread_id, namespace)
-        row = (
-            await self.aget(thread_id, namespace, head.checkpoint_id) if head is not None else None
-        )
+        row = await self.aget(thread_id, namespace, head.checkpoint_id) if head is not None else None
         return (head, row) if head is not None and row is not None else None
 
     # Not abstract: by default the sync method runs in a worker thread.
@@ -570,9 +556,7 @@ class Backend(PrunePrimitives, abc.ABC):
     async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return await _in_thread(self.lease_get, thread_id, namespace)
 
-    async def alease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         return await _in_thread(self.lease_swap, thread_id, namespace, expected, token, data)
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
@@ -584,18 +568,11 @@ class Backend(PrunePrimitives, abc.ABC):
         return await _in_thread(self.write_fenced, row, blobs, expected_version, fence)
 
     async def awrite_fenced_swap(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
-        lease_version: int,
-        lease_data: bytes,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
     ) -> tuple[Head, bool]:
         head = await self.awrite_fenced(row, blobs, expected_version, fence)
-        return head, await self.alease_swap(
-            row.thread_id, row.namespace, lease_version, fence, lease_data
-        )
+        return head, await self.alease_swap(row.thread_id, row.namespace, lease_version, fence, lease_data)
 
 
 _MAINTENANCE = "key rotation and store-wide maintenance need; implement it (see persistkit.backends.Backend) or rotate on a store that has it"
@@ -686,9 +663,7 @@ class ThreadedAsync(Backend):
     async def aclose(self) -> None:
         await _in_thread(self.close)
 
-    async def aprune_rows(
-        self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-    ) -> int:
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         return await _in_thread(self.prune_rows, thread_id, namespace, checkpoint_ids)
 
     async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
@@ -716,9 +691,7 @@ class ForwardLeases(Backend):
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return self.lease_inner().lease_get(thread_id, namespace)
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         return self.lease_inner().lease_swap(thread_id, namespace, expected, token, data)
 
     def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
@@ -727,9 +700,7 @@ class ForwardLeases(Backend):
     async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return await self.lease_inner().alease_get(thread_id, namespace)
 
-    async def alease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         return await self.lease_inner().alease_swap(thread_id, namespace, expected, token, data)
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:

@@ -71,9 +71,7 @@ class PrunePrimitives:
         """Every blob key of ``thread_id`` and its stored size in bytes."""
         raise missing_prune(self, "blob_sizes")
 
-    async def aprune_rows(
-        self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-    ) -> int:
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         raise missing_prune(self, "aprune_rows")
 
     async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:
@@ -103,9 +101,7 @@ class ForwardPrune(PrunePrimitives):
     def blob_sizes(self, thread_id: str) -> dict[str, int]:
         return dict(self.prune_inner().blob_sizes(thread_id))
 
-    async def aprune_rows(
-        self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-    ) -> int:
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         return int(await self.prune_inner().aprune_rows(thread_id, namespace, checkpoint_ids))
 
     async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:

@@ -53,15 +53,7 @@ from .._errors import ConfigurationError, ConflictError, PersistkitError, StoreC
 from ._protocol import KvEntry, KvHint, KvOp, KvWatch
 from ._redis_ops import Batch, Keys, Op, _dec, _enc, _script, script_sha
 
-__all__ = [
-    "DROP_BATCH",
-    "RedisKv",
-    "op_kv_drop",
-    "op_kv_get",
-    "op_kv_history",
-    "op_kv_list",
-    "op_kv_write",
-]
+__all__ = ["DROP_BATCH", "RedisKv", "op_kv_drop", "op_kv_get", "op_kv_history", "op_kv_list", "op_kv_write"]
 
 _T = TypeVar("_T")
 
@@ -143,9 +135,7 @@ if left == 0 then redis.call('DEL', KEYS[1]) end
 return {#ms, left}
 """
 
-_KV_WRITE, _KV_GET, _KV_LIST, _KV_DROP = map(
-    script_sha, (_LUA_KV_WRITE, _LUA_KV_GET, _LUA_KV_LIST, _LUA_KV_DROP)
-)
+_KV_WRITE, _KV_GET, _KV_LIST, _KV_DROP = map(script_sha, (_LUA_KV_WRITE, _LUA_KV_GET, _LUA_KV_LIST, _LUA_KV_DROP))
 
 # -- pure helpers -------------------------------------------------------------------
 
@@ -191,9 +181,7 @@ def op_kv_get(k: Keys, scope: str, key: str, version: int | None) -> Op[KvEntry 
     return None if raw is None else _entry(key, version, raw)
 
 
-def op_kv_history(
-    k: Keys, scope: str, key: str, before: int | None, limit: int | None
-) -> Op[list[KvEntry]]:
+def op_kv_history(k: Keys, scope: str, key: str, before: int | None, limit: int | None) -> Op[list[KvEntry]]:
     [flat] = yield Batch((("HGETALL", _tag(k, scope) + b"v:" + _enc(key)),), True)
     items = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
     kept = sorted(((int(f), raw) for f, raw in items if f != b"l"), key=lambda e: -e[0])
@@ -201,9 +189,7 @@ def op_kv_history(
     return picked if limit is None else picked[: max(limit, 0)]
 
 
-def op_kv_list(
-    k: Keys, scope: str, prefix: str, after: str | None, limit: int | None
-) -> Op[list[KvEntry]]:
+def op_kv_list(k: Keys, scope: str, prefix: str, after: str | None, limit: int | None) -> Op[list[KvEntry]]:
     if limit is not None and limit <= 0:
         return []
     t = _tag(k, scope)
@@ -224,11 +210,7 @@ def op_kv_write(k: Keys, scope: str, ops: Sequence[KvOp], keep: int) -> Op[None]
     keys = [t + b"live", t + b"all", *(t + b"v:" + _enc(op.key) for op in ops)]
     args: list[Any] = [max(int(keep), 1), t + b"c"]
     for op in ops:
-        args += (
-            _enc(op.key),
-            int(op.expected),
-            b"-" if op.value is None else b"=" + bytes(op.value),
-        )
+        args += (_enc(op.key), int(op.expected), b"-" if op.value is None else b"=" + bytes(op.value))
     [reply] = yield Batch((_script(_KV_WRITE, keys, args),), False)
     if int(reply[0]) == 0:
         op = ops[int(reply[1]) - 1]
@@ -338,15 +320,9 @@ class RedisWatch(KvWatch):
         end = time.monotonic() + max(timeout, 0.0)
         try:
             while True:
-                pending.add(
-                    pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=max(end - time.monotonic(), 0.0)
-                    )
-                )
+                pending.add(pubsub.get_message(ignore_subscribe_messages=True, timeout=max(end - time.monotonic(), 0.0)))
                 if pending.keys or pending.relist:
-                    while (
-                        msg := pubsub.get_message(ignore_subscribe_messages=True, timeout=0.0)
-                    ) is not None:
+                    while (msg := pubsub.get_message(ignore_subscribe_messages=True, timeout=0.0)) is not None:
                         pending.add(msg)
                     return pending.hints()
                 if time.monotonic() >= end:
@@ -421,9 +397,7 @@ class AsyncRedisWatch(KvWatch):
                 left = max(end - time.monotonic(), 0.0)
                 pending.add(await pubsub.get_message(ignore_subscribe_messages=True, timeout=left))
                 if pending.keys or pending.relist:
-                    while (
-                        msg := await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.0)
-                    ) is not None:
+                    while (msg := await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.0)) is not None:
                         pending.add(msg)
                     return pending.hints()
                 if time.monotonic() >= end:
@@ -499,9 +473,7 @@ class RedisKv:
             raise ConfigurationError(
                 "this RedisBackend was given only an async_client; use awatch_open or pass client="
             )
-        return RedisWatch(
-            self._client, scope, channel(self._keys, scope), self.url, self._watch_error
-        )
+        return RedisWatch(self._client, scope, channel(self._keys, scope), self.url, self._watch_error)
 
     async def akv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
         return await self._arun(op_kv_get(self._keys, scope, key, version))
@@ -526,9 +498,7 @@ class RedisKv:
         self._closed_check()
         chan = channel(self._keys, scope)
         if self._given_async is not None:
-            cls, kwargs = _dedicated_kwargs(
-                self._given_async, scope, redis.asyncio.retry.Retry(NoBackoff(), 0)
-            )
+            cls, kwargs = _dedicated_kwargs(self._given_async, scope, redis.asyncio.retry.Retry(NoBackoff(), 0))
 
             def make() -> Any:
                 pool = redis.asyncio.ConnectionPool(connection_class=cls, **kwargs)
@@ -540,9 +510,7 @@ class RedisKv:
             def make() -> Any:
                 # A fresh client (no connection made yet): its own pool is the watch's.
                 client = factory()
-                client.connection_pool.connection_kwargs["client_name"] = (
-                    f"persistkit:watch:{scope}"
-                )
+                client.connection_pool.connection_kwargs["client_name"] = f"persistkit:watch:{scope}"
                 return client
 
         else:  # a sync client only: the blocking watch, waited on in a worker thread

@@ -370,9 +370,7 @@ def op_has_data(k: Keys) -> Op[bool]:
     [indexed] = yield Batch((("EXISTS", k.threads),), True)
     if indexed:
         return True
-    pattern = (
-        b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in k.prefix) + b"*"
-    )
+    pattern = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in k.prefix) + b"*"
     cursor: Any = 0
     while True:
         [(cursor, found)] = yield Batch((("SCAN", cursor, "MATCH", pattern, "COUNT", 1000),), True)
@@ -489,25 +487,17 @@ return 1
 _WRITE_FENCED, _LEASE_SWAP = map(script_sha, (_LUA_WRITE_FENCED, _LUA_LEASE_SWAP))
 
 
-def op_write_fenced(
-    k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fence: int
-) -> Op[Head]:
+def op_write_fenced(k: Keys, row: CheckpointRow, blobs: Mapping[str, bytes], expected: int, fence: int) -> Op[Head]:
     write = op_write(k, row, blobs, expected)
     batch = next(write)
-    script, *index = (
-        batch.commands
-    )  # the write script, then the thread index's ZADD (+ PEXPIRE with a ttl)
+    script, *index = batch.commands  # the write script, then the thread index's ZADD (+ PEXPIRE with a ttl)
     n = script[2]
     keys, args = script[3 : 3 + n], script[3 + n :]
-    fenced = _script(
-        _WRITE_FENCED, (*keys, k.ns(row.thread_id, row.namespace, b"l")), (*args, int(fence))
-    )
+    fenced = _script(_WRITE_FENCED, (*keys, k.ns(row.thread_id, row.namespace, b"l")), (*args, int(fence)))
     replies = yield Batch((fenced, *index), False)
     if replies[0][0] == 2:
         write.close()
-        raise LeaseLostError(
-            thread_id=row.thread_id, namespace=row.namespace, token=fence, found=int(replies[0][1])
-        )
+        raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=int(replies[0][1]))
     try:
         write.send(replies)
     except StopIteration as done:
@@ -516,18 +506,12 @@ def op_write_fenced(
 
 
 def op_lease_get(k: Keys, thread_id: str, namespace: str) -> Op[LeaseRecord | None]:
-    [(t, d, v)] = yield Batch(
-        (("HMGET", k.ns(thread_id, namespace, b"l"), b"t", b"d", b"v"),), True
-    )
+    [(t, d, v)] = yield Batch((("HMGET", k.ns(thread_id, namespace, b"l"), b"t", b"d", b"v"),), True)
     return None if v is None else LeaseRecord(int(t), bytes(d), int(v))
 
 
-def op_lease_swap(
-    k: Keys, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-) -> Op[bool]:
-    cmd = _script(
-        _LEASE_SWAP, (k.ns(thread_id, namespace, b"l"),), (int(expected), int(token), bytes(data))
-    )
+def op_lease_swap(k: Keys, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> Op[bool]:
+    cmd = _script(_LEASE_SWAP, (k.ns(thread_id, namespace, b"l"),), (int(expected), int(token), bytes(data)))
     [ok] = yield Batch((cmd,), False)
     return int(ok) == 1
 
@@ -651,14 +635,10 @@ end
 return out
 """
 
-_PRUNE_ROWS, _DELETE_BLOBS, _BLOB_SIZES = map(
-    script_sha, (_LUA_PRUNE_ROWS, _LUA_DELETE_BLOBS, _LUA_BLOB_SIZES)
-)
+_PRUNE_ROWS, _DELETE_BLOBS, _BLOB_SIZES = map(script_sha, (_LUA_PRUNE_ROWS, _LUA_DELETE_BLOBS, _LUA_BLOB_SIZES))
 
 
-def op_prune_rows(
-    k: Keys, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-) -> Op[int]:
+def op_prune_rows(k: Keys, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> Op[int]:
     keys = tuple(k.ns(thread_id, namespace, kind) for kind in (b"h", b"r", b"i", b"u"))
     ids = [_enc(c) for c in sorted_ids(checkpoint_ids)]
     deleted = 0
@@ -673,9 +653,7 @@ def op_delete_blobs(k: Keys, thread_id: str, keys: Sequence[str]) -> Op[int]:
     names = [key.encode("ascii") for key in sorted(set(keys))]
     deleted = 0
     for i in range(0, len(names), PRUNE_BATCH):
-        [n] = yield Batch(
-            (_script(_DELETE_BLOBS, (tk + b"b", tk + b"k"), names[i : i + PRUNE_BATCH]),), False
-        )
+        [n] = yield Batch((_script(_DELETE_BLOBS, (tk + b"b", tk + b"k"), names[i : i + PRUNE_BATCH]),), False)
         deleted += int(n)
     return deleted
 
@@ -686,9 +664,7 @@ def op_blob_sizes(k: Keys, thread_id: str) -> Op[dict[str, int]]:
     sizes: dict[str, int] = {}
     lo = b"-"
     while True:
-        [(last, *flat)] = yield Batch(
-            (_script(_BLOB_SIZES, (tk + b"k", tk + b"b"), (lo, PRUNE_BATCH)),), True
-        )
+        [(last, *flat)] = yield Batch((_script(_BLOB_SIZES, (tk + b"k", tk + b"b"), (lo, PRUNE_BATCH)),), True)
         sizes.update((key.decode("ascii"), int(size)) for key, size in _pairs(flat))
         if not last:
             return sizes

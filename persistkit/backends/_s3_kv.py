@@ -153,9 +153,7 @@ class S3Kv:
         self._pending_timeout = pending_timeout
         self._known: dict[str, str] = {}  # ETag of a version object -> its txn ("" = single write)
         self._settled: dict[str, str] = {}  # txn id -> committed/aborted, seen (both are final)
-        self._seen_pending: dict[
-            str, float
-        ] = {}  # txn id -> when this instance first saw it pending
+        self._seen_pending: dict[str, float] = {}  # txn id -> when this instance first saw it pending
         self._gates: dict[str, threading.RLock] = {}  # txn id -> held while its record is read
 
     # -- names -----------------------------------------------------------------------
@@ -270,9 +268,7 @@ class S3Kv:
         """Move a record to ``status`` (If-Match ``etag``); the status it has afterwards."""
         body = json.dumps(record | {"s": status}).encode("ascii")
         try:
-            self._client.put_object(
-                Bucket=self._bucket, Key=self._txn_name(scope, txn), Body=body, IfMatch=etag
-            )
+            self._client.put_object(Bucket=self._bucket, Key=self._txn_name(scope, txn), Body=body, IfMatch=etag)
         except Exception as exc:
             if not _is_client_error(exc, _CONFLICT_CODES):
                 raise _map_error(exc, f"settling kv batch {txn!r}") from exc
@@ -338,9 +334,7 @@ class S3Kv:
             if again == objs:
                 return None
             objs = again
-        raise BackendUnavailableError(
-            f"S3 kv key under {prefix!r} kept changing while being read; retry"
-        )
+        raise BackendUnavailableError(f"S3 kv key under {prefix!r} kept changing while being read; retry")
 
     def kv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
         self._check_open()
@@ -354,9 +348,7 @@ class S3Kv:
                 return None
             k, v, txn, value = _decode(got[0])
             self._remember(got[1], txn or "")
-            return (
-                KvEntry(k, v, value) if self._txn_status(scope, txn or "") == _COMMITTED else None
-            )
+            return KvEntry(k, v, value) if self._txn_status(scope, txn or "") == _COMMITTED else None
         return self._latest(scope, prefix, self._versions(scope, key))
 
     def kv_history(
@@ -382,9 +374,7 @@ class S3Kv:
         if after is not None:
             raw = _utf8(after)
             # '"' sorts above '!' (end of after's own objects) and below the alphabet
-            start = base + (
-                _b64(raw) + '"' if len(raw) <= _MAX_ID_BYTES else _b64(raw[:_MAX_ID_BYTES])
-            )
+            start = base + (_b64(raw) + '"' if len(raw) <= _MAX_ID_BYTES else _b64(raw[:_MAX_ID_BYTES]))
         out: builtins.list[KvEntry] = []
         chunk = max(min(limit or 64, 256), 16)
 
@@ -394,11 +384,7 @@ class S3Kv:
             found = self._map(lambda g: self._latest(scope, f"{base}{g[0]}!", g[1]), groups)
             # units are in key order; inside a unit of hashed long keys only the values know it
             for e in sorted((e for e in found if e is not None), key=lambda e: _utf8(e.key)):
-                if (
-                    e.value is not None
-                    and e.key.startswith(prefix)
-                    and (after is None or e.key > after)
-                ):
+                if e.value is not None and e.key.startswith(prefix) and (after is None or e.key > after):
                     out.append(e)
                     if limit is not None and len(out) >= limit:
                         return True
@@ -462,9 +448,7 @@ class S3Kv:
         condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
         for _ in range(5):
             try:
-                resp = self._client.put_object(
-                    Bucket=self._bucket, Key=name, Body=body, **condition
-                )
+                resp = self._client.put_object(Bucket=self._bucket, Key=name, Body=body, **condition)
                 return str(resp.get("ETag", ""))
             except Exception as exc:
                 if _is_client_error(exc, {"PreconditionFailed", "NoSuchKey"}):
@@ -491,15 +475,10 @@ class S3Kv:
         if txn is not None:
             record = {"s": _PENDING, "ops": [[op.key, op.expected + 1] for op in ops]}
             created = self._create(
-                self._txn_name(scope, txn),
-                json.dumps(record).encode("ascii"),
-                None,
-                "recording a kv batch",
+                self._txn_name(scope, txn), json.dumps(record).encode("ascii"), None, "recording a kv batch"
             )
             if created is None:
-                raise BackendError(
-                    "S3 store: a kv batch record id was taken (random ids collide?); retry"
-                )
+                raise BackendError("S3 store: a kv batch record id was taken (random ids collide?); retry")
             record_etag = created
 
         def create(item: tuple[KvOp, tuple[builtins.list[_Obj], str | None]]) -> str | None:
@@ -507,10 +486,7 @@ class S3Kv:
             version = op.expected + 1
             body = _encode(op.key, version, txn, None if op.value is None else bytes(op.value))
             etag = self._create(
-                f"{self._kv_prefix(scope, op.key)}{version:0{_VDIGITS}d}",
-                body,
-                slot,
-                f"writing kv key {op.key!r}",
+                f"{self._kv_prefix(scope, op.key)}{version:0{_VDIGITS}d}", body, slot, f"writing kv key {op.key!r}"
             )
             if etag is not None:
                 self._remember(etag, txn or "")
@@ -527,11 +503,7 @@ class S3Kv:
                 lost.append(item[0])
                 break
             made[item[0].key] = etag
-        if (
-            txn is not None
-            and not lost
-            and self._flip(scope, txn, record, record_etag, _COMMITTED) != _COMMITTED
-        ):
+        if txn is not None and not lost and self._flip(scope, txn, record, record_etag, _COMMITTED) != _COMMITTED:
             lost = [ops[0]]  # aborted as stalled by another instance before the commit
         if lost:
             if txn is not None:
@@ -540,21 +512,12 @@ class S3Kv:
                 # conditional on the object still being ours.
                 self._flip(scope, txn, record, record_etag, _ABORTED)
             op = lost[0]
-            raise ConflictError(
-                key=op.key, namespace=scope, expected=op.expected, found=self._found(scope, op.key)
-            )
-        old = [
-            o.name
-            for op, (objs, _) in zip(ops, plans, strict=True)
-            for o in objs
-            if o.version <= op.expected + 1 - keep
-        ]
+            raise ConflictError(key=op.key, namespace=scope, expected=op.expected, found=self._found(scope, op.key))
+        old = [o.name for op, (objs, _) in zip(ops, plans, strict=True) for o in objs if o.version <= op.expected + 1 - keep]
         if old:
             self._delete_keys(old, f"removing kv versions beyond keep={keep}")
 
-    def _plan_or_conflict(
-        self, scope: str, op: KvOp
-    ) -> tuple[builtins.list[_Obj], str | None] | ConflictError:
+    def _plan_or_conflict(self, scope: str, op: KvOp) -> tuple[builtins.list[_Obj], str | None] | ConflictError:
         try:
             return self._plan(scope, op)
         except ConflictError as exc:
@@ -606,9 +569,7 @@ class _S3Watch(KvWatch):
                     relist = True
                 else:
                     hints.append(KvHint(_unb64(seg).decode("utf-8", "surrogatepass"), top[0]))
-        relist = (
-            relist or self._lost or any(seg not in tops for seg in self._last)
-        )  # a dropped scope
+        relist = relist or self._lost or any(seg not in tops for seg in self._last)  # a dropped scope
         self._last, self._records, self._lost = tops, records, False
         return [KvHint(None), *hints] if relist else hints
 
@@ -617,9 +578,7 @@ class _S3Watch(KvWatch):
         with self._lock:
             while True:
                 if self._closed:
-                    raise StoreClosedError(
-                        f"this watch on {self._store.url!r} was closed; open a new one"
-                    )
+                    raise StoreClosedError(f"this watch on {self._store.url!r} was closed; open a new one")
                 self._store._check_open()
                 now = time.monotonic()
                 if now >= self._polled + self._interval:

@@ -53,11 +53,7 @@ def _key(b: _S3, thread_id: str, namespace: str) -> str:
 
 def _decode(data: bytes) -> tuple[str, str, LeaseRecord]:
     d = json.loads(data)
-    return (
-        str(d["thread"]),
-        str(d["ns"]),
-        LeaseRecord(int(d["t"]), base64.b64decode(d["d"]), int(d["v"])),
-    )
+    return str(d["thread"]), str(d["ns"]), LeaseRecord(int(d["t"]), base64.b64decode(d["d"]), int(d["v"]))
 
 
 def read(b: _S3, thread_id: str, namespace: str) -> tuple[LeaseRecord, str] | None:
@@ -72,19 +68,11 @@ def swap(b: _S3, thread_id: str, namespace: str, expected: int, token: int, data
     if (found[0].version if found else 0) != expected:
         return False
     body = json.dumps(
-        {
-            "t": token,
-            "d": base64.b64encode(bytes(data)).decode(),
-            "v": expected + 1,
-            "thread": thread_id,
-            "ns": namespace,
-        }
+        {"t": token, "d": base64.b64encode(bytes(data)).decode(), "v": expected + 1, "thread": thread_id, "ns": namespace}
     ).encode()
     condition = {"IfMatch": found[1]} if found else {"IfNoneMatch": "*"}
     try:
-        b._client.put_object(
-            Bucket=b._bucket, Key=_key(b, thread_id, namespace), Body=body, **condition
-        )
+        b._client.put_object(Bucket=b._bucket, Key=_key(b, thread_id, namespace), Body=body, **condition)
     except Exception as exc:
         if _is_client_error(exc, _CONFLICT_CODES):
             return False
@@ -117,17 +105,13 @@ def _seal(b: _S3, thread_id: str, namespace: str, token: int) -> None:
         except Exception as exc:
             if not _is_client_error(exc, _CONFLICT_CODES):
                 raise _map_error(exc, f"sealing the head of {thread_id!r}") from exc
-    raise BackendUnavailableError(
-        f"S3 kept moving the head of {thread_id!r} while its lease was sealed"
-    )
+    raise BackendUnavailableError(f"S3 kept moving the head of {thread_id!r} while its lease was sealed")
 
 
 def check_fence(row: CheckpointRow, fence: int, head: _HeadState | None) -> None:
     """Refuse a fenced write when the head was sealed by a newer holder."""
     if head is not None and head.fence > fence:
-        raise LeaseLostError(
-            thread_id=row.thread_id, namespace=row.namespace, token=fence, found=head.fence
-        )
+        raise LeaseLostError(thread_id=row.thread_id, namespace=row.namespace, token=fence, found=head.fence)
 
 
 def check_first_fence(b: _S3, row: CheckpointRow, fence: int) -> None:
@@ -136,10 +120,7 @@ def check_first_fence(b: _S3, row: CheckpointRow, fence: int) -> None:
     found = read(b, row.thread_id, row.namespace)
     if found is None or found[0].token != fence:
         raise LeaseLostError(
-            thread_id=row.thread_id,
-            namespace=row.namespace,
-            token=fence,
-            found=found[0].token if found else 0,
+            thread_id=row.thread_id, namespace=row.namespace, token=fence, found=found[0].token if found else 0
         )
 
 

@@ -93,11 +93,8 @@ class S3Prune(Backend):
             self._delete_keys([block[0].key], what)  # the walk now ends above the rest
         oldest_kept = chain[bottom].checkpoint_id if bottom < len(chain) else None
         left_over = [  # an interrupted prune's rows, already off the chain
-            r.key
-            for r in off_chain
-            if oldest_kept is not None
-            and r.checkpoint_id is not None
-            and r.checkpoint_id < oldest_kept
+            r.key for r in off_chain
+            if oldest_kept is not None and r.checkpoint_id is not None and r.checkpoint_id < oldest_kept
         ]
         self._delete_keys([r.key for r in block[1:]] + left_over, what)
         return deleted + sum(not r.pruned for r in block)

@@ -106,9 +106,7 @@ _PUT_HEAD = """INSERT INTO pk_kv_heads (scope, key, version, seq, live) VALUES (
 _TRIM = "DELETE FROM pk_kv_versions WHERE scope = ? AND key = ? AND version <= ?"
 _GET_LATEST = """SELECT v.version, v.value FROM pk_kv_heads h JOIN pk_kv_versions v ON v.seq = h.seq
     WHERE h.scope = ? AND h.key = ?"""
-_GET_VERSION = (
-    "SELECT version, value FROM pk_kv_versions WHERE scope = ? AND key = ? AND version = ?"
-)
+_GET_VERSION = "SELECT version, value FROM pk_kv_versions WHERE scope = ? AND key = ? AND version = ?"
 _HISTORY = """SELECT version, value FROM pk_kv_versions
     WHERE scope = ? AND key = ? AND version < ? ORDER BY version DESC LIMIT ?"""
 # (lower bound strict: after= decides it, bounded above: a prefix) -> SQL. One bound
@@ -165,9 +163,7 @@ class SQLiteKv(Backend):
 
         def _conn(self) -> sqlite3.Connection: ...
 
-        def _mapped(
-            self, op: str, thread_id: str | None = None
-        ) -> contextlib.AbstractContextManager[None]: ...
+        def _mapped(self, op: str, thread_id: str | None = None) -> contextlib.AbstractContextManager[None]: ...
 
         @staticmethod
         def _transaction(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]: ...
@@ -205,12 +201,7 @@ class SQLiteKv(Backend):
         conn = self._kv_conn(create=False)
         if conn is None:
             return []
-        params = (
-            scope,
-            key,
-            _NO_BEFORE if before is None else before,
-            -1 if limit is None else max(limit, 0),
-        )
+        params = (scope, key, _NO_BEFORE if before is None else before, -1 if limit is None else max(limit, 0))
         with self._mapped(f"kv_history on scope {scope!r}"):
             found = conn.execute(_HISTORY, params).fetchall()
         return [KvEntry(key, v, value) for v, value in found]
@@ -240,9 +231,7 @@ class SQLiteKv(Backend):
         conn = self._kv_conn(create=True)
         assert conn is not None
         keep = max(keep, 1)
-        rows = [
-            (op.key, op.expected + 1, None if op.value is None else bytes(op.value)) for op in ops
-        ]
+        rows = [(op.key, op.expected + 1, None if op.value is None else bytes(op.value)) for op in ops]
         # BEGIN IMMEDIATE: the write lock before the versions are read, so two writers
         # queue on busy_timeout and the check and the writes are one snapshot.
         with self._mapped(f"kv_write on scope {scope!r}"), self._transaction(conn):
@@ -250,9 +239,7 @@ class SQLiteKv(Backend):
                 found = conn.execute(_HEAD_VERSION, (scope, op.key)).fetchone()
                 latest = found[0] if found is not None else 0
                 if latest != op.expected:
-                    raise ConflictError(
-                        key=op.key, namespace=scope, expected=op.expected, found=latest
-                    )
+                    raise ConflictError(key=op.key, namespace=scope, expected=op.expected, found=latest)
             for key, version, value in rows:
                 seq = conn.execute(_PUT_VERSION, (scope, key, version, value)).lastrowid
                 conn.execute(_PUT_HEAD, (scope, key, version, seq, value is not None))
@@ -385,15 +372,11 @@ class _SQLiteWatch(KvWatch):
             if self._closed:
                 return []
             if self._conn is None or self._pid != os.getpid():
-                if (
-                    self._conn is not None
-                ):  # inherited across fork: the parent's (see _FORK_ORPHANS)
+                if self._conn is not None:  # inherited across fork: the parent's (see _FORK_ORPHANS)
                     _FORK_ORPHANS.append(self._conn)
                 self._conn = None
                 self._connect()
-                return [
-                    KvHint(None)
-                ]  # writes between the old connection and this one were not seen
+                return [KvHint(None)]  # writes between the old connection and this one were not seen
             conn = self._conn
             try:
                 moved = conn.execute("PRAGMA data_version").fetchone()[0]
@@ -411,9 +394,7 @@ class _SQLiteWatch(KvWatch):
                 self._conn = None  # reopened by the next call, which hints "list again"
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
-                raise _watch_error(
-                    exc, f"a watch on scope {self._scope!r} of sqlite store {self._backend.path!r}"
-                ) from exc
+                raise _watch_error(exc, f"a watch on scope {self._scope!r} of sqlite store {self._backend.path!r}") from exc
             self._data_version, self._seq = moved, top
         with self._ready:
             return [KvHint(k, v) for k, v in changed if v > self._delivered.get(k, 0)]

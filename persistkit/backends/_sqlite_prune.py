@@ -22,9 +22,7 @@ __all__ = ["SQLitePrune"]
 _HEAD_ID = """SELECT checkpoint_id FROM pk_checkpoints
     WHERE thread_id = ? AND namespace = ? AND version IS NOT NULL
     ORDER BY checkpoint_id DESC LIMIT 1"""
-_DELETE_ROW = (
-    "DELETE FROM pk_checkpoints WHERE thread_id = ? AND namespace = ? AND checkpoint_id = ?"
-)
+_DELETE_ROW = "DELETE FROM pk_checkpoints WHERE thread_id = ? AND namespace = ? AND checkpoint_id = ?"
 _DROP_EMPTY_RUNS = """DELETE FROM pk_runs WHERE thread_id = ? AND namespace = ? AND NOT EXISTS (
     SELECT 1 FROM pk_checkpoints c WHERE c.thread_id = pk_runs.thread_id
       AND c.namespace = pk_runs.namespace AND c.checkpoint_id >= pk_runs.first_id
@@ -40,9 +38,7 @@ class SQLitePrune(Backend):
 
         def _conn(self) -> sqlite3.Connection: ...
 
-        def _mapped(
-            self, op: str, thread_id: str | None = None
-        ) -> contextlib.AbstractContextManager[None]: ...
+        def _mapped(self, op: str, thread_id: str | None = None) -> contextlib.AbstractContextManager[None]: ...
 
         @staticmethod
         def _transaction(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]: ...

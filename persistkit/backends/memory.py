@@ -82,9 +82,7 @@ class _MemoryWatch(KvWatch):
             if self._closed:
                 raise StoreClosedError(f"this watch on {self._url!r} was closed; open a new one")
             if not self._pending:
-                self._ready.wait_for(
-                    lambda: self._pending or self._closed, timeout=max(timeout, 0.0)
-                )
+                self._ready.wait_for(lambda: self._pending or self._closed, timeout=max(timeout, 0.0))
             found = [KvHint(k, v) for k, v in self._pending.items()]
             self._pending.clear()
             return found
@@ -103,9 +101,7 @@ class MemoryBackend(ThreadedAsync):
     """Checkpoints in dicts. Not durable: for tests, examples and as the reference."""
 
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"fencing", "leases", "kv", "watch", "prune"}
-    )
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(self, data: _Data | None = None, url: str = "memory://") -> None:
         self._data = data if data is not None else _Data()
@@ -148,11 +144,7 @@ class MemoryBackend(ThreadedAsync):
         return self._write(row, blobs, expected_version, fence)
 
     def _write(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int | None,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None
     ) -> Head:
         d = self._open()
         # Copy before taking the lock: bytearray/memoryview inputs become bytes
@@ -165,10 +157,7 @@ class MemoryBackend(ThreadedAsync):
                 lease = d.leases.get(key)
                 if lease is None or lease.token != fence:
                     raise LeaseLostError(
-                        thread_id=row.thread_id,
-                        namespace=row.namespace,
-                        token=fence,
-                        found=lease.token if lease else 0,
+                        thread_id=row.thread_id, namespace=row.namespace, token=fence, found=lease.token if lease else 0
                     )
             current = d.heads.get(key)
             found = current.version if current else 0
@@ -217,11 +206,7 @@ class MemoryBackend(ThreadedAsync):
         d = self._open()
         with d.lock:
             head = d.heads.get((thread_id, namespace))
-            return (
-                (head, d.rows[(thread_id, namespace)][head.checkpoint_id])
-                if head is not None
-                else None
-            )
+            return (head, d.rows[(thread_id, namespace)][head.checkpoint_id]) if head is not None else None
 
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         d = self._open()
@@ -317,11 +302,7 @@ class MemoryBackend(ThreadedAsync):
         with d.lock:
             head = d.heads.get((thread_id, namespace))
             rows = d.rows.get((thread_id, namespace), {})
-            gone = [
-                c
-                for c in sorted_ids(checkpoint_ids)
-                if c in rows and head is not None and c < head.checkpoint_id
-            ]
+            gone = [c for c in sorted_ids(checkpoint_ids) if c in rows and head is not None and c < head.checkpoint_id]
             for c in gone:
                 del rows[c]
             return len(gone)
@@ -348,9 +329,7 @@ class MemoryBackend(ThreadedAsync):
         with d.lock:
             return d.leases.get((thread_id, namespace))
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         d = self._open()
         with d.lock:
             current = d.leases.get((thread_id, namespace))
@@ -363,6 +342,7 @@ class MemoryBackend(ThreadedAsync):
         d = self._open()
         with d.lock:
             return sorted((t, ns, rec) for (t, ns), rec in d.leases.items() if t.startswith(prefix))
+
 
     # -- kv ------------------------------------------------------------------------
 
@@ -392,32 +372,21 @@ class MemoryBackend(ThreadedAsync):
         with d.lock:
             latest = [kept[-1] for kept in d.kv.get(scope, {}).values() if kept]
         picked = sorted(
-            (
-                e
-                for e in latest
-                if e.value is not None
-                and e.key.startswith(prefix)
-                and (after is None or e.key > after)
-            ),
+            (e for e in latest if e.value is not None and e.key.startswith(prefix) and (after is None or e.key > after)),
             key=lambda e: e.key,
         )
         return picked if limit is None else picked[: max(limit, 0)]
 
     def kv_write(self, scope: str, ops: Sequence[KvOp], *, keep: int) -> None:
         d = self._open()
-        entries = [
-            KvEntry(op.key, op.expected + 1, None if op.value is None else bytes(op.value))
-            for op in ops
-        ]
+        entries = [KvEntry(op.key, op.expected + 1, None if op.value is None else bytes(op.value)) for op in ops]
         with d.lock:
             space = d.kv.get(scope, {})
             for op in ops:
                 kept = space.get(op.key)
                 found = kept[-1].version if kept else 0
                 if found != op.expected:
-                    raise ConflictError(
-                        key=op.key, namespace=scope, expected=op.expected, found=found
-                    )
+                    raise ConflictError(key=op.key, namespace=scope, expected=op.expected, found=found)
             space = d.kv.setdefault(scope, space)
             for entry in entries:
                 kept = space.setdefault(entry.key, [])

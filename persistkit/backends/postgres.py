@@ -45,13 +45,7 @@ from ._postgres_sql import LATEST_VERSION, MigrationStatus, Queries, Shared
 from ._postgres_sync import Access, Core
 from ._protocol import CheckpointRow, Head, LeaseRecord
 
-__all__ = [
-    "LATEST_VERSION",
-    "MigrationStatus",
-    "PostgresBackend",
-    "grant_board_access",
-    "revoke_board_access",
-]
+__all__ = ["LATEST_VERSION", "MigrationStatus", "PostgresBackend", "grant_board_access", "revoke_board_access"]
 
 # Options persistkit reads itself (from the URL query or as keywords); every
 # other URL query parameter goes to libpq untouched.
@@ -108,9 +102,7 @@ class PostgresBackend(PostgresKv, PostgresPrune):
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     native_async: ClassVar[bool] = True
     # kv and watch: _postgres_kv.py; prune (retention): _postgres_prune.py
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"fencing", "leases", "kv", "watch", "prune"}
-    )
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     _sync: Core | None = None  # None: opened on an async connection
     _async: AsyncCore | None = None  # None: opened on a sync connection
@@ -161,11 +153,9 @@ class PostgresBackend(PostgresKv, PostgresPrune):
             "timeout": timeout,
         }
         # A direct connect is bounded like a pool wait, unless the URL says otherwise.
-        connect = (
-            {}
-            if "connect_timeout" in conninfo_to_dict(info)
-            else {"connect_timeout": max(2, round(timeout))}
-        )
+        connect = {} if "connect_timeout" in conninfo_to_dict(info) else {
+            "connect_timeout": max(2, round(timeout))
+        }
 
         def sync_pool() -> ConnectionPool[Any]:
             return ConnectionPool(
@@ -176,9 +166,7 @@ class PostgresBackend(PostgresKv, PostgresPrune):
             # Not psycopg_pool's async pool: it connects in a background task,
             # which could hang the shutdown of a loop that ends while it runs
             # (asyncio.run() per call is common); see _postgres_spares.py.
-            return AsyncSpares(
-                info, {**owned_kwargs, **connect}, max_size=overflow, timeout=timeout
-            )
+            return AsyncSpares(info, {**owned_kwargs, **connect}, max_size=overflow, timeout=timeout)
 
         self._sync = Core(
             self._shared,
@@ -233,15 +221,10 @@ class PostgresBackend(PostgresKv, PostgresPrune):
         query = parse_qsl(parts.query, keep_blank_values=True)
         # libpq's parameters, and "ssl" (libpq reads ssl=true in a URI as sslmode=require).
         libpq = {d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults()} | {"ssl"}
-        unknown = set(options) - set(OPTIONS) | {
-            k for k, _ in query if k not in OPTIONS and k not in libpq
-        }
+        unknown = set(options) - set(OPTIONS) | {k for k, _ in query if k not in OPTIONS and k not in libpq}
         if unknown:
             raise unknown_options(
-                "PostgreSQL",
-                url,
-                unknown,
-                OPTIONS,
+                "PostgreSQL", url, unknown, OPTIONS,
                 "in the URL query also libpq's connection parameters (sslmode, connect_timeout, "
                 "application_name, options, ...)",
             )
@@ -503,24 +486,15 @@ class PostgresBackend(PostgresKv, PostgresPrune):
         return self._sync_core().write_fenced(row, blobs, expected_version, fence)
 
     def write_fenced_swap(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
-        lease_version: int,
-        lease_data: bytes,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
     ) -> tuple[Head, bool]:
-        return self._sync_core().write_fenced_swap(
-            row, blobs, expected_version, fence, lease_version, lease_data
-        )
+        return self._sync_core().write_fenced_swap(row, blobs, expected_version, fence, lease_version, lease_data)
 
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return self._sync_core().lease_get(thread_id, namespace)
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         return self._sync_core().lease_swap(thread_id, namespace, expected, token, data)
 
     def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
@@ -535,28 +509,15 @@ class PostgresBackend(PostgresKv, PostgresPrune):
         return await core.write_fenced(row, blobs, expected_version, fence)
 
     async def awrite_fenced_swap(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int,
-        lease_version: int,
-        lease_data: bytes,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int,
+        lease_version: int, lease_data: bytes,
     ) -> tuple[Head, bool]:
         core = self._async_core()
         if core is None:
             return await asyncio.to_thread(
-                self.write_fenced_swap,
-                row,
-                blobs,
-                expected_version,
-                fence,
-                lease_version,
-                lease_data,
+                self.write_fenced_swap, row, blobs, expected_version, fence, lease_version, lease_data
             )
-        return await core.write_fenced_swap(
-            row, blobs, expected_version, fence, lease_version, lease_data
-        )
+        return await core.write_fenced_swap(row, blobs, expected_version, fence, lease_version, lease_data)
 
     async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         core = self._async_core()
@@ -564,14 +525,10 @@ class PostgresBackend(PostgresKv, PostgresPrune):
             return await asyncio.to_thread(self.lease_get, thread_id, namespace)
         return await core.lease_get(thread_id, namespace)
 
-    async def alease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         core = self._async_core()
         if core is None:
-            return await asyncio.to_thread(
-                self.lease_swap, thread_id, namespace, expected, token, data
-            )
+            return await asyncio.to_thread(self.lease_swap, thread_id, namespace, expected, token, data)
         return await core.lease_swap(thread_id, namespace, expected, token, data)
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
@@ -691,44 +648,20 @@ def _mask_conninfo(conninfo: str) -> str:
 
 # libpq's words for a connection that never opened, and what the user should fix.
 _CONNECT_FAILURES: tuple[tuple[tuple[str, ...], str, type[PersistkitError]], ...] = (
-    (
-        ("password authentication failed", "no pg_hba.conf entry", "role ", "authentication"),
-        "the server refused the login: check the user name and password in the URL (or $PGPASSWORD, "
-        "~/.pgpass) and the server's pg_hba.conf",
-        ConfigurationError,
-    ),
-    (
-        ("database ",),
-        "that database does not exist on the server: check the database name at the "
-        "end of the URL, or create it (createdb)",
-        ConfigurationError,
-    ),
-    (
-        (
-            "resolve host",
-            "translate host name",
-            "name or service not known",
-            "nodename nor servname",
-        ),
-        "the host name does not resolve: check the host in the URL",
-        ConfigurationError,
-    ),
-    (
-        ("invalid ", "unrecognized", 'missing "="'),
-        "a connection parameter in the URL is invalid",
-        ConfigurationError,
-    ),
-    (
-        ("connection refused", "no such file or directory"),
-        "nothing accepts connections there: check the URL's host and port, and that the server is running",
-        BackendError,
-    ),
-    (
-        ("timeout expired",),
-        "the server did not answer in time: check the URL's host and port (a firewall "
-        "may drop the packets), or give it longer with ?connect_timeout=SECONDS",
-        BackendUnavailableError,
-    ),
+    (("password authentication failed", "no pg_hba.conf entry", "role ", "authentication"),
+     "the server refused the login: check the user name and password in the URL (or $PGPASSWORD, "
+     "~/.pgpass) and the server's pg_hba.conf", ConfigurationError),
+    (("database ",), "that database does not exist on the server: check the database name at the "
+     "end of the URL, or create it (createdb)", ConfigurationError),
+    (("resolve host", "translate host name", "name or service not known", "nodename nor servname"),
+     "the host name does not resolve: check the host in the URL", ConfigurationError),
+    (("invalid ", "unrecognized", "missing \"=\""),
+     "a connection parameter in the URL is invalid", ConfigurationError),
+    (("connection refused", "no such file or directory"),
+     "nothing accepts connections there: check the URL's host and port, and that the server is running",
+     BackendError),
+    (("timeout expired",), "the server did not answer in time: check the URL's host and port (a firewall "
+     "may drop the packets), or give it longer with ?connect_timeout=SECONDS", BackendUnavailableError),
 )
 
 
@@ -738,18 +671,11 @@ def _connect_error(exc: BackendError, url: str) -> PersistkitError:
     would fail the same way) but a wrong URL or a server that is not there.
     Any other failure is returned as it was."""
     cause = exc.__cause__
-    if not isinstance(cause, psycopg.OperationalError) or cause.sqlstate not in (
-        None,
-        "28P01",
-        "28000",
-        "3D000",
-    ):
+    if not isinstance(cause, psycopg.OperationalError) or cause.sqlstate not in (None, "28P01", "28000", "3D000"):
         return exc
     text = str(cause).lower()
     for needles, fix, error in _CONNECT_FAILURES:
-        if any(n in text for n in needles) and (
-            needles != ("database ",) or "does not exist" in text
-        ):
+        if any(n in text for n in needles) and (needles != ("database ",) or "does not exist" in text):
             detail = " ".join(str(cause).split()) or type(cause).__name__
             message = f"cannot connect to the PostgreSQL store {url}: {fix} ({detail})"
             return error(message)

@@ -164,11 +164,7 @@ def _map_error(exc: Exception, url: str, reached: bool = True) -> PersistkitErro
         return ConfigurationError(
             f"cannot log in to the redis store {url}: {exc}. Check the user name and password in the URL"
         )
-    if (
-        not reached
-        and isinstance(exc, rexc.ConnectionError)
-        and not isinstance(exc, rexc.TimeoutError)
-    ):
+    if not reached and isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError):
         return BackendError(
             f"cannot connect to the redis store {url}: {exc}. Check the URL's host and port, "
             "and that the server is running and reachable from here"
@@ -273,9 +269,7 @@ class RedisBackend(RedisKv, Backend):
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
     native_async: ClassVar[bool] = True
     # kv and watch: _redis_kv.py (the RedisKv mixin, its key layout and scripts); prune: _redis_ops.py
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"fencing", "leases", "kv", "watch", "prune"}
-    )
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(
         self,
@@ -322,17 +316,12 @@ class RedisBackend(RedisKv, Backend):
             )
         query = parse_qsl(parts.query, keep_blank_values=True)
         driver = _driver_options(parts.scheme.lower() == "rediss")
-        unknown = set(options) - set(_OPTIONS) | {
-            n for n, _ in query if n not in _OPTIONS and n not in driver
-        }
+        unknown = set(options) - set(_OPTIONS) | {n for n, _ in query if n not in _OPTIONS and n not in driver}
         if unknown:
             # redis-py would pass an unknown query option to its connection class, which
             # raises TypeError on first use: refuse it here, at connect().
             raise unknown_options(
-                "redis",
-                url,
-                unknown,
-                _OPTIONS,
+                "redis", url, unknown, _OPTIONS,
                 "in the URL query also redis-py's connection options (socket_timeout, "
                 "socket_connect_timeout, client_name, health_check_interval, ...)",
             )
@@ -587,6 +576,7 @@ class RedisBackend(RedisKv, Backend):
             await entry[1].aclose()
         self.close()
 
+
     # -- leases (persistkit.coordination): the write script behind a fence check ----------
 
     def write_fenced(
@@ -597,9 +587,7 @@ class RedisBackend(RedisKv, Backend):
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return self._run(op_lease_get(self._keys, thread_id, namespace))
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         return self._run(op_lease_swap(self._keys, thread_id, namespace, expected, token, data))
 
     def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
@@ -613,12 +601,8 @@ class RedisBackend(RedisKv, Backend):
     async def alease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
         return await self._arun(op_lease_get(self._keys, thread_id, namespace))
 
-    async def alease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
-        return await self._arun(
-            op_lease_swap(self._keys, thread_id, namespace, expected, token, data)
-        )
+    async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
+        return await self._arun(op_lease_swap(self._keys, thread_id, namespace, expected, token, data))
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
         return await self._arun(op_lease_list(self._keys, prefix))
@@ -634,9 +618,7 @@ class RedisBackend(RedisKv, Backend):
     def blob_sizes(self, thread_id: str) -> dict[str, int]:
         return self._run(op_blob_sizes(self._keys, thread_id))
 
-    async def aprune_rows(
-        self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]
-    ) -> int:
+    async def aprune_rows(self, thread_id: str, namespace: str, checkpoint_ids: Sequence[str]) -> int:
         return await self._arun(op_prune_rows(self._keys, thread_id, namespace, checkpoint_ids))
 
     async def adelete_blobs(self, thread_id: str, keys: Sequence[str]) -> int:

@@ -130,9 +130,7 @@ def _seconds(url: str, name: str, value: Any) -> float:
     except (TypeError, ValueError):
         seconds = -1.0
     if not seconds > 0 or seconds == float("inf"):
-        raise ConfigurationError(
-            f"S3 option {name}={value!r} of {url!r} is not a number of seconds > 0"
-        )
+        raise ConfigurationError(f"S3 option {name}={value!r} of {url!r} is not a number of seconds > 0")
     return seconds
 
 
@@ -141,9 +139,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3",)
     atomic_blobs: ClassVar[bool] = False  # blobs go first; a lost CAS leaves them unreferenced
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"fencing", "leases", "kv", "watch", "prune"}
-    )
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(
         self,
@@ -200,9 +196,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
                 region_name=settings.get("region") or None,
                 config=config,
             )
-        timing = {
-            name: _seconds(url, name, settings[name]) for name in _OPTIONS[3:] if name in settings
-        }
+        timing = {name: _seconds(url, name, settings[name]) for name in _OPTIONS[3:] if name in settings}
         return cls(client, parts.netloc, prefix, url=url, owns_client=owns, **timing)
 
     # -- plumbing ---------------------------------------------------------------------
@@ -232,9 +226,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
         threads were all deleted) has none, and neither has a mistyped prefix: the CLI,
         which never creates a store, says so instead of listing nothing."""
         self._check_open()
-        resp = self._call(
-            f"listing {self._root!r}", "list_objects_v2", Prefix=self._root, MaxKeys=1
-        )
+        resp = self._call(f"listing {self._root!r}", "list_objects_v2", Prefix=self._root, MaxKeys=1)
         return bool(resp.get("KeyCount") or resp.get("Contents"))
 
     def _get_object(self, key: str, what: str) -> tuple[bytes, str] | None:
@@ -330,9 +322,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
     def head(self, thread_id: str, namespace: str) -> Head | None:
         self._check_open()
         state = self._read_head(thread_id, namespace)
-        return (
-            None if state is None or state.placeholder else Head(state.checkpoint_id, state.version)
-        )
+        return None if state is None or state.placeholder else Head(state.checkpoint_id, state.version)
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -350,11 +340,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
         )
 
     def write(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int | None = None,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None = None
     ) -> Head:
         self._check_open()
         t, ns = row.thread_id, row.namespace
@@ -409,9 +395,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
             if fence is not None:
                 _s3_leases.check_fence(row, fence, found)
             raise self._conflict(row, expected_version, found) from exc
-        state = _HeadState(
-            version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")), sealed
-        )
+        state = _HeadState(version, row.checkpoint_id, token, row_key, str(resp.get("ETag", "")), sealed)
         with self._lock:
             self._heads[(t, ns)] = state
         return Head(row.checkpoint_id, version)
@@ -440,9 +424,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
             self._delete_keys([row_key], "cleaning up after a lost compare-and-swap")
         except BackendError:
             # Leftovers are harmless (rows off the chain are never read); the conflict matters more.
-            _log.warning(
-                "could not delete the leftover row of a lost S3 write: %s", row_key, exc_info=True
-            )
+            _log.warning("could not delete the leftover row of a lost S3 write: %s", row_key, exc_info=True)
 
     def put_blobs(self, thread_id: str, blobs: Mapping[str, bytes]) -> None:
         self._check_open()
@@ -545,11 +527,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
         unresolved = [r.key for r in chain if r.checkpoint_id is None and not r.pruned]
         if not unresolved:
             return chain
-        ids = {
-            k: r.checkpoint_id
-            for k, r in zip(unresolved, self._fetch_some(unresolved), strict=True)
-            if r
-        }
+        ids = {k: r.checkpoint_id for k, r in zip(unresolved, self._fetch_some(unresolved), strict=True) if r}
         return [
             dataclasses.replace(r, checkpoint_id=ids[r.key]) if r.key in ids else r
             for r in chain
@@ -698,9 +676,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
         found = _s3_leases.read(self, thread_id, namespace)
         return found[0] if found else None
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         self._check_open()
         return _s3_leases.swap(self, thread_id, namespace, expected, token, data)
 
@@ -724,9 +700,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
             listed = list(self._list_sized(f"{self._root}{kind}/{tseg}!"))
             if listed:
                 # a placeholder head (a lease taken, nothing written) goes too, but is no thread
-                found = (
-                    found or kind != "h" or any(size > _PLACEHOLDER_MAX_BYTES for _, size in listed)
-                )
+                found = found or kind != "h" or any(size > _PLACEHOLDER_MAX_BYTES for _, size in listed)
                 self._delete_keys([k for k, _ in listed], f"deleting thread {thread_id!r}")
         with self._lock:
             for cache_key in [k for k in self._heads if k[0] == thread_id]:

@@ -339,18 +339,10 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
     """Checkpoints in one SQLite file (WAL). Thread-safe and multi-process safe."""
 
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"fencing", "leases", "kv", "watch", "prune"}
-    )
+    capabilities: ClassVar[frozenset[str]] = frozenset({"fencing", "leases", "kv", "watch", "prune"})
 
     def __init__(
-        self,
-        path: str,
-        *,
-        url: str,
-        synchronous: str,
-        busy_timeout: int,
-        watch_interval: float = 5.0,
+        self, path: str, *, url: str, synchronous: str, busy_timeout: int, watch_interval: float = 5.0
     ) -> None:
         self.path = path
         self.url = url
@@ -428,13 +420,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
                 f"busy_timeout={raw_timeout!r} in {url!r}: give milliseconds as an integer >= 0"
             )
         interval = watch_interval(given, url)
-        return cls(
-            os.path.abspath(path),
-            url=url,
-            synchronous=sync,
-            busy_timeout=timeout,
-            watch_interval=interval,
-        )
+        return cls(os.path.abspath(path), url=url, synchronous=sync, busy_timeout=timeout, watch_interval=interval)
 
     # -- connections -----------------------------------------------------------
 
@@ -567,11 +553,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
     # -- writes ----------------------------------------------------------------
 
     def write(
-        self,
-        row: CheckpointRow,
-        blobs: Mapping[str, bytes],
-        expected_version: int,
-        fence: int | None = None,
+        self, row: CheckpointRow, blobs: Mapping[str, bytes], expected_version: int, fence: int | None = None
     ) -> Head:
         # self._conn(), inlined for the common case (the per-step path)
         conn = None if self._closed or self._pid != _pid else getattr(self._local, "conn", None)
@@ -646,9 +628,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
         if found is None:
             return None
         checkpoint_id, version, parent_id, run_id, payload = found
-        return Head(checkpoint_id, version), CheckpointRow(
-            thread_id, namespace, checkpoint_id, parent_id, run_id, payload
-        )
+        return Head(checkpoint_id, version), CheckpointRow(thread_id, namespace, checkpoint_id, parent_id, run_id, payload)
 
     def get(self, thread_id: str, namespace: str, checkpoint_id: str) -> CheckpointRow | None:
         conn = self._conn()
@@ -748,6 +728,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
         for conn in conns:
             conn.close()
 
+
     # -- leases ------------------------------------------------------------------
 
     def write_fenced(
@@ -758,10 +739,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
     def _lease_lost(self, thread_id: str, namespace: str, fence: int) -> LeaseLostError:
         current = self.lease_get(thread_id, namespace)
         return LeaseLostError(
-            thread_id=thread_id,
-            namespace=namespace,
-            token=fence,
-            found=current.token if current else 0,
+            thread_id=thread_id, namespace=namespace, token=fence, found=current.token if current else 0
         )
 
     def lease_get(self, thread_id: str, namespace: str) -> LeaseRecord | None:
@@ -770,28 +748,20 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
             found = conn.execute(_LEASE_GET, (thread_id, namespace)).fetchone()
         return LeaseRecord(found[0], found[1], found[2]) if found is not None else None
 
-    def lease_swap(
-        self, thread_id: str, namespace: str, expected: int, token: int, data: bytes
-    ) -> bool:
+    def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
         conn = self._conn()
         with self._mapped("swapping the lease", thread_id):
             if expected == 0:
                 cur = conn.execute(_LEASE_CREATE, (thread_id, namespace, token, bytes(data)))
             else:
-                cur = conn.execute(
-                    _LEASE_SWAP, (token, bytes(data), thread_id, namespace, expected)
-                )
+                cur = conn.execute(_LEASE_SWAP, (token, bytes(data), thread_id, namespace, expected))
         return cur.rowcount == 1
 
     def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
         conn = self._conn()
         with self._mapped("listing leases"):
             found = conn.execute(_LEASE_LIST, (prefix,)).fetchall()
-        return [
-            (t, ns, LeaseRecord(tok, data, v))
-            for t, ns, tok, data, v in found
-            if t.startswith(prefix)
-        ]
+        return [(t, ns, LeaseRecord(tok, data, v)) for t, ns, tok, data, v in found if t.startswith(prefix)]
 
 
 def _rollback(conn: sqlite3.Connection, exc: BaseException) -> None:

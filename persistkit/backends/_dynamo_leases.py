@@ -74,8 +74,8 @@ class DynamoLeases(DynamoCalls):
                 self._client.update_item(**update)
             return True
         except Exception as exc:
-            old = _failed_item(exc)
-            if old is False:
+            failed, old = _failed_item(exc)
+            if not failed:
                 raise map_error(exc, what, self._table) from exc
             # our own earlier attempt (a retried request) already made this record?
             return (
@@ -106,17 +106,16 @@ def _record(item: dict[str, Any]) -> LeaseRecord:
     return LeaseRecord(num(item, "lt"), bytes(item.get("ld", {}).get("B", b"")), num(item, "lv"))
 
 
-def _failed_item(exc: Exception) -> dict[str, Any] | bool | None:
-    """The item a failed condition returned (None: there was none); False when ``exc`` is
-    not a failed condition."""
+def _failed_item(exc: Exception) -> tuple[bool, dict[str, Any] | None]:
+    """Whether ``exc`` is a failed condition, and the item it returned (None: there was none)."""
     from ._dynamo_items import reasons
 
     if is_code(exc, "ConditionalCheckFailedException"):
         item = getattr(exc, "response", {}).get("Item")
-        return dict(item) if item else None
+        return True, dict(item) if item else None
     if is_code(exc, "TransactionCanceledException"):
         got = reasons(exc)
         if got and got[0].get("Code") == "ConditionalCheckFailed":
             item = got[0].get("Item")
-            return dict(item) if item else None
-    return False
+            return True, dict(item) if item else None
+    return False, None

@@ -124,7 +124,11 @@ class DynamoKv(DynamoCalls):
                         return True
             return False
 
-        for item in self._query(p, f"listing {scope!r}", at_least=start):
+        # Bounded above by the prefix's last key ("~" sorts after every segment character)
+        # and paged, so a short listing (a claim reads 32) does not read the scope's
+        # versions (``v!``, after ``l!``) or every later key; tombstones count toward a page.
+        page = None if limit is None else min(max(2 * limit, 100), 1000)
+        for item in self._query(p, f"listing {scope!r}", between=(start, pseg + "~"), page=page):
             seg = str(item["s"]["S"])
             if not seg.startswith(pseg):
                 break
@@ -237,7 +241,7 @@ class DynamoKv(DynamoCalls):
     def _kv_versions(self, scope: str) -> dict[str, int]:
         return {
             str(i["kk"]["S"]): num(i, "kv")
-            for i in self._query("k" + scope, f"watching {scope!r}", begins="l!")
+            for i in self._query("k" + scope, f"watching {scope!r}", begins="l!", project="kk, kv")
         }
 
 

@@ -2,7 +2,7 @@
 
 Every store test is parametrized over every backend with the ``store_url``
 fixture. Services: PostgreSQL and Redis are expected on their usual loopback
-ports; S3 is moto's server, started here as a separate process on a free
+ports; S3 (and DynamoDB) is moto's server, started here as a separate process on a free
 loopback port and spoken to over real HTTP. A service that cannot be reached
 is skipped (and listed in the summary by ``-ra``), unless it is named in
 ``PERSISTKIT_REQUIRE`` (comma-separated), in which case the test fails.
@@ -28,7 +28,7 @@ POSTGRES_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.
 REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RABBITMQ_URL = os.environ.get("PERSISTKIT_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 REQUIRED = {s.strip() for s in os.environ.get("PERSISTKIT_REQUIRE", "").split(",") if s.strip()}
-BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3"]
+BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3", "dynamodb"]
 SESSION_TAG = uuid.uuid4().hex[:8]
 
 pk.set_testing(True)
@@ -203,6 +203,27 @@ def s3_endpoint() -> Iterator[str]:
         proc.kill()
 
 
+@pytest.fixture(scope="session")
+def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
+    """moto's server (the ``s3_endpoint`` one, which speaks DynamoDB too) checked able to
+    create a DynamoDB table; a store URL adds ``dynamodb://<table>?...&create=1``."""
+    try:
+        endpoint = request.getfixturevalue("s3_endpoint")
+    except pytest.skip.Exception as exc:
+        unavailable("dynamodb", f"moto's server did not start: {exc}")
+        raise
+    from persistkit.backends.dynamodb import create_table, make_client
+
+    client = make_client(endpoint, "us-east-1")
+    try:
+        create_table(client, f"pktest-{SESSION_TAG}")
+    except Exception as exc:
+        unavailable("dynamodb", f"moto's server did not create a DynamoDB table: {exc}")
+    finally:
+        client.close()
+    return str(endpoint)
+
+
 def make_url(
     kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
 ) -> str:
@@ -224,6 +245,10 @@ def make_url(
     if kind == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         return f"s3://persistkit-test/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"
+    if kind == "dynamodb":
+        # one table per store: a store's threads(), leases and kv scopes are table-wide
+        endpoint = request.getfixturevalue("dynamodb_endpoint")
+        return f"dynamodb://pktest-{SESSION_TAG}-{tag}?endpoint_url={endpoint}&region=us-east-1&create=1"
     raise AssertionError(kind)
 
 

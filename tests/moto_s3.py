@@ -1,6 +1,6 @@
 """moto's S3 server for the tests, with conditional writes made atomic.
 
-    python tests/moto_s3.py HOST PORT
+    python tests/moto_s3.py HOST PORT [--raw-dynamodb]
 
 moto 5.2 checks ``If-Match`` / ``If-None-Match`` and stores the object in two
 steps, and its server is threaded, so two racing conditional PUTs of one key
@@ -9,6 +9,12 @@ can both succeed. AWS S3 evaluates the condition atomically (documented since
 racing one lease object, moto's window lost queue entries and granted a lease
 twice. This runs the same moto application over real HTTP, but serializes the
 requests that carry a condition (every other request stays concurrent).
+
+The same server speaks DynamoDB. moto 5.2 evaluates a DynamoDB condition and
+applies the write (or a transaction's items, one by one) without a lock, where
+DynamoDB evaluates conditions atomically and isolates transactions
+(serializable), so DynamoDB requests are serialized too (see docs/backends.md;
+tests/test_dynamodb.py runs a race on an unserialized server: --raw-dynamodb).
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ _CONDITIONAL = threading.Lock()
 
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
+    serialize_dynamodb = "--raw-dynamodb" not in sys.argv[3:]
     app = DomainDispatcherApplication(create_backend_app)
 
     def atomic(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ:
+        conditional = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
+        if conditional or (serialize_dynamodb and environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB_")):
             with _CONDITIONAL:
                 return list(app(environ, start_response))
         return app(environ, start_response)  # type: ignore[no-any-return]

@@ -26,6 +26,19 @@ def _blobs() -> str:
     return f"memory://board-blobs-{uuid.uuid4().hex[:12]}"
 
 
+# A batch larger than one DynamoDB transaction (100 items: 50 keys) is refused with a
+# ConfigurationError there (docs/backends.md); strict, so the entry goes with a fix.
+KNOWN_GAPS = {("dynamodb", "test_scan_reads_every_page"): "a 205-key batch exceeds a DynamoDB transaction"}
+
+
+@pytest.fixture(autouse=True)
+def _known_gaps(request: pytest.FixtureRequest) -> None:
+    callspec = getattr(request.node, "callspec", None)
+    reason = KNOWN_GAPS.get((str(callspec.params.get("store_url", "")) if callspec else "", request.node.originalname))
+    if reason:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
 class TestBoard(BoardConformance):
     """The store as it is."""
 

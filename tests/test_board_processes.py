@@ -35,14 +35,16 @@ import persistkit as pk
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE / "board_agent.py"
-SHARED = ["sqlite", "postgres", "redis", "s3"]  # memory:// lives in one process
+SHARED = ["sqlite", "postgres", "redis", "s3", "dynamodb"]  # memory:// lives in one process
 DEADLINE = 120.0  # seconds any one wait may take before the test fails (a hang, not a timing)
 LEASE_TTL = 1.5
 # On S3 a claim reads a listing page of items (one object each) and moto serves every
 # request over HTTP from one process: 100 items took 134 s with 16 claimers on a 2-core
 # machine (300 did not finish in 600 s), so S3 runs the same workload on 100 items; the
 # issue's 1,000 on the others (SQLite ~7 s, PostgreSQL and Redis well under a minute).
-ITEMS = {"s3": 100}
+# DynamoDB runs on the same moto server, which serializes its requests and copies the whole
+# table in every transaction: 100 items take ~45 s (5 requests a claim and its complete).
+ITEMS = {"s3": 100, "dynamodb": 100}
 
 
 @pytest.fixture(params=SHARED)

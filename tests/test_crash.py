@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import make_url
 
 AGENT = Path(__file__).with_name("crash_agent.py")
 EXPECTED = {"squares": [i * i for i in range(20)], "items": list(range(20)), "total": sum(range(20))}
@@ -40,8 +41,12 @@ def crash_and_resume(url: str, tmp: Path, k: int, when: str) -> tuple[int, Count
 
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["in", "after"])
-def test_kill_at_every_step(tmp_path: Path, when: str) -> None:
-    url = f"sqlite:///{tmp_path}/crash.db"
+@pytest.mark.parametrize("kind", ["sqlite", "dynamodb"])
+def test_kill_at_every_step(
+    tmp_path: Path, when: str, kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # DynamoDB (moto's server): the one-transaction-per-step store, killed between its requests too
+    url = f"sqlite:///{tmp_path}/crash.db" if kind == "sqlite" else make_url(kind, request, tmp_path_factory)
     with ThreadPoolExecutor(max_workers=4) as pool:
         outcomes = list(pool.map(lambda k: crash_and_resume(url, tmp_path, k, when), range(20)))
     for k, (code, counts, result) in enumerate(outcomes):

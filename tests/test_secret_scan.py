@@ -166,6 +166,16 @@ def read_everything(store: pk.Store, url: str) -> list[bytes]:
                 got = client.get_object(Bucket=parts.netloc, Key=obj["Key"])
                 out.append(got["Body"].read())
                 _flatten(got.get("Metadata", {}), out, set())
+    elif kind == "dynamodb":
+        import boto3
+
+        parts = urllib.parse.urlsplit(url)
+        endpoint = urllib.parse.parse_qs(parts.query)["endpoint_url"][0]
+        client = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        for page in client.get_paginator("scan").paginate(TableName=parts.netloc):
+            for item in page["Items"]:  # every attribute of every item: keys, ids, values, chunks
+                _flatten(item, out, set())
+        client.close()
     else:
         raise AssertionError(url)
     return out

@@ -6,6 +6,7 @@ through :class:`~persistkit._cli._output.Output`:
 
 * ``_threads``: ``threads``, ``history``, ``state``, ``delete``
 * ``_schema``: ``migrate``
+* ``_dynamodb``: ``dynamodb create-table``
 * ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
 * ``_leases``: ``leases``, ``abandon``
 * ``_suspend``: ``answer``, ``pending``, ``due``
@@ -41,6 +42,7 @@ from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreO
 from ..engine._store import check_namespace, check_thread_id
 from ..secrets._redact import scrub
 from . import (
+    _dynamodb,
     _inspect,
     _keys,
     _leases,
@@ -67,8 +69,8 @@ def parser() -> argparse.ArgumentParser:
                         "sqlite:///.persistkit/persistkit.db); its password is never printed")
     p = argparse.ArgumentParser(
         prog="persistkit",
-        description="Inspect and manage persistkit stores. Every verb but `migrate`, `import` and "
-        "`keygen` opens an existing store and never creates one.",
+        description="Inspect and manage persistkit stores. Every verb but `migrate`, `import`, "
+        "`dynamodb create-table` and `keygen` opens an existing store and never creates one.",
         epilog="Encrypted or integrity-protected stores: set $PERSISTKIT_ENCRYPTION_KEYS / "
         "$PERSISTKIT_INTEGRITY_KEYS (every verb opens the store with them), or add "
         "?encryption=true&integrity=true to the URL. Exit status: 0 ok, 1 error (or migrate --check: behind; verify: a broken record), "
@@ -76,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history, state, show and diff with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
-    groups = (_threads, _inspect, _transfer, _schema, _keys, _leases, _suspend, _replay, _outbox, _prune, _timeline)
+    groups = (_threads, _inspect, _transfer, _schema, _dynamodb, _keys, _leases, _suspend, _replay, _outbox, _prune,
+              _timeline)
     for group in groups:
         group.add_parsers(sub, common)
     for verb in sub.choices.values():

@@ -37,6 +37,7 @@ _BUILTIN: dict[str, tuple[str, str, str | None, str | None]] = {
     "redis": ("persistkit.backends.redis", "RedisBackend", "redis", "redis"),
     "rediss": ("persistkit.backends.redis", "RedisBackend", "redis", "redis"),
     "s3": ("persistkit.backends.s3", "S3Backend", "s3", "boto3"),
+    "dynamodb": ("persistkit.backends.dynamodb", "DynamoBackend", "dynamodb", "boto3"),
 }
 
 _REGISTERED: dict[str, type[Backend]] = {}
@@ -58,7 +59,8 @@ def backend_class(url: str) -> type[Backend]:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
             f"invalid store URL {url!r}: expected '<scheme>://...', e.g. 'sqlite:///agent.db', "
-            "'memory://', 'postgresql://host/db', 'redis://host:6379/0' or 's3://bucket/prefix'"
+            "'memory://', 'postgresql://host/db', 'redis://host:6379/0', 's3://bucket/prefix' or "
+            "'dynamodb://table?region=…'"
         )
     scheme = urlsplit(url).scheme.lower()
     if scheme in _REGISTERED:

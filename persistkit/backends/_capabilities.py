@@ -24,11 +24,11 @@ NAMES: dict[str, tuple[str, ...]] = {
 
 #: capability -> the built-in stores that have it (for the error's "ways forward")
 BUILT_IN: dict[str, tuple[str, ...]] = {
-    "leases": ("memory", "sqlite", "postgresql", "redis", "s3"),
-    "fencing": ("memory", "sqlite", "postgresql", "redis", "s3"),
-    "kv": ("memory", "sqlite", "postgresql", "redis", "s3"),
-    "watch": ("memory", "sqlite", "postgresql", "redis", "s3"),
-    "prune": ("memory", "sqlite", "postgresql", "redis", "s3"),
+    "leases": ("memory", "sqlite", "postgresql", "redis", "s3", "dynamodb"),
+    "fencing": ("memory", "sqlite", "postgresql", "redis", "s3", "dynamodb"),
+    "kv": ("memory", "sqlite", "postgresql", "redis", "s3", "dynamodb"),
+    "watch": ("memory", "sqlite", "postgresql", "redis", "s3", "dynamodb"),
+    "prune": ("memory", "sqlite", "postgresql", "redis", "s3", "dynamodb"),
 }
 
 

@@ -584,7 +584,7 @@ _LEASES = (
 _KV = (
     "the shared space (store.board()) needs; implement the kv primitives (see "
     "persistkit.backends.Backend and persistkit.testing.kv_suite) or open the board on a store "
-    "that has them: memory, sqlite, postgresql, redis, s3"
+    "that has them: memory, sqlite, postgresql, redis, s3, dynamodb"
 )
 
 

@@ -40,7 +40,7 @@ __all__ = ["ForwardPrune", "PrunePrimitives"]
 _PRUNE = (
     "retention (store.prune) needs; implement prune_rows, delete_blobs and blob_sizes (see "
     "persistkit.backends.Backend and persistkit.testing.prune_suite) or prune on a store that "
-    "has them: memory, sqlite, postgresql, redis, s3"
+    "has them: memory, sqlite, postgresql, redis, s3, dynamodb"
 )
 
 

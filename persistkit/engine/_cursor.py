@@ -28,7 +28,7 @@ from ..codec._versions import migrations_ran
 from ..coordination._outbox import pending_in
 from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
-from ..state._records import Record, read_rows
+from ..state._records import Record, read_rows, run_pruned
 from . import _args
 from ._restore import StateRestore
 
@@ -69,8 +69,14 @@ class ReplayCursor(StateRestore):
                     )
                 elif rows[-1].run_status == FAILED and head_rec is not None and head_rec.id == rows[-1].id:
                     self._failed_end = rows[-1]  # retried after a failure: see _commit.end_sync
-            elif self.keeps_turns and head_rec is not None:
-                check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
+            elif head_rec is not None:
+                # Retention may have deleted every record of this run (a redelivery after a
+                # prune): it leaves a tombstone, and the run must not run again.
+                pruned = yield from run_pruned(self.codec, t, ns, run_id)
+                if pruned is not None:
+                    raise pruned_error(t, run_id, pruned)
+                if self.keeps_turns:
+                    check_turn(head_rec, run_id)  # another turn's run is unfinished: wait for it (coordination)
         elif (
             head_rec is not None
             and head_rec.kind in ("step", "end")
@@ -318,7 +324,7 @@ def pruned_error(thread_id: str, run_id: str, status: str | None) -> RunPrunedEr
     every record of an unfinished run, so this one finished (or the thread moved past it)."""
     return RunPrunedError(
         f"run {run_id} of thread {thread_id!r} ({status or 'finished'}) cannot be replayed: retention "
-        "(store.prune) deleted some of its checkpoints, so its recorded steps are not all there; it "
+        "(store.prune) deleted its checkpoints (some or all), so its recorded steps are not there; it "
         "will not run again. A redelivered message of it was handled already: drop it (not "
         "retryable). To replay redeliveries, keep checkpoints longer than your queue redelivers: "
         "pk.Retention(max_age=...)",

@@ -13,6 +13,9 @@ reported: its run may be writing), in this order, each step safe to interrupt:
    kept segment refers to), the items up to there are written as one blob
    (``state._channels.root_key``), which a reader uses when that row is gone. Written
    before anything is deleted.
+   With them, a *tombstone* for each run every record of which goes
+   (``state._records.tombstone_key``, its status only): a redelivery of that run finds
+   it and runs nothing (``RunPrunedError``), as a redelivery of a run partly pruned does.
 4. **delete**: ``prune_rows`` in batches, newest first, so an interrupted prune leaves
    only rows no kept list reaches any more (under ``integrity=`` the wrapper
    first writes the anchors that let its chain skip them: ``wrappers/_integrity_prune``).
@@ -52,7 +55,7 @@ from ..coordination._lease import DEFAULT_TTL, Lease, acquire, give_back
 from ..secrets._redact import scrub
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
-from ..state._records import Record, read_rows, targets
+from ..state._records import Record, read_rows, targets, tombstone_key
 from ._retention import PruneReport, Retention, doomed, thread_expired
 
 __all__ = ["RetentionStore"]
@@ -164,6 +167,26 @@ def _lists(codec: Codec, work: _Thread, ns: str, report: PruneReport) -> Plan[No
                 trees.extend(loader.segment_trees(name, key))
             work.roots[rk] = codec.pack_stored({"p": None, "s": 0, "i": trees})  # read back: stored form
             report.lists_rooted += 1
+
+
+def _tombstones(codec: Codec, work: _Thread) -> dict[str, bytes]:
+    """A tombstone (``state._records.tombstone_key``) for each run every record of which goes:
+    a redelivery of it must not run it again. Written before anything is deleted."""
+    out: dict[str, bytes] = {}
+    for ns, records in work.chains.items():
+        last: dict[str, Record] = {}
+        kept: set[str] = set()
+        for rec in records:
+            run_id = rec.row.run_id
+            if not run_id:
+                continue
+            last[run_id] = rec
+            if rec.id not in work.gone[ns]:
+                kept.add(run_id)
+        for run_id, rec in last.items():
+            if run_id not in kept:
+                out[tombstone_key(ns, run_id)] = codec.pack_stored({"rs": rec.run_status or "finished"})
+    return out
 
 
 def _marked(work: _Thread) -> tuple[set[str], set[str]]:
@@ -358,8 +381,9 @@ class RetentionStore:
                 report.checkpoints += sum(len(g) for g in work.gone.values())
                 report.blobs += len(sweep)
                 return
-            if work.roots:
-                self.call_sync(call("put_blobs", t, work.roots))
+            first = {**work.roots, **_tombstones(self.codec, work)}
+            if first:
+                self.call_sync(call("put_blobs", t, first))
             for ns, gone in work.gone.items():
                 for batch in _batches(sorted(gone, reverse=True)):  # newest first: see backends/_prune
                     report.checkpoints += self.call_sync(call("prune_rows", t, ns, batch))  # what went, not what was meant to

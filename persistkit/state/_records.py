@@ -62,7 +62,7 @@ from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..codec._pipeline import Codec
 
-__all__ = ["Checkpoint", "Record", "read_rows", "targets"]
+__all__ = ["Checkpoint", "Record", "read_rows", "run_pruned", "targets", "tombstone_key"]
 
 KINDS = frozenset({"step", "end", "fork", "update"})
 
@@ -264,6 +264,27 @@ def read_rows(codec: Codec, thread_id: str, namespace: str, run_id: str | None =
         before = page[-1].checkpoint_id
     out.reverse()
     return out
+
+
+#: Blob keys of pruned runs' tombstones (``tombstone_key``); ``~`` keys are persistkit's own.
+TOMBSTONE = "~pr:"
+
+
+def tombstone_key(namespace: str, run_id: str) -> str:
+    """The blob retention writes when it deletes every record of run ``run_id`` (status
+    only): a redelivery of that run finds it and runs nothing (``RunPrunedError``)."""
+    return f"{TOMBSTONE}{namespace.encode().hex()}:{run_id}"
+
+
+def run_pruned(codec: Codec, thread_id: str, namespace: str, run_id: str) -> Plan[str | None]:
+    """The status a run had when retention deleted all its records, or None (never pruned)."""
+    key = tombstone_key(namespace, run_id)
+    got = yield call("get_blobs", thread_id, [key])
+    if key not in got:
+        return None
+    tree = codec.unpack_tree(got[key], f"tombstone {key}")
+    status = tree.get("rs") if type(tree) is dict else None
+    return status if type(status) is str else "finished"
 
 
 def targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[list[tuple[str, str]]]:

@@ -177,9 +177,20 @@ class RetentionConformance(TwoStores):
             turn("msg-2", range(10, 13))
         assert caught.value.run_id == "msg-2" and not caught.value.retryable
         assert RAN == []  # nothing ran again
-        # every checkpoint of msg-1 is gone: nothing is left to tell it ran, so it is a new run
-        turn("msg-1", range(0, 5))
-        assert [i for th, i in RAN if th == t] == [0, 1, 2, 3, 4]
+        # every checkpoint of msg-1 is gone: its tombstone tells it ran
+        with pytest.raises(RunPrunedError, match="retention") as caught:
+            turn("msg-1", range(0, 5))
+        assert caught.value.run_id == "msg-1" and "completed" in str(caught.value)
+        assert RAN == []
+        assert [cp.run_id for cp in store.history(t)] == ["msg-2", "msg-2"]  # and nothing was written
+        turn("msg-3", range(20, 22))  # a new message runs
+        assert [i for th, i in RAN if th == t] == [20, 21]
+        store.prune(Retention(keep_last=1), thread_id=t)  # a second prune keeps the tombstones
+        RAN.clear()
+        for old in ("msg-1", "msg-2"):
+            with pytest.raises(RunPrunedError):
+                turn(old, range(0, 5))
+        assert RAN == []
         t = _thread()
         turn("a", range(3))
         turn("b", range(3))

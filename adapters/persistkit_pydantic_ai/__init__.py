@@ -15,6 +15,7 @@ Built only on the public ``persistkit`` API.
 from __future__ import annotations
 
 from ._durability import (
+    DeferredAnswer,
     DeferredAnswerError,
     PersistkitDurability,
     deferred_results,
@@ -24,6 +25,7 @@ from ._memory import MESSAGES_CHANNEL as MESSAGES_CHANNEL
 from ._memory import durable_run, load_history, save_messages
 
 __all__ = [
+    "DeferredAnswer",
     "DeferredAnswerError",
     "PersistkitDurability",
     "deferred_results",

@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pydantic
 import pytest
 from pydantic import BaseModel
 
@@ -475,3 +476,41 @@ def test_update_state_refuses_a_waiting_run(local_store: pk.Store) -> None:
         assert pk.suspend({"refund": 50}) is True
     assert run.status == "completed" and BODIES.count(f"{t}:asking") == 1
     local_store.update_state(t, {"note": "after the run"})  # a finished run: edits as before
+
+
+class Pick(BaseModel):
+    """An answer checked against its question: one of the options the payload offers."""
+
+    option: str
+
+    @pydantic.model_validator(mode="after")
+    def _offered(self, info: pydantic.ValidationInfo) -> Pick:
+        context = info.context or {}
+        if "payload" in context and self.option not in context["payload"]["options"]:
+            if self.option == "raise":  # an AnswerError of the validator's own reaches the caller
+                raise pk.AnswerError(
+                    "my own words", thread_id=context["thread_id"], question=context["question"]
+                )
+            raise ValueError(f"{self.option!r} is not one of {context['payload']['options']}")
+        return self
+
+
+def test_an_answer_types_validators_see_the_question(store: pk.Store) -> None:
+    t = tid()
+    got: list[Any] = []
+
+    def agent() -> pk.Run:
+        with pk.resume(t, store=store) as run:
+            got.append(pk.suspend({"options": ["a", "b"]}, answer_type=Pick))
+        return run
+
+    agent()
+    with pytest.raises(pk.AnswerError, match=r"'c' is not one of \['a', 'b'\]") as bad:
+        store.answer(t, {"option": "c"})
+    assert type(bad.value) is pk.AnswerError and bad.value.question == "0"
+    with pytest.raises(pk.AnswerError) as own:
+        store.answer(t, {"option": "raise"})
+    assert str(own.value) == "my own words" and own.value.thread_id == t
+    assert [q.question_id for q in store.pending(prefix=t)] == ["0"]  # nothing stored, still open
+    store.answer(t, {"option": "b"})
+    assert agent().status == "completed" and got == [Pick(option="b")]  # revived without a context

@@ -10,9 +10,17 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_ai._utils import now_utc
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.durable_exec import (
@@ -28,7 +36,12 @@ from pydantic_ai.durable_exec import (
 )
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from pydantic_ai.models import Model
-from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults, RunContext
+from pydantic_ai.tools import (
+    AgentDepsT,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+)
 
 import persistkit as pk
 
@@ -38,9 +51,18 @@ _RESULTS: TypeAdapter[DeferredToolResults] = TypeAdapter(DeferredToolResults)
 _AGENT_RUNS: weakref.WeakKeyDictionary[pk.Run, int] = weakref.WeakKeyDictionary()
 
 
-class DeferredAnswerError(pk.ConfigurationError, ValueError):
-    """The answer given (``store.answer``) to a suspended deferred-tool question is not a
-    ``DeferredToolResults`` (or a dict of its fields)."""
+class DeferredAnswerError(pk.AnswerError):
+    """The answer to a suspended deferred-tool question does not answer its calls: not a
+    ``DeferredToolResults`` (or a dict of its fields), a value of the wrong type, a pending
+    call id left out, or a call id that is not pending. Raised by ``store.answer`` (nothing
+    is stored, the question stays open); ``thread_id`` and ``question`` say which."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (str(self), self.thread_id, self.question))
+
+
+def _rebuild(message: str, thread_id: str, question: str | None) -> DeferredAnswerError:
+    return DeferredAnswerError(message, thread_id=thread_id, question=question)
 
 
 @dataclass
@@ -222,12 +244,18 @@ class PersistkitDurability(BaseDurabilityCapability[AgentDepsT]):
     ) -> DeferredToolResults | None:
         if not (self._suspend_deferred and self.in_durable_context):
             return None
-        payload = {
+        payload: dict[str, Any] = {
             "pydantic_ai": "deferred_tool_requests",
             "requests": _REQUESTS.dump_python(requests, mode="json"),
         }
-        answer = await pk.asuspend(payload)
-        return deferred_results(answer)
+        while True:
+            answer = await pk.asuspend(payload, answer_type=DeferredAnswer)
+            try:
+                return deferred_results(answer, requests)
+            except DeferredAnswerError as exc:
+                # An answer store.answer could not check (a question asked before the check
+                # existed): the run asks again, saying why, instead of failing for good.
+                payload = {**payload, "rejected": str(exc)}
 
 
 @pk.checkpointed(name="pydantic-ai.run_start_time", check_args=False)
@@ -235,24 +263,142 @@ async def _run_start(run_id: str) -> str:
     return now_utc().isoformat()
 
 
-def deferred_results(answer: Any) -> DeferredToolResults:
+_FIELDS = ("approvals", "calls", "metadata", "answered_by")
+_HOW = (
+    'answer every pending call by its tool call id: store.answer(thread_id, {"approvals": '
+    '{"<id>": True}}) (False, or {"kind": "tool-denied", "message": "..."}, denies it) for a call '
+    'that needs approval, {"calls": {"<id>": <the tool\'s result>}} for an external call '
+    "(pending_requests(question) lists them)"
+)
+
+
+def deferred_results(
+    answer: Any, requests: DeferredToolRequests | None = None
+) -> DeferredToolResults:
     """The answer to a suspended deferred-tool question as ``DeferredToolResults``: the object
-    itself, or a dict of its fields (``{"approvals": {call_id: True}, "calls": {...}}``)."""
-    if isinstance(answer, DeferredToolResults):
-        return answer
+    itself, or a dict of its fields (``{"approvals": {call_id: True}, "calls": {...}}``).
+    Given the question's ``requests``, every pending call must be answered, in its field
+    (``approvals`` or ``calls``), and no other; else :class:`DeferredAnswerError` naming the
+    call ids and saying how to answer."""
+    return _checked(answer, requests, "", None)
+
+
+def _checked(
+    answer: Any, requests: DeferredToolRequests | None, thread_id: str, question: str | None
+) -> DeferredToolResults:
+    def refuse(why: str) -> DeferredAnswerError:
+        where = f"thread {thread_id!r} question {question}: " if thread_id else ""
+        tail = ". Nothing was stored; the question is still open" if thread_id else ""
+        return DeferredAnswerError(
+            f"{where}the answer to the deferred tool calls {why}. To {_HOW}{tail}",
+            thread_id=thread_id,
+            question=question,
+        )
+
+    if isinstance(answer, DeferredAnswer):
+        answer = answer.model_dump()
+    elif isinstance(answer, DeferredToolResults):  # checked like a dict: its values may be anything
+        answer = {field: dict(getattr(answer, field)) for field in _FIELDS}
+    if not isinstance(answer, Mapping):
+        raise refuse(
+            f"must be a DeferredToolResults or a dict of its fields, got {type(answer).__name__}"
+        )
+    if extra := sorted(str(k) for k in answer if k not in _FIELDS):
+        raise refuse(
+            f"has keys {extra}, which are not fields of DeferredToolResults {list(_FIELDS)}"
+        )
     try:
-        return _RESULTS.validate_python(answer)
+        results = _RESULTS.validate_python(answer)
     except ValidationError as exc:
-        raise DeferredAnswerError(
-            f"the answer to a deferred tool call must be a DeferredToolResults or a dict with "
-            f"'approvals' and/or 'calls' keyed by tool call id, got {type(answer).__name__}: {exc}"
-        ) from None
+        raise refuse(f"has values of the wrong type: {_reasons(exc)}") from None
+    if requests is not None and (problems := _mismatch(results, requests)):
+        raise refuse("; ".join(problems))
+    return results
+
+
+def _reasons(exc: ValidationError) -> str:
+    """pydantic's errors, one per answered call id, in words."""
+    reasons: dict[str, str] = {}
+    for error in exc.errors():
+        loc = error["loc"]
+        if loc[2:3] == ("bool",):  # the other branch of an approval's union says more
+            continue
+        key = f"{loc[0]}[{loc[1]!r}]" if len(loc) > 1 else str(loc[0])
+        inner = ".".join(str(p) for p in loc[3:])
+        what = error["msg"] + (f" at {inner}" if inner else "")
+        if loc[0] == "approvals" and len(loc) > 1:
+            what = (
+                "must be True, False, or a ToolApproved / ToolDenied "
+                f"({{'kind': 'tool-denied', 'message': ...}}): {what}"
+            )
+        reasons.setdefault(key, f"{key} {what} (got {error['input']!r})")
+    return "; ".join(reasons.values())
+
+
+def _mismatch(results: DeferredToolResults, requests: DeferredToolRequests) -> list[str]:
+    """What is wrong with the call ids of ``results`` as the answer to ``requests``."""
+    approval = {c.tool_call_id: c.tool_name for c in requests.approvals}
+    external = {c.tool_call_id: c.tool_name for c in requests.calls}
+    pending = approval | external
+    problems: list[str] = []
+    for field, own, other in (("approvals", approval, external), ("calls", external, approval)):
+        given = set(getattr(results, field))
+        if missing := sorted(set(own) - given):
+            listed = ", ".join(f"{i!r} ({own[i]})" for i in missing)
+            problems.append(f"leaves out pending call ids {listed} in {field!r}")
+        if misplaced := sorted(given & set(other)):
+            where = "calls" if field == "approvals" else "approvals"
+            problems.append(
+                f"gives call ids {misplaced} in {field!r}, but they belong in {where!r}"
+            )
+        if unknown := sorted(given - set(pending)):
+            problems.append(f"names call ids {unknown} in {field!r} that are not pending")
+    for field in ("metadata", "answered_by"):
+        if unknown := sorted(set(getattr(results, field)) - set(pending)):
+            problems.append(f"names call ids {unknown} in {field!r} that are not pending")
+    if problems:
+        problems.append(f"the pending call ids are {sorted(pending)}")
+    return problems
+
+
+def _requests_in(payload: Any) -> DeferredToolRequests | None:
+    if not isinstance(payload, dict) or payload.get("pydantic_ai") != "deferred_tool_requests":
+        return None
+    return _REQUESTS.validate_python(pk.secrets.live(payload["requests"], partial=True))
+
+
+class DeferredAnswer(BaseModel):
+    """The stored answer to a deferred-tool question (its ``answer_type``): the fields of
+    ``DeferredToolResults`` as JSON. ``store.answer`` checks it against the question's
+    pending call ids (the answering process must import ``persistkit_pydantic_ai``, or
+    open the store with ``allow_modules=["persistkit_pydantic_ai"]``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    approvals: dict[str, Any] = {}
+    calls: dict[str, Any] = {}
+    metadata: dict[str, dict[str, Any]] = {}
+    answered_by: dict[str, str] = {}
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _answers_the_question(
+        cls, value: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
+        context = info.context if isinstance(info.context, dict) else {}
+        requests = _requests_in(context.get("payload"))
+        thread_id, question = str(context.get("thread_id") or ""), context.get("question")
+        results = _checked(value, requests, thread_id, None if question is None else str(question))
+        return handler(_RESULTS.dump_python(results, mode="json"))
+
+
+# Stored as ``persistkit_pydantic_ai:DeferredAnswer``, so ``allow_modules=["persistkit_pydantic_ai"]``
+# names it; an answering process that imports the adapter knows it.
+DeferredAnswer.__module__ = "persistkit_pydantic_ai"
+pk.register(DeferredAnswer)
 
 
 def pending_requests(question: pk.Question) -> DeferredToolRequests | None:
     """The deferred tool calls a suspended run asks about (``store.pending()``), or None if the
     question is not one of this capability's."""
-    payload = question.payload
-    if not isinstance(payload, dict) or payload.get("pydantic_ai") != "deferred_tool_requests":
-        return None
-    return _REQUESTS.validate_python(pk.secrets.live(payload["requests"], partial=True))
+    return _requests_in(question.payload)

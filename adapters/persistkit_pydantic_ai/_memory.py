@@ -87,9 +87,14 @@ async def durable_run(
     died goes on from its last finished step. The agent needs
     :class:`PersistkitDurability` among its capabilities.
 
-    Returns the run's result, or None when the turn suspended on a deferred tool call
-    (``store.pending()`` lists it; ``store.answer(thread_id, {"approvals": {...}})``
-    and calling ``durable_run`` again with the same ``run_id`` and prompt goes on).
+    Returns the run's result, or **None** when the turn suspended on a deferred tool call
+    (approval required, or a result supplied from outside): the agent run has not ended,
+    so there is no result and no messages are saved yet. ``store.pending()`` lists the
+    question (``pending_requests(question)`` gives the ``DeferredToolRequests``);
+    ``store.answer(thread_id, {"approvals": {call_id: True}, "calls": {call_id: result}})``
+    answering every pending call, then ``durable_run`` again with the same ``run_id`` and
+    prompt goes on from the question. A wrong answer is refused by ``store.answer``
+    (:class:`DeferredAnswerError`; the question stays open).
     Other keyword arguments go to ``agent.run``.
     """
     if kwargs.get("message_history") is not None:

@@ -78,10 +78,10 @@ def _plan(
     qid = str(q["i"])
     if "ty" in q:
         cls = S.resolve_type(str(q["ty"]), answer_type, codec.serializer.allow_modules, t, qid)
-        value = S.validate(value, cls, t, qid)
+        value = S.validate(value, cls, t, qid, S.context_of(codec, rec, q, cls))
     elif answer_type is not None:
         S.type_name(answer_type, "store.answer(answer_type=)")  # a supported type, or ConfigurationError
-        value = S.validate(value, answer_type, t, qid)
+        value = S.validate(value, answer_type, t, qid, S.context_of(codec, rec, q, answer_type))
     # unstorable: nothing stored; in stored form, as the copied refs and questions are
     tree = codec.redact_tree(codec.encode(value, f"answer to question {qid} of thread {t!r}"))
     body: dict[str, Any] = {"k": "step", "p": rec.body["p"], "n": rec.body["n"], "t": time.time()}

@@ -408,9 +408,12 @@ def resolve_type(name: str, given: Any, allow: Sequence[str], thread_id: str, qi
     )
 
 
-def validate(value: Any, cls: type, thread_id: str, qid: str) -> Any:
+def validate(value: Any, cls: type, thread_id: str, qid: str, context: dict[str, Any] | None = None) -> Any:
     """``value`` as an answer of type ``cls`` (a model or dataclass built from a dict),
-    or AnswerError saying why it does not fit (nothing is stored)."""
+    or AnswerError saying why it does not fit (nothing is stored). A model or dataclass is
+    validated with pydantic's ``context=`` (at ``answer()``: :func:`context_of`), so its
+    validators can check the answer against the question; an ``AnswerError`` one raises
+    reaches the caller as it is."""
     def refuse(why: str) -> AnswerError:
         return AnswerError(
             f"thread {thread_id!r} question {qid}: the answer does not fit its type "
@@ -428,7 +431,9 @@ def validate(value: Any, cls: type, thread_id: str, qid: str) -> Any:
         return value
     if _is_model(cls):
         try:
-            return cls.model_validate(value)  # type: ignore[attr-defined]
+            return cls.model_validate(value, context=context)  # type: ignore[attr-defined]
+        except AnswerError:
+            raise
         except Exception as exc:  # pydantic's ValidationError
             raise refuse(str(exc)) from exc
     if dataclasses.is_dataclass(cls):
@@ -442,10 +447,21 @@ def validate(value: Any, cls: type, thread_id: str, qid: str) -> Any:
             except TypeError as exc:
                 raise refuse(str(exc)) from exc
         try:
-            return TypeAdapter(cls).validate_python(value)
+            return TypeAdapter(cls).validate_python(value, context=context)
+        except AnswerError:
+            raise
         except Exception as exc:
             raise refuse(str(exc)) from exc
     raise refuse("not a supported answer type")
+
+
+def context_of(codec: Codec, rec: Record, q: dict[str, Any], cls: type) -> dict[str, Any] | None:
+    """The validation context of an answer of type ``cls`` to question ``q`` of suspend record
+    ``rec``: the question's decoded ``payload``, ``thread_id`` and ``question`` id (None for a
+    builtin type)."""
+    if cls in _BUILTINS:
+        return None
+    return {"payload": _payload(codec, q.get("v"), rec), "thread_id": rec.row.thread_id, "question": str(q["i"])}
 
 
 def _is_model(cls: Any) -> bool:

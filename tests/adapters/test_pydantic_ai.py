@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -44,7 +46,7 @@ pytest.importorskip("pydantic_ai", reason="pydantic-ai-slim is not installed")
 
 from conftest import make_url, uid
 from pydantic_ai import Agent, FunctionToolset, RunContext
-from pydantic_ai.exceptions import UserError
+from pydantic_ai.exceptions import CallDeferred, UserError
 from pydantic_ai.messages import (
     AgentStreamEvent,
     FunctionToolCallEvent,
@@ -57,13 +59,14 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from pydantic_ai.models.test import TestModel
-from pydantic_ai.tools import DeferredToolRequests
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
 import persistkit as pk
 from persistkit_pydantic_ai import (
     MESSAGES_CHANNEL,
     DeferredAnswerError,
     PersistkitDurability,
+    deferred_results,
     durable_run,
     pending_requests,
 )
@@ -388,16 +391,21 @@ async def test_dependency_tool_and_model_overrides_in_a_run(store: Any) -> None:
 
 
 def approval_agent(
-    calls: Calls, durability: PersistkitDurability[None] | None = None
+    calls: Calls, durability: PersistkitDurability[None] | None = None, *, external: bool = False
 ) -> Agent[None, Any]:
+    """Asks for ``lookup`` (runs), ``refund`` (needs approval) and, with ``external``, ``ship``
+    (its result is supplied from outside: ``CallDeferred``); then answers with what came back."""
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         calls["model"] += 1
         returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
         if not returns:
+            ship = [ToolCallPart("ship", {"to": "Oslo"}, tool_call_id="s1")] if external else []
             return ModelResponse(
                 parts=[
                     ToolCallPart("lookup", {"q": "order 7"}, tool_call_id="l1"),
                     ToolCallPart("refund", {"amount": 120}, tool_call_id="r1"),
+                    *ship,
                 ]
             )
         return ModelResponse(parts=[TextPart(" / ".join(str(r.content) for r in returns))])
@@ -419,15 +427,44 @@ def approval_agent(
         calls["refund"] += 1
         return f"refunded {amount}"
 
+    @agent.tool_plain
+    def ship(to: str) -> str:
+        calls["ship"] += 1
+        raise CallDeferred()
+
     return agent
 
 
+# The answering process does not import the adapter: it allows its module instead.
 ANSWER = """
-import sys, persistkit as pk
-store = pk.connect(sys.argv[1])
-store.answer(sys.argv[2], {"approvals": {"r1": True}})
+import json, sys, persistkit as pk
+store = pk.connect(sys.argv[1], allow_modules=["persistkit_pydantic_ai"])
+try:
+    store.answer(sys.argv[2], json.loads(sys.argv[3]))
+except pk.PersistkitError as exc:
+    print(type(exc).__name__, exc)
 store.close()
 """
+
+
+def answer_elsewhere(store: Any, thread: str, value: Any) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", ANSWER, store.url, thread, json.dumps(value)],
+        check=True,
+        cwd=ROOT,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout
+
+
+async def suspended_turn(agent: Agent[None, Any], store: Any, thread: str) -> DeferredToolRequests:
+    assert await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1") is None
+    [question] = [q for q in store.pending() if q.thread_id == thread]
+    requests = pending_requests(question)
+    assert requests is not None
+    return requests
 
 
 @pytest.mark.asyncio
@@ -437,32 +474,176 @@ async def test_deferred_tool_suspends_and_an_answer_from_another_process_resumes
     calls = Calls()
     agent = approval_agent(calls)
     thread = uid("hitl")
-    assert (
-        await durable_run(agent, "refund order 7", thread_id=thread, store=store, run_id="m1")
-        is None
-    )
+    requests = await suspended_turn(agent, store, thread)
+    assert [c.tool_name for c in requests.approvals] == ["refund"]
     assert calls == {"model": 1, "lookup": 1}
-    [question] = [q for q in store.pending() if q.thread_id == thread]
-    requests = pending_requests(question)
-    assert requests is not None and [c.tool_name for c in requests.approvals] == ["refund"]
-    subprocess.run(
-        [sys.executable, "-c", ANSWER, store.url, thread], check=True, cwd=ROOT, timeout=120
-    )
-    result = await durable_run(agent, "refund order 7", thread_id=thread, store=store, run_id="m1")
+    out = answer_elsewhere(store, thread, {"approvals": {"nope": True}})
+    assert out.startswith("DeferredAnswerError") and "'r1' (refund)" in out and "'nope'" in out
+    assert answer_elsewhere(store, thread, {"approvals": {"r1": True}}) == ""
+    result = await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1")
     assert result is not None and result.output == "found order 7 / refunded 120"
     assert calls == {"model": 2, "lookup": 1, "refund": 1}  # nothing before the question ran again
     state = store.get_state(thread, plain=True)
     assert len(state[MESSAGES_CHANNEL]) == len(result.new_messages())
 
 
+#: Answers to ``refund`` (approval, r1) + ``ship`` (external, s1) that store.answer refuses,
+#: and what the error must say.
+BAD_ANSWERS = [
+    ({"approvals": {"nope": True}, "calls": {"s1": "x"}}, [r"'r1' \(refund\)", r"\['nope'\]"]),
+    ({"foo": 1}, [r"keys \['foo'\]"]),
+    (
+        {"approvals": {}, "calls": {}},
+        [r"'r1' \(refund\) in 'approvals'", r"'s1' \(ship\) in 'calls'"],
+    ),
+    ({"approvals": {"r1": True}}, [r"'s1' \(ship\) in 'calls'"]),
+    (
+        {"approvals": {"r1": True, "s1": True}, "calls": {}},
+        [r"\['s1'\] in 'approvals', but they belong in 'calls'"],
+    ),
+    (
+        {"approvals": {"r1": True}, "calls": {"s1": 1, "zz": 2}},
+        [r"\['zz'\] in 'calls' that are not pending"],
+    ),
+    (
+        {"approvals": {"r1": True}, "calls": {"s1": 1}, "metadata": {"q": {}}},
+        [r"\['q'\] in 'metadata'"],
+    ),
+    ("yes", ["got str"]),
+    ({"approvals": "yes please"}, ["approvals .*valid dictionary"]),
+    (
+        {"approvals": {"r1": "maybe"}, "calls": {"s1": 1}},
+        [r"approvals\['r1'\] must be True, False"],
+    ),
+    ({"approvals": {"r1": 1}, "calls": {"s1": 1}}, [r"approvals\['r1'\].*\(got 1\)"]),
+    (
+        {"approvals": {"r1": {"kind": "tool-denied", "message": 5}}, "calls": {"s1": 1}},
+        ["tool-denied.message"],
+    ),
+    ({"approvals": {"r1": {"kind": "tool-maybe"}}, "calls": {"s1": 1}}, ["tool-maybe"]),
+]
+
+
 @pytest.mark.asyncio
-async def test_a_bad_answer_to_a_deferred_tool_is_a_clear_error(store: Any) -> None:
-    agent = approval_agent(Calls())
+async def test_a_bad_answer_is_refused_by_answer_and_the_question_stays_open(store: Any) -> None:
+    calls = Calls()
+    agent = approval_agent(calls, external=True)
     thread = uid("hitl-bad")
+    requests = await suspended_turn(agent, store, thread)
+    assert [c.tool_call_id for c in requests.approvals] == ["r1"]
+    assert [c.tool_call_id for c in requests.calls] == ["s1"]
+    [question] = [q for q in store.pending() if q.thread_id == thread]
+    for value, says in BAD_ANSWERS:
+        with pytest.raises(DeferredAnswerError) as bad:
+            store.answer(thread, value)
+        assert isinstance(bad.value, pk.AnswerError)
+        assert (bad.value.thread_id, bad.value.question) == (thread, question.question_id)
+        for pattern in [*says, "Nothing was stored; the question is still open"]:
+            assert re.search(pattern, str(bad.value)), (value, pattern, str(bad.value))
+        assert pickle.loads(pickle.dumps(bad.value)).question == question.question_id
+    assert [q.question_id for q in store.pending() if q.thread_id == thread] == [
+        question.question_id
+    ]
+    assert calls == {"model": 1, "lookup": 1, "ship": 1}
+    store.answer(thread, {"approvals": {"r1": True}, "calls": {"s1": "shipped to Oslo"}})
+    result = await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1")
+    assert result is not None
+    assert result.output == "found order 7 / refunded 120 / shipped to Oslo"
+    assert calls == {"model": 2, "lookup": 1, "ship": 1, "refund": 1}
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"approvals": {"r1": False}}, "The tool call was denied."),
+        ({"approvals": {"r1": {"kind": "tool-denied", "message": "no refunds"}}}, "no refunds"),
+        (DeferredToolResults(approvals={"r1": ToolDenied("not today")}), "not today"),
+        (
+            DeferredToolResults(approvals={"r1": ToolApproved(override_args={"amount": 5})}),
+            "refunded 5",
+        ),
+        ({"approvals": {"r1": {"kind": "tool-approved"}}}, "refunded 120"),
+    ],
+)
+@pytest.mark.asyncio
+async def test_denials_and_approval_objects_answer(store: Any, answer: Any, says: str) -> None:
+    calls = Calls()
+    agent = approval_agent(calls)
+    thread = uid("hitl-deny")
+    await suspended_turn(agent, store, thread)
+    store.answer(thread, answer)
+    result = await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1")
+    assert result is not None and says in result.output
+    assert calls["refund"] == ("refunded" in says)
+    replayed = await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1")
+    assert replayed is not None and replayed.output == result.output
+    assert calls["model"] == 2
+
+
+@pytest.mark.asyncio
+async def test_an_answer_a_resume_refuses_keeps_the_run_suspended(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question asked without the answer type (by a release before the check) takes any
+    answer; the resume refuses a bad one and asks again, saying why, instead of failing."""
+    from persistkit_pydantic_ai import _durability
+
+    calls = Calls()
+    agent = approval_agent(calls)
+    thread = uid("hitl-old")
+    with monkeypatch.context() as m:
+        m.setattr(_durability, "DeferredAnswer", None)
+        await suspended_turn(agent, store, thread)
+    [old] = [q for q in store.pending() if q.thread_id == thread]
+    assert old.answer_type is None
+    store.answer(thread, {"approvals": {}})  # not checked: the question has no answer type
     assert await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1") is None
-    store.answer(thread, {"approvals": "yes please"})
-    with pytest.raises(DeferredAnswerError, match="DeferredToolResults"):
-        await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1")
+    [again] = [q for q in store.pending() if q.thread_id == thread]
+    assert again.question_id != old.question_id and again.answer_type is not None
+    assert "'r1' (refund) in 'approvals'" in again.payload["rejected"]
+    assert pending_requests(again) == pending_requests(old)
+    with pytest.raises(DeferredAnswerError, match="nope"):
+        store.answer(thread, {"approvals": {"nope": True}})
+    store.answer(thread, {"approvals": {"r1": True}})
+    result = await durable_run(agent, "refund", thread_id=thread, store=store, run_id="m1")
+    assert result is not None and result.output == "found order 7 / refunded 120"
+    assert calls == {"model": 2, "lookup": 1, "refund": 1}
+
+
+@pytest.mark.asyncio
+async def test_answering_needs_the_adapters_answer_type(store: Any) -> None:
+    thread = uid("hitl-type")
+    await suspended_turn(approval_agent(Calls()), store, thread)
+    out = answer_elsewhere(store, thread, {"approvals": {"r1": True}}).strip()
+    assert out == ""  # allow_modules=["persistkit_pydantic_ai"] resolves it
+    script = ANSWER.replace(', allow_modules=["persistkit_pydantic_ai"]', "")
+    other = uid("hitl-type2")
+    await suspended_turn(approval_agent(Calls()), store, other)
+    done = subprocess.run(
+        [sys.executable, "-c", script, store.url, other, json.dumps({"approvals": {"r1": True}})],
+        check=True,
+        cwd=ROOT,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.startswith("ConfigurationError")
+    assert "allow_modules=['persistkit_pydantic_ai']" in done.stdout
+    assert [q.thread_id for q in store.pending() if q.thread_id == other] == [other]
+
+
+def test_deferred_results_checks_against_the_requests() -> None:
+    requests = DeferredToolRequests(
+        approvals=[ToolCallPart("refund", {}, tool_call_id="r1")],
+        calls=[ToolCallPart("ship", {}, tool_call_id="s1")],
+    )
+    ok = deferred_results({"approvals": {"r1": True}, "calls": {"s1": 3}}, requests)
+    assert ok.approvals == {"r1": True} and ok.calls == {"s1": 3}
+    with pytest.raises(DeferredAnswerError, match=r"'s1' \(ship\)"):
+        deferred_results({"approvals": {"r1": True}}, requests)
+    assert deferred_results({"approvals": {"x": True}}).approvals == {
+        "x": True
+    }  # no requests: types only
 
 
 @pytest.mark.asyncio

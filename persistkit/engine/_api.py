@@ -20,9 +20,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .._errors import (
     ConfigurationError,
-    NonDeterminismError,
     PersistkitError,
-    RetryableError,
     SchemaVersionError,
     SerializationError,
 )
@@ -302,22 +300,10 @@ class resume:
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:
-    """A replayed run writes nothing; an interrupt or a ``pk.RetryableError`` (a busy or lost
-    lease, a store briefly unavailable: retrying the same run_id continues it) leaves the
-    run unfinished, not failed for good; a run that
-    could not load a recorded state (a failed migration) must not move the head, nor one
-    that this code cannot replay (``NonDeterminismError``: the run stays as it was, a
-    suspended one keeps its question, for the code that can finish it); a run
-    whose lease was lost must write nothing more."""
-    return (
-        run.replay_only
-        or run.status == "suspended"  # pk.suspend / pk.sleep: no end record, even if it was caught
-        or run.load_error is not None
-        or isinstance(exc, NonDeterminismError)
-        or (exc is not None and not isinstance(exc, Exception))
-        or run.lease_lost(exc)
-        or isinstance(exc, RetryableError)  # left unfinished: the queue's retry continues it
-    )
+    """A replayed run writes nothing, nor one that ``exc`` leaves unfinished
+    (``Run.leaves_unfinished``: an interrupt, a ``pk.RetryableError``, a
+    ``NonDeterminismError``, a failed migration, a suspend, a lost lease)."""
+    return run.replay_only or run.leaves_unfinished(exc)
 
 
 def _unstorable_end(run: Run, exc: SerializationError) -> SerializationError:

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 from .._errors import (
     ConflictError,
     LeaseLostError,
+    NonDeterminismError,
     PersistkitError,
+    RetryableError,
     SerializationError,
 )
 from .._io import Plan, call
@@ -28,7 +30,7 @@ from ..ops._telemetry import conflicted
 from ..state._channels import Diff
 from ..state._dedupe import result
 from ..state._records import Record
-from ._cursor import COMPLETED, FAILED, RUNNING, ReplayCursor
+from ._cursor import COMPLETED, FAILED, RUNNING, SUSPENDED, ReplayCursor
 
 if TYPE_CHECKING:
     import asyncio
@@ -211,6 +213,8 @@ class Commits(ReplayCursor):
         if error is not None:
             body["s"] = "failed"
             body["e"] = self.codec.serializer.encode_exception(error)
+            if self.leaves_unfinished(error):  # no end record will list it: see _cursor._ended_attempt
+                body["ru"] = 1
             return body, extra
         body["s"] = "completed"
         if result is None:
@@ -366,6 +370,23 @@ class Commits(ReplayCursor):
     def lease_lost(self, exc: BaseException | None) -> bool:
         """Whether this run lost its lease (it must write nothing more, not even its end)."""
         return isinstance(exc, LeaseLostError) or (self.lease is not None and self.lease.lost is not None)
+
+    def leaves_unfinished(self, exc: BaseException | None) -> bool:
+        """Whether the block, ended now by ``exc`` (None: cleanly), writes no end record and
+        leaves the run unfinished: an interrupt, or a ``pk.RetryableError`` (a busy or lost
+        lease, a store briefly unavailable: retrying the same run_id continues it); a run
+        that could not load a recorded state (a failed migration) must not move the head,
+        nor one that this code cannot replay (``NonDeterminismError``: the run stays as it
+        was, a suspended one keeps its question, for the code that can finish it); a
+        suspended run ends without one (``pk.suspend``, even if its ``pk.Suspended`` was
+        caught); a run whose lease was lost must write nothing more."""
+        return (
+            self.status == SUSPENDED
+            or self.load_error is not None
+            or isinstance(exc, NonDeterminismError | RetryableError)
+            or (exc is not None and not isinstance(exc, Exception))
+            or self.lease_lost(exc)
+        )
 
     # -- locks serializing commits of concurrent steps -------------------------------------
 

@@ -5,7 +5,7 @@ restores the state it starts from. Each step call then asks :meth:`~ReplayCursor
 for the record at its position: a recorded, completed step replays its result
 (:meth:`~ReplayCursor.replay`, which also restores the state committed with it); None
 means the step runs for real. Recorded failures replay, or run again when they ended an
-attempt (:meth:`~ReplayCursor.mark_escaped`). No writes here: committing is ``_commit``.
+attempt (:meth:`~ReplayCursor._ended_attempt`, :meth:`~ReplayCursor.mark_escaped`). No writes here: committing is ``_commit``.
 """
 
 from __future__ import annotations
@@ -197,15 +197,37 @@ class ReplayCursor(StateRestore):
                 "deterministic between steps) since the run started. " + self.remedies(),
                 position=position, step=name,
             )
-        # "u": it ran but could not be stored; replay it unless the user asked to retry it
-        if rec.body.get("s") == "failed" and (self.retry_failed or not rec.body.get("u")):
-            parent, _, seq = position.rpartition("/")
-            went_on = self._max_child.get(parent, -1) > int(seq)
-            if rec.id in self._escaped or not went_on:
-                if self._moved_on is not None:
-                    raise self._unfinished(position, name, "failed, and its failure ended the attempt")
-                return None
+        if rec.body.get("s") == "failed" and self._ended_attempt(rec, position):
+            if self._moved_on is not None:
+                raise self._unfinished(position, name, "failed, and its failure ended the attempt")
+            return None
         return rec
+
+    def _ended_attempt(self, rec: Record, position: str) -> bool:
+        """Whether the recorded failure ``rec`` ended an attempt, so that its step runs again
+        (that is what a retry is for); otherwise its error replays, as the caller saw it.
+
+        A failure ended an attempt when it escaped the block (the run's end record lists it
+        in ``x``) or, in this block, a step it is nested in (a retried parent: see
+        :meth:`mark_escaped`). A failure with neither, the newest record of its parent
+        (a crash came before anything else was recorded), was handled as far as anything
+        recorded says, and replays: if it had escaped, its replayed error escapes the same
+        way, and a retried parent then runs it again (the block fails with it, and says so
+        in its end record, when nothing retries it). Two kinds are recorded so that they
+        run again while nothing was recorded after them: ``ru``, an error that leaves the
+        run unfinished when it escapes (a ``pk.RetryableError``, a ``NonDeterminismError``:
+        the block writes no end record to list it, and the retry of the same run_id
+        must run it again), and ``u`` (it ran, but what it left could not be stored) once
+        ``retry_failed=True`` asks to run it again; without that flag ``u`` always replays."""
+        body = rec.body
+        if body.get("u") and not self.retry_failed:
+            return False  # its side effects happened: it replays its error
+        if rec.id in self._escaped:
+            return True
+        if not (body.get("ru") or body.get("u")):
+            return False
+        parent, _, seq = position.rpartition("/")
+        return self._max_child.get(parent, -1) <= int(seq)  # nothing recorded after it
 
     def check_args(
         self, rec: Record, position: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]

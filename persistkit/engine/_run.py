@@ -4,12 +4,13 @@ Replay contract (DESIGN.md): steps are matched by position (call path +
 sequence number). A recorded, completed step returns its recorded result —
 and the run's state is set to the state committed with it — without running.
 The first unrecorded position runs for real. A recorded failure is re-raised
-when the run went on past it (the caller handled it); a failure that ended
-an attempt (it escaped the block or a retried parent, or nothing was
-recorded after it) runs again: that is what a retry is for — except a step
-that ran but whose result or state could not be stored (flag ``u``): it
-replays its error, since its side effects happened, unless the run was
-opened with ``retry_failed=True`` (the cause is fixed: it runs as any failure).
+(the caller handled it, as far as the records say, even when the process died
+right after it); a failure that ended an attempt (it escaped the block, or a
+retried parent in this block) runs again: that is what a retry is for (see
+``_cursor.ReplayCursor._ended_attempt``) — except a step that ran but whose
+result or state could not be stored (flag ``u``): it replays its error, since
+its side effects happened, unless the run was opened with ``retry_failed=True``
+(the cause is fixed: it runs as any failure).
 
 Code between steps runs again on every attempt, so it must be deterministic
 (like workflow code in Temporal): everything that talks to the world or the

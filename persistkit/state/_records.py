@@ -22,6 +22,9 @@ it is written on every step:
 ``a``  digest of the step's arguments
 ``u``  1 on a failed step that ran but whose result or state could not be
        stored: it replays its error on every resume, never runs again
+``ru`` 1 on a failed step whose error leaves the run unfinished when it escapes the
+       block (``pk.RetryableError``, ``NonDeterminismError``...: no end record lists
+       it): it runs again while nothing is recorded after it (``engine/_cursor``)
 ``x``  end records: checkpoint ids of failures that ended the attempt
 ``f``  fork records: ``[source thread, source checkpoint]``
 ``q``  ``pk.suspend`` / ``pk.sleep`` records: the question (an object; a list of them
@@ -201,6 +204,7 @@ _FIELDS: dict[str, Any] = {
     "ac": lambda v: type(v) is list and all(type(e) is dict and _is_str(e.get("f")) and "a" in e for e in v),
     "ad": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "dm": lambda v: v == 1,
+    "ru": lambda v: v == 1,
 }
 
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import crash_matrix_agents as agents
 import pytest
 from conftest import uid
+from pydantic import BaseModel
 
 import persistkit as pk
 from persistkit.testing import CrashMatrixResult, crash_matrix
@@ -190,6 +193,13 @@ def test_positions_sample_with_a_printed_seed_and_repeat(tmp_path: Any) -> None:
         ({"crash": ["during"]}, "pick from"),
         ({"mode": "process", "url": "memory://"}, "crosses processes"),
         ({"positions": 0}, "a positive int"),
+        # step indexes the agent does not have (7 step bodies): refused, not a vacuous pass
+        ({"positions": [99]}, r"indexes to crash at are 0 to 6; \[99\] is not one of them"),
+        ({"positions": [-1]}, r"0 to 6; \[-1\] is not one"),
+        ({"positions": []}, "give at least one"),
+        ({"positions": "x"}, "a positive int, or the step indexes"),
+        ({"positions": 2, "seed": "abc"}, r"seed='abc'\): an int"),
+        ({"crash": "during"}, r"crash=\('during',\)"),
     ],
 )
 def test_bad_options_say_what_is_wrong(options: dict[str, Any], match: str) -> None:
@@ -200,6 +210,153 @@ def test_bad_options_say_what_is_wrong(options: dict[str, Any], match: str) -> N
 def test_an_agent_with_two_parameters_is_refused() -> None:
     with pytest.raises(pk.ConfigurationError, match="no argument or the store"):
         crash_matrix(lambda a, b: None)
+
+
+class Msg(BaseModel):
+    role: str
+    text: str
+
+
+class Chat(pk.State):
+    messages: Annotated[list[Msg], pk.append] = []
+    turns: int = 0
+
+
+@pk.checkpointed
+def reply(text: str) -> Msg:
+    return Msg(role="ai", text=text.upper())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_chat_with_one_run_per_turn_passes(mode: str, tmp_path: Any) -> None:
+    # each turn is a run (its own run_id) calling `reply` at position 0: a step per run,
+    # not one step that ran three times
+    thread = uid("cm-chat")
+
+    def agent(store: pk.Store) -> list[str]:
+        for turn in range(3):
+            with pk.resume(thread, store=store, state=Chat, run_id=f"turn-{turn}") as run:
+                run.state.messages.append(Msg(role="user", text=f"hi {turn}"))
+                run.state.messages.append(reply(f"hi {turn}"))
+                run.state.turns += 1
+        return [m.text for m in run.state.messages]
+
+    result = crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path))
+    assert result.ok and len(result.points) == 9, str(result)
+    result.assert_exactly_once()
+    result.assert_same_outcome()
+    assert result.reference.value == ["hi 0", "HI 0", "hi 1", "HI 1", "hi 2", "HI 2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_side_effect_outside_a_step_is_still_found_in_a_chat_of_runs(
+    mode: str, tmp_path: Any
+) -> None:
+    thread = uid("cm-runs")
+
+    def agent(store: pk.Store) -> None:
+        for turn in range(2):
+            with pk.resume(thread, store=store, run_id=f"turn-{turn}"):
+                t = threading.Thread(target=reply, args=(f"hi {turn}",))  # outside any run
+                t.start()
+                t.join()
+                reply(f"hi {turn}")
+
+    result = crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path))
+    assert kinds(result) == {"ran-twice"}, str(result)
+
+
+CACHE: dict[int, str] = {}
+
+
+@pk.checkpointed
+def load(i: int) -> str:
+    CACHE[i] = f"v{i}"
+    return f"v{i}"
+
+
+@pk.checkpointed
+def lookup(q: str) -> str:
+    return "res:" + q
+
+
+def test_process_mode_resumes_in_a_fresh_process(tmp_path: Any) -> None:
+    # a kill -9 takes the global with it: the resume replays `load` (its body does not run)
+    # and a fresh process's CACHE is empty, although this process's runs filled it
+    thread = uid("cm-glob")
+
+    def agent() -> str:
+        with pk.resume(thread, state={"log": []}) as run:
+            load(1)
+            r = lookup(CACHE.get(1, "missing"))
+            run.state["log"].append(r)
+            return str(r)
+
+    CACHE.clear()
+    result = crash_matrix(agent, mode="process", directory=str(tmp_path))
+    assert "arguments" in kinds(result), str(result)
+    assert result.findings[0].message.startswith(
+        "the arguments of step `lookup` at position 1 differ on replay"
+    )
+    assert len(result.findings[0].points) == 3
+    assert "after the crash 'res:missing'" in str(result)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_retried_step_in_flight_may_run_all_its_attempts_again(mode: str, tmp_path: Any) -> None:
+    thread = uid("cm-retry")
+    ran: list[int] = []
+
+    @pk.checkpointed(
+        name="flaky",
+        retry=pk.Retry(attempts=3, on=(TimeoutError,), wait_initial=0.0, wait_jitter=0.0),
+    )
+    def flaky(x: int) -> int:
+        ran.append(x)
+        raise TimeoutError("the model timed out")
+
+    def agent() -> str:
+        with pk.resume(thread):
+            try:
+                flaky(5)
+            except TimeoutError:
+                return "gave up"
+        return "?"
+
+    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))
+    # the crash after the last attempt, before its failure is written: the resume runs the
+    # three attempts again (6 runs; 3 + 3 allowed)
+    assert "crash after step #2 `flaky` (position 0)" in result.points, str(result)
+    assert result.ok, str(result)
+
+
+def test_an_agent_without_a_step_is_a_finding() -> None:
+    result = crash_matrix(lambda: None)
+    assert kinds(result) == {"no-steps"} and result.total == 0
+    with pytest.raises(AssertionError, match="nothing was tested"):
+        result.assert_exactly_once()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_that_is_not_deterministic_is_one_finding_per_difference(
+    mode: str, tmp_path: Any
+) -> None:
+    thread = uid("cm-nds")
+
+    @pk.checkpointed
+    def draft(topic: str) -> str:
+        return f"{topic} #{uuid.uuid4().hex[:8]}"  # a model answering differently each time
+
+    def agent() -> list[str]:
+        with pk.resume(thread) as run:
+            run.state["drafts"] = [draft("refund")]
+            return list(run.state["drafts"])
+
+    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))
+    assert kinds(result) == {"value", "state"}, str(result)
+    # grouped across the three points of the step, in both modes; the path reads as Python
+    assert [len(f.points) for f in result.findings] == [3, 3], str(result)
+    assert "the return value[0] differs" in result.findings[0].message
 
 
 def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:

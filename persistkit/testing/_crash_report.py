@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["Finding", "Outcome", "clock_like", "describe_diff", "first_difference", "short"]
 
 #: Kinds of finding, and which assertion reports them.
-EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable")
+EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable", "no-steps")
 SAME_OUTCOME = (
     "state",
     "value",
@@ -30,6 +30,7 @@ SAME_OUTCOME = (
     "resume-failed",
     "reference-failed",
     "unstorable",
+    "no-steps",
 )
 
 _STARTED = time.time()
@@ -62,10 +63,10 @@ class Outcome:
     error: BaseException | None = None
     states: dict[tuple[str, str], Any] = field(default_factory=dict)
     sequences: dict[tuple[str, str], list[tuple[str, str]]] = field(default_factory=dict)
-    counts: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    counts: Mapping[tuple[str, str, str, str], int] = field(default_factory=dict)
     plain: Mapping[str, int] = field(default_factory=dict)
-    results: dict[tuple[str, str, str], Any] = field(default_factory=dict)
-    digests: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    results: dict[tuple[str, str, str, str], Any] = field(default_factory=dict)
+    digests: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
 
 
 def short(value: Any, limit: int = 120) -> str:
@@ -146,5 +147,5 @@ def describe_diff(what: str, ref: Any, got: Any) -> str:
     if found is None:
         return f"{what} is the same"
     path, a, b = found
-    where = f"{what}{'.' + path if path and not path.startswith(' ') else path}"
+    where = f"{what}{'.' + path if path and not path.startswith((' ', '[')) else path}"
     return f"{where} differs: uncrashed run {short(a)}, after the crash {short(b)}"

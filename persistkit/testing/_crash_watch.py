@@ -4,7 +4,7 @@
 ``pk.resume`` block hands it its run, and it becomes the run's observer (wrapping the
 telemetry observer when there is one), so it sees every step call. For a step that runs
 live it wraps the body: it counts the body's runs by step key (thread, namespace,
-position), keeps its arguments' digest and its result, and passes the three crash points
+position, and the run: its ordinal among the runs of its thread, as the store has them), keeps its arguments' digest and its result, and passes the three crash points
 of the step: ``before`` (the engine decided to run the body: nothing of the step is
 written), ``inside`` (the body ran: its side effects happened, its result never reached
 the engine) and ``after`` (the body returned and the engine is about to write its
@@ -31,7 +31,8 @@ from ..engine._store import Store
 
 __all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch"]
 
-Key = tuple[str, str, str]  # thread, namespace, position
+# thread, namespace, position, run (its ordinal on the thread, "0" for the first)
+Key = tuple[str, str, str, str]
 
 WHENS = ("before", "inside", "after")
 
@@ -95,11 +96,28 @@ class Watch:
         self.cuts: dict[tuple[str, str], str] = {}  # per chain: the last checkpoint that landed
         self.index = 0
         self._after: tuple[int, Key, str] | None = None
+        # per chain: its run ids, oldest first
+        self.run_order: dict[tuple[str, str], list[str]] = {}
+        self.attempts: dict[Key, int] = {}  # per step key: the attempts its retry= allows
+
+    def seed(self, store: Store, chains: Any) -> Watch:
+        """Number the runs ``store`` already holds, as the run they came from did."""
+        for thread, ns in chains:
+            for cp in reversed(store.history(thread, namespace=ns)):
+                self.ordinal(thread, ns, cp.run_id or "")
+        return self
+
+    def ordinal(self, thread: str, ns: str, run_id: str) -> str:
+        order = self.run_order.setdefault((thread, ns), [])
+        if run_id not in order:
+            order.append(run_id)
+        return str(order.index(run_id))
 
     # -- the engine's side ----------------------------------------------------------------
 
     def opened(self, run: Any, observer: Any) -> Any:
         self.runs[(run.thread_id, run.namespace)] = run
+        self.ordinal(run.thread_id, run.namespace, run.run_id)
         return _Observer(self, observer, run)
 
     def plain(self, name: str) -> None:
@@ -139,14 +157,20 @@ class Watch:
 
             info = current_step()
             assert info is not None
-            key = (run.thread_id, run.namespace, info.position)
+            key = (
+                run.thread_id,
+                run.namespace,
+                info.position,
+                watch.ordinal(run.thread_id, run.namespace, run.run_id),
+            )
+            watch.attempts[key] = step.retry.attempts if step.retry is not None else 1
             index = watch.index
             watch.index += 1
             call = StepCall(key, info.name, run.digest(args, kwargs), args, kwargs)
             watch.calls.append(call)
             watch.point(index, "before", key, info.name)
             watch.counts[key] += 1
-            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{info.name}\n")
+            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{key[3]}\t{info.name}\n")
             try:
                 result = fn(*a, **k)
             except Exception:
@@ -174,7 +198,7 @@ class Watch:
         if run.checkpoint_id is not None:
             self.cuts[chain] = run.checkpoint_id
         if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
-            self.committed.add((*chain, str(body["p"])))
+            self.committed.add((*chain, str(body["p"]), self.ordinal(*chain, run.run_id)))
 
 
 def _awaitable(value: Any) -> bool:

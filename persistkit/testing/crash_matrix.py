@@ -7,7 +7,9 @@ for every step position k and each crash point of that step — ``before`` its b
 but before its checkpoint landed — it resumes the agent from what a process dying there
 leaves in the store, and compares the resumed outcome with the uncrashed one: the return
 value, each thread's final state, the recorded step sequence and how often each step body
-ran (every committed step once; the step in flight at the crash at most twice).
+ran (every committed step once; the step in flight at the crash at most once more per
+attempt its ``retry=`` allows). A step is counted per run: one that each run of a thread
+calls at the same position (a chat turn per ``run_id``) is a step per run.
 
 Two modes:
 
@@ -19,8 +21,10 @@ Two modes:
   what the dead process held in memory is the one thing inline cannot take away (globals
   keep their values), which is what ``mode="process"`` is for.
 * ``mode="process"``: for each point a child process runs the agent on a fresh store and
-  is killed there by a real ``SIGKILL``; this process resumes it. Needs a store that
-  crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
+  is killed there by a real ``SIGKILL``; another child resumes it. Both are forked from a
+  process forked before the matrix's own runs (``_crash_fork``), so they start with the
+  memory a fresh process has: a global the killed run filled is empty in the resume. Needs
+  a store that crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
 
 Nondeterminism between steps is found by running the agent uncrashed twice and comparing
 the step names and argument digests recorded at each position; the findings name the
@@ -40,7 +44,6 @@ import re
 import shutil
 import signal
 import tempfile
-import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ from .._errors import ConfigurationError, NonDeterminismError, SerializationErro
 from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
+from ._crash_fork import Zygote, load, save
 from ._crash_report import (
     EXACTLY_ONCE,
     SAME_OUTCOME,
@@ -143,11 +147,19 @@ def crash_matrix(
     """
     if mode not in MODES:
         raise ConfigurationError(f"crash_matrix(mode={mode!r}): expected 'inline' or 'process'")
-    whens = tuple(crash)
+    whens = (crash,) if isinstance(crash, str) else tuple(crash)
     if not whens or any(w not in WHENS for w in whens):
         raise ConfigurationError(f"crash_matrix(crash={whens!r}): pick from {WHENS}")
     if not callable(agent):
         raise ConfigurationError(f"crash_matrix needs the agent as a callable, got {agent!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ConfigurationError(
+            f"crash_matrix(seed={seed!r}): an int (the seed a sampled run printed)"
+        )
+    if isinstance(positions, str | bytes):
+        raise ConfigurationError(
+            f"crash_matrix(positions={positions!r}): a positive int, or the step indexes to crash at"
+        )
     url = url or ("memory://" if mode == "inline" else "sqlite")
     if mode == "process":
         if url.startswith("memory:"):
@@ -286,6 +298,8 @@ class _Matrix:
         self.shaky: dict[
             Key, str
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
+        self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
+        self.zygote: Zygote | None = None
 
     def note(
         self, kind: str, message: str, point: str | None = None, group: str | None = None
@@ -298,16 +312,34 @@ class _Matrix:
             seen.append(point)
 
     def run(self) -> CrashMatrixResult:
+        if self.mode == "process":  # forked before any run fills a global (_crash_fork)
+            self.zygote = Zygote(self._child)
+        try:
+            return self._run()
+        finally:
+            if self.zygote is not None:
+                self.zygote.close()
+
+    def _run(self) -> CrashMatrixResult:
         points: list[Point] = []
         store_a = self.pool.fresh()
         watch_a = Watch(points.append)
         ref = call_agent(self.agent, self.takes_store, store_a, watch_a)
         self.pool.threads |= {t for t, _ in watch_a.runs}
         self.names = {c.key: c.step for c in watch_a.calls}
+        self.attempts = dict(watch_a.attempts)
         chosen = [p for p in points if p.when in self.whens]
         total = len(chosen)
         if ref.error is not None:
             self._reference_failed(ref.error)
+            return self._result(ref, total, [])
+        if not points:
+            self.note(
+                "no-steps",
+                "the agent called no step inside a pk.resume block, so there was no point to crash at and "
+                "nothing was tested: call @pk.checkpointed steps inside pk.resume (with the store the matrix "
+                "gives, when the agent takes one)",
+            )
             return self._result(ref, total, [])
         self._unstorable(store_a, watch_a)
         chosen = self._sample(chosen)
@@ -334,8 +366,20 @@ class _Matrix:
         if self.positions is None:
             return chosen
         if _explicit(self.positions):
-            wanted = set(self.positions)  # type: ignore[arg-type]
-            return [p for p in chosen if p.index in wanted]
+            wanted = list(self.positions)  # type: ignore[arg-type]
+            steps = 1 + max((p.index for p in chosen), default=-1)
+            bad = [
+                i
+                for i in wanted
+                if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < steps
+            ]
+            if bad or not wanted:
+                raise ConfigurationError(
+                    f"crash_matrix(positions={self.positions!r}): the agent runs {steps} step bodies, so the step "
+                    f"indexes to crash at are 0 to {steps - 1}"
+                    + (f"; {bad!r} is not one of them" if bad else "; give at least one")
+                )
+            return [p for p in chosen if p.index in set(wanted)]
         count = self.positions
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ConfigurationError(
@@ -448,35 +492,21 @@ class _Matrix:
             else:
                 store = self.pool.fresh()
                 snapshot.materialize(store, dict(cuts))
-                resumed = call_agent(self.agent, self.takes_store, store, Watch())
+                watch = Watch().seed(store, [chain for chain, _ in cuts])
+                resumed = call_agent(self.agent, self.takes_store, store, watch)
                 store.close()
                 self.pool.open.remove(store)
             for p in group:
                 self._judge(p, ref, resumed)
 
     def _process(self, p: Point, ref: Outcome) -> None:
+        assert self.zygote is not None
         url = self.pool.fresh_url()
-        events = os.path.join(
-            self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}.log"
+        base = os.path.join(
+            self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}"
         )
-        fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-        pid = os.fork()
-        if pid == 0:  # the child: run the agent and die at the point
-            code = 3
-            try:
-
-                def die(q: Point) -> None:
-                    if (q.index, q.when) == (p.index, p.when):
-                        kill_self(q)
-
-                out = call_agent(self.agent, self.takes_store, connect(url), Watch(die, fd))
-                code = 4 if out.error is not None else 3
-            except BaseException:  # the parent reports the exit code
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        os.close(fd)
-        _, status = os.waitpid(pid, 0)
+        events, outcome = base + ".log", base + ".pickle"
+        status = self.zygote.call(["crash", p.index, p.when, url, events])
         counts, plain = _read_events(events)
         os.unlink(events)
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
@@ -488,15 +518,46 @@ class _Matrix:
             )
             return
         store = connect(url)
+        watch = Watch().seed(store, ref.states)
         committed = set()
         for chain in ref.states:
             for cp in store.history(chain[0], namespace=chain[1]):
                 if cp.kind == "step":
-                    committed.add((*chain, str(cp.position)))
-        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed))
-        resumed = call_agent(self.agent, self.takes_store, store, Watch())
+                    committed.add(
+                        (*chain, str(cp.position), watch.ordinal(*chain, cp.run_id or ""))
+                    )
         store.close()
+        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed))
+        status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]])
+        if not os.path.exists(outcome):
+            self.note(
+                "resume-failed",
+                f"the process that resumed the run died (wait status {status})",
+                p.label(),
+            )
+            return
+        resumed = load(outcome)
+        os.unlink(outcome)
         self._judge(at, ref, resumed)
+
+    def _child(self, command: list[Any]) -> None:
+        """Process mode, in a fresh child of the zygote: ``crash`` runs the agent on a fresh
+        store and dies at the point; ``resume`` resumes it and leaves its outcome in a file."""
+        if command[0] == "crash":
+            _, index, when, url, events = command
+            fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+
+            def die(q: Point) -> None:
+                if (q.index, q.when) == (index, when):
+                    kill_self(q)
+
+            out = call_agent(self.agent, self.takes_store, connect(url), Watch(die, fd))
+            os._exit(4 if out.error is not None else 3)
+        _, url, path, chains = command
+        store = connect(url)
+        watch = Watch().seed(store, [tuple(c) for c in chains])
+        save(call_agent(self.agent, self.takes_store, store, watch), path)
+        store.close()
 
     # -- judging one resume -------------------------------------------------------------------
 
@@ -509,13 +570,13 @@ class _Matrix:
         for key, digest in got.digests.items():
             if key in ref.digests and digest != ref.digests[key]:
                 self._arguments(self.names.get(key, "?"), key[2], label)
-        cause = self._cause(ref, got)
+        cause, tag = self._cause(ref, got)
         if not _same(ref.value, got.value):
             what, why = (
                 describe_diff("the return value", ref.value, got.value),
                 cause(ref.value, got.value),
             )
-            self.note("value", f"{what}: {why}", label, group=f"value {why}")
+            self.note("value", f"{what}: {why}", label, group=f"value {tag or why}")
         for chain in sorted(set(ref.states) | set(got.states)):
             a, b = ref.states.get(chain), got.states.get(chain)
             if not _same(a, b):
@@ -525,7 +586,7 @@ class _Matrix:
                     "state",
                     f"{what}: {why}",
                     label,
-                    group=f"{chain} {where[0] if where else ''} {why}",
+                    group=f"{chain} {where[0] if where else ''} {tag or why}",
                 )
             sa, sb = ref.sequences.get(chain, []), got.sequences.get(chain, [])
             if sa != sb:
@@ -546,13 +607,14 @@ class _Matrix:
         for key in sorted(set(ref.counts) | set(got.counts) | set(p.counts)):
             total = p.counts.get(key, 0) + got.counts.get(key, 0)
             in_flight = p.counts.get(key, 0) > 0 and key not in p.committed
-            allowed = ref.counts.get(key, 0) + (1 if in_flight else 0)
+            # the step in flight at the crash may run again on resume: each attempt its retry= allows
+            allowed = ref.counts.get(key, 0) + (self.attempts.get(key, 1) if in_flight else 0)
             if total > allowed:
-                name = self.names.get(key, "?")
+                name, at = self.names.get(key, "?"), _at(key)
                 if key in p.committed:
-                    msg = f"step `{name}` at position {key[2]} ran again after its checkpoint had committed ({total} times in all)"
+                    msg = f"step `{name}` at {at} ran again after its checkpoint had committed ({total} times in all)"
                 else:
-                    msg = f"step `{name}` at position {key[2]} ran {total} times, {allowed} allowed"
+                    msg = f"step `{name}` at {at} ran {total} times, {allowed} allowed"
                 self.note("ran-twice", msg, label)
         for name in sorted(set(ref.plain) | set(got.plain) | set(p.plain)):
             total, once = p.plain.get(name, 0) + got.plain.get(name, 0), ref.plain.get(name, 0)
@@ -597,7 +659,9 @@ class _Matrix:
             label,
         )
 
-    def _cause(self, ref: Outcome, got: Outcome) -> Callable[[Any, Any], str]:
+    def _cause(self, ref: Outcome, got: Outcome) -> tuple[Callable[[Any, Any], str], str | None]:
+        """The likely cause of a difference, and what groups its findings across crash points
+        (the step whose arguments moved or whose result changed; None: the cause's text)."""
         moved = [k for k, d in got.digests.items() if k in ref.digests and d != ref.digests[k]]
         rerun = [
             k for k in got.results if k in ref.results and not _same(ref.results[k], got.results[k])
@@ -624,7 +688,8 @@ class _Matrix:
                 "a cache, a random choice, a set's order): make it a step, or keep what it needs in run.state"
             )
 
-        return cause
+        tag = f"arguments {moved[0]}" if moved else f"result {rerun[0]}" if rerun else None
+        return cause, tag
 
 
 def _explicit(positions: int | Iterable[int] | None) -> bool:
@@ -633,6 +698,12 @@ def _explicit(positions: int | Iterable[int] | None) -> bool:
 
 def _same(a: Any, b: Any) -> bool:
     return first_difference(a, b) is None
+
+
+def _at(key: Key) -> str:
+    """Where a step key is, for a person: its position, and its run when not the thread's first."""
+    run = f" of run {int(key[3]) + 1} on thread {key[0]!r}" if key[3] != "0" else ""
+    return f"position {key[2]}{run}"
 
 
 def _times(n: int) -> str:
@@ -649,8 +720,8 @@ def _read_events(path: str) -> tuple[dict[Key, int], dict[str, int]]:
     with open(path) as f:
         for line in f:
             parts = line.rstrip("\n").split("\t")
-            if parts[0] == "run" and len(parts) == 5:
-                counts[(parts[1], parts[2], parts[3])] += 1
+            if parts[0] == "run" and len(parts) == 6:
+                counts[(parts[1], parts[2], parts[3], parts[4])] += 1
             elif parts[0] == "plain" and len(parts) == 2:
                 plain[parts[1]] += 1
     return dict(counts), dict(plain)

@@ -1,0 +1,122 @@
+"""Process mode's clean process (``persistkit.testing.crash_matrix``, ``mode="process"``).
+
+A process that is killed and the fresh one that resumes it start with the memory a fresh
+process has: a global or a cache the killed run filled is empty in the resume. The matrix
+cannot give its crash runs and its resumes that memory if it forks them from itself after
+its own (uncrashed) runs filled those globals. :class:`Zygote` is forked before any of
+them: it waits for commands on a pipe and forks one child per command from its own,
+untouched memory; the child runs the command, the zygote replies with how it ended.
+:func:`save` / :func:`load` carry a resumed run's :class:`Outcome` back in a file (a value
+pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``repr``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import traceback
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any
+
+from ._crash_report import Outcome
+
+__all__ = ["Opaque", "Zygote", "load", "save"]
+
+
+class Zygote:
+    """A process forked now, which forks a child from this moment's memory for each :meth:`call`."""
+
+    def __init__(self, child: Callable[[list[Any]], None]) -> None:
+        cmd_r, cmd_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the zygote
+            os.close(cmd_w)
+            os.close(rep_r)
+            code = 0
+            try:
+                _serve(child, cmd_r, rep_w)
+            except BaseException:  # the parent sees the pipe close
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(cmd_r)
+        os.close(rep_w)
+        self.pid = pid
+        self.commands = os.fdopen(cmd_w, "w")
+        self.replies = os.fdopen(rep_r, "r")
+
+    def call(self, command: list[Any]) -> int:
+        """Run ``command`` in a fresh child of the zygote; its wait status (``os.waitpid``)."""
+        self.commands.write(json.dumps(command) + "\n")
+        self.commands.flush()
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError("crash_matrix(mode='process'): the clean process it forks from died")
+        return int(line)
+
+    def close(self) -> None:
+        self.commands.close()
+        self.replies.close()
+        os.waitpid(self.pid, 0)
+
+
+def _serve(child: Callable[[list[Any]], None], cmd_r: int, rep_w: int) -> None:
+    with os.fdopen(cmd_r, "r") as commands, os.fdopen(rep_w, "w") as replies:
+        for line in commands:
+            pid = os.fork()
+            if pid == 0:  # the child: run the command; a kill -9 or os._exit ends it
+                code = 0
+                try:
+                    child(json.loads(line))
+                except BaseException:  # the parent reports the exit code
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            replies.write(f"{status}\n")
+            replies.flush()
+
+
+class Opaque:
+    """A value pickle could not carry between processes: equal to what has its ``repr``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return self.text == (other.text if isinstance(other, Opaque) else repr(other))
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _carried(value: Any) -> Any:
+    try:
+        pickle.loads(pickle.dumps(value))
+        return value
+    except Exception:
+        if isinstance(value, BaseException):
+            return RuntimeError(f"{type(value).__name__}: {value}")
+        if isinstance(value, dict):
+            return {k: _carried(v) for k, v in value.items()}
+        return Opaque(repr(value))
+
+
+def save(out: Outcome, path: str) -> None:
+    fixed = replace(out, **{f.name: _carried(getattr(out, f.name)) for f in fields(out)})
+    with open(path, "wb") as f:
+        pickle.dump(fixed, f)
+
+
+def load(path: str) -> Outcome:
+    with open(path, "rb") as f:
+        out: Outcome = pickle.load(f)
+    return out

@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import ConflictError, StoreClosedError
-from ._dynamo_items import n, num, pack, reasons, s
-from ._dynamo_kvbatch import DynamoKvBatch, fits_one_transaction
+from ._dynamo_items import INLINE_MAX, n, num, pack, reasons, s
+from ._dynamo_kvbatch import BATCH_INLINE_MAX, DynamoKvBatch, fits_one_transaction
 from ._dynamo_kvbatch import ver as _ver
 from ._protocol import KvEntry, KvHint, KvOp, KvWatch
 from ._s3_keys import _MAX_ID_BYTES, _b64, _prefix_seg, _thread_seg, _utf8
@@ -161,18 +161,19 @@ class DynamoKv(DynamoKvBatch):
         if not ops:
             return
         p = "k" + scope
+        one = fits_one_transaction([op.value for op in ops])
         packed: builtins.list[dict[str, Any] | None] = []
         chunks: builtins.list[dict[str, Any]] = []
         for op in ops:
             if op.value is None:
                 packed.append(None)
             else:
-                packed_value, more = pack(p, op.value)
+                packed_value, more = pack(p, op.value, INLINE_MAX if one else BATCH_INLINE_MAX)
                 packed.append(packed_value)
                 chunks += more
         if chunks:
             self._batch_write(chunks, [], f"writing chunks of {scope!r}")
-        if not fits_one_transaction(packed):
+        if not one:
             self._write_batch(scope, ops, packed, keep)
             return
         actions: builtins.list[dict[str, Any]] = []

@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, ConflictError
 from ._dynamo_items import (
+    INLINE_MAX,
     TXN_MAX_ACTIONS,
     TXN_MAX_BYTES,
     DynamoCalls,
@@ -79,12 +80,15 @@ from ._dynamo_items import (
 from ._protocol import KvOp
 from ._s3_keys import _thread_seg
 
-__all__ = ["DynamoKvBatch", "fits_one_transaction", "ver"]
+__all__ = ["BATCH_INLINE_MAX", "DynamoKvBatch", "fits_one_transaction", "ver"]
 
 _log = logging.getLogger(__name__)
 
 PENDING, COMMITTED, ABORTED = "pending", "committed", "aborted"
 _KEY_BYTES = 6_000  # a key's names and attributes in a transaction (a key is <= 4 KB of UTF-8)
+#: a held latest item carries its committed value (up to INLINE_MAX) beside the batch's new
+#: one, and an item stops at 400 KB: a batch's values above this many bytes are chunked
+BATCH_INLINE_MAX = 32_000
 
 Item = dict[str, Any]
 
@@ -98,11 +102,12 @@ def _weight(v: Mapping[str, Any] | None) -> int:
     return len(v["M"]["d"]["B"]) if v is not None and "d" in v["M"] else 100
 
 
-def fits_one_transaction(values: Sequence[Mapping[str, Any] | None]) -> bool:
-    """Whether a batch of these packed values is one transaction (2 items a key)."""
+def fits_one_transaction(values: Sequence[bytes | None]) -> bool:
+    """Whether a batch writing these values is one transaction (2 items a key)."""
+    inline = (len(v) if v is not None and len(v) <= INLINE_MAX else 100 for v in values)
     return (
         2 * len(values) <= TXN_MAX_ACTIONS
-        and sum(2 * (_weight(v) + _KEY_BYTES) for v in values) <= TXN_MAX_BYTES
+        and sum(2 * (w + _KEY_BYTES) for w in inline) <= TXN_MAX_BYTES
     )
 
 

@@ -46,6 +46,10 @@ by more than the timeout makes batches look old early: they are aborted (and ret
 by their writers), never half visible. Readers never wait. Committed and aborted are
 final and cached per instance.
 
+In such a batch a value over ``BATCH_INLINE_MAX`` (32 KB) is chunked: a held latest
+item carries its committed value (up to 350 KB) beside ``xn``, and an item stops at
+400 KB. A crash before any key was marked leaves a ``pending`` record no one reads.
+
 Two batches over shared keys mark them in the same order, so the one that holds the
 first shared key wins and the other aborts (two batches never each hold a key the
 other waits for). Requests for N keys: ceil(N/100) ``BatchGetItem``, one ``PutItem``,

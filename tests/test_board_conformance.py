@@ -26,9 +26,9 @@ def _blobs() -> str:
     return f"memory://board-blobs-{uuid.uuid4().hex[:12]}"
 
 
-# A batch larger than one DynamoDB transaction (100 items: 50 keys) is refused with a
-# ConfigurationError there (docs/backends.md); strict, so the entry goes with a fix.
-KNOWN_GAPS = {("dynamodb", "test_scan_reads_every_page"): "a 205-key batch exceeds a DynamoDB transaction"}
+# Known departures from the board's contract, by (store, check). Strict: an entry goes
+# with its fix. (DynamoDB refused batches over 50 keys until they committed through a record.)
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(autouse=True)

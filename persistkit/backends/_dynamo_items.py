@@ -87,10 +87,13 @@ def text(item: Mapping[str, Any], name: str) -> str | None:
 # -- values ---------------------------------------------------------------------------
 
 
-def pack(p: str, value: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The ``v`` attribute for ``value`` and the chunk items to write first (none if it fits)."""
+def pack(
+    p: str, value: bytes, inline: int = INLINE_MAX
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``v`` attribute for ``value`` and the chunk items to write first (none if it is
+    at most ``inline`` bytes)."""
     value = bytes(value)
-    if len(value) <= INLINE_MAX:
+    if len(value) <= inline:
         return {"M": {"d": b(value)}}, []
     nonce = secrets.token_hex(8)
     chunks = [

@@ -8,16 +8,21 @@ Layout: partition ``p = "k" + scope``
     ``kv`` its version, ``v`` its value (absent for a tombstone).
 ``v!<K>!<version, 12 digits>``
     Every kept version, the latest included.
+``x!<id>``
+    The record of a batch larger than one transaction (``_dynamo_kvbatch``).
 
-``kv_write`` is ONE ``TransactWriteItems`` for the whole batch: per key an
-``Update`` of ``l!<K>`` conditional on ``kv = expected`` (``attribute_not_exists``
-for 0) and a ``Put`` of the new version item. A failed condition cancels all of
-it, and the reason's item is the key as it is (``ConflictError(found=...)``).
-Then versions beyond ``keep`` are trimmed: one Query of the key's versions at or
-below ``new - keep`` and a ``BatchWriteItem`` deleting them (and their chunks),
-only when ``new > keep``. A crash between the two leaves extra old versions,
-readable and correct, trimmed by the key's next write. A transaction holds at most
-100 items, so a batch writes at most 50 keys (more is a ``ConfigurationError``).
+A batch that fits one ``TransactWriteItems`` (at most 50 keys and about 3.5 MB, 2
+items a key) is ONE transaction: per key an ``Update`` of ``l!<K>`` conditional on
+``kv = expected`` (``attribute_not_exists`` for 0) and on the key not being held by a
+larger batch (no ``xb``), and a ``Put`` of the new version item. A failed condition
+cancels all of it, and the reason's item is the key as it is: held by a batch, the
+key is settled (or waited for while that batch is in flight) and the transaction
+sent again; otherwise ``ConflictError(found=...)``. Then versions beyond ``keep`` are
+trimmed: one Query of the key's versions at or below ``new - keep`` and a
+``BatchWriteItem`` deleting them (and their chunks), only when ``new > keep``. A crash
+between the two leaves extra old versions, readable and correct, trimmed by the key's
+next write. A larger batch commits through a record (``_dynamo_kvbatch``), and every
+read here sees a key held by one through its record (``_view``, ``_visible``).
 
 Watch: DynamoDB Streams would push, but need a stream on the table and a reader
 per shard; a watch instead Queries the scope's ``l!`` items every
@@ -33,22 +38,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import ConfigurationError, ConflictError, StoreClosedError
-from ._dynamo_items import DynamoCalls, chunk_nonce, n, num, pack, reasons, s
+from .._errors import ConflictError, StoreClosedError
+from ._dynamo_items import INLINE_MAX, n, num, pack, reasons, s
+from ._dynamo_kvbatch import BATCH_INLINE_MAX, DynamoKvBatch, fits_one_transaction
+from ._dynamo_kvbatch import ver as _ver
 from ._protocol import KvEntry, KvHint, KvOp, KvWatch
 from ._s3_keys import _MAX_ID_BYTES, _b64, _prefix_seg, _thread_seg, _utf8
 
 __all__ = ["DynamoKv"]
 
-_MAX_BATCH = 50
 
-
-def _ver(version: int) -> str:
-    return f"{version:012d}"
-
-
-class DynamoKv(DynamoCalls):
-    def _kv_setup(self, watch_interval: float) -> None:
+class DynamoKv(DynamoKvBatch):
+    def _kv_setup(self, watch_interval: float, pending_timeout: float) -> None:
+        self._batch_setup(pending_timeout)
         self._watch_interval = watch_interval
         self._watches: set[_DynamoWatch] = set()
         self._watch_lock = threading.Lock()
@@ -71,11 +73,14 @@ class DynamoKv(DynamoCalls):
         what = f"reading key {key!r} of {scope!r}"
         if version is None:
             item = self._get(p, "l!" + kseg, what)
-            return None if item is None else self._entry(p, key, num(item, "kv"), item)
+            seen = None if item is None else self._view(p, item)
+            return None if seen is None else self._entry(p, key, num(seen, "kv"), seen)
         if version < 1:
             return None
         item = self._get(p, f"v!{kseg}!{_ver(version)}", what)
-        return None if item is None else self._entry(p, key, version, item)
+        if item is None or not self._visible(p, item):
+            return None
+        return self._entry(p, key, version, item)
 
     def kv_history(
         self, scope: str, key: str, *, before: int | None = None, limit: int | None = None
@@ -88,9 +93,12 @@ class DynamoKv(DynamoCalls):
             return []
         hi = prefix + (_ver(before - 1) if before is not None else "~")
         out: builtins.list[KvEntry] = []
+        memo: dict[str, str] = {}
         for item in self._query(
             p, f"reading history of {key!r}", between=(prefix, hi), forward=False, page=limit
         ):
+            if not self._visible(p, item, memo):
+                continue  # a batch's version that is not committed (yet)
             out.append(self._entry(p, key, num(item, "kv"), item))
             if limit is not None and len(out) >= limit:
                 break
@@ -115,6 +123,7 @@ class DynamoKv(DynamoCalls):
         out: builtins.list[KvEntry] = []
         group: builtins.list[tuple[str, dict[str, Any]]] = []
         group_head = ""
+        memo: dict[str, str] = {}
 
         def emit(items: builtins.list[tuple[str, dict[str, Any]]]) -> bool:
             for key, item in items:
@@ -133,15 +142,16 @@ class DynamoKv(DynamoCalls):
             if not seg.startswith(pseg):
                 break
             key = str(item["kk"]["S"])
+            seen = self._view(p, item, memo) or {}  # {}: no key yet (a batch's, not committed)
             head = seg.split(".", 1)[0]
             if group and head != group_head:
                 if emit(sorted(group, key=lambda e: e[0])):
                     return out
                 group = []
             if "." in seg:
-                group.append((key, item))
+                group.append((key, seen))
                 group_head = head
-            elif emit([(key, item)]):
+            elif emit([(key, seen)]):
                 return out
         emit(sorted(group, key=lambda e: e[0]))
         return out
@@ -150,15 +160,24 @@ class DynamoKv(DynamoCalls):
         self._check_open()
         if not ops:
             return
-        if len(ops) > _MAX_BATCH:
-            raise ConfigurationError(
-                f"a kv batch of {len(ops)} keys is too large for the DynamoDB store: a transaction "
-                f"holds at most 100 items, so at most {_MAX_BATCH} keys a batch; split the batch"
-            )
         p = "k" + scope
-        actions: builtins.list[dict[str, Any]] = []
+        one = fits_one_transaction([op.value for op in ops])
+        packed: builtins.list[dict[str, Any] | None] = []
         chunks: builtins.list[dict[str, Any]] = []
         for op in ops:
+            if op.value is None:
+                packed.append(None)
+            else:
+                packed_value, more = pack(p, op.value, INLINE_MAX if one else BATCH_INLINE_MAX)
+                packed.append(packed_value)
+                chunks += more
+        if chunks:
+            self._batch_write(chunks, [], f"writing chunks of {scope!r}")
+        if not one:
+            self._write_batch(scope, ops, packed, keep)
+            return
+        actions: builtins.list[dict[str, Any]] = []
+        for op, v in zip(ops, packed, strict=True):
             kseg, new = _thread_seg(op.key), op.expected + 1
             values: dict[str, Any] = {":nv": n(new), ":k": s(op.key)}
             version_item: dict[str, Any] = {
@@ -167,11 +186,9 @@ class DynamoKv(DynamoCalls):
                 "kk": s(op.key),
                 "kv": n(new),
             }
-            if op.value is None:
+            if v is None:
                 expr = "SET kv = :nv, kk = :k REMOVE v"
             else:
-                v, more = pack(p, op.value)
-                chunks += more
                 values[":v"] = v
                 version_item["v"] = v
                 expr = "SET kv = :nv, kk = :k, v = :v"
@@ -183,53 +200,54 @@ class DynamoKv(DynamoCalls):
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
             if op.expected == 0:
-                update["ConditionExpression"] = "attribute_not_exists(kv)"
+                update["ConditionExpression"] = (
+                    "attribute_not_exists(xb) AND attribute_not_exists(kv)"
+                )
             else:
-                update["ConditionExpression"] = "kv = :e"
+                update["ConditionExpression"] = "attribute_not_exists(xb) AND kv = :e"
                 values[":e"] = n(op.expected)
             actions += [
                 {"Update": update},
                 {"Put": {"TableName": self._table, "Item": version_item}},
             ]
-        if chunks:
-            self._batch_write(chunks, [], f"writing chunks of {scope!r}")
-        try:
-            self._transact(actions, f"writing keys of {scope!r}")
-        except Exception as exc:
-            got = reasons(exc)
-            for i, op in enumerate(ops):
-                if 2 * i < len(got) and got[2 * i].get("Code") == "ConditionalCheckFailed":
-                    found = got[2 * i].get("Item") or {}
+        while True:
+            try:
+                self._transact(actions, f"writing keys of {scope!r}")
+                break
+            except Exception as exc:
+                got = reasons(exc)
+                failed = [
+                    (i, got[2 * i].get("Item") or {})
+                    for i in range(len(ops))
+                    if 2 * i < len(got) and got[2 * i].get("Code") == "ConditionalCheckFailed"
+                ]
+                if not failed:
+                    raise
+                i, item = failed[0]
+                if "xb" not in item:  # the first failed key is not at its expected version
                     raise ConflictError(
-                        key=op.key, namespace=scope, expected=op.expected, found=num(found, "kv")
+                        key=ops[i].key,
+                        namespace=scope,
+                        expected=ops[i].expected,
+                        found=num(item, "kv"),
                     ) from exc
-            raise
+                # held by a larger batch: settle it (or wait while it is in flight), then again
+                if not self._settle(p, [it for _, it in failed if "xb" in it]):
+                    time.sleep(0.05)
         self._trim(
             p,
             [(_thread_seg(op.key), op.expected + 1 - keep) for op in ops if op.expected + 1 > keep],
         )
 
-    def _trim(self, p: str, cuts: Sequence[tuple[str, int]]) -> None:
-        """Delete the versions at or below each cut (and their chunks)."""
-        gone: builtins.list[tuple[str, str]] = []
-        for kseg, cut in cuts:
-            prefix = f"v!{kseg}!"
-            for item in self._query(
-                p, "trimming old versions", between=(prefix, prefix + _ver(cut))
-            ):
-                gone.append((p, str(item["s"]["S"])))
-                nonce = chunk_nonce(item.get("v"))
-                if nonce is not None:
-                    gone += [(p, str(c["s"]["S"])) for c in self._chunks(p, f"c!{nonce}!")]
-        if gone:
-            self._batch_write([], gone, "trimming old versions")
-
     def kv_drop(self, scope: str) -> bool:
         self._check_open()
         p = "k" + scope
-        keys = [(p, str(i["s"]["S"])) for i in self._query(p, f"dropping {scope!r}")]
-        self._batch_write([], keys, f"dropping {scope!r}")
-        return any(k.startswith("l!") for _, k in keys)
+        items = list(self._query(p, f"dropping {scope!r}"))
+        existed = any(
+            str(i["s"]["S"]).startswith("l!") and self._view(p, i) is not None for i in items
+        )
+        self._batch_write([], [(p, str(i["s"]["S"])) for i in items], f"dropping {scope!r}")
+        return existed
 
     def watch_open(self, scope: str) -> KvWatch:
         self._check_open()
@@ -239,10 +257,12 @@ class DynamoKv(DynamoCalls):
         return watch
 
     def _kv_versions(self, scope: str) -> dict[str, int]:
-        return {
-            str(i["kk"]["S"]): num(i, "kv")
-            for i in self._query("k" + scope, f"watching {scope!r}", begins="l!", project="kk, kv")
-        }
+        p, memo = "k" + scope, dict[str, str]()
+        found = (
+            self._view(p, i, memo)
+            for i in self._query(p, f"watching {scope!r}", begins="l!", project="kk, kv, xb, xv")
+        )
+        return {str(i["kk"]["S"]): num(i, "kv") for i in found if i is not None}
 
 
 class _DynamoWatch(KvWatch):

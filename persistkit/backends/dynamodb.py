@@ -3,8 +3,10 @@
 URL: ``dynamodb://TABLE?region=eu-west-1&endpoint_url=http://host:port&create=1``.
 Credentials come from boto3's usual chain (environment, profile, instance role),
 never from the URL. ``from_url`` also takes ``client=`` (your own boto3 DynamoDB
-client) as a keyword, and ``watch_interval`` (seconds between a kv watch's polls,
-default 1). The table must exist (``persistkit dynamodb create-table --url URL``), or
+client) as a keyword, ``watch_interval`` (seconds between a kv watch's polls,
+default 1) and ``kv_pending_timeout`` (seconds after which a pending kv batch larger
+than one transaction is taken for crashed and aborted, default 10; see
+``_dynamo_kvbatch``). The table must exist (``persistkit dynamodb create-table --url URL``), or
 ``create=1`` creates it (on-demand capacity) when it is missing; otherwise opening
 the store raises a ``ConfigurationError`` naming the table and that command.
 
@@ -72,7 +74,7 @@ from ._s3_keys import _MAX_ID_BYTES, _b64, _prefix_seg, _seg, _thread_seg, _utf8
 
 __all__ = ["DynamoBackend", "create_table"]
 
-_OPTIONS = ("client", "endpoint_url", "region", "create", "watch_interval")
+_OPTIONS = ("client", "endpoint_url", "region", "create", "watch_interval", "kv_pending_timeout")
 _MAX_CHECKPOINT_ID_BYTES = 800  # the sort key stops at 1024 bytes
 
 
@@ -87,6 +89,20 @@ def _flag(url: str, value: Any) -> bool:
     raise ConfigurationError(
         f"DynamoDB option create={value!r} of {url!r} is not a flag: use create=1 or create=0"
     )
+
+
+def _seconds(url: str, settings: Mapping[str, Any], name: str, default: float) -> float:
+    if name not in settings:
+        return default
+    try:
+        got = float(settings[name])
+    except (TypeError, ValueError):
+        got = -1.0
+    if not 0 < got < float("inf"):
+        raise ConfigurationError(
+            f"DynamoDB option {name}={settings[name]!r} of {url!r} is not a number of seconds > 0"
+        )
+    return got
 
 
 def make_client(endpoint_url: str | None, region: str | None) -> Any:
@@ -140,7 +156,14 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
     )
 
     def __init__(
-        self, client: Any, table: str, *, url: str, owns_client: bool, watch_interval: float = 1.0
+        self,
+        client: Any,
+        table: str,
+        *,
+        url: str,
+        owns_client: bool,
+        watch_interval: float = 1.0,
+        kv_pending_timeout: float = 10.0,
     ) -> None:
         self._client = client
         self._table = table
@@ -149,7 +172,7 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self.url = url
-        self._kv_setup(watch_interval)
+        self._kv_setup(watch_interval, kv_pending_timeout)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DynamoBackend:
@@ -175,21 +198,20 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
                 "DynamoDB", url, unknown or ["client"], _OPTIONS[1:], "client= (keyword only)"
             )
         settings = {**query, **{k: v for k, v in options.items() if k != "client"}}
-        interval = 1.0
-        if "watch_interval" in settings:
-            try:
-                interval = float(settings["watch_interval"])
-            except (TypeError, ValueError):
-                interval = -1.0
-            if not 0 < interval < float("inf"):
-                raise ConfigurationError(
-                    f"DynamoDB option watch_interval={settings['watch_interval']!r} of {url!r} is not a number of seconds > 0"
-                )
+        interval = _seconds(url, settings, "watch_interval", 1.0)
+        pending_timeout = _seconds(url, settings, "kv_pending_timeout", 10.0)
         client = options.get("client")
         owns = client is None
         if client is None:
             client = make_client(settings.get("endpoint_url"), settings.get("region"))
-        store = cls(client, table, url=url, owns_client=owns, watch_interval=interval)
+        store = cls(
+            client,
+            table,
+            url=url,
+            owns_client=owns,
+            watch_interval=interval,
+            kv_pending_timeout=pending_timeout,
+        )
         try:
             store._ensure_table(_flag(url, settings.get("create", False)))
         except BaseException:

@@ -93,6 +93,8 @@ class Watch:
         self.runs: dict[tuple[str, str], Any] = {}  # (thread, namespace) -> the run's last Run
         self.end_states: dict[tuple[str, str], Any] = {}
         self.cuts: dict[tuple[str, str], str] = {}  # per chain: the last checkpoint that landed
+        # per chain, in the order they landed: each checkpoint id and, for a step's, (position, name)
+        self.log: dict[tuple[str, str], list[tuple[str, tuple[str, str] | None]]] = {}
         self.index = 0
         self._after: tuple[int, Key, str] | None = None
 
@@ -171,10 +173,23 @@ class Watch:
 
     def landed(self, run: Any, body: Mapping[str, Any]) -> None:
         chain = (run.thread_id, run.namespace)
+        step = None
+        if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
+            step = (str(body["p"]), str(body.get("n")))
+            self.committed.add((*chain, step[0]))
         if run.checkpoint_id is not None:
             self.cuts[chain] = run.checkpoint_id
-        if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
-            self.committed.add((*chain, str(body["p"])))
+            self.log.setdefault(chain, []).append((run.checkpoint_id, step))
+
+    def steps(self, chain: tuple[str, str], cut: str | None = None) -> list[tuple[str, str]]:
+        """The step checkpoints of ``chain`` that landed (up to ``cut``, if given), in order."""
+        out = []
+        for cid, step in self.log.get(chain, ()):
+            if step is not None:
+                out.append(step)
+            if cid == cut:
+                break
+        return out
 
 
 def _awaitable(value: Any) -> bool:

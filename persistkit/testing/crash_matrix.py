@@ -42,7 +42,7 @@ import signal
 import tempfile
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,8 @@ from ._crash_watch import (
 )
 
 __all__ = ["CrashMatrixResult", "crash_matrix"]
+
+Chain = tuple[str, str]  # thread, namespace
 
 MODES = ("inline", "process")
 
@@ -223,11 +225,20 @@ class _Stores:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def call_agent(agent: Callable[..., Any], takes_store: bool, store: Store, watch: Watch) -> Outcome:
-    """One agent call on ``store`` under ``watch``; a planned :class:`Crash` propagates."""
+def call_agent(
+    agent: Callable[..., Any],
+    takes_store: bool,
+    store: Store,
+    watch: Watch,
+    before: Mapping[Chain, list[tuple[str, str]]] | None = None,
+) -> Outcome:
+    """One agent call on ``store`` under ``watch``; a planned :class:`Crash` propagates.
+
+    ``before``: the step checkpoints (position, name) each chain already had in ``store``;
+    the outcome's step sequence is those and the ones the call wrote (as they landed)."""
     rec = RecordingStore(store)
     rec.watch = watch
-    before = _context.MATRIX, _stores._default
+    saved = _context.MATRIX, _stores._default
     _context.MATRIX, _stores._default = watch, rec
     out = Outcome()
     try:
@@ -238,12 +249,12 @@ def call_agent(agent: Callable[..., Any], takes_store: bool, store: Store, watch
     except Exception as exc:
         out.error = exc
     finally:
-        _context.MATRIX, _stores._default = before
-    _read(store, watch, out)
+        _context.MATRIX, _stores._default = saved
+    _read(store, watch, out, before or {})
     return out
 
 
-def _read(store: Store, watch: Watch, out: Outcome) -> None:
+def _read(store: Store, watch: Watch, out: Outcome, before: Mapping[Chain, list[tuple[str, str]]]) -> None:
     for chain in watch.runs:
         thread, ns = chain
         mem = watch.end_states.get(chain)
@@ -257,10 +268,7 @@ def _read(store: Store, watch: Watch, out: Outcome) -> None:
             out.states[chain] = state.model_dump(mode="json") if typed else state
         except Exception as exc:  # the finding says what
             out.states[chain] = f"<the state does not load: {type(exc).__name__}: {exc}>"
-        steps = [cp for cp in store.history(thread, namespace=ns) if cp.kind == "step"]
-        out.sequences[chain] = [
-            (str(cp.position), str(cp.step)) for cp in sorted(steps, key=lambda c: c.checkpoint_id)
-        ]
+        out.sequences[chain] = [*before.get(chain, ()), *watch.steps(chain)]
     out.counts, out.plain = dict(watch.counts), dict(watch.plain_counts)
     out.results = {c.key: c.result for c in watch.calls if c.returned}
     out.digests = {c.key: c.digest for c in watch.calls}
@@ -317,7 +325,7 @@ class _Matrix:
         self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
         if self.mode == "inline":
             assert snapshot is not None
-            self._inline(chosen, snapshot, ref, second)
+            self._inline(chosen, snapshot, watch_a, ref, second)
         else:
             for p in chosen:
                 self._process(p, ref)
@@ -437,7 +445,7 @@ class _Matrix:
     # -- crashes ----------------------------------------------------------------------------
 
     def _inline(
-        self, chosen: list[Point], snapshot: Snapshot, ref: Outcome, second: Outcome
+        self, chosen: list[Point], snapshot: Snapshot, watch: Watch, ref: Outcome, second: Outcome
     ) -> None:
         groups: dict[frozenset[tuple[tuple[str, str], str]], list[Point]] = {}
         for p in chosen:
@@ -448,7 +456,8 @@ class _Matrix:
             else:
                 store = self.pool.fresh()
                 snapshot.materialize(store, dict(cuts))
-                resumed = call_agent(self.agent, self.takes_store, store, Watch())
+                landed = {chain: watch.steps(chain, cut) for chain, cut in cuts}
+                resumed = call_agent(self.agent, self.takes_store, store, Watch(), landed)
                 store.close()
                 self.pool.open.remove(store)
             for p in group:
@@ -488,13 +497,13 @@ class _Matrix:
             )
             return
         store = connect(url)
-        committed = set()
+        landed: dict[Chain, list[tuple[str, str]]] = {}
         for chain in ref.states:
-            for cp in store.history(chain[0], namespace=chain[1]):
-                if cp.kind == "step":
-                    committed.add((*chain, str(cp.position)))
-        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed))
-        resumed = call_agent(self.agent, self.takes_store, store, Watch())
+            steps = [cp for cp in store.history(chain[0], namespace=chain[1]) if cp.kind == "step"]
+            landed[chain] = [(str(cp.position), str(cp.step)) for cp in reversed(steps)]
+        committed = frozenset((*chain, pos) for chain, steps in landed.items() for pos, _ in steps)
+        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, committed)
+        resumed = call_agent(self.agent, self.takes_store, store, Watch(), landed)
         store.close()
         self._judge(at, ref, resumed)
 

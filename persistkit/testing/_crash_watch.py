@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backends import CheckpointRow, Head
+from ..engine import _context
 from ..engine._store import Store
 
 __all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch"]
@@ -97,6 +98,7 @@ class Watch:
         self.log: dict[tuple[str, str], list[tuple[str, tuple[str, str] | None]]] = {}
         self.index = 0
         self._after: tuple[int, Key, str] | None = None
+        self._wrapped: dict[int, tuple[Any, Any]] = {}  # id(step) -> (step, its wrapped copy)
 
     # -- the engine's side ----------------------------------------------------------------
 
@@ -128,37 +130,40 @@ class Watch:
             )
         )
 
-    def body(self, step: Any, frame: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The step object the engine runs, its body wrapped (the engine calls it only to run it live)."""
+    def body(self, step: Any) -> Any:
+        """The step object the engine runs, its body wrapped (the engine calls it only to run
+        it live). One copy per step function and agent call: the wrapper finds the call it
+        runs in the engine's frame."""
+        found = self._wrapped.get(id(step))
+        if found is not None and found[0] is step:
+            return found[1]
         if not step.hints_done:
-            step.register_hints()  # on the user's step, once: the copy must not repeat it per call
-        run = frame.run
-        fn = step.fn
-        watch = self
+            step.register_hints()  # on the user's step, once: the copy must not repeat it
+        fn, watch = step.fn, self
 
         def wrapped(*a: Any, **k: Any) -> Any:
-            from ..engine._api import current_step
-
-            info = current_step()
-            assert info is not None
-            key = (run.thread_id, run.namespace, info.position)
+            frame = _context.CURRENT.get()  # the step's own frame: its run, position and name
+            run, name = frame.run, frame.name
+            key = (run.thread_id, run.namespace, frame.path)
             index = watch.index
             watch.index += 1
-            call = StepCall(key, info.name, run.digest(args, kwargs), args, kwargs)
+            call = StepCall(key, name, run.digest(a, k), a, k)
             watch.calls.append(call)
-            watch.point(index, "before", key, info.name)
+            watch.point(index, "before", key, name)
             watch.counts[key] += 1
-            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{info.name}\n")
+            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{name}\n")
             try:
                 result = fn(*a, **k)
             except Exception:
-                watch._after = (index, key, info.name)  # its failure's checkpoint is the next write
+                watch._after = (index, key, name)  # its failure's checkpoint is the next write
                 raise
             if _awaitable(result):
                 return _finish_async(watch, call, index, result)
             return watch._returned(call, index, result)
 
-        return replace(step, fn=wrapped)
+        copy = replace(step, fn=wrapped)
+        self._wrapped[id(step)] = (step, copy)
+        return copy
 
     def _returned(self, call: StepCall, index: int, result: Any) -> Any:
         call.result, call.returned = result, True
@@ -219,7 +224,7 @@ class _Observer:
     def call_sync(
         self, call: Callable[..., Any], step: Any, frame: Any, args: Any, kwargs: Any
     ) -> Any:
-        step = self.watch.body(step, frame, args, kwargs)
+        step = self.watch.body(step)
         if self.inner is not None:
             return self.inner.call_sync(call, step, frame, args, kwargs)
         return call(step, frame, args, kwargs)
@@ -227,7 +232,7 @@ class _Observer:
     async def call_async(
         self, call: Callable[..., Any], step: Any, frame: Any, args: Any, kwargs: Any
     ) -> Any:
-        step = self.watch.body(step, frame, args, kwargs)
+        step = self.watch.body(step)
         if self.inner is not None:
             return await self.inner.call_async(call, step, frame, args, kwargs)
         return await call(step, frame, args, kwargs)

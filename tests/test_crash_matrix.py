@@ -261,3 +261,49 @@ def test_imports_stay_light() -> None:
         check=True,
     )
     assert out.stdout.strip() == "False", "the pytest plugin imported persistkit at startup"
+
+
+def test_an_agent_without_a_step_is_not_a_pass() -> None:
+    def agent() -> str:
+        with pk.resume(uid("cm")) as run:
+            run.state["answer"] = "no step here"
+            return str(run.state["answer"])
+
+    result = crash_matrix(agent)
+    assert kinds(result) == {"no-steps"} and result.total == 0, str(result)
+    for check in (result.assert_exactly_once, result.assert_same_outcome):
+        with pytest.raises(AssertionError, match="nothing to crash and nothing was proven"):
+            check()
+
+
+def test_a_child_stuck_after_fork_is_killed_and_named(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import concurrent.futures
+    import importlib
+
+    # A framework's worker thread, started in this process: os.fork does not copy it.
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool.submit(lambda: None).result()
+
+    @pk.checkpointed
+    def emit(event: str) -> str:
+        return pool.submit(str.upper, event).result()  # waits for the thread: forever in a child
+
+    def agent() -> str:
+        with pk.resume(thread) as run:
+            run.state["a"] = emit("a")
+            run.state["b"] = emit("b")
+            return str(run.state["a"] + run.state["b"])
+
+    thread = uid("cm")
+    monkeypatch.setattr(importlib.import_module("persistkit.testing.crash_matrix"), "CHILD_TIMEOUT", 1.0)
+    try:
+        result = crash_matrix(agent, mode="process", directory=str(tmp_path))
+        assert crash_matrix(agent, directory=str(tmp_path)).ok  # inline runs it
+    finally:
+        pool.shutdown()
+    (finding,) = result.findings
+    assert finding.kind == "resume-failed" and len(finding.points) == 1, str(result)
+    assert "was still running after 1 s, killed" in finding.message
+    assert "use mode='inline'" in finding.message

@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["Finding", "Outcome", "clock_like", "describe_diff", "first_difference", "short"]
 
 #: Kinds of finding, and which assertion reports them.
-EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable")
+EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable", "no-steps")
 SAME_OUTCOME = (
     "state",
     "value",
@@ -30,6 +30,7 @@ SAME_OUTCOME = (
     "resume-failed",
     "reference-failed",
     "unstorable",
+    "no-steps",
 )
 
 _STARTED = time.time()

@@ -20,7 +20,9 @@ store" is a prefix of the log (:meth:`RecordingStore.materialize`), and it passe
 from __future__ import annotations
 
 import os
+import select
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -30,7 +32,7 @@ from ..backends import CheckpointRow, Head
 from ..engine import _context
 from ..engine._store import Store
 
-__all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch"]
+__all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch", "kill_self", "wait_child"]
 
 Key = tuple[str, str, str]  # thread, namespace, position
 
@@ -322,6 +324,31 @@ class Snapshot:
                 blobs = self.blobs.get(chain[0], {}) if chain[0] not in given else {}
                 given.add(chain[0])
                 version = backend.write(row, blobs, version).version
+
+
+def wait_child(pid: int, timeout: float) -> int | None:
+    """Process mode: the wait status of child ``pid``, or None if it did not end within
+    ``timeout`` seconds (it is killed then: a child stuck for good, e.g. waiting for a thread
+    of the parent that ``os.fork`` did not copy, must not hang the matrix)."""
+    deadline = time.monotonic() + timeout
+    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None  # Linux: a wait with a timeout
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(0.01, left))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def kill_self(point: Point) -> None:

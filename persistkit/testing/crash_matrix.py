@@ -40,6 +40,7 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +70,7 @@ from ._crash_watch import (
     StepCall,
     Watch,
     kill_self,
+    wait_child,
 )
 
 __all__ = ["CrashMatrixResult", "crash_matrix"]
@@ -76,6 +78,9 @@ __all__ = ["CrashMatrixResult", "crash_matrix"]
 Chain = tuple[str, str]  # thread, namespace
 
 MODES = ("inline", "process")
+#: Process mode: seconds a child may take to reach its crash point (at least; 20x the
+#: uncrashed run if that is longer) before it counts as stuck and is killed.
+CHILD_TIMEOUT = 60.0
 
 
 @dataclass
@@ -288,6 +293,7 @@ class _Matrix:
     ) -> None:
         self.agent, self.takes_store, self.pool, self.mode = agent, takes_store, pool, mode
         self.whens, self.positions, self.seed, self.echo = whens, positions, seed, echo
+        self.child_timeout = CHILD_TIMEOUT
         self.found: dict[tuple[str, str], list[str]] = {}
         self.texts: dict[tuple[str, str], str] = {}
         self.names: dict[Key, str] = {}
@@ -309,13 +315,25 @@ class _Matrix:
         points: list[Point] = []
         store_a = self.pool.fresh()
         watch_a = Watch(points.append)
+        began = time.monotonic()
         ref = call_agent(self.agent, self.takes_store, store_a, watch_a)
+        # process mode: how long a child may take to reach its crash point before it counts as stuck
+        self.child_timeout = max(CHILD_TIMEOUT, 20 * (time.monotonic() - began))
         self.pool.threads |= {t for t, _ in watch_a.runs}
         self.names = {c.key: c.step for c in watch_a.calls}
         chosen = [p for p in points if p.when in self.whens]
         total = len(chosen)
         if ref.error is not None:
             self._reference_failed(ref.error)
+            return self._result(ref, total, [])
+        if not points:
+            self.note(
+                "no-steps",
+                "the agent ran no persistkit step inside a pk.resume block, so there was nothing to crash and "
+                "nothing was proven: call its model and tools as @pk.checkpointed functions inside "
+                "`with pk.resume(thread_id):` (a LangGraph graph whose only durability is PersistkitSaver "
+                "or durable_invoke has no persistkit steps: docs/testing.md)",
+            )
             return self._result(ref, total, [])
         self._unstorable(store_a, watch_a)
         chosen = self._sample(chosen)
@@ -328,7 +346,8 @@ class _Matrix:
             self._inline(chosen, snapshot, watch_a, ref, second)
         else:
             for p in chosen:
-                self._process(p, ref)
+                if not self._process(p, ref):
+                    break  # a child stuck at one point is stuck at every point: say it once
         return self._result(ref, total, [p.label() for p in chosen])
 
     def _result(self, ref: Outcome, total: int, tried: list[str]) -> CrashMatrixResult:
@@ -463,7 +482,8 @@ class _Matrix:
             for p in group:
                 self._judge(p, ref, resumed)
 
-    def _process(self, p: Point, ref: Outcome) -> None:
+    def _process(self, p: Point, ref: Outcome) -> bool:
+        """Crash a child at ``p`` and judge the resume; False if the child got stuck."""
         url = self.pool.fresh_url()
         events = os.path.join(
             self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}.log"
@@ -485,9 +505,19 @@ class _Matrix:
             finally:
                 os._exit(code)
         os.close(fd)
-        _, status = os.waitpid(pid, 0)
+        status = wait_child(pid, self.child_timeout)
         counts, plain = _read_events(events)
         os.unlink(events)
+        if status is None:
+            self.note(
+                "resume-failed",
+                f"the child process running the agent to this crash point was still running after "
+                f"{self.child_timeout:.0f} s, killed: it waits for something os.fork did not copy (a thread "
+                "the agent's framework started in this process, e.g. CrewAI's event bus), so process mode "
+                "cannot run this agent; use mode='inline' (the remaining points were not tried)",
+                p.label(),
+            )
+            return False
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             how = "ended" if os.WIFEXITED(status) else f"died by signal {os.WTERMSIG(status)}"
             self.note(
@@ -495,7 +525,7 @@ class _Matrix:
                 f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
                 p.label(),
             )
-            return
+            return True
         store = connect(url)
         landed: dict[Chain, list[tuple[str, str]]] = {}
         for chain in ref.states:
@@ -506,6 +536,7 @@ class _Matrix:
         resumed = call_agent(self.agent, self.takes_store, store, Watch(), landed)
         store.close()
         self._judge(at, ref, resumed)
+        return True
 
     # -- judging one resume -------------------------------------------------------------------
 

@@ -345,9 +345,10 @@ class _Matrix:
             assert snapshot is not None
             self._inline(chosen, snapshot, watch_a, ref, second)
         else:
-            for p in chosen:
+            for i, p in enumerate(chosen):
                 if not self._process(p, ref):
-                    break  # a child stuck at one point is stuck at every point: say it once
+                    chosen = chosen[: i + 1]  # a child stuck at one point is stuck at every one
+                    break
         return self._result(ref, total, [p.label() for p in chosen])
 
     def _result(self, ref: Outcome, total: int, tried: list[str]) -> CrashMatrixResult:

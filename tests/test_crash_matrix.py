@@ -3,6 +3,7 @@ must name, and on agents without one, in both modes; the pytest plugin as users 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable
@@ -297,7 +298,9 @@ def test_a_child_stuck_after_fork_is_killed_and_named(
             return str(run.state["a"] + run.state["b"])
 
     thread = uid("cm")
-    monkeypatch.setattr(importlib.import_module("persistkit.testing.crash_matrix"), "CHILD_TIMEOUT", 1.0)
+    monkeypatch.setattr(
+        importlib.import_module("persistkit.testing.crash_matrix"), "CHILD_TIMEOUT", 1.0
+    )
     try:
         result = crash_matrix(agent, mode="process", directory=str(tmp_path))
         assert crash_matrix(agent, directory=str(tmp_path)).ok  # inline runs it
@@ -309,3 +312,23 @@ def test_a_child_stuck_after_fork_is_killed_and_named(
     assert len(result.points) == 2
     assert "was still running after 1 s, killed" in finding.message
     assert "use mode='inline'" in finding.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_run_side_by_side_each_get_their_after_point(mode: str, tmp_path: Any) -> None:
+    @pk.checkpointed
+    async def book(city: str) -> str:
+        await asyncio.sleep(0)  # the three bodies interleave: each returns before any is written
+        return f"booked {city}"
+
+    async def agent() -> str:
+        async with pk.resume(thread) as run:
+            run.state["bookings"] = list(await asyncio.gather(*(book(c) for c in ("a", "b", "c"))))
+            return ", ".join(run.state["bookings"])
+
+    thread = uid("cm")
+    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))
+    assert result.ok, str(result)
+    assert sorted(p.split(" step")[0] for p in result.points) == sorted(
+        f"crash {when}" for when in ("before", "inside", "after") for _ in range(3)
+    )

@@ -25,6 +25,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,11 +33,25 @@ from ..backends import CheckpointRow, Head
 from ..engine import _context
 from ..engine._store import Store
 
-__all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch", "kill_self", "wait_child"]
+__all__ = [
+    "Crash",
+    "Point",
+    "RecordingStore",
+    "Snapshot",
+    "StepCall",
+    "Watch",
+    "kill_self",
+    "wait_child",
+]
 
 Key = tuple[str, str, str]  # thread, namespace, position
 
 WHENS = ("before", "inside", "after")
+
+#: The step whose checkpoint is the next write in this context (see ``Watch._wrote_next``).
+_AFTER: ContextVar[tuple[Watch, int, Key, str] | None] = ContextVar(
+    "persistkit_matrix_after", default=None
+)
 
 
 class Crash(BaseException):
@@ -99,7 +114,6 @@ class Watch:
         # per chain, in the order they landed: each checkpoint id and, for a step's, (position, name)
         self.log: dict[tuple[str, str], list[tuple[str, tuple[str, str] | None]]] = {}
         self.index = 0
-        self._after: tuple[int, Key, str] | None = None
         self._wrapped: dict[int, tuple[Any, Any]] = {}  # id(step) -> (step, its wrapped copy)
 
     # -- the engine's side ----------------------------------------------------------------
@@ -157,7 +171,7 @@ class Watch:
             try:
                 result = fn(*a, **k)
             except Exception:
-                watch._after = (index, key, name)  # its failure's checkpoint is the next write
+                watch._wrote_next(index, key, name)  # its failure's checkpoint is the next write
                 raise
             if _awaitable(result):
                 return _finish_async(watch, call, index, result)
@@ -170,13 +184,20 @@ class Watch:
     def _returned(self, call: StepCall, index: int, result: Any) -> Any:
         call.result, call.returned = result, True
         self.point(index, "inside", call.key, call.step)
-        self._after = (index, call.key, call.step)
+        self._wrote_next(index, call.key, call.step)
         return result
 
     def before_write(self) -> None:
-        after, self._after = self._after, None
-        if after is not None:
-            self.point(after[0], "after", after[1], after[2])
+        after = _AFTER.get()
+        if after is not None and after[0] is self:
+            _AFTER.set(None)
+            self.point(after[1], "after", after[2], after[3])
+
+    def _wrote_next(self, index: int, key: Key, step: str) -> None:
+        """The next checkpoint write in this context is step ``index``'s: its ``after`` point.
+        Per context, not per watch: steps run side by side (``asyncio.gather``) each write
+        their own checkpoint in their own task, after the others' bodies may have returned."""
+        _AFTER.set((self, index, key, step))
 
     def landed(self, run: Any, body: Mapping[str, Any]) -> None:
         chain = (run.thread_id, run.namespace)
@@ -209,7 +230,7 @@ async def _finish_async(watch: Watch, call: StepCall, index: int, pending: Any) 
     try:
         result = await pending
     except Exception:
-        watch._after = (index, call.key, call.step)
+        watch._wrote_next(index, call.key, call.step)
         raise
     return watch._returned(call, index, result)
 
@@ -331,7 +352,9 @@ def wait_child(pid: int, timeout: float) -> int | None:
     ``timeout`` seconds (it is killed then: a child stuck for good, e.g. waiting for a thread
     of the parent that ``os.fork`` did not copy, must not hang the matrix)."""
     deadline = time.monotonic() + timeout
-    pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None  # Linux: a wait with a timeout
+    pidfd = (
+        os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    )  # Linux: a wait with a timeout
     try:
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -22,7 +22,6 @@ import uuid
 import persistkit as pk
 from persistkit.testing.crash_matrix import crash_matrix
 
-
 TARGET = 20  # issue #25: the matrix of a 20-step agent in-process under 20x one uncrashed run
 
 
@@ -86,7 +85,11 @@ def main() -> None:
             mats.append(took)
         run_s, mat_s = statistics.median(runs), statistics.median(mats)
         ratio = mat_s / run_s
-        case = "empty step bodies" if work == 0 else f"step bodies doing {work} iterations of fake work"
+        case = (
+            "empty step bodies"
+            if work == 0
+            else f"step bodies doing {work} iterations of fake work"
+        )
         print(
             f"{args.steps} steps, {case}: one run {run_s * 1e3:.2f} ms, matrix of {points} crash points "
             f"{mat_s * 1e3:.1f} ms = {ratio:.1f}x one run (target: under {TARGET}x: "

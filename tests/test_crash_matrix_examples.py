@@ -19,7 +19,11 @@ FRAMEWORK = {"langgraph": "langgraph", "openai_agents": "agents", "crewai": "cre
 
 def test_there_is_an_example_per_adapter() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"test_langgraph_agent.py", "test_openai_agents_agent.py", "test_crewai_crew.py"} <= names
+    assert {
+        "test_langgraph_agent.py",
+        "test_openai_agents_agent.py",
+        "test_crewai_crew.py",
+    } <= names
 
 
 @pytest.mark.slow
@@ -31,8 +35,22 @@ def test_the_example_passes_under_pytest(example: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PERSISTKIT_URL"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "adapters")])
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", str(example), "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(example),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert out.returncode == 0, f"{example.name}:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}"
     assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-2000:]

@@ -48,9 +48,20 @@ class FakeLLM(BaseLLM):
 
 
 def make_crew() -> Crew:
-    writer = Agent(role="writer", goal="write", backstory="offline", llm=FakeLLM(model="fake"), max_retry_limit=0)
+    writer = Agent(
+        role="writer",
+        goal="write",
+        backstory="offline",
+        llm=FakeLLM(model="fake"),
+        max_retry_limit=0,
+    )
     tasks = [
-        Task(name=f"section{i}", description=f"section {i} on {{topic}}", expected_output="notes", agent=writer)
+        Task(
+            name=f"section{i}",
+            description=f"section {i} on {{topic}}",
+            expected_output="notes",
+            agent=writer,
+        )
         for i in range(3)
     ]
     return Crew(agents=[writer], tasks=tasks, process=Process.sequential)

@@ -4,7 +4,7 @@ crash matrix.
     pytest examples/testing/test_langgraph_agent.py      # needs persistkit[langgraph]; offline
 
 The graph runs inside ``pk.resume`` and its model and tool calls are ``@pk.checkpointed``
-steps (the persistkit context follows LangGraph into its nodes), so the matrix crashes
+steps (the persistkit context follows LangGraph into its nodes and its ``ToolNode``), so the matrix crashes
 before, inside and after each call, resumes, and checks that no finished model call or
 tool call ran again and that the answer and the thread's state are the uncrashed ones.
 
@@ -20,8 +20,10 @@ import pytest
 
 pytest.importorskip("langgraph")
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 
 import persistkit as pk
 
@@ -39,9 +41,15 @@ def fake_model(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @pk.checkpointed
-def weather(city: str) -> str:
-    """The tool (imagine a paid API call: it must not run twice)."""
+def get_weather(city: str) -> str:
+    """The tool's work (imagine a paid API call: it must not run twice)."""
     return f"{city} sunny, {len(city) + 15} C"
+
+
+@tool
+def weather(city: str) -> str:
+    """The weather in ``city`` now."""
+    return get_weather(city)
 
 
 def _plain(message: AnyMessage) -> dict[str, Any]:
@@ -52,29 +60,20 @@ def _plain(message: AnyMessage) -> dict[str, Any]:
 
 def model(state: MessagesState) -> dict[str, Any]:
     reply = fake_model([_plain(m) for m in state["messages"]])
-    if "city" in reply:
-        call = {"name": "weather", "args": {"city": reply["city"]}, "id": f"call-{reply['city']}"}
-        return {"messages": [AIMessage("", tool_calls=[call])]}
-    return {"messages": [AIMessage(reply["content"])]}
+    city = reply.get("city")
+    calls = [{"name": "weather", "args": {"city": city}, "id": f"call-{city}"}] if city else []
+    return {"messages": [AIMessage(reply["content"], tool_calls=calls)]}
 
 
-def tools(state: MessagesState) -> dict[str, Any]:
-    request = state["messages"][-1]
-    assert isinstance(request, AIMessage)
-    return {"messages": [ToolMessage(weather(**c["args"]), tool_call_id=c["id"]) for c in request.tool_calls]}
-
-
-def route(state: MessagesState) -> str:
-    return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
-
-
-builder = StateGraph(MessagesState)
-builder.add_node("model", model)
-builder.add_node("tools", tools)
-builder.add_edge(START, "model")
-builder.add_conditional_edges("model", route, ["tools", END])
-builder.add_edge("tools", "model")
-graph = builder.compile()
+graph = (
+    StateGraph(MessagesState)
+    .add_node("model", model)
+    .add_node("tools", ToolNode([weather]))
+    .add_edge(START, "model")
+    .add_conditional_edges("model", tools_condition)
+    .add_edge("tools", "model")
+    .compile()
+)
 
 
 def answer(thread_id: str, question: str) -> str:
@@ -87,8 +86,13 @@ def answer(thread_id: str, question: str) -> str:
 
 @pytest.mark.parametrize("mode", ["inline", "process"])
 def test_the_graph_survives_a_crash_at_every_step(crash_matrix: Any, mode: str) -> None:
-    result = crash_matrix(lambda: answer("weather-42", "Weather in Paris and Lisbon?"), mode=mode)
-    result.assert_exactly_once()
-    result.assert_same_outcome()
-    assert result.reference.value == "Weather: Paris sunny, 20 C; Lisbon sunny, 21 C"
-    assert len(result.points) == 5 * 3  # 3 model calls and 2 tool calls, each crashed 3 ways
+    question = "Weather in Paris and Lisbon?"
+    result = crash_matrix(lambda: answer("weather-42", question), mode=mode)
+    # 3 model calls and 2 tool calls, each crashed before, inside and after its body
+    assert len(result.points) == 5 * 3, str(result)
+    result.assert_exactly_once()  # no finished model or tool call ran again
+    result.assert_same_outcome()  # the same answer and transcript as the uncrashed run
+    (transcript,) = result.reference.states.values()
+    assert (
+        transcript["transcript"][-1]["content"] == "Weather: Paris sunny, 20 C; Lisbon sunny, 21 C"
+    )

@@ -259,7 +259,9 @@ def call_agent(
     return out
 
 
-def _read(store: Store, watch: Watch, out: Outcome, before: Mapping[Chain, list[tuple[str, str]]]) -> None:
+def _read(
+    store: Store, watch: Watch, out: Outcome, before: Mapping[Chain, list[tuple[str, str]]]
+) -> None:
     for chain in watch.runs:
         thread, ns = chain
         mem = watch.end_states.get(chain)

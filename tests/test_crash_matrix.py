@@ -3,6 +3,7 @@ must name, and on agents without one, in both modes; the pytest plugin as users 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -330,13 +331,6 @@ def test_a_retried_step_in_flight_may_run_all_its_attempts_again(mode: str, tmp_
     assert result.ok, str(result)
 
 
-def test_an_agent_without_a_step_is_a_finding() -> None:
-    result = crash_matrix(lambda: None)
-    assert kinds(result) == {"no-steps"} and result.total == 0
-    with pytest.raises(AssertionError, match="nothing was tested"):
-        result.assert_exactly_once()
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_step_that_is_not_deterministic_is_one_finding_per_difference(
     mode: str, tmp_path: Any
@@ -418,3 +412,75 @@ def test_imports_stay_light() -> None:
         check=True,
     )
     assert out.stdout.strip() == "False", "the pytest plugin imported persistkit at startup"
+
+
+def test_an_agent_without_a_step_is_not_a_pass() -> None:
+    def agent() -> str:
+        with pk.resume(uid("cm")) as run:
+            run.state["answer"] = "no step here"
+            return str(run.state["answer"])
+
+    result = crash_matrix(agent)
+    assert kinds(result) == {"no-steps"} and result.total == 0, str(result)
+    assert kinds(crash_matrix(lambda: None)) == {"no-steps"}  # no pk.resume at all
+    for check in (result.assert_exactly_once, result.assert_same_outcome):
+        with pytest.raises(AssertionError, match="nothing to crash and nothing was proven"):
+            check()
+
+
+def test_a_child_stuck_after_fork_is_killed_and_named(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import concurrent.futures
+    import importlib
+
+    # A framework's worker thread, started in this process: os.fork does not copy it.
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool.submit(lambda: None).result()
+
+    @pk.checkpointed
+    def emit(event: str) -> str:
+        return pool.submit(str.upper, event).result()  # waits for the thread: forever in a child
+
+    def agent() -> str:
+        with pk.resume(thread) as run:
+            run.state["a"] = emit("a")
+            run.state["b"] = emit("b")
+            return str(run.state["a"] + run.state["b"])
+
+    thread = uid("cm")
+    monkeypatch.setattr(
+        importlib.import_module("persistkit.testing.crash_matrix"), "CHILD_TIMEOUT", 1.0
+    )
+    try:
+        result = crash_matrix(agent, mode="process", directory=str(tmp_path))
+        assert crash_matrix(agent, directory=str(tmp_path)).ok  # inline runs it
+    finally:
+        pool.shutdown()
+    (finding,) = result.findings
+    # "before" the first step dies before the body waits, but its resume (a fresh child too)
+    # waits in the body: the first point tried is stuck, and the last
+    assert finding.kind == "resume-failed" and finding.points == (result.points[-1],), str(result)
+    assert len(result.points) == 1
+    assert "was still running after 1 s, killed" in finding.message
+    assert "use mode='inline'" in finding.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_run_side_by_side_each_get_their_after_point(mode: str, tmp_path: Any) -> None:
+    @pk.checkpointed
+    async def book(city: str) -> str:
+        await asyncio.sleep(0)  # the three bodies interleave: each returns before any is written
+        return f"booked {city}"
+
+    async def agent() -> str:
+        async with pk.resume(thread) as run:
+            run.state["bookings"] = list(await asyncio.gather(*(book(c) for c in ("a", "b", "c"))))
+            return ", ".join(run.state["bookings"])
+
+    thread = uid("cm")
+    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))
+    assert result.ok, str(result)
+    assert sorted(p.split(" step")[0] for p in result.points) == sorted(
+        f"crash {when}" for when in ("before", "inside", "after") for _ in range(3)
+    )

@@ -90,7 +90,8 @@ def test_a_step_with_its_own_store_parameter_receives_it(local_store: pk.Store) 
 # naming a complete file that covers it: the file must use every persistkit name the block
 # uses (names imported from persistkit*, pk.<attr> chains, keyword arguments of those calls).
 # An example named by a fragment is run by test_an_example_covering_a_fragment_runs; a test
-# file is run by the suite itself.
+# file is run by the suite itself, and so is a pytest example (examples/testing/test_*.py,
+# by tests/test_crash_matrix_examples.py: run as a script it would test nothing).
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Also an indented fence (a block inside a list item): its code is dedented.
@@ -186,7 +187,9 @@ def test_every_python_block_runs_or_is_a_covered_fragment(block: Block, tmp_path
                     f"--- stderr ---\n{out.stderr[-3000:]}", pytrace=False)
 
 
-COVERING_EXAMPLES = sorted({b.covered_by for b in BLOCKS if b.covered_by and b.covered_by.startswith("examples/")})
+PYTEST_EXAMPLES = "examples/testing/"
+COVERING_EXAMPLES = sorted({b.covered_by for b in BLOCKS if b.covered_by and b.covered_by.startswith("examples/")
+                            and not b.covered_by.startswith(PYTEST_EXAMPLES)})
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ._crash_report import Outcome
+from ._crash_watch import wait_child
 
 __all__ = ["Opaque", "Zygote", "load", "save"]
 
@@ -49,9 +50,11 @@ class Zygote:
         self.commands = os.fdopen(cmd_w, "w")
         self.replies = os.fdopen(rep_r, "r")
 
-    def call(self, command: list[Any]) -> int:
-        """Run ``command`` in a fresh child of the zygote; its wait status (``os.waitpid``)."""
-        self.commands.write(json.dumps(command) + "\n")
+    def call(self, command: list[Any], timeout: float) -> int:
+        """Run ``command`` in a fresh child of the zygote; its wait status (``os.waitpid``), or
+        -1 if it was still running after ``timeout`` seconds (it is killed then: a child stuck
+        for good, e.g. waiting for a thread ``os.fork`` did not copy, must not hang the matrix)."""
+        self.commands.write(json.dumps([timeout, command]) + "\n")
         self.commands.flush()
         line = self.replies.readline()
         if not line:
@@ -67,18 +70,19 @@ class Zygote:
 def _serve(child: Callable[[list[Any]], None], cmd_r: int, rep_w: int) -> None:
     with os.fdopen(cmd_r, "r") as commands, os.fdopen(rep_w, "w") as replies:
         for line in commands:
+            timeout, command = json.loads(line)
             pid = os.fork()
             if pid == 0:  # the child: run the command; a kill -9 or os._exit ends it
                 code = 0
                 try:
-                    child(json.loads(line))
+                    child(command)
                 except BaseException:  # the parent reports the exit code
                     traceback.print_exc()
                     code = 1
                 finally:
                     os._exit(code)
-            _, status = os.waitpid(pid, 0)
-            replies.write(f"{status}\n")
+            status = wait_child(pid, timeout)
+            replies.write(f"{-1 if status is None else status}\n")
             replies.flush()
 
 

@@ -20,21 +20,39 @@ store" is a prefix of the log (:meth:`RecordingStore.materialize`), and it passe
 from __future__ import annotations
 
 import os
+import select
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..backends import CheckpointRow, Head
+from ..engine import _context
 from ..engine._store import Store
 
-__all__ = ["Crash", "Point", "RecordingStore", "Snapshot", "StepCall", "Watch"]
+__all__ = [
+    "Crash",
+    "Point",
+    "RecordingStore",
+    "Snapshot",
+    "StepCall",
+    "Watch",
+    "kill_self",
+    "wait_child",
+]
 
 # thread, namespace, position, run (its ordinal on the thread, "0" for the first)
 Key = tuple[str, str, str, str]
 
 WHENS = ("before", "inside", "after")
+
+#: The step whose checkpoint is the next write in this context (see ``Watch._wrote_next``).
+_AFTER: ContextVar[tuple[Watch, int, Key, str] | None] = ContextVar(
+    "persistkit_matrix_after", default=None
+)
 
 
 class Crash(BaseException):
@@ -94,11 +112,13 @@ class Watch:
         self.runs: dict[tuple[str, str], Any] = {}  # (thread, namespace) -> the run's last Run
         self.end_states: dict[tuple[str, str], Any] = {}
         self.cuts: dict[tuple[str, str], str] = {}  # per chain: the last checkpoint that landed
+        # per chain, in the order they landed: each checkpoint id and, for a step's, (position, name)
+        self.log: dict[tuple[str, str], list[tuple[str, tuple[str, str] | None]]] = {}
         self.index = 0
-        self._after: tuple[int, Key, str] | None = None
         # per chain: its run ids, oldest first
         self.run_order: dict[tuple[str, str], list[str]] = {}
         self.attempts: dict[Key, int] = {}  # per step key: the attempts its retry= allows
+        self._wrapped: dict[int, tuple[Any, Any]] = {}  # id(step) -> (step, its wrapped copy)
 
     def seed(self, store: Store, chains: Any) -> Watch:
         """Number the runs ``store`` already holds, as the run they came from did."""
@@ -144,61 +164,79 @@ class Watch:
             )
         )
 
-    def body(self, step: Any, frame: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The step object the engine runs, its body wrapped (the engine calls it only to run it live)."""
+    def body(self, step: Any) -> Any:
+        """The step object the engine runs, its body wrapped (the engine calls it only to run
+        it live). One copy per step function and agent call: the wrapper finds the call it
+        runs in the engine's frame."""
+        found = self._wrapped.get(id(step))
+        if found is not None and found[0] is step:
+            return found[1]
         if not step.hints_done:
-            step.register_hints()  # on the user's step, once: the copy must not repeat it per call
-        run = frame.run
-        fn = step.fn
-        watch = self
+            step.register_hints()  # on the user's step, once: the copy must not repeat it
+        fn, watch = step.fn, self
 
         def wrapped(*a: Any, **k: Any) -> Any:
-            from ..engine._api import current_step
-
-            info = current_step()
-            assert info is not None
-            key = (
-                run.thread_id,
-                run.namespace,
-                info.position,
-                watch.ordinal(run.thread_id, run.namespace, run.run_id),
-            )
+            frame = _context.CURRENT.get()  # the step's own frame: its run, position and name
+            run, name = frame.run, frame.name
+            key = (run.thread_id, run.namespace, frame.path, watch.ordinal(run.thread_id, run.namespace, run.run_id))
             watch.attempts[key] = step.retry.attempts if step.retry is not None else 1
             index = watch.index
             watch.index += 1
-            call = StepCall(key, info.name, run.digest(args, kwargs), args, kwargs)
+            call = StepCall(key, name, run.digest(a, k), a, k)
             watch.calls.append(call)
-            watch.point(index, "before", key, info.name)
+            watch.point(index, "before", key, name)
             watch.counts[key] += 1
-            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{key[3]}\t{info.name}\n")
+            watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{key[3]}\t{name}\n")
             try:
                 result = fn(*a, **k)
             except Exception:
-                watch._after = (index, key, info.name)  # its failure's checkpoint is the next write
+                watch._wrote_next(index, key, name)  # its failure's checkpoint is the next write
                 raise
             if _awaitable(result):
                 return _finish_async(watch, call, index, result)
             return watch._returned(call, index, result)
 
-        return replace(step, fn=wrapped)
+        copy = replace(step, fn=wrapped)
+        self._wrapped[id(step)] = (step, copy)
+        return copy
 
     def _returned(self, call: StepCall, index: int, result: Any) -> Any:
         call.result, call.returned = result, True
         self.point(index, "inside", call.key, call.step)
-        self._after = (index, call.key, call.step)
+        self._wrote_next(index, call.key, call.step)
         return result
 
     def before_write(self) -> None:
-        after, self._after = self._after, None
-        if after is not None:
-            self.point(after[0], "after", after[1], after[2])
+        after = _AFTER.get()
+        if after is not None and after[0] is self:
+            _AFTER.set(None)
+            self.point(after[1], "after", after[2], after[3])
+
+    def _wrote_next(self, index: int, key: Key, step: str) -> None:
+        """The next checkpoint write in this context is step ``index``'s: its ``after`` point.
+        Per context, not per watch: steps run side by side (``asyncio.gather``) each write
+        their own checkpoint in their own task, after the others' bodies may have returned."""
+        _AFTER.set((self, index, key, step))
 
     def landed(self, run: Any, body: Mapping[str, Any]) -> None:
         chain = (run.thread_id, run.namespace)
+        step = None
+        if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
+            step = (str(body["p"]), str(body.get("n")))
+            self.committed.add((*chain, step[0], self.ordinal(*chain, run.run_id)))
         if run.checkpoint_id is not None:
             self.cuts[chain] = run.checkpoint_id
-        if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
-            self.committed.add((*chain, str(body["p"]), self.ordinal(*chain, run.run_id)))
+            self.log.setdefault(chain, []).append((run.checkpoint_id, step))
+
+    def steps(self, chain: tuple[str, str], cut: str | None = None) -> list[tuple[str, str]]:
+        """The step checkpoints of ``chain`` that landed (up to ``cut``, if given), in order."""
+        out = []
+        for cid, step in self.log.get(chain, ()):
+            if step is not None:
+                out.append(step)
+            if cid == cut:
+                break
+        return out
 
 
 def _awaitable(value: Any) -> bool:
@@ -211,7 +249,7 @@ async def _finish_async(watch: Watch, call: StepCall, index: int, pending: Any) 
     try:
         result = await pending
     except Exception:
-        watch._after = (index, call.key, call.step)
+        watch._wrote_next(index, call.key, call.step)
         raise
     return watch._returned(call, index, result)
 
@@ -228,7 +266,7 @@ class _Observer:
     def call_sync(
         self, call: Callable[..., Any], step: Any, frame: Any, args: Any, kwargs: Any
     ) -> Any:
-        step = self.watch.body(step, frame, args, kwargs)
+        step = self.watch.body(step)
         if self.inner is not None:
             return self.inner.call_sync(call, step, frame, args, kwargs)
         return call(step, frame, args, kwargs)
@@ -236,7 +274,7 @@ class _Observer:
     async def call_async(
         self, call: Callable[..., Any], step: Any, frame: Any, args: Any, kwargs: Any
     ) -> Any:
-        step = self.watch.body(step, frame, args, kwargs)
+        step = self.watch.body(step)
         if self.inner is not None:
             return await self.inner.call_async(call, step, frame, args, kwargs)
         return await call(step, frame, args, kwargs)
@@ -326,6 +364,33 @@ class Snapshot:
                 blobs = self.blobs.get(chain[0], {}) if chain[0] not in given else {}
                 given.add(chain[0])
                 version = backend.write(row, blobs, version).version
+
+
+def wait_child(pid: int, timeout: float) -> int | None:
+    """Process mode: the wait status of child ``pid``, or None if it did not end within
+    ``timeout`` seconds (it is killed then: a child stuck for good, e.g. waiting for a thread
+    of the parent that ``os.fork`` did not copy, must not hang the matrix)."""
+    deadline = time.monotonic() + timeout
+    pidfd = (
+        os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    )  # Linux: a wait with a timeout
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(0.01, left))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def kill_self(point: Point) -> None:

@@ -44,8 +44,9 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +78,12 @@ from ._crash_watch import (
 
 __all__ = ["CrashMatrixResult", "crash_matrix"]
 
+Chain = tuple[str, str]  # thread, namespace
+
 MODES = ("inline", "process")
+#: Process mode: seconds a child may take to reach its crash point (at least; 20x the
+#: uncrashed run if that is longer) before it counts as stuck and is killed.
+CHILD_TIMEOUT = 60.0
 
 
 @dataclass
@@ -235,11 +241,20 @@ class _Stores:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def call_agent(agent: Callable[..., Any], takes_store: bool, store: Store, watch: Watch) -> Outcome:
-    """One agent call on ``store`` under ``watch``; a planned :class:`Crash` propagates."""
+def call_agent(
+    agent: Callable[..., Any],
+    takes_store: bool,
+    store: Store,
+    watch: Watch,
+    before: Mapping[Chain, list[tuple[str, str]]] | None = None,
+) -> Outcome:
+    """One agent call on ``store`` under ``watch``; a planned :class:`Crash` propagates.
+
+    ``before``: the step checkpoints (position, name) each chain already had in ``store``;
+    the outcome's step sequence is those and the ones the call wrote (as they landed)."""
     rec = RecordingStore(store)
     rec.watch = watch
-    before = _context.MATRIX, _stores._default
+    saved = _context.MATRIX, _stores._default
     _context.MATRIX, _stores._default = watch, rec
     out = Outcome()
     try:
@@ -250,12 +265,14 @@ def call_agent(agent: Callable[..., Any], takes_store: bool, store: Store, watch
     except Exception as exc:
         out.error = exc
     finally:
-        _context.MATRIX, _stores._default = before
-    _read(store, watch, out)
+        _context.MATRIX, _stores._default = saved
+    _read(store, watch, out, before or {})
     return out
 
 
-def _read(store: Store, watch: Watch, out: Outcome) -> None:
+def _read(
+    store: Store, watch: Watch, out: Outcome, before: Mapping[Chain, list[tuple[str, str]]]
+) -> None:
     for chain in watch.runs:
         thread, ns = chain
         mem = watch.end_states.get(chain)
@@ -269,10 +286,7 @@ def _read(store: Store, watch: Watch, out: Outcome) -> None:
             out.states[chain] = state.model_dump(mode="json") if typed else state
         except Exception as exc:  # the finding says what
             out.states[chain] = f"<the state does not load: {type(exc).__name__}: {exc}>"
-        steps = [cp for cp in store.history(thread, namespace=ns) if cp.kind == "step"]
-        out.sequences[chain] = [
-            (str(cp.position), str(cp.step)) for cp in sorted(steps, key=lambda c: c.checkpoint_id)
-        ]
+        out.sequences[chain] = [*before.get(chain, ()), *watch.steps(chain)]
     out.counts, out.plain = dict(watch.counts), dict(watch.plain_counts)
     out.results = {c.key: c.result for c in watch.calls if c.returned}
     out.digests = {c.key: c.digest for c in watch.calls}
@@ -292,6 +306,7 @@ class _Matrix:
     ) -> None:
         self.agent, self.takes_store, self.pool, self.mode = agent, takes_store, pool, mode
         self.whens, self.positions, self.seed, self.echo = whens, positions, seed, echo
+        self.child_timeout = CHILD_TIMEOUT
         self.found: dict[tuple[str, str], list[str]] = {}
         self.texts: dict[tuple[str, str], str] = {}
         self.names: dict[Key, str] = {}
@@ -324,7 +339,10 @@ class _Matrix:
         points: list[Point] = []
         store_a = self.pool.fresh()
         watch_a = Watch(points.append)
+        began = time.monotonic()
         ref = call_agent(self.agent, self.takes_store, store_a, watch_a)
+        # process mode: how long a child may take to reach its crash point before it counts as stuck
+        self.child_timeout = max(CHILD_TIMEOUT, 20 * (time.monotonic() - began))
         self.pool.threads |= {t for t, _ in watch_a.runs}
         self.names = {c.key: c.step for c in watch_a.calls}
         self.attempts = dict(watch_a.attempts)
@@ -336,9 +354,10 @@ class _Matrix:
         if not points:
             self.note(
                 "no-steps",
-                "the agent called no step inside a pk.resume block, so there was no point to crash at and "
-                "nothing was tested: call @pk.checkpointed steps inside pk.resume (with the store the matrix "
-                "gives, when the agent takes one)",
+                "the agent ran no persistkit step inside a pk.resume block, so there was nothing to crash and "
+                "nothing was proven: call its model and tools as @pk.checkpointed functions inside "
+                "`with pk.resume(thread_id):` (a LangGraph graph whose only durability is PersistkitSaver "
+                "or durable_invoke has no persistkit steps: docs/testing.md)",
             )
             return self._result(ref, total, [])
         self._unstorable(store_a, watch_a)
@@ -349,10 +368,12 @@ class _Matrix:
         self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
         if self.mode == "inline":
             assert snapshot is not None
-            self._inline(chosen, snapshot, ref, second)
+            self._inline(chosen, snapshot, watch_a, ref, second)
         else:
-            for p in chosen:
-                self._process(p, ref)
+            for i, p in enumerate(chosen):
+                if not self._process(p, ref):
+                    chosen = chosen[: i + 1]  # a child stuck at one point is stuck at every one
+                    break
         return self._result(ref, total, [p.label() for p in chosen])
 
     def _result(self, ref: Outcome, total: int, tried: list[str]) -> CrashMatrixResult:
@@ -481,7 +502,7 @@ class _Matrix:
     # -- crashes ----------------------------------------------------------------------------
 
     def _inline(
-        self, chosen: list[Point], snapshot: Snapshot, ref: Outcome, second: Outcome
+        self, chosen: list[Point], snapshot: Snapshot, watch: Watch, ref: Outcome, second: Outcome
     ) -> None:
         groups: dict[frozenset[tuple[tuple[str, str], str]], list[Point]] = {}
         for p in chosen:
@@ -492,23 +513,28 @@ class _Matrix:
             else:
                 store = self.pool.fresh()
                 snapshot.materialize(store, dict(cuts))
-                watch = Watch().seed(store, [chain for chain, _ in cuts])
-                resumed = call_agent(self.agent, self.takes_store, store, watch)
+                landed = {chain: watch.steps(chain, cut) for chain, cut in cuts}
+                seeded = Watch().seed(store, [chain for chain, _ in cuts])
+                resumed = call_agent(self.agent, self.takes_store, store, seeded, landed)
                 store.close()
                 self.pool.open.remove(store)
             for p in group:
                 self._judge(p, ref, resumed)
 
-    def _process(self, p: Point, ref: Outcome) -> None:
+    def _process(self, p: Point, ref: Outcome) -> bool:
+        """Crash a child at ``p`` and judge the resume; False if the child got stuck."""
         assert self.zygote is not None
         url = self.pool.fresh_url()
         base = os.path.join(
             self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}"
         )
         events, outcome = base + ".log", base + ".pickle"
-        status = self.zygote.call(["crash", p.index, p.when, url, events])
+        status = self.zygote.call(["crash", p.index, p.when, url, events], self.child_timeout)
         counts, plain = _read_events(events)
         os.unlink(events)
+        if status < 0:
+            self._stuck("running the agent to this crash point", p)
+            return False
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             how = "ended" if os.WIFEXITED(status) else f"died by signal {os.WTERMSIG(status)}"
             self.note(
@@ -516,7 +542,7 @@ class _Matrix:
                 f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
                 p.label(),
             )
-            return
+            return True
         store = connect(url)
         watch = Watch().seed(store, ref.states)
         committed = set()
@@ -528,17 +554,31 @@ class _Matrix:
                     )
         store.close()
         at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed))
-        status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]])
+        status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]], self.child_timeout)
+        if status < 0:
+            self._stuck("resuming the run", p)
+            return False
         if not os.path.exists(outcome):
             self.note(
                 "resume-failed",
                 f"the process that resumed the run died (wait status {status})",
                 p.label(),
             )
-            return
+            return True
         resumed = load(outcome)
         os.unlink(outcome)
         self._judge(at, ref, resumed)
+        return True
+
+    def _stuck(self, doing: str, p: Point) -> None:
+        self.note(
+            "resume-failed",
+            f"the child process {doing} was still running after {self.child_timeout:.0f} s, killed: "
+            "it waits for something os.fork did not copy (a thread the agent's framework started "
+            "before the matrix began), so process mode cannot run this agent; use mode='inline' "
+            "(the remaining points were not tried)",
+            p.label(),
+        )
 
     def _child(self, command: list[Any]) -> None:
         """Process mode, in a fresh child of the zygote: ``crash`` runs the agent on a fresh
@@ -555,8 +595,12 @@ class _Matrix:
             os._exit(4 if out.error is not None else 3)
         _, url, path, chains = command
         store = connect(url)
-        watch = Watch().seed(store, [tuple(c) for c in chains])
-        save(call_agent(self.agent, self.takes_store, store, watch), path)
+        chains = [tuple(c) for c in chains]
+        landed = {  # the step checkpoints the killed run left, oldest first
+            chain: [(str(cp.position), str(cp.step)) for cp in reversed(store.history(chain[0], namespace=chain[1])) if cp.kind == "step"]
+            for chain in chains
+        }
+        save(call_agent(self.agent, self.takes_store, store, Watch().seed(store, chains), landed), path)
         store.close()
 
     # -- judging one resume -------------------------------------------------------------------

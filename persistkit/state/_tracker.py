@@ -286,7 +286,10 @@ class Tracker:
         d.appended[name] = new
         prev_tip = p.tip if p is not None and start > 0 else None
         d.links[name] = prev_tip
-        this = _Inline(cid, prev_tip, start, trees, len(_dump(trees)), stored=False)
+        last_raw = _raw(value[-1])
+        # its size: the newest item's JSON is made anyway (a lone plain item's is the size)
+        size = len(last_raw) if last_raw is not None and len(trees) == 1 else len(_dump(trees))
+        this = _Inline(cid, prev_tip, start, trees, size, stored=False)
         gathered = _gather(p.recent if p is not None and start > 0 else (), this)
         if (start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS) and len(gathered) <= SPAN_SEGMENTS:
             d.segments[name] = {"p": prev_tip, "s": start, "i": trees}
@@ -295,9 +298,7 @@ class Tracker:
             key, recent = self._span(name, gen, gathered, d), ()
         ref = {"l": key, "n": len(value), "g": gen}
         d.refs[name] = ref
-        d.prev[name] = _ListPrev(
-            ref, len(value), key, gen, trees[-1], *_mode(value), _raw(value[-1]), recent
-        )
+        d.prev[name] = _ListPrev(ref, len(value), key, gen, trees[-1], *_mode(value), last_raw, recent)
 
     def _span(self, name: str, gen: int, gathered: tuple[_Inline, ...], d: Diff) -> str:
         """Write ``gathered`` (inline segments, the last one this checkpoint's) as one blob segment."""

@@ -15,15 +15,24 @@ applies the write (or a transaction's items, one by one) without a lock, where
 DynamoDB evaluates conditions atomically and isolates transactions
 (serializable), so DynamoDB requests are serialized too (see docs/backends.md;
 tests/test_dynamodb.py runs a race on an unserialized server: --raw-dynamodb).
+
+moto 5.2 also backs a transaction up by deep-copying its table once per action
+(100 copies of the whole table for a 100-action transaction), which made
+transactions on a table of a few thousand items take seconds and pushed tests
+past the client's read timeout. ``_copy_each_table_once`` makes it one copy per
+table per transaction: the same backup, the same rollback.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import moto.dynamodb.models as dynamodb_models
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     MotoRequestHandler,
@@ -32,11 +41,38 @@ from moto.moto_server.werkzeug_app import (
 from werkzeug.serving import run_simple
 
 _CONDITIONAL = threading.Lock()
+_IN_TRANSACTION = threading.local()
+
+
+def _deepcopy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+    """``copy.deepcopy``, except that inside a transaction a table is copied once."""
+    copies: dict[int, Any] | None = getattr(_IN_TRANSACTION, "copies", None)
+    if copies is None or not isinstance(obj, dynamodb_models.Table):
+        return copy.deepcopy(obj, memo)
+    if id(obj) not in copies:
+        copies[id(obj)] = copy.deepcopy(obj)
+    return copies[id(obj)]
+
+
+def _copy_each_table_once() -> None:
+    backend = dynamodb_models.DynamoDBBackend
+    original = backend.transact_write_items
+
+    def transact_write_items(self: Any, transact_items: Any) -> None:
+        _IN_TRANSACTION.copies = {}
+        try:
+            original(self, transact_items)
+        finally:
+            _IN_TRANSACTION.copies = None
+
+    backend.transact_write_items = transact_write_items  # type: ignore[method-assign]
+    dynamodb_models.copy = types.SimpleNamespace(deepcopy=_deepcopy)  # type: ignore[assignment]
 
 
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
     serialize_dynamodb = "--raw-dynamodb" not in sys.argv[3:]
+    _copy_each_table_once()
     app = DomainDispatcherApplication(create_backend_app)
 
     def atomic(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:

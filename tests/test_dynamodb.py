@@ -95,6 +95,32 @@ def test_one_request_a_step_with_and_without_a_lease(
     assert ops.count("TransactWriteItems") == 20 and len(ops) <= 21, ops
 
 
+@pytest.mark.parametrize("busy", [None, "reject"])
+def test_a_step_write_that_lands_twice_is_one_step(
+    url: str, dynamodb_endpoint: str, busy: str | None
+) -> None:
+    """botocore sends a write again when its response is lost; DynamoDB dedupes a
+    transaction by its request token, moto (and a retry after the token's 10 minutes) does
+    not: the second copy meets its own head and the step stands, not a ConflictError."""
+    client = make_client(dynamodb_endpoint, "us-east-1")
+    real = client.transact_write_items
+
+    def twice(**kwargs: Any) -> Any:
+        real(**kwargs)  # lands; its response is lost
+        return real(**kwargs)
+
+    client.transact_write_items = twice
+    t = uid()
+    with pk.connect(url, client=client) as store:
+        with pk.resume(t, store=store, state=Chat, busy=busy) as run:  # type: ignore[arg-type]
+            for i in range(5):
+                add(i)
+            assert run.state.items == [0, 1, 2, 3, 4]
+        steps = [c.step for c in store.history(t) if c.kind == "step"]
+        assert steps == ["add"] * 5, steps
+    client.close()
+
+
 def test_a_five_megabyte_value_round_trips(url: str) -> None:
     big = os.urandom(5 * 1024 * 1024)
     backend = open_backend(url)

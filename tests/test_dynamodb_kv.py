@@ -209,6 +209,7 @@ def _race(scope: str, jobs: list[tuple[DynamoBackend, list[str], str]], base: in
     """Start the batches at once (each key from ``base``); the tags of those that won."""
     barrier = threading.Barrier(len(jobs))
     won: list[str] = []
+    failed: list[BaseException] = []
 
     def race(b: DynamoBackend, keys: list[str], tag: str) -> None:
         barrier.wait()
@@ -217,12 +218,15 @@ def _race(scope: str, jobs: list[tuple[DynamoBackend, list[str], str]], base: in
             won.append(tag)
         except ConflictError:
             pass
+        except BaseException as exc:  # anything else fails the test, with its cause shown
+            failed.append(exc)
 
     threads = [threading.Thread(target=race, args=job) for job in jobs]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not failed, failed
     return won
 
 
@@ -244,6 +248,33 @@ def test_racing_batches_over_shared_keys_have_one_winner(url: str, scope: str) -
         assert len(won) == 1, won
         assert _state(a, scope, KEYS) == {(base + 1, won[0].encode())}
     a.close()
+    b.close()
+
+
+def test_a_batch_whose_requests_land_twice_commits_once(url: str, scope: str) -> None:
+    """A request that landed but whose response was lost is sent again by the client
+    (botocore's retries; DynamoDB dedupes a transaction by its token, moto does not): the
+    record's put and every mark transaction meet their own write, and the batch commits."""
+    b = _open(url)
+    client = b._client
+    sent: list[str] = []
+
+    def twice(name: str) -> Any:
+        real = getattr(client, name)
+
+        def call(**kwargs: Any) -> Any:
+            sent.append(name)
+            real(**kwargs)  # lands; its response is lost
+            return real(**kwargs)
+
+        return call
+
+    client.put_item = twice("put_item")
+    client.transact_write_items = twice("transact_write_items")
+    b.kv_write(scope, [KvOp(k, 0, b"once") for k in KEYS], keep=2)
+    assert sent.count("put_item") == 1 and sent.count("transact_write_items") >= 3
+    assert _state(b, scope, KEYS) == {(1, b"once")}
+    assert _records(b, scope) == ["committed"]
     b.close()
 
 

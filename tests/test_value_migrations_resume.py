@@ -95,11 +95,8 @@ def test_killed_v1_process_resumed_by_v2_process_at_every_position(
     for k, (code, counts, final) in enumerate(outcomes):
         assert code == -signal.SIGKILL, f"kill at {k}: exit code {code}"
         assert final["out"] == reference["out"] and final["state"] == reference["state"], f"kill at {k}"
+        # Step 1's recorded failure (kind "result") was handled by the agent: it is
+        # replayed, not run again, when step 2 dies in flight (tests/test_handled_failure.py).
         expected = {i: 2 if i == k else 1 for i in range(STEPS)}
-        if kind == "result" and k == 2:
-            # Step 1's recorded failure is the run's last record when step 2 dies in
-            # flight: persistkit cannot tell it from the failure that ended the attempt,
-            # so it runs again (tests/test_engine.py covers that rule).
-            expected[1] = 2
         assert dict(counts) == expected, f"kill at {k}: side effects {dict(counts)}"
         check_reads(final, kind)

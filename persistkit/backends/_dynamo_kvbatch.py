@@ -309,18 +309,21 @@ class DynamoKvBatch(DynamoCalls):
             if found != op.expected:
                 raise ConflictError(key=op.key, namespace=scope, expected=op.expected, found=found)
         bid = secrets.token_hex(12)
-        self._call(  # 2. the record
-            what,
-            "put_item",
-            Item={
-                "p": s(p),
-                "s": s("x!" + bid),
-                "st": s(PENDING),
-                "ts": n(int(time.time() * 1000)),
-                "nk": n(len(ops)),
-            },
-            ConditionExpression="attribute_not_exists(s)",
-        )
+        record = {
+            "p": s(p),
+            "s": s("x!" + bid),
+            "st": s(PENDING),
+            "ts": n(int(time.time() * 1000)),
+            "nk": n(len(ops)),
+        }
+        try:  # 2. the record; its id is fresh, so a failed condition is the client's retry of
+            # a put that had landed (its response lost)
+            self._client.put_item(
+                TableName=self._table, Item=record, ConditionExpression="attribute_not_exists(s)"
+            )
+        except Exception as exc:
+            if not is_code(exc, "ConditionalCheckFailedException"):
+                raise map_error(exc, what, self._table) from exc
         order = sorted(range(len(ops)), key=lambda i: segs[i])
         try:
             self._mark(p, scope, bid, [(ops[i], segs[i], packed[i]) for i in order])
@@ -402,6 +405,10 @@ class DynamoKvBatch(DynamoCalls):
                 self._transact(actions, f"writing keys of {scope!r}")
             except Exception as exc:
                 got = reasons(exc)
+                if any((r.get("Item") or {}).get("xb", {}).get("S") == bid for r in got):
+                    # our own mark: the client retried a transaction that had landed (its
+                    # response lost); all or nothing, so the whole group is held already
+                    continue
                 for j, i in enumerate(group):
                     if 2 * j < len(got) and got[2 * j].get("Code") == "ConditionalCheckFailed":
                         op, kseg = held[i][0], held[i][1]

@@ -29,7 +29,10 @@ that points at them in the transaction); blobs that do not fit in one transactio
 (100 actions, 4 MB) are written before it, so ``atomic_blobs`` is False.
 
 The transaction carries a client request token (botocore sets one per call), so
-botocore's retry of a write whose response was lost is idempotent. Throttling,
+botocore's retry of a write whose response was lost is idempotent; where it is not
+(moto ignores the token; DynamoDB keeps it 10 minutes) the copy is cancelled by its
+own head (``hc`` is this checkpoint, ``hv`` the new version) and the write stands, as a
+larger kv batch's copies of its record and marks do (``_dynamo_kvbatch``). Throttling,
 transaction conflicts and timeouts are ``BackendUnavailableError``, retried by
 ``persistkit._io``, which resolves an ambiguous write by reading the head back.
 """
@@ -145,6 +148,17 @@ def create_table(client: Any, table: str) -> bool:
         raise map_error(exc, f"waiting for table {table!r} to become active", table) from exc
     return True
 
+
+
+def _landed_before(exc: Exception, checkpoint_id: str, expected: int) -> bool:
+    """Whether a cancelled write transaction met its own head: the client sent it again
+    after it had landed (a lost response; DynamoDB dedupes by the request token, moto and
+    a retry past the token's 10 minutes do not), so the write stands."""
+    got = reasons(exc)
+    if len(got) < 2 or got[1].get("Code") != "ConditionalCheckFailed":
+        return False
+    head = got[1].get("Item") or {}
+    return text(head, "hc") == checkpoint_id and num(head, "hv") == expected + 1
 
 class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
     """Checkpoints in one DynamoDB table; see the module docstring for layout and guarantees."""
@@ -365,7 +379,8 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
         try:
             self._transact(actions, what)
         except Exception as exc:
-            raise self._refused(row, expected_version, fence, exc, row_chunks) from exc
+            if not _landed_before(exc, row.checkpoint_id, expected_version):
+                raise self._refused(row, expected_version, fence, exc, row_chunks) from exc
         return Head(row.checkpoint_id, expected_version + 1)
 
     def _refused(

@@ -122,7 +122,8 @@ def make_client(endpoint_url: str | None, region: str | None) -> Any:
 
 def create_table(client: Any, table: str) -> bool:
     """Create the store's table (on-demand capacity) and wait until it is active.
-    False when it existed already."""
+    False when it existed already (another process may be creating it: waited for too)."""
+    created = True
     try:
         client.create_table(
             TableName=table,
@@ -137,16 +138,16 @@ def create_table(client: Any, table: str) -> bool:
             BillingMode="PAY_PER_REQUEST",
         )
     except Exception as exc:
-        if is_code(exc, "ResourceInUseException"):
-            return False
-        raise map_error(exc, f"creating table {table!r}", table) from exc
+        if not is_code(exc, "ResourceInUseException"):
+            raise map_error(exc, f"creating table {table!r}", table) from exc
+        created = False
     try:
         client.get_waiter("table_exists").wait(
             TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
         )
     except Exception as exc:
         raise map_error(exc, f"waiting for table {table!r} to become active", table) from exc
-    return True
+    return created
 
 
 
@@ -235,14 +236,15 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
 
     def _ensure_table(self, create: bool) -> None:
         try:
-            self._client.describe_table(TableName=self._table)
-            return
+            described = self._client.describe_table(TableName=self._table)
+            if described.get("Table", {}).get("TableStatus", "ACTIVE") == "ACTIVE":
+                return
         except Exception as exc:
             if not is_code(exc, "ResourceNotFoundException"):
                 raise map_error(exc, f"describing table {self._table!r}", self._table) from exc
-        if not create:
-            raise missing_table(self._table)
-        create_table(self._client, self._table)
+            if not create:
+                raise missing_table(self._table) from None
+        create_table(self._client, self._table)  # creates it, or waits while it is created
 
     # -- plumbing ---------------------------------------------------------------------
 

@@ -20,7 +20,9 @@ store but ``memory://``; a store that does not cross processes runs every job
 inline, crashing by an exception). Class attributes choose the features
 (``combination_features``), modules that register more of them
 (``combination_modules``), the agent's length (``combination_steps``) and the
-number of jobs run at once (``combination_parallel``).
+number of jobs run at once (``combination_parallel``). ``combination_url(url, combo)``
+may give each combination its own store (default: all share ``persistkit_url``), for a
+store whose cost grows with what it holds.
 
 ``PERSISTKIT_MATRIX_ONLY=c2,c5`` (combination ids, as a failure report names
 them) runs only those combinations, to reproduce one failure quickly.
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,7 +49,13 @@ __all__ = ["CombinationConformance"]
 
 
 def _cases(
-    url: str, blob_url: str, root: Path, combos: list[tuple[str, ...]], steps: int, inline: bool
+    url: str,
+    blob_url: str,
+    root: Path,
+    combos: list[tuple[str, ...]],
+    steps: int,
+    inline: bool,
+    combo_url: Callable[[str, str], str] = lambda url, combo: url,
 ) -> list[Case]:
     tag = uuid.uuid4().hex[:10]
     only = {c.strip() for c in os.environ.get("PERSISTKIT_MATRIX_ONLY", "").split(",") if c.strip()}
@@ -69,7 +77,7 @@ def _cases(
                     features=combo,
                     thread=f"pk-matrix-{tag}-{case_id}",
                     dir=str(d),
-                    url=url,
+                    url=combo_url(url, cid),
                     blob_url=blob_url,
                     steps=steps,
                     crash_at=k,
@@ -186,6 +194,11 @@ class CombinationConformance:
         yield server
         server.close()
 
+    def combination_url(self, url: str, combo: str) -> str:
+        """The store URL of combination ``combo`` (``"c0"``, ``"c1"``...): ``url`` itself,
+        unless a subclass gives each combination its own store."""
+        return url
+
     def combination_names(self) -> list[str]:
         import importlib
         import importlib.util
@@ -213,7 +226,7 @@ class CombinationConformance:
         combos = design(self.combination_names())
         cases = _cases(
             persistkit_url, persistkit_blob_url, tmp_path / "matrix", combos, self.combination_steps,
-            inline=not persistkit_crosses_processes,
+            inline=not persistkit_crosses_processes, combo_url=self.combination_url,
         )
         plan = {
             "modules": list(self.combination_modules),

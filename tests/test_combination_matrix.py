@@ -9,8 +9,6 @@ framework is installed.
 import sys
 from pathlib import Path
 
-import pytest
-
 from persistkit.testing import CombinationConformance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "adapters"))

@@ -123,9 +123,14 @@ def save(out: Outcome, path: str) -> None:
 
 
 def save_given(given: Any, path: str) -> None:
-    """The step results a ``given`` child's steps return (pickle raises if one cannot go)."""
-    with open(path, "wb") as f:
-        pickle.dump(given, f)
+    """The step results a ``given`` child's steps return (pickle raises if one cannot go;
+    no file is left then)."""
+    try:
+        with open(path, "wb") as f:
+            pickle.dump(given, f)
+    except BaseException:
+        os.unlink(path)
+        raise
 
 
 def load(path: str) -> Any:

@@ -707,7 +707,6 @@ class _Matrix:
             try:
                 save_given(given, path + ".in")
             except Exception:  # a result pickle cannot carry to the child
-                os.path.exists(path + ".in") and os.unlink(path + ".in")
                 return ref, changed
             status = self.zygote.call(["given", self.pool.fresh_url(), path + ".out", path + ".in"], self.child_timeout)
             os.unlink(path + ".in")

@@ -1,10 +1,14 @@
 """Agents for the crash matrix's own tests (tests/test_crash_matrix.py): one without a
-defect, and one planted with each defect the matrix must name."""
+defect, and one planted with each defect the matrix must name. ``stamped=True`` makes
+each defect's agent first record a step that is not deterministic (``now``: the clock,
+read inside a step, recorded and replayed: not a defect), which must not hide the defect
+or be named as its cause."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 import persistkit as pk
@@ -37,6 +41,31 @@ def summarize(notes: list[str]) -> str:
     return " | ".join(notes)
 
 
+@pk.checkpointed
+def now() -> float:
+    return time.time()  # not deterministic, but inside a step: recorded, replayed on resume
+
+
+@pk.checkpointed
+def draft(topic: str) -> str:
+    return f"{topic} #{uuid.uuid4().hex[:8]}"  # a real model: another answer each time
+
+
+def stamp(run: Any, stamped: bool) -> None:
+    if stamped:
+        run.state["started_at"] = now()
+
+
+def recorded_nondeterminism(thread: str) -> str:
+    """No defect: the steps that are not deterministic are steps; what follows from their
+    results (the state, the next steps' arguments) follows from what the store recorded."""
+    with pk.resume(thread) as run:
+        stamp(run, True)
+        topic = draft("refunds")
+        run.state["notes"] = [search(q) for q in plan(topic, 2)]
+        return summarize([*run.state["notes"], str(run.state["started_at"])])
+
+
 def good(thread: str, steps: int = 4) -> str:
     """No defect: everything that differs from run to run is inside a step."""
     with pk.resume(thread) as run:
@@ -48,8 +77,9 @@ def good(thread: str, steps: int = 4) -> str:
         return reply
 
 
-def clock_between_steps(thread: str) -> str:
+def clock_between_steps(thread: str, stamped: bool = False) -> str:
     with pk.resume(thread) as run:
+        stamp(run, stamped)
         run.state["notes"] = []
         for q in plan("refunds", 3):
             run.state["notes"].append(search(q))
@@ -57,8 +87,9 @@ def clock_between_steps(thread: str) -> str:
         return summarize(run.state["notes"])
 
 
-def side_effect_outside_a_step(thread: str) -> str:
+def side_effect_outside_a_step(thread: str, stamped: bool = False) -> str:
     with pk.resume(thread) as run:
+        stamp(run, stamped)
         notes = [search(q) for q in plan("refunds", 3)]
         # the defect: the step runs in a thread the run's context did not follow: no run records it
         worker = threading.Thread(target=send_email, args=("ops@example.com", notes[0]))
@@ -68,8 +99,9 @@ def side_effect_outside_a_step(thread: str) -> str:
         return summarize(notes)
 
 
-def arguments_from_a_global(thread: str) -> str:
+def arguments_from_a_global(thread: str, stamped: bool = False) -> str:
     with pk.resume(thread) as run:
+        stamp(run, stamped)
         for q in plan("refunds", 3):
             search(q)
         # the defect: the argument comes from a global the (replayed, not run) step bodies fill
@@ -85,8 +117,9 @@ class Client:
         self.lock = threading.Lock()
 
 
-def unstorable_field(thread: str) -> str:
+def unstorable_field(thread: str, stamped: bool = False) -> str:
     with pk.resume(thread) as run:
+        stamp(run, stamped)
         run.state["client"] = Client()  # the defect: a live object in the state
         notes = [search(q) for q in plan("refunds", 2)]
         return summarize(notes)

@@ -1,5 +1,7 @@
 """The crash matrix (persistkit.testing.crash_matrix) on agents planted with each defect it
-must name, and on agents without one, in both modes; the pytest plugin as users see it."""
+must name (alone, and next to a step that is not deterministic, which is no defect and
+must not be named as the cause), and on agents without one, in both modes; the pytest
+plugin as users see it."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import asyncio
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -22,6 +23,8 @@ from persistkit.testing import CrashMatrixResult, crash_matrix
 pytest_plugins = ["pytester"]
 
 MODES = ["inline", "process"]
+# each defect alone, and after a recorded step that is not deterministic (agents.now)
+STAMPED = pytest.mark.parametrize("stamped", [False, True], ids=["alone", "stamped"])
 
 
 def run(agent: Callable[[str], Any], mode: str, tmp_path: Any, **options: Any) -> CrashMatrixResult:
@@ -32,6 +35,13 @@ def run(agent: Callable[[str], Any], mode: str, tmp_path: Any, **options: Any) -
 
 def kinds(result: CrashMatrixResult) -> set[str]:
     return {f.kind for f in result.findings}
+
+
+def blames_no_recorded_step(result: CrashMatrixResult) -> None:
+    """No finding blames the recorded step that is not deterministic (``agents.now``) or
+    its field (a crash point at that step may be named)."""
+    text = "\n".join(f.message for f in result.findings)
+    assert "`now`" not in text and "started_at" not in text, str(result)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -46,21 +56,25 @@ def test_an_agent_without_a_defect_passes_at_every_crash_point(mode: str, tmp_pa
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_clock_read_between_steps_is_named(mode: str, tmp_path: Any) -> None:
-    result = run(agents.clock_between_steps, mode, tmp_path)
+@STAMPED
+def test_clock_read_between_steps_is_named(mode: str, stamped: bool, tmp_path: Any) -> None:
+    result = run(lambda t: agents.clock_between_steps(t, stamped), mode, tmp_path)
     assert kinds(result) == {"state"}, str(result)
     (finding,) = result.findings
     assert "state.checked_at differs" in finding.message
     assert "code between steps read the clock" in finding.message
+    blames_no_recorded_step(result)
     result.assert_exactly_once()  # the clock changes the outcome, not how often a step ran
     with pytest.raises(AssertionError, match="code between steps read the clock"):
         result.assert_same_outcome()
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_side_effect_outside_a_step_is_named(mode: str, tmp_path: Any) -> None:
-    result = run(agents.side_effect_outside_a_step, mode, tmp_path)
+@STAMPED
+def test_side_effect_outside_a_step_is_named(mode: str, stamped: bool, tmp_path: Any) -> None:
+    result = run(lambda t: agents.side_effect_outside_a_step(t, stamped), mode, tmp_path)
     assert kinds(result) == {"ran-twice"}, str(result)
+    blames_no_recorded_step(result)
     (finding,) = result.findings
     assert finding.message.startswith(
         "step `send_email` ran twice (once in the uncrashed run): its side effect happened outside a step"
@@ -72,13 +86,15 @@ def test_side_effect_outside_a_step_is_named(mode: str, tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_arguments_from_an_unstored_global_are_named(mode: str, tmp_path: Any) -> None:
-    result = run(agents.arguments_from_a_global, mode, tmp_path)
+@STAMPED
+def test_arguments_from_an_unstored_global_are_named(mode: str, stamped: bool, tmp_path: Any) -> None:
+    result = run(lambda t: agents.arguments_from_a_global(t, stamped), mode, tmp_path)
     assert "arguments" in kinds(result), str(result)
-    first = result.findings[0]
-    assert first.message.startswith("the arguments of step `summarize` at position 4")
+    blames_no_recorded_step(result)
+    first, at = result.findings[0], 4 + stamped
+    assert first.message.startswith(f"the arguments of step `summarize` at position {at}")
     assert (
-        "at position 4 differ on replay: they depend on something that is not in the state"
+        f"at position {at} differ on replay: they depend on something that is not in the state"
         in first.message
     )
     # the outcome differences say where they come from
@@ -92,9 +108,11 @@ def test_arguments_from_an_unstored_global_are_named(mode: str, tmp_path: Any) -
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_an_unstorable_state_field_is_named(mode: str, tmp_path: Any) -> None:
-    result = run(agents.unstorable_field, mode, tmp_path)
+@STAMPED
+def test_an_unstorable_state_field_is_named(mode: str, stamped: bool, tmp_path: Any) -> None:
+    result = run(lambda t: agents.unstorable_field(t, stamped), mode, tmp_path)
     assert kinds(result) == {"unstorable"}, str(result)
+    blames_no_recorded_step(result)
     assert (
         "state field `client` cannot be stored (it holds a crash_matrix_agents.Client)"
         in result.findings[0].message
@@ -123,23 +141,6 @@ def test_arguments_that_differ_between_two_uncrashed_runs_name_the_clock(tmp_pat
     text = str(result)
     assert "the arguments of step" in text and "differ between two uncrashed runs" in text
     assert "code between steps read the clock" in text
-
-
-def test_a_step_that_is_not_deterministic_is_named(tmp_path: Any) -> None:
-    calls = iter(range(10**6))
-
-    @pk.checkpointed
-    def draft(topic: str) -> str:
-        return f"{topic} #{next(calls)}"  # a model that answers differently each time
-
-    def agent() -> str:
-        with pk.resume(thread) as run:
-            run.state["draft"] = draft("refund")
-            return str(run.state["draft"])
-
-    thread = uid("cm")
-    result = crash_matrix(agent)
-    assert "returned" in str(result) and "the step is not deterministic" in str(result)
 
 
 def test_the_agent_may_take_the_store(tmp_path: Any) -> None:
@@ -332,25 +333,16 @@ def test_a_retried_step_in_flight_may_run_all_its_attempts_again(mode: str, tmp_
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_step_that_is_not_deterministic_is_one_finding_per_difference(
-    mode: str, tmp_path: Any
-) -> None:
-    thread = uid("cm-nds")
-
-    @pk.checkpointed
-    def draft(topic: str) -> str:
-        return f"{topic} #{uuid.uuid4().hex[:8]}"  # a model answering differently each time
-
-    def agent() -> list[str]:
-        with pk.resume(thread) as run:
-            run.state["drafts"] = [draft("refund")]
-            return list(run.state["drafts"])
-
-    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))
-    assert kinds(result) == {"value", "state"}, str(result)
-    # grouped across the three points of the step, in both modes; the path reads as Python
-    assert [len(f.points) for f in result.findings] == [3, 3], str(result)
-    assert "the return value[0] differs" in result.findings[0].message
+def test_a_step_that_is_not_deterministic_but_recorded_passes(mode: str, tmp_path: Any) -> None:
+    # `now` (the clock) and `draft` (a model) return something else each run, and `plan`'s
+    # arguments follow from `draft`'s answer: inside steps, so recorded and replayed. A resume
+    # after the crash of a run whose `now` had committed ends with that run's time, not the
+    # uncrashed run's, as it should (process mode named that "code between steps read the
+    # clock"); one that runs `draft` again goes on with its new answer.
+    result = run(agents.recorded_nondeterminism, mode, tmp_path)
+    assert result.ok and len(result.points) == 3 * 6, str(result)
+    result.assert_exactly_once()
+    result.assert_same_outcome()
 
 
 def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:

@@ -12,18 +12,20 @@ pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
 from ._crash_report import Outcome
-from ._crash_watch import wait_child
+from ._crash_watch import UNCARRIED, Key, wait_child
 
-__all__ = ["Opaque", "Zygote", "load", "save"]
+__all__ = ["Opaque", "Zygote", "load", "read_events", "save", "save_given"]
 
 
 class Zygote:
@@ -120,7 +122,40 @@ def save(out: Outcome, path: str) -> None:
         pickle.dump(fixed, f)
 
 
-def load(path: str) -> Outcome:
+def save_given(given: Any, path: str) -> None:
+    """The step results a ``given`` child's steps return (pickle raises if one cannot go;
+    no file is left then)."""
+    try:
+        with open(path, "wb") as f:
+            pickle.dump(given, f)
+    except BaseException:
+        os.unlink(path)
+        raise
+
+
+def load(path: str) -> Any:
     with open(path, "rb") as f:
-        out: Outcome = pickle.load(f)
-    return out
+        return pickle.load(f)
+
+
+def read_events(path: str) -> tuple[dict[Key, int], dict[str, int], dict[Key, tuple[str, Any]]]:
+    """What a killed child's watch logged: body runs per step key, runs outside any run per
+    step name, and each step's arguments digest and result (the last per key; the result
+    ``UNCARRIED`` when pickle could not carry it)."""
+    counts: Counter[Key] = Counter()
+    plain: Counter[str] = Counter()
+    results: dict[Key, tuple[str, Any]] = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if parts[0] == "run" and len(parts) == 6:
+                counts[(parts[1], parts[2], parts[3], parts[4])] += 1
+            elif parts[0] == "plain" and len(parts) == 2:
+                plain[parts[1]] += 1
+            elif parts[0] == "result" and len(parts) == 7:
+                try:
+                    value = pickle.loads(base64.b64decode(parts[6])) if parts[6] != "-" else UNCARRIED
+                except Exception:
+                    value = UNCARRIED
+                results[(parts[1], parts[2], parts[3], parts[4])] = (parts[5], value)
+    return dict(counts), dict(plain), results

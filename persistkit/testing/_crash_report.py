@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "Outcome", "clock_like", "describe_diff", "first_difference", "short"]
+__all__ = [
+    "Finding",
+    "Outcome",
+    "cause_of",
+    "clock_like",
+    "describe_diff",
+    "first_difference",
+    "short",
+]
 
 #: Kinds of finding, and which assertion reports them.
 EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable", "no-steps")
@@ -149,3 +157,41 @@ def describe_diff(what: str, ref: Any, got: Any) -> str:
     path, a, b = found
     where = f"{what}{'.' + path if path and not path.startswith((' ', '[')) else path}"
     return f"{where} differs: uncrashed run {short(a)}, after the crash {short(b)}"
+
+
+def cause_of(
+    names: Mapping[Any, str], ref: Outcome, got: Outcome, changed: Mapping[Any, Any]
+) -> tuple[Callable[[Any, Any], str], str | None]:
+    """The likely cause of a difference between the outcome ``ref`` a resume should have
+    ended with and the one it ended with, ``got``; and what groups its findings across crash
+    points (the step whose arguments moved or whose result changed; None: the cause's text).
+    ``changed``: the step results the resumed outcome rests on (what the killed run recorded,
+    what the resume ran again) that differ from ``ref``'s, when the matrix could not make an
+    uncrashed run rest on them too (``ref`` is then the uncrashed run)."""
+    moved = [k for k, d in got.digests.items() if k in ref.digests and d != ref.digests[k]]
+    rerun = list(changed)
+
+    def cause(a: Any, b: Any) -> str:
+        if moved:
+            k = moved[0]
+            return (
+                f"it follows from the arguments of step `{names.get(k, '?')}` at position {k[2]}, "
+                "which differ on replay (see that finding)"
+            )
+        if rerun:
+            k = rerun[0]
+            return (
+                f"step `{names.get(k, '?')}` at position {k[2]} returned {short(changed[k], 60)} after the crash "
+                f"(in the run that crashed or in its resume), {short(ref.results.get(k), 60)} in the uncrashed run: "
+                "the step is not deterministic (a clock, a random choice or a real model inside it), and an "
+                "uncrashed run given that result could not be made to compare with; give the matrix a fake model"
+            )
+        if differs_by_clock(a, b):
+            return "code between steps read the clock: every resume reads it again; read it inside a step, whose result is recorded"
+        return (
+            "code between steps is not deterministic or reads something that is not in the state (a global, "
+            "a cache, a random choice, a set's order): make it a step, or keep what it needs in run.state"
+        )
+
+    tag = f"arguments {moved[0]}" if moved else f"result {rerun[0]}" if rerun else None
+    return cause, tag

@@ -9,7 +9,10 @@ of the step: ``before`` (the engine decided to run the body: nothing of the step
 written), ``inside`` (the body ran: its side effects happened, its result never reached
 the engine) and ``after`` (the body returned and the engine is about to write its
 checkpoint: the write never lands). A step called where no run is current (another
-thread, code after the block) is counted by name: it is recorded nowhere.
+thread, code after the block) is counted by name: it is recorded nowhere. ``forced``
+(step key -> its name and a result) makes a watched body return that result instead of
+its own (the body still runs): the uncrashed run the matrix compares a resume with when
+a step that is not deterministic returned something else after the crash.
 
 :class:`RecordingStore` is the ``pk.Store`` the agent is given: it logs every checkpoint
 write that lands, in order, so that "what a process dying at this point leaves in the
@@ -19,7 +22,10 @@ store" is a prefix of the log (:meth:`RecordingStore.materialize`), and it passe
 
 from __future__ import annotations
 
+import base64
+import copy
 import os
+import pickle
 import select
 import signal
 import time
@@ -34,6 +40,7 @@ from ..engine import _context
 from ..engine._store import Store
 
 __all__ = [
+    "UNCARRIED",
     "Crash",
     "Point",
     "RecordingStore",
@@ -75,6 +82,9 @@ class Point:
     counts: Mapping[Key, int] = field(default_factory=dict)  # body runs so far
     plain: Mapping[str, int] = field(default_factory=dict)  # runs outside any run so far
     committed: frozenset[Key] = frozenset()
+    # process mode: the steps that committed in the killed run: their arguments' digest and
+    # result (UNCARRIED: pickle could not carry it)
+    results: Mapping[Key, tuple[str, Any]] = field(default_factory=dict)
 
     def label(self) -> str:
         where = {"before": "before", "inside": "inside", "after": "after"}[self.when]
@@ -94,6 +104,23 @@ class StepCall:
     returned: bool = False
 
 
+#: A step result the killed child could not pickle (process mode's event log).
+UNCARRIED = object()
+
+#: Result types kept as they are (no copy): nothing can change them after the body returned.
+_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _kept(value: Any) -> Any:
+    """``value`` as it was when the body returned, whatever the agent does to it later."""
+    if type(value) in _ATOMS:
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value
+
+
 class Watch:
     """The matrix's view of one agent call (see the module docstring).
 
@@ -101,9 +128,13 @@ class Watch:
     the process, or record the point and return."""
 
     def __init__(
-        self, on_point: Callable[[Point], None] | None = None, events_fd: int | None = None
+        self,
+        on_point: Callable[[Point], None] | None = None,
+        events_fd: int | None = None,
+        forced: Mapping[Key, tuple[str, Any]] | None = None,
     ) -> None:
         self.on_point = on_point
+        self.forced = forced  # step key -> (name, the result its body returns instead)
         self.events_fd = events_fd  # process mode: each body start is written here as it happens
         self.counts: Counter[Key] = Counter()
         self.plain_counts: Counter[str] = Counter()
@@ -201,7 +232,18 @@ class Watch:
         return copy
 
     def _returned(self, call: StepCall, index: int, result: Any) -> Any:
-        call.result, call.returned = result, True
+        if self.forced is not None:
+            given = self.forced.get(call.key)
+            if given is not None and given[0] == call.step:
+                result = _kept(given[1])
+        call.result, call.returned = _kept(result), True
+        if self.events_fd is not None:  # process mode: what the killed run's step returned
+            try:
+                data = base64.b64encode(pickle.dumps(call.result)).decode()
+            except Exception:
+                data = "-"
+            k = call.key
+            self._event(f"result\t{k[0]}\t{k[1]}\t{k[2]}\t{k[3]}\t{call.digest}\t{data}\n")
         self.point(index, "inside", call.key, call.step)
         self._wrote_next(index, call.key, call.step)
         return result

@@ -45,7 +45,6 @@ import shutil
 import signal
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,18 +53,20 @@ from .._errors import ConfigurationError, NonDeterminismError, SerializationErro
 from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
-from ._crash_fork import Zygote, load, save
+from ._crash_fork import Zygote, load, read_events, save, save_given
 from ._crash_report import (
     EXACTLY_ONCE,
     SAME_OUTCOME,
     Finding,
     Outcome,
+    cause_of,
     describe_diff,
     differs_by_clock,
     first_difference,
     short,
 )
 from ._crash_watch import (
+    UNCARRIED,
     WHENS,
     Key,
     Point,
@@ -315,6 +316,7 @@ class _Matrix:
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
         self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
         self.zygote: Zygote | None = None
+        self.last: tuple[Outcome | None, tuple[Outcome, dict[Key, Any]]] = (None, (Outcome(), {}))
 
     def note(
         self, kind: str, message: str, point: str | None = None, group: str | None = None
@@ -363,7 +365,8 @@ class _Matrix:
         self._unstorable(store_a, watch_a)
         chosen = self._sample(chosen)
         snapshot = Snapshot(store_a, set(watch_a.runs)) if self.mode == "inline" else None
-        watch_b = Watch()
+        # its steps return what the first run's did: arguments that still differ come from code between steps
+        watch_b = Watch(forced=self._given({c.key: c.result for c in watch_a.calls if c.returned}))
         second = call_agent(self.agent, self.takes_store, self.pool.fresh(), watch_b)
         self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
         if self.mode == "inline":
@@ -530,7 +533,7 @@ class _Matrix:
         )
         events, outcome = base + ".log", base + ".pickle"
         status = self.zygote.call(["crash", p.index, p.when, url, events], self.child_timeout)
-        counts, plain = _read_events(events)
+        counts, plain, results = read_events(events)
         os.unlink(events)
         if status < 0:
             self._stuck("running the agent to this crash point", p)
@@ -553,7 +556,9 @@ class _Matrix:
                         (*chain, str(cp.position), watch.ordinal(*chain, cp.run_id or ""))
                     )
         store.close()
-        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed))
+        # what the resume replays: the results the killed run's steps committed, with their arguments
+        kept = {k: results[k] for k in committed if k in results}
+        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed), kept)
         status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]], self.child_timeout)
         if status < 0:
             self._stuck("resuming the run", p)
@@ -582,7 +587,14 @@ class _Matrix:
 
     def _child(self, command: list[Any]) -> None:
         """Process mode, in a fresh child of the zygote: ``crash`` runs the agent on a fresh
-        store and dies at the point; ``resume`` resumes it and leaves its outcome in a file."""
+        store and dies at the point; ``resume`` resumes it and leaves its outcome in a file;
+        ``given`` runs it uncrashed, its steps returning the results in a file (``_expected``)."""
+        if command[0] == "given":
+            _, url, path, given = command
+            store = connect(url)
+            save(call_agent(self.agent, self.takes_store, store, Watch(forced=load(given))), path)
+            store.close()
+            return
         if command[0] == "crash":
             _, index, when, url, events = command
             fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
@@ -611,10 +623,11 @@ class _Matrix:
         if got.error is not None:
             self._resume_error(got.error, label)
             return
+        ref, changed = self._expected(p, ref, got)
         for key, digest in got.digests.items():
             if key in ref.digests and digest != ref.digests[key]:
                 self._arguments(self.names.get(key, "?"), key[2], label)
-        cause, tag = self._cause(ref, got)
+        cause, tag = cause_of(self.names, ref, got, changed)
         if not _same(ref.value, got.value):
             what, why = (
                 describe_diff("the return value", ref.value, got.value),
@@ -646,6 +659,65 @@ class _Matrix:
                     f"after the crash `{two[1]}` at {two[0]} ({len(sa)} and {len(sb)} step checkpoints)",
                     label,
                 )
+
+    def _expected(self, p: Point, ref: Outcome, got: Outcome) -> tuple[Outcome, dict[Key, Any]]:
+        """The outcome the resume ``got`` should have ended with, and the step results it
+        rests on that differ from the uncrashed run's (empty when accounted for).
+
+        A step that is not deterministic (the clock or a model inside it) is no defect: its
+        result is recorded and replayed. A resume rests on the results the killed run recorded
+        (process mode: its own; inline: the uncrashed run's, which it is) and on those of the
+        steps it ran again; when one differs from the uncrashed run's for the same arguments
+        (process mode used to blame that on code between steps), the resume is compared
+        with an uncrashed run whose step bodies return the results the resume rests on — any
+        difference left has another cause."""
+        results = ref.results
+        if not any(k in results and not _same(results[k], r) for k, r in got.results.items()) and not any(
+            k in results and not _same(results[k], r) for k, (_, r) in p.results.items()
+        ):
+            return ref, {}  # the common case: every step returned what it did uncrashed
+        if not p.results and self.last[0] is got:  # inline: the points of one step share a resume
+            return self.last[1]
+        self.last = (got, self._rebased(p, ref, got))
+        return self.last[1]
+
+    def _rebased(self, p: Point, ref: Outcome, got: Outcome) -> tuple[Outcome, dict[Key, Any]]:
+        digests, moved = ref.digests, set()
+        basis = {}
+        for k, (d, r) in [*((k, (got.digests.get(k), r)) for k, r in got.results.items()), *p.results.items()]:
+            if d == digests.get(k):
+                basis[k] = r
+            else:  # called with other arguments: what it returns for them is not this case
+                moved.add(k)
+        changed = {
+            k: r for k, r in basis.items() if k in ref.results and not _same(ref.results[k], r)
+        }
+        if not changed or any(r is UNCARRIED for r in changed.values()):
+            return ref, changed
+        # the steps return what the resume rests on; those whose arguments moved run
+        given = self._given({**{k: r for k, r in ref.results.items() if k not in moved}, **basis})
+        if self.mode == "inline":
+            store = self.pool.fresh()
+            expected = call_agent(self.agent, self.takes_store, store, Watch(forced=given))
+            store.close()
+            self.pool.open.remove(store)
+        else:
+            assert self.zygote is not None
+            path = os.path.join(self.pool.dir or tempfile.gettempdir(), f"given-{os.getpid()}-{p.index}-{p.when}")
+            try:
+                save_given(given, path + ".in")
+            except Exception:  # a result pickle cannot carry to the child
+                return ref, changed
+            status = self.zygote.call(["given", self.pool.fresh_url(), path + ".out", path + ".in"], self.child_timeout)
+            os.unlink(path + ".in")
+            if status < 0 or not os.path.exists(path + ".out"):
+                return ref, changed
+            expected = load(path + ".out")
+            os.unlink(path + ".out")
+        return (ref, changed) if expected.error is not None else (expected, {})
+
+    def _given(self, results: Mapping[Key, Any]) -> dict[Key, tuple[str, Any]]:
+        return {k: (self.names[k], r) for k, r in results.items() if k in self.names}
 
     def _counts(self, p: Point, ref: Outcome, got: Outcome, label: str) -> None:
         for key in sorted(set(ref.counts) | set(got.counts) | set(p.counts)):
@@ -703,38 +775,6 @@ class _Matrix:
             label,
         )
 
-    def _cause(self, ref: Outcome, got: Outcome) -> tuple[Callable[[Any, Any], str], str | None]:
-        """The likely cause of a difference, and what groups its findings across crash points
-        (the step whose arguments moved or whose result changed; None: the cause's text)."""
-        moved = [k for k, d in got.digests.items() if k in ref.digests and d != ref.digests[k]]
-        rerun = [
-            k for k in got.results if k in ref.results and not _same(ref.results[k], got.results[k])
-        ]
-
-        def cause(a: Any, b: Any) -> str:
-            if moved:
-                k = moved[0]
-                return (
-                    f"it follows from the arguments of step `{self.names.get(k, '?')}` at position {k[2]}, "
-                    "which differ on replay (see that finding)"
-                )
-            if rerun:
-                k = rerun[0]
-                return (
-                    f"step `{self.names.get(k, '?')}` at position {k[2]} returned {short(got.results[k], 60)} when it ran "
-                    f"again after the crash, {short(ref.results[k], 60)} in the uncrashed run: the step is not "
-                    "deterministic (a clock, a random choice or a real model inside it); give the matrix a fake model"
-                )
-            if differs_by_clock(a, b):
-                return "code between steps read the clock: every resume reads it again; read it inside a step, whose result is recorded"
-            return (
-                "code between steps is not deterministic or reads something that is not in the state (a global, "
-                "a cache, a random choice, a set's order): make it a step, or keep what it needs in run.state"
-            )
-
-        tag = f"arguments {moved[0]}" if moved else f"result {rerun[0]}" if rerun else None
-        return cause, tag
-
 
 def _explicit(positions: int | Iterable[int] | None) -> bool:
     return positions is not None and not isinstance(positions, int)
@@ -756,16 +796,3 @@ def _times(n: int) -> str:
 
 def _fields(state: Any) -> Any:
     return state.model_dump() if hasattr(state, "model_dump") else state
-
-
-def _read_events(path: str) -> tuple[dict[Key, int], dict[str, int]]:
-    counts: Counter[Key] = Counter()
-    plain: Counter[str] = Counter()
-    with open(path) as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            if parts[0] == "run" and len(parts) == 6:
-                counts[(parts[1], parts[2], parts[3], parts[4])] += 1
-            elif parts[0] == "plain" and len(parts) == 2:
-                plain[parts[1]] += 1
-    return dict(counts), dict(plain)

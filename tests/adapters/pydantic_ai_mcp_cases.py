@@ -21,7 +21,14 @@ from typing import Any
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import MCP, Capability, DynamicCapability, Toolset
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UserError
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai_mcp_worker import PLAN, effect, make_agent, mcp_toolset, scripted
 
@@ -129,6 +136,36 @@ async def case_get_tools_recorded_independently_per_run(store: pk.Store, d: Path
         names = steps(store, t)
         assert names[0] == "mcp_agent__mcp_server__tests.get_tools", names
         assert names.count("mcp_agent__mcp_server__tests.get_tools") == 1, names
+
+
+@case
+async def case_structured_and_image_results_replay(store: pk.Store, d: Path) -> None:
+    """A structured MCP result and an image cross the step as JSON: the replay (a cold agent,
+    the results read back from the store) gives the model the same values."""
+    seen: list[list[Any]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        results = [p.content for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if not results:
+            calls = [ToolCallPart("data", {"n": 3}, tool_call_id="d"), ToolCallPart("picture", {}, tool_call_id="p")]
+            return ModelResponse(parts=calls)
+        seen.append(results)
+        return ModelResponse(parts=[TextPart("done")])
+
+    def build() -> Agent[None, str]:
+        return Agent(FunctionModel(model), name="results", toolsets=[mcp_toolset(d)], capabilities=[PersistkitDurability()])
+
+    t = thread()
+    async with pk.resume(t, store=store) as run:
+        assert (await build().run("go")).output == "done"
+    async with pk.resume(t, store=store, run_id=run.run_id):
+        assert (await build().run("go")).output == "done"
+    assert effects(d).count("mcp:data") == effects(d).count("mcp:picture") == 1, effects(d)
+    assert len(seen) == 1, "the replay called the model"
+    [[structured, image]] = seen
+    assert structured == {"n": 3, "items": ["a", "b"], "nested": {"ok": True}}, structured
+    assert isinstance(image, BinaryContent) and image.data == b"\x89PNG\r\n\x1a\n", image
+    assert steps(store, t).count("results__mcp_server__tests.call_tool") == 2, steps(store, t)
 
 
 def always_fail(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

@@ -5,6 +5,7 @@ with its own environment). Every tool call and tool listing appends ``begin`` an
 lines to the file ``PK_MCP_EFFECTS`` names (side effects persistkit does not know about):
 
 * ``record(n)`` — ``mcp:<n> begin`` / ``mcp:<n> done``, returns ``mcp <n> ok``;
+* ``data(n)`` / ``picture()`` — a structured result and an image (``mcp:data`` / ``mcp:picture``);
 * ``fail()`` — always a tool error (``mcp:fail``), so the agent's retry budget ends the run;
 * a tool listing (discovery) — ``discovery begin`` / ``discovery done``;
 * the server's start — ``server start``.
@@ -16,6 +17,7 @@ server exits without writing ``done``.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 from collections.abc import Sequence
@@ -24,6 +26,7 @@ from typing import Any
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp.types import ImageContent
 
 
 def effect(line: str) -> None:
@@ -59,6 +62,20 @@ async def record(n: int) -> str:
     begin(f"mcp:{n}")
     effect(f"mcp:{n} done")
     return f"mcp {n} ok"
+
+
+@server.tool()
+async def data(n: int) -> dict[str, Any]:
+    """A structured result."""
+    effect("mcp:data")
+    return {"n": n, "items": ["a", "b"], "nested": {"ok": True}}
+
+
+@server.tool()
+async def picture() -> ImageContent:
+    """An image result."""
+    effect("mcp:picture")
+    return ImageContent(type="image", data=base64.b64encode(b"\x89PNG\r\n\x1a\n").decode(), mimeType="image/png")
 
 
 @server.tool()

@@ -41,7 +41,7 @@ an MCP toolset contributed by a capability and one built by a ``DynamicCapabilit
 (``test_dbos_durability_wraps_capability_contributed_mcp_toolset``,
 ``..._dynamic_capability_mcp_runs_in_steps``); a runtime MCP toolset refused in ``run`` and
 ``iter`` inside a run, working outside (``test_dbos_durability_rejects_runtime_mcp_toolset``,
-``..._in_iter``).
+``..._in_iter``). Plus one of our own: a structured result and an image replayed from the store.
 
 Not applicable, and why:
 
@@ -105,6 +105,7 @@ CASES = [
     "mcp_and_function_tool_calls_in_parallel",
     "mcp_tools_not_cached_when_disabled",
     "get_tools_recorded_independently_per_run",
+    "structured_and_image_results_replay",
     "mcp_tool_error_uses_agent_retries_and_replays",
     "mcp_instructions_are_a_step",
     "idless_and_duplicate_mcp_toolsets_refused",

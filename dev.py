@@ -14,6 +14,7 @@ other arguments go to every script run (``python3 dev.py bench servers --rounds 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -25,6 +26,13 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
+#: The MCP side of tests/adapters/test_pydantic_ai_mcp.py, outside the venv's own packages:
+#: pydantic-ai-slim's ``MCPToolset`` needs fastmcp, fastmcp 4 needs mcp>=2, and crewai (the
+#: ``all`` extra) pins mcp<2. ``pip install --target`` puts what these pins need beyond the
+#: venv into MCP_TARGET; the test's subprocess puts it first on PYTHONPATH (the test finds
+#: it as ``<venv>/mcp-target``).
+MCP_PINS = ("fastmcp==4.2.3", "mcp==2.3.0")
+MCP_TARGET = VENV / "mcp-target"
 
 
 def sh(*cmd: str | Path, check: bool = True) -> int:
@@ -64,6 +72,39 @@ def ensure_core() -> None:
     stamp.write_text(want)
 
 
+def ensure_mcp_target() -> None:
+    """Install ``MCP_PINS`` into ``MCP_TARGET`` when missing or when the pins or the venv
+    (pyproject.toml) changed: only what they need beyond the venv (pip resolves them against
+    it, then installs that list, exact versions, without dependencies, into a fresh
+    directory). A failure is reported, not fatal: the test then says ``mcp`` is unavailable
+    (a failure where PERSISTKIT_REQUIRE names it)."""
+    stamp = VENV / ".installed-mcp-target"
+    want = hashlib.sha256("\n".join([*MCP_PINS, (ROOT / "pyproject.toml").read_text()]).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want and MCP_TARGET.is_dir():
+        return
+    print("+ installing", " ".join(MCP_PINS), "into", MCP_TARGET, flush=True)
+    plan = subprocess.run(
+        [str(PY), "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *MCP_PINS],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    try:
+        needed = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in json.loads(plan.stdout)["install"]]
+    except (ValueError, KeyError, TypeError):
+        print(f"{' '.join(MCP_PINS)} could not be resolved: tests/adapters/test_pydantic_ai_mcp.py reports "
+              f"mcp unavailable\n{plan.stderr[-2000:]}", flush=True)
+        return
+    fresh = MCP_TARGET.with_name(MCP_TARGET.name + ".new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    if sh(PY, "-m", "pip", "install", "--quiet", "--no-deps", "--target", fresh, *needed, check=False):
+        print("the MCP target could not be installed: tests/adapters/test_pydantic_ai_mcp.py reports "
+              "mcp unavailable", flush=True)
+        shutil.rmtree(fresh, ignore_errors=True)
+        return
+    shutil.rmtree(MCP_TARGET, ignore_errors=True)
+    fresh.rename(MCP_TARGET)
+    stamp.write_text(want)
+
+
 def demo() -> int:
     # The demo is SQLite only: the core dependencies are all it needs (installing every
     # framework extra took ~60 s of a first run). Running the checkout from PYTHONPATH
@@ -99,6 +140,7 @@ def ensure_chromium() -> None:
 def test(args: list[str]) -> int:
     ensure_venv("all,test")
     ensure_chromium()
+    ensure_mcp_target()
     # The coverage-guided fuzzer where a wheel exists; without it the fuzz tests
     # still run on hypothesis and the atheris run is skipped (and says so).
     if not (VENV / ".atheris-tried").exists():

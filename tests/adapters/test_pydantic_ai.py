@@ -11,11 +11,10 @@ and answered from another process; plus what DBOS does not have: conversation me
 
 Not applicable, and why:
 
-* MCP tools: the pinned release's ``MCPToolset`` needs ``fastmcp``, which needs
-  ``mcp>=2``; ``openai-agents`` and ``crewai`` (the other adapters, same environment)
-  need ``mcp<2``. The capability wraps MCP toolsets like DBOS does (each ``call_tool``,
-  ``get_tools`` and ``get_instructions`` a step; ``enter-in-durable-unit``) but no test
-  here runs one.
+* MCP tools: the pinned release's ``MCPToolset`` needs ``fastmcp``, whose 4.x needs
+  ``mcp>=2``, while ``crewai`` (same environment) pins ``mcp<2``. They are ported in
+  ``test_pydantic_ai_mcp.py``, which runs them in subprocesses under a separate
+  ``pip install --target`` directory of fastmcp and mcp>=2 (``python3 dev.py test`` makes it).
 * Recorded VCR cassettes and ``OpenAIChatModel``: the tests run offline with
   ``TestModel`` / ``FunctionModel`` instead (the cassettes need network-shaped models).
 * DBOS-specific cases: ``DBOSAgent`` (the deprecated wrapper), legacy workflows,

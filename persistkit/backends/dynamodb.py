@@ -150,7 +150,6 @@ def create_table(client: Any, table: str) -> bool:
     return created
 
 
-
 def _landed_before(exc: Exception, checkpoint_id: str, expected: int) -> bool:
     """Whether a cancelled write transaction met its own head: the client sent it again
     after it had landed (a lost response; DynamoDB dedupes by the request token, moto and
@@ -160,6 +159,7 @@ def _landed_before(exc: Exception, checkpoint_id: str, expected: int) -> bool:
         return False
     head = got[1].get("Item") or {}
     return text(head, "hc") == checkpoint_id and num(head, "hv") == expected + 1
+
 
 class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
     """Checkpoints in one DynamoDB table; see the module docstring for layout and guarantees."""

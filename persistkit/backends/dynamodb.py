@@ -150,15 +150,22 @@ def create_table(client: Any, table: str) -> bool:
     return created
 
 
-def _landed_before(exc: Exception, checkpoint_id: str, expected: int) -> bool:
-    """Whether a cancelled write transaction met its own head: the client sent it again
+def _landed_before(exc: Exception, row: Mapping[str, Any], expected: int) -> bool:
+    """Whether a cancelled write transaction met its own write: the client sent it again
     after it had landed (a lost response; DynamoDB dedupes by the request token, moto and
-    a retry past the token's 10 minutes do not), so the write stands."""
+    a retry past the token's 10 minutes do not), so the write stands. Its own: the row
+    item at its key holds this payload (a chunked one: this write's chunk nonce), and the
+    head is that row at the version this write made. Another writer of the same id with
+    other bytes is a conflict."""
     got = reasons(exc)
-    if len(got) < 2 or got[1].get("Code") != "ConditionalCheckFailed":
+    if len(got) < 2 or any(r.get("Code") != "ConditionalCheckFailed" for r in got[:2]):
         return False
-    head = got[1].get("Item") or {}
-    return text(head, "hc") == checkpoint_id and num(head, "hv") == expected + 1
+    found, head = got[0].get("Item") or {}, got[1].get("Item") or {}
+    return (
+        found.get("v") == row["v"]
+        and text(head, "hc") == text(row, "cid")
+        and num(head, "hv") == expected + 1
+    )
 
 
 class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
@@ -319,6 +326,7 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
                     "TableName": self._table,
                     "Item": item,
                     "ConditionExpression": "attribute_not_exists(s)",
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                 }
             }
         )
@@ -381,7 +389,7 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
         try:
             self._transact(actions, what)
         except Exception as exc:
-            if not _landed_before(exc, row.checkpoint_id, expected_version):
+            if not _landed_before(exc, item, expected_version):
                 raise self._refused(row, expected_version, fence, exc, row_chunks) from exc
         return Head(row.checkpoint_id, expected_version + 1)
 

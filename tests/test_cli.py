@@ -93,8 +93,8 @@ def test_namespaced_threads_are_listed_and_readable(agent_store: str, tmp_path: 
     hist = cli("history", "--url", agent_store, "--namespace", "lg:c:", "graph-thread", cwd=tmp_path)
     assert hist.returncode == 0 and "end" in hist.stdout
     rows = json.loads(cli("history", "--url", agent_store, "--json", "thread-42", cwd=tmp_path).stdout)
-    assert rows[0]["kind"] == "end" and rows[0]["run status"] == "completed"
-    assert [r["pos"] for r in rows if r["kind"] == "step"] == [str(i) for i in reversed(range(30))]
+    assert rows[0]["kind"] == "end" and rows[0]["run_status"] == "completed"
+    assert [r["position"] for r in rows if r["kind"] == "step"] == [str(i) for i in reversed(range(30))]
 
 
 @pytest.mark.parametrize("verb", ["threads", "history", "state", "delete", "verify", "rotate-keys"])

@@ -94,7 +94,7 @@ def history(url: str, thread: str, cwd: Path) -> list[dict[str, Any]]:
 
 
 def step(rows: list[dict[str, Any]], name: str, pos: str) -> str:
-    return next(r["checkpoint"] for r in rows if r["step"] == name and r["pos"] == pos)
+    return next(r["checkpoint"] for r in rows if r["step"] == name and r["position"] == pos)
 
 
 def test_show_tells_one_checkpoint_with_its_result_error_and_state(chat: str, tmp_path: Path) -> None:

@@ -93,14 +93,15 @@ class Output:
 
     def table(
         self, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, widths: Sequence[int] = (),
-        header: bool = True, keep: Sequence[int] = (),
+        header: bool = True, keep: Sequence[int] = (), keys: Sequence[str] = (),
     ) -> None:
         """Rows under a header, columns padded to ``widths`` (the last is never
         padded) and narrowed to fit :attr:`width`, except the columns ``keep``
         (ids a reader copies into the next command); with ``as_json``, one JSON
-        list of objects keyed by column."""
+        list of objects keyed by ``keys`` (default: the columns), the names the other
+        verbs' JSON uses for the same fields."""
         if self.as_json:
-            self.value([dict(zip(columns, row, strict=True)) for row in rows])
+            self.value([dict(zip(keys or columns, row, strict=True)) for row in rows])
             return
         pads = list(widths) + [0] * (len(columns) - len(widths))
         cells = [[cell(value) for value in row] for row in rows]

@@ -561,3 +561,11 @@ def test_a_bad_id_argument_is_a_usage_error(argv: list[str], tmp_path: Path) -> 
     done = cli(*argv, "--url", f"sqlite:///{tmp_path}/none.db", cwd=tmp_path)
     assert done.returncode == 2 and "must be a non-empty" in done.stderr and "usage:" in done.stderr, done
     assert not (tmp_path / "none.db").exists()
+
+
+def test_history_marks_a_step_name_cut_to_fit() -> None:
+    from persistkit._cli._threads import _tail
+
+    assert _tail("agents.tools.search", 24) == "agents.tools.search"
+    cut = _tail("my_company.agents.refunds.tools.search_orders", 24)
+    assert cut == "…nds.tools.search_orders" and len(cut) == 24

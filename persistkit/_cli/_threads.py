@@ -102,7 +102,7 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
                                  cp.status, cp.run_status, created))
                 else:
                     rows.append((tid, cp.checkpoint_id, (cp.run_id or "")[:12], cp.kind, cp.position,
-                                 (cp.step or "")[-24:], cp.status, cp.run_status, created))
+                                 _tail(cp.step or "", 24), cp.status, cp.run_status, created))
     columns: tuple[str, ...] = ("thread", "checkpoint", "run", "kind", "pos", "step", "status", "run status", "created")
     widths: tuple[int, ...] = (max(len(cell(t)) for t in threads), 24, 12, 6, 7, 24, 9, 10)
     if len(threads) == 1 and not out.as_json:  # one thread: no thread column
@@ -111,6 +111,11 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
     keys = keys[len(keys) - len(columns):]  # as `show --json` names them
     out.table(columns, rows, widths=widths, keep=(columns.index("checkpoint"),), keys=keys)  # ids for show, diff, fork
     return 0
+
+
+def _tail(text: str, width: int) -> str:
+    """The end of a long step name (its own name, after the module path), marked as cut."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
 def run_not_found(store: Any, threads: list[str], run_id: str, namespace: str) -> NotFoundError:

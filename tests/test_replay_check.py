@@ -279,9 +279,12 @@ def test_cli(tmp_path: Path, store_url: str, monkeypatch: pytest.MonkeyPatch, ca
     assert main(["replay-check", store_url, f"{mod}:guarded", "--thread", p, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["thread"], row["outcome"], row["position"], row["old_patches"]) == (p, "completes", None, ["p2"])
-    with pytest.raises(SystemExit) as exc:
-        main(["replay-check", store_url, f"{mod}:missing"])
-    assert exc.value.code == 2
+    assert main(["replay-check", "--url", store_url, f"{mod}:guarded", "--prefix", p]) == 0  # as every verb
+    assert "0 would stop" in capsys.readouterr().out
+    for wrong in ([store_url, f"{mod}:missing"], ["--url", store_url], [store_url, f"{mod}:guarded", "extra"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["replay-check", *wrong])
+        assert exc.value.code == 2, wrong
     assert store_bytes(store, p) == before
     store.close()
     sys.modules.pop(mod, None)

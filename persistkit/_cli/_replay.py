@@ -20,7 +20,8 @@ import sys
 from typing import Any
 
 from .._errors import ConfigurationError
-from ._open import open_store
+from ..backends import mask_url
+from ._open import open_store, resolve_url, split_url
 from ._output import Output
 
 __all__ = ["add_parsers"]
@@ -28,17 +29,19 @@ __all__ = ["add_parsers"]
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        "replay-check", help="replay every waiting run against the code as it is now (before a deploy)",
+        "replay-check", parents=[common], help="replay every waiting run against the code as it is now (before a deploy)",
         description="Replay the recorded steps of every unfinished or suspended run of the store at URL "
         "against the code as it is now, through ENTRY (module:function, imported with the current "
         "directory on the import path: the function the worker calls, entry(thread_id, run_id), "
         "which opens pk.resume(thread_id, run_id=run_id, ...)). No step body runs and nothing is "
         "written. Lists the runs that would stop (thread, run, step, position, why) and the runs "
         "that still need a patch's old path (pk.patched answered False). Exit status 1 when any "
-        "run would stop (docs/long-runs.md).",
+        "run would stop (docs/long-runs.md). The store is --url (as for every verb) or a URL "
+        "before ENTRY.",
     )
-    p.add_argument("url", help="the store's URL")
-    p.add_argument("entry", help="module:function, the entry that resumes one run")
+    p.add_argument("args", nargs="+", metavar="[URL] ENTRY",
+                   help="module:function, the entry that resumes one run (after the store's URL, "
+                   "or give the URL with --url)")
     p.add_argument("--thread", dest="threads", action="append", metavar="THREAD",
                    help="check only this thread (repeatable)")
     p.add_argument("--prefix", default="", help="only threads whose id starts with this")
@@ -69,11 +72,16 @@ def load_entry(spec: str) -> Any:
 
 
 def _replay_check(ns: argparse.Namespace, out: Output) -> int:
+    given, rest = split_url(ns.args)
+    if len(rest) != 1:
+        ns.parser.error(f"replay-check takes one ENTRY (module:function), after an optional store URL; got {' '.join(ns.args)}")
+    if given is not None and ns.url is not None and given != ns.url:
+        ns.parser.error(f"two store URLs: {mask_url(given)} and --url {mask_url(ns.url)}; give one")
     try:
-        entry = load_entry(ns.entry)
+        entry = load_entry(rest[0])
     except ConfigurationError as exc:
         ns.parser.error(str(exc))
-    with open_store(ns.url) as store:
+    with open_store(resolve_url(given or ns.url)) as store:
         report = store.check_replay(entry, threads=ns.threads, prefix=ns.prefix, namespace=ns.namespace)
     if out.as_json:
         out.value([

@@ -44,6 +44,24 @@ def test_a_store_opened_without_its_options_names_the_option(
         assert writer.get_state(tid)["text"] == "x" * 4096  # nothing was damaged
 
 
+def test_a_sealed_and_encrypted_store_opened_with_integrity_only_names_encryption(store_url: str) -> None:
+    """Encryption wraps integrity: the integrity layer meets the encryption envelope, which
+    is a missing option (encryption=), not a record without a tag (tampering)."""
+    both: dict[str, object] = {"integrity": {"m": KEY}, "encryption": {"k": KEY}}
+    tid = uid("both")
+    with pk.connect(store_url, **both) as writer, pk.resume(tid, store=writer) as run:  # type: ignore[arg-type]
+        run.state["text"] = "x" * 4096
+    with pk.connect(store_url, integrity={"m": KEY}) as half:
+        for read in (lambda: half.get_state(tid), lambda: list(half.history(tid))):
+            with pytest.raises(pk.StoreOptionsError) as info:
+                read()
+            message = str(info.value)
+            assert "encryption=" in message and tid in message, message
+            assert "Ways forward" not in message and "forged" not in message, message
+    with pk.connect(store_url, **both) as writer:  # type: ignore[arg-type]
+        assert writer.get_state(tid)["text"] == "x" * 4096
+
+
 def test_one_value_in_several_variables_is_named_by_the_usual_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -79,6 +79,7 @@ from .._errors import (
     ConflictError,
     IntegrityError,
     LeaseLostError,
+    StoreOptionsError,
     damaged_record_advice,
 )
 from ..backends import mask_url
@@ -184,10 +185,25 @@ def seal_row(
     return b"".join(parts), tag
 
 
+#: persistkit.wrappers._encryption.MAGIC (not imported: no crypto here)
+_ENCRYPTED = b"\xe1"
+
+
+def _encrypted(at: str) -> StoreOptionsError:
+    """An encrypted value met where a sealed one belongs: encryption wraps integrity, so
+    this store was sealed *and* encrypted, and was opened without its encryption keys."""
+    return StoreOptionsError(
+        f"{at}: the record is encrypted (envelope 0xe1) and this store was opened with "
+        "integrity= only: open it with pk.connect(url, encryption=..., integrity=...), as it was written"
+    )
+
+
 def open_row(row: CheckpointRow, ring: KeyRing) -> Sealed:
     """Parse and authenticate a sealed row; ``IntegrityError`` naming it if anything is off."""
     at = where(row.thread_id, row.namespace, row.checkpoint_id)
     p = row.payload
+    if p[:1] == _ENCRYPTED:
+        raise _encrypted(at)
     if not p or p[0] != MAGIC:
         raise IntegrityError(
             f"{at}: the record carries no integrity tag (written without integrity=, or forged). "
@@ -248,6 +264,8 @@ def seal_blob(thread_id: str, blob_key: str, data: bytes, kid: str, key: bytes) 
 
 def open_blob(thread_id: str, blob_key: str, value: bytes, ring: KeyRing) -> bytes:
     at = f"thread {thread_id!r} blob {blob_key!r}"
+    if value[:1] == _ENCRYPTED:
+        raise _encrypted(at)
     if not value or value[0] != MAGIC:
         raise IntegrityError(f"{at}: the stored value carries no integrity tag. {_FIX}")
     try:

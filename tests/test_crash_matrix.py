@@ -476,3 +476,22 @@ def test_steps_run_side_by_side_each_get_their_after_point(mode: str, tmp_path: 
     assert sorted(p.split(" step")[0] for p in result.points) == sorted(
         f"crash {when}" for when in ("before", "inside", "after") for _ in range(3)
     )
+
+
+@pytest.mark.parametrize("first, second", [("inline", "inline"), ("process", "inline"), ("inline", "process")])
+def test_two_matrices_share_a_directory_without_reading_each_others_files(
+    first: str, second: str, tmp_path: Any
+) -> None:
+    """Each call's SQLite files are its own (a second call numbered its files from 1 again and
+    read the first's), and none is left in the caller's directory."""
+    thread = uid("cm")
+
+    def agent() -> int:
+        with pk.resume(thread) as run:
+            run.state["a"] = agents.search("1")
+            return len(agents.search(str(run.state["a"])))
+
+    for mode in (first, second):
+        result = crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path), positions=[0])
+        assert result.ok, str(result)
+    assert list(tmp_path.iterdir()) == []

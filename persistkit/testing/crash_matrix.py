@@ -41,7 +41,6 @@ import inspect
 import os
 import random
 import re
-import shutil
 import signal
 import tempfile
 import time
@@ -65,6 +64,7 @@ from ._crash_report import (
     first_difference,
     short,
 )
+from ._crash_stores import Stores, takes_store
 from ._crash_watch import (
     UNCARRIED,
     WHENS,
@@ -147,8 +147,9 @@ def crash_matrix(
 ) -> CrashMatrixResult:
     """Crash ``agent`` at every step (see the module docstring) and report what differs.
 
-    ``url``: ``"memory://"`` (inline's default), ``"sqlite"`` (a fresh file per store in
-    ``directory``, default a temporary one; process mode's default) or a server URL (its
+    ``url``: ``"memory://"`` (inline's default), ``"sqlite"`` (a fresh file per store in a
+    directory of this call's own, made in ``directory`` (default the system's temporary one)
+    and removed at the end; process mode's default) or a server URL (its
     threads the agent uses are deleted before each store is used, and at the end).
     ``crash``: which points of each step (``"before"``, ``"inside"``, ``"after"``).
     """
@@ -177,69 +178,12 @@ def crash_matrix(
             raise ConfigurationError(
                 "crash_matrix(mode='process') needs os.fork (Linux or macOS); use mode='inline'"
             )
-    takes_store = _takes_store(agent)
-    pool = _Stores(url, directory)
+    passes_store = takes_store(agent)
+    pool = Stores(url, directory)
     try:
-        return _Matrix(agent, takes_store, pool, mode, whens, positions, seed, echo).run()
+        return _Matrix(agent, passes_store, pool, mode, whens, positions, seed, echo).run()
     finally:
         pool.close()
-
-
-def _takes_store(agent: Callable[..., Any]) -> bool:
-    try:
-        params = [
-            p
-            for p in inspect.signature(agent).parameters.values()
-            if p.default is inspect.Parameter.empty
-        ]
-    except (TypeError, ValueError):
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if len(params) > 1 or (params and params[0].kind not in positional):
-        raise ConfigurationError(
-            f"crash_matrix: the agent must take no argument or the store as its one argument, got {inspect.signature(agent)}"
-        )
-    return bool(params)
-
-
-class _Stores:
-    """Fresh stores of one kind: memory, SQLite files, or a server URL whose threads are reset."""
-
-    def __init__(self, url: str, directory: str | None) -> None:
-        self.url = url
-        self.shared = not (url.startswith("memory:") or url == "sqlite")
-        self.own_dir = directory is None and url == "sqlite"
-        self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-") if self.own_dir else directory
-        self.n = 0
-        self.threads: set[str] = set()
-        self.open: list[Store] = []
-
-    def fresh_url(self) -> str:
-        if self.url == "sqlite":
-            self.n += 1
-            return f"sqlite:///{os.path.join(self.dir or '.', f'matrix-{os.getpid()}-{self.n}.db')}"
-        if self.shared:
-            self.reset()
-        return self.url
-
-    def fresh(self) -> Store:
-        store = connect(self.fresh_url())
-        self.open.append(store)
-        return store
-
-    def reset(self) -> None:
-        if self.threads:
-            with connect(self.url) as store:
-                for t in sorted(self.threads):
-                    store.delete_thread(t)
-
-    def close(self) -> None:
-        for store in self.open:
-            store.close()
-        if self.shared:
-            self.reset()
-        if self.own_dir and self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def call_agent(
@@ -298,7 +242,7 @@ class _Matrix:
         self,
         agent: Callable[..., Any],
         takes_store: bool,
-        pool: _Stores,
+        pool: Stores,
         mode: str,
         whens: tuple[str, ...],
         positions: int | Iterable[int] | None,

@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -495,3 +496,27 @@ def test_two_matrices_share_a_directory_without_reading_each_others_files(
         result = crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path), positions=[0])
         assert result.ok, str(result)
     assert list(tmp_path.iterdir()) == []
+
+
+class Reply:
+    """An SDK-like result: no ``__eq__`` of its own (== is identity), the default repr."""
+
+    def __init__(self, text: str, stamp: float = 0.0) -> None:
+        self.text, self.stamp = text, stamp
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_returned_object_without_eq_is_compared_by_what_it_holds(mode: str, tmp_path: Any) -> None:
+    """Two runs' equal objects (and locks) print the same but were "the return value
+    differs": == compared identity, process mode the reprs with their addresses."""
+    thread = uid("cm")
+
+    def agent(stamp: Callable[[], float]) -> Any:
+        with pk.resume(thread) as run:
+            run.state["a"] = agents.search("q")
+            return Reply(str(run.state["a"]), stamp()), threading.Lock()
+
+    assert crash_matrix(lambda: agent(lambda: 0.0), mode=mode, directory=str(tmp_path)).ok
+    result = crash_matrix(lambda: agent(time.time), mode=mode, directory=str(tmp_path))
+    assert kinds(result) == {"value"}, str(result)  # one that truly differs still is
+    assert "read the clock" in str(result)

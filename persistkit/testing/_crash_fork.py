@@ -7,7 +7,8 @@ its own (uncrashed) runs filled those globals. :class:`Zygote` is forked before 
 them: it waits for commands on a pipe and forks one child per command from its own,
 untouched memory; the child runs the command, the zygote replies with how it ended.
 :func:`save` / :func:`load` carry a resumed run's :class:`Outcome` back in a file (a value
-pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``repr``).
+pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``repr``,
+memory addresses aside).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
-from ._crash_report import Outcome
+from ._crash_report import Outcome, text_of, unaddressed
 from ._crash_watch import UNCARRIED, Key, wait_child
 
 __all__ = ["Opaque", "Zygote", "load", "read_events", "save", "save_given"]
@@ -95,10 +96,10 @@ class Opaque:
         self.text = text
 
     def __eq__(self, other: object) -> bool:
-        return self.text == (other.text if isinstance(other, Opaque) else repr(other))
+        return unaddressed(self.text) == (unaddressed(other.text) if isinstance(other, Opaque) else text_of(other))
 
     def __hash__(self) -> int:
-        return hash(self.text)
+        return hash(unaddressed(self.text))
 
     def __repr__(self) -> str:
         return self.text
@@ -113,6 +114,8 @@ def _carried(value: Any) -> Any:
             return RuntimeError(f"{type(value).__name__}: {value}")
         if isinstance(value, dict):
             return {k: _carried(v) for k, v in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(_carried(v) for v in value)
         return Opaque(repr(value))
 
 

@@ -12,6 +12,7 @@ again ("the step is not deterministic"), a state field the store cannot keep.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,10 @@ __all__ = [
     "clock_like",
     "describe_diff",
     "first_difference",
+    "same",
     "short",
+    "text_of",
+    "unaddressed",
 ]
 
 #: Kinds of finding, and which assertion reports them.
@@ -89,6 +93,8 @@ def _leaves(value: Any, path: str) -> Iterable[tuple[str, Any]]:
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
             yield from _leaves(v, f"{path}[{i}]")
+    elif (held := _held(value)) is not None:
+        yield from _leaves(held, path)
     else:
         yield path, value
 
@@ -112,14 +118,65 @@ def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | N
                 return found
         if len(a) != len(b):
             return f"{path} (length)", len(a), len(b)
+    left, right = _held(a), _held(b)
+    if type(a) is type(b) and left is not None and right is not None:
+        return first_difference(left, right, path)
     return path, a, b
 
 
-def _same(a: Any, b: Any) -> bool:
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def unaddressed(text: str) -> str:
+    """``text`` without memory addresses (``<... object at 0x7f...>``): two runs' objects
+    of one kind print the same."""
+    return _ADDRESS.sub(" at 0x...", text)
+
+
+def text_of(value: Any) -> str:
+    return unaddressed(repr(value))
+
+
+def _attributes(value: Any) -> dict[str, Any] | None:
+    """What an object holds (its ``vars()`` and slots), or None when it holds nothing
+    Python can read (a lock, a C object)."""
+    found: dict[str, Any] = dict(getattr(value, "__dict__", None) or {})
+    for cls in type(value).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found[name] = getattr(value, name)
+    return found if found or hasattr(value, "__dict__") else None
+
+
+def _held(value: Any) -> dict[str, Any] | None:
+    """The attributes of an object that ``==`` compares by identity (None: not one)."""
+    if isinstance(value, Mapping | list | tuple | str | bytes) or type(value).__eq__ is not object.__eq__:
+        return None
+    return _attributes(value)
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """``a == b``; for an object whose type has no ``__eq__`` of its own (an SDK's result
+    class, a lock), which ``==`` compares by identity: the same type holding the same
+    attributes (compared so, recursively), or, holding none Python can read, the same text."""
     try:
-        return bool(a == b)
+        if a == b:
+            return True
     except Exception:  # a value whose == raises: compared by its text
-        return repr(a) == repr(b)
+        return text_of(a) == text_of(b)
+    if depth > 20 or type(a) is not type(b):
+        return False
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if type(a).__eq__ is not object.__eq__:
+        return False  # its own == said they differ
+    left, right = _attributes(a), _attributes(b)
+    if left is None or right is None:
+        return text_of(a) == text_of(b)
+    return left.keys() == right.keys() and all(_same(left[k], right[k], depth + 1) for k in left)
 
 
 def clock_like(value: Any) -> bool:
@@ -195,3 +252,6 @@ def cause_of(
 
     tag = f"arguments {moved[0]}" if moved else f"result {rerun[0]}" if rerun else None
     return cause, tag
+
+
+same = _same

@@ -520,3 +520,29 @@ def test_a_returned_object_without_eq_is_compared_by_what_it_holds(mode: str, tm
     result = crash_matrix(lambda: agent(time.time), mode=mode, directory=str(tmp_path))
     assert kinds(result) == {"value"}, str(result)  # one that truly differs still is
     assert "read the clock" in str(result)
+
+
+def test_process_mode_says_when_this_process_ran_the_agent_before(tmp_path: Any) -> None:
+    """Its children fork from this process's memory: after an inline matrix filled the
+    agent's cache here, process mode can no longer find the cache defect, and says so."""
+    cache: dict[int, str] = {}
+
+    @pk.checkpointed
+    def fill_cache() -> int:
+        cache[1] = "hello"
+        return 1
+
+    thread = uid("cm")
+
+    def agent() -> str:
+        with pk.resume(thread) as run:
+            run.state["r"] = agents.search(cache.get(fill_cache(), "missing"))
+            return str(run.state["r"])
+
+    echoed: list[str] = []
+    first = crash_matrix(agent, mode="process", directory=str(tmp_path), echo=echoed.append)
+    assert "arguments" in kinds(first) and not first.notes and not echoed, str(first)
+    assert crash_matrix(agent, directory=str(tmp_path), echo=None).ok  # inline fills the cache here
+    later = crash_matrix(agent, mode="process", directory=str(tmp_path), echo=echoed.append)
+    assert later.ok and len(later.notes) == 1 and "fill_cache" in later.notes[0]
+    assert "start with this process's memory" in str(later) and echoed == [f"crash_matrix: {later.notes[0]}"]

@@ -26,7 +26,25 @@ from typing import Any
 from ._crash_report import Outcome, text_of, unaddressed
 from ._crash_watch import UNCARRIED, Key, wait_child
 
-__all__ = ["Opaque", "Zygote", "load", "read_events", "save", "save_given"]
+__all__ = ["RAN_HERE", "Opaque", "Zygote", "load", "memory_note", "read_events", "save", "save_given"]
+
+#: The names of the steps whose bodies ran in this process under a matrix's watch (an inline
+#: matrix, the uncrashed runs of either mode): a zygote forked after them starts with what
+#: they left in memory. Kept by ``call_agent``, once per agent call, not per step.
+RAN_HERE: set[str] = set()
+
+
+def memory_note(steps: list[str]) -> str:
+    """What process mode says when this process ran the agent's ``steps`` before it forked."""
+    named = ", ".join(f"`{s}`" for s in steps[:5]) + (" ..." if len(steps) > 5 else "")
+    return (
+        f"note: this process ran the agent's steps ({named}) before this matrix (an earlier crash_matrix "
+        "call), and process mode's children start with this process's memory, not a fresh one: a global "
+        "or cache those runs filled is still filled in every crash run and resume, so a resume that "
+        "depends on one (arguments built from a cache a replayed step no longer fills) is not found. "
+        "For a fresh memory run process mode first or alone: before inline in the parametrization, or "
+        "in a pytest session of its own (pytest -k process, or pytest-xdist's workers)"
+    )
 
 
 class Zygote:

@@ -52,7 +52,7 @@ from .._errors import ConfigurationError, NonDeterminismError, SerializationErro
 from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
-from ._crash_fork import Zygote, load, read_events, save, save_given
+from ._crash_fork import RAN_HERE, Zygote, load, memory_note, read_events, save, save_given
 from ._crash_report import (
     EXACTLY_ONCE,
     SAME_OUTCOME,
@@ -98,6 +98,7 @@ class CrashMatrixResult:
     points: list[str]
     findings: list[Finding]
     reference: Outcome = field(repr=False)
+    notes: list[str] = field(default_factory=list)  # what limits what the matrix could see
 
     @property
     def ok(self) -> bool:
@@ -127,11 +128,12 @@ class CrashMatrixResult:
         return "\n".join(out)
 
     def __str__(self) -> str:
+        notes = "".join(f"\n  {n}" for n in self.notes)
         if self.ok:
-            return f"crash matrix ({self.mode}): {len(self.points)} crash points, no finding"
+            return f"crash matrix ({self.mode}): {len(self.points)} crash points, no finding{notes}"
         return f"crash matrix ({self.mode}): {len(self.findings)} finding(s)\n" + self._lines(
             self.findings
-        )
+        ) + notes
 
 
 def crash_matrix(
@@ -211,6 +213,8 @@ def call_agent(
         out.error = exc
     finally:
         _context.MATRIX, _stores._default = saved
+        RAN_HERE.update(c.step for c in watch.calls)
+        RAN_HERE.update(watch.plain_counts)
     _read(store, watch, out, before or {})
     return out
 
@@ -260,6 +264,7 @@ class _Matrix:
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
         self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
         self.zygote: Zygote | None = None
+        self.ran_before: set[str] = set()  # process mode: steps this process ran before the zygote
         self.last: tuple[Outcome | None, tuple[Outcome, dict[Key, Any]]] = (None, (Outcome(), {}))
 
     def note(
@@ -274,6 +279,7 @@ class _Matrix:
 
     def run(self) -> CrashMatrixResult:
         if self.mode == "process":  # forked before any run fills a global (_crash_fork)
+            self.ran_before = set(RAN_HERE)
             self.zygote = Zygote(self._child)
         try:
             return self._run()
@@ -328,7 +334,12 @@ class _Matrix:
         sampled = (
             self.seed if self.positions is not None and not _explicit(self.positions) else None
         )
-        return CrashMatrixResult(self.mode, sampled, total, tried, findings, ref)
+        notes = []
+        if self.mode == "process" and (ran := sorted(set(self.names.values()) & self.ran_before)):
+            notes.append(memory_note(ran))
+            if self.echo is not None:
+                self.echo(f"crash_matrix: {notes[-1]}")
+        return CrashMatrixResult(self.mode, sampled, total, tried, findings, ref, notes)
 
     def _sample(self, chosen: list[Point]) -> list[Point]:
         if self.positions is None:

@@ -247,7 +247,7 @@ def cause_of(
             return "code between steps read the clock: every resume reads it again; read it inside a step, whose result is recorded"
         return (
             "code between steps is not deterministic or reads something that is not in the state (a global, "
-            "a cache, a random choice, a set's order): make it a step, or keep what it needs in run.state"
+            "a cache, a random choice): make it a step, or keep what it needs in run.state"
         )
 
     tag = f"arguments {moved[0]}" if moved else f"result {rerun[0]}" if rerun else None

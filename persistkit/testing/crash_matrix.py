@@ -444,7 +444,7 @@ class _Matrix:
                 else:
                     cause = (
                         "they depend on something that is not in the state and not deterministic (a random "
-                        "choice, a uuid, a set's order, a global the runs changed): make it a step, or keep it in run.state"
+                        "choice, a uuid, a global the runs changed): make it a step, or keep it in run.state"
                     )
                 self.shaky[x.key] = cause
                 self.note(

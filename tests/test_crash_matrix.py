@@ -78,7 +78,7 @@ def test_side_effect_outside_a_step_is_named(mode: str, stamped: bool, tmp_path:
     blames_no_recorded_step(result)
     (finding,) = result.findings
     assert finding.message.startswith(
-        "step `send_email` ran twice (once in the uncrashed run): its side effect happened outside a step"
+        "step `send_email` ran twice (once in the uncrashed run): it was called where no pk.resume run was current"
     )
     # only a crash after the thread's call repeats it: at the steps that come later
     assert finding.points and all("summarize" in p for p in finding.points)
@@ -385,7 +385,7 @@ def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*step `notify` ran twice (once in the uncrashed run): its side effect happened outside a step*"
+            "*step `notify` ran twice (once in the uncrashed run): it was called where no pk.resume run was current*"
         ]
     )
 

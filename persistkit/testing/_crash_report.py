@@ -3,8 +3,8 @@
 Each finding names the crash point, what differs (a state field's diff, the return value,
 a step's body runs, the recorded step sequence) and the likely cause, told apart by what
 the matrix saw: a value that looks like the time of the run ("code between steps read the
-clock"), a step that ran where no run was current ("its side effect happened outside a
-step"), arguments that two uncrashed runs agree on but a resume does not ("they depend on
+clock"), a step that ran where no run was current ("it was called where no pk.resume run was
+current"), arguments that two uncrashed runs agree on but a resume does not ("they depend on
 something that is not in the state"), a step that returned something else when it ran
 again ("the step is not deterministic"), a state field the store cannot keep.
 """

@@ -692,9 +692,9 @@ class _Matrix:
             if total > once:
                 self.note(
                     "ran-twice",
-                    f"step `{name}` ran {_times(total)} ({_times(once)} in the uncrashed run): its side effect happened "
-                    "outside a step — it was called where no pk.resume run was current (in another thread the context "
-                    "did not follow, or outside the block), so nothing records it and every resume runs it again. "
+                    f"step `{name}` ran {_times(total)} ({_times(once)} in the uncrashed run): it was called where no "
+                    "pk.resume run was current (in another thread the context did not follow, or before or after the "
+                    "block), so nothing records it and every resume runs it again. "
                     "Call it inside the block, in the block's thread (contextvars.copy_context().run for a pool)",
                     label,
                 )

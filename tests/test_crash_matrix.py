@@ -546,3 +546,19 @@ def test_process_mode_says_when_this_process_ran_the_agent_before(tmp_path: Any)
     later = crash_matrix(agent, mode="process", directory=str(tmp_path), echo=echoed.append)
     assert later.ok and len(later.notes) == 1 and "fill_cache" in later.notes[0]
     assert "start with this process's memory" in str(later) and echoed == [f"crash_matrix: {later.notes[0]}"]
+
+
+@pytest.mark.parametrize("clock", [time.monotonic, time.perf_counter])
+def test_a_monotonic_clock_read_between_steps_is_named(clock: Callable[[], float], tmp_path: Any) -> None:
+    thread, ticks = uid("cm"), iter(range(100))
+
+    def agent(read: Callable[[], float]) -> str:
+        with pk.resume(thread) as run:
+            run.state["a"] = agents.search("q")
+            run.state["checked"] = read()
+            return str(run.state["a"])
+
+    result = crash_matrix(lambda: agent(clock), directory=str(tmp_path))
+    assert "code between steps read the clock" in str(result), str(result)
+    other = crash_matrix(lambda: agent(lambda: next(ticks) + 0.5), directory=str(tmp_path))
+    assert kinds(other) == {"state"} and "read the clock" not in str(other), str(other)

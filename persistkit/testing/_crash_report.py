@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "Finding",
     "Outcome",
+    "began",
     "cause_of",
     "clock_like",
     "describe_diff",
@@ -197,11 +198,31 @@ def clock_like(value: Any) -> bool:
     return False
 
 
+#: ``time.monotonic()`` and ``time.perf_counter()`` when the current matrix began (``began``).
+_SINCE = [time.monotonic(), time.perf_counter()]
+
+
+def began() -> None:
+    """A matrix begins: a monotonic reading taken from now on is one of its runs'."""
+    _SINCE[:] = [time.monotonic(), time.perf_counter()]
+
+
+def _monotonic_like(value: Any) -> bool:
+    """A float between the matrix's start and now on ``time.monotonic`` or ``perf_counter``
+    (system-wide clocks: a forked child reads the same): what a run read. Any other float
+    falls in that window of a few seconds only by a rare coincidence."""
+    if type(value) is not float:
+        return False
+    return _SINCE[0] <= value <= time.monotonic() or _SINCE[1] <= value <= time.perf_counter()
+
+
 def differs_by_clock(a: Any, b: Any) -> bool:
-    """Whether the leaves where ``a`` and ``b`` differ look like two readings of the clock."""
+    """Whether the leaves where ``a`` and ``b`` differ look like two readings of the clock
+    (the wall clock, or two of a monotonic clock taken while the matrix runs)."""
     left, right = dict(_leaves(a, "")), dict(_leaves(b, ""))
     return any(
-        (clock_like(left[p]) or clock_like(right[p])) and not _same(left[p], right[p])
+        (clock_like(left[p]) or clock_like(right[p]) or (_monotonic_like(left[p]) and _monotonic_like(right[p])))
+        and not _same(left[p], right[p])
         for p in left.keys() & right.keys()
     )
 
@@ -244,7 +265,10 @@ def cause_of(
                 "uncrashed run given that result could not be made to compare with; give the matrix a fake model"
             )
         if differs_by_clock(a, b):
-            return "code between steps read the clock: every resume reads it again; read it inside a step, whose result is recorded"
+            return (
+                "code between steps read the clock (time.time, datetime.now, time.monotonic, perf_counter): every "
+                "resume reads it again; read it inside a step, whose result is recorded"
+            )
         return (
             "code between steps is not deterministic or reads something that is not in the state (a global, "
             "a cache, a random choice): make it a step, or keep what it needs in run.state"

@@ -58,6 +58,7 @@ from ._crash_report import (
     SAME_OUTCOME,
     Finding,
     Outcome,
+    began,
     cause_of,
     describe_diff,
     differs_by_clock,
@@ -181,6 +182,7 @@ def crash_matrix(
                 "crash_matrix(mode='process') needs os.fork (Linux or macOS); use mode='inline'"
             )
     passes_store = takes_store(agent)
+    began()  # a monotonic clock read from now on is this matrix's (its findings name it)
     pool = Stores(url, directory)
     try:
         return _Matrix(agent, passes_store, pool, mode, whens, positions, seed, echo).run()

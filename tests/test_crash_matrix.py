@@ -202,6 +202,8 @@ def test_positions_sample_with_a_printed_seed_and_repeat(tmp_path: Any) -> None:
         ({"positions": []}, "give at least one"),
         ({"positions": "x"}, "a positive int, or the step indexes"),
         ({"positions": 2, "seed": "abc"}, r"seed='abc'\): an int"),
+        ({"seed": 7}, "seed= only chooses which crash points positions=N samples"),
+        ({"seed": 7, "positions": [0]}, "seed= only chooses"),
         ({"crash": "during"}, r"crash=\('during',\)"),
     ],
 )
@@ -378,11 +380,18 @@ def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:
                     t.start(); t.join()
                     run.state["b"] = search("b")
             crash_matrix(agent, mode="process").assert_exactly_once()
+
+        def test_sampled(crash_matrix):
+            def agent():
+                with pk.resume("sampled") as run:
+                    run.state["a"] = search("a")
+            assert crash_matrix(agent, positions=1, echo=None).seed == 5
         """
     )
-    # the fixture comes from the pytest11 entry point of the installed package, as for users
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=1)
+    # the fixture comes from the pytest11 entry point of the installed package, as for users;
+    # --crash-matrix-seed goes to the calls that sample (positions=N) only
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--crash-matrix-seed=5")
+    result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*step `notify` ran twice (once in the uncrashed run): it was called where no pk.resume run was current*"

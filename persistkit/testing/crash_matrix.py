@@ -167,6 +167,11 @@ def crash_matrix(
         raise ConfigurationError(
             f"crash_matrix(seed={seed!r}): an int (the seed a sampled run printed)"
         )
+    if seed is not None and (not isinstance(positions, int) or isinstance(positions, bool)):
+        raise ConfigurationError(
+            f"crash_matrix(seed={seed}, positions={positions!r}): seed= only chooses which crash points "
+            "positions=N samples; give positions=N with it, or leave seed= out"
+        )
     if isinstance(positions, str | bytes):
         raise ConfigurationError(
             f"crash_matrix(positions={positions!r}): a positive int, or the step indexes to crash at"

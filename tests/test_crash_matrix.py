@@ -541,11 +541,15 @@ def test_process_mode_says_when_this_process_ran_the_agent_before(tmp_path: Any)
         cache[1] = "hello"
         return 1
 
+    @pk.checkpointed
+    def look_up(q: str) -> str:  # a step no other test ran in this process
+        return f"found {q}"
+
     thread = uid("cm")
 
     def agent() -> str:
         with pk.resume(thread) as run:
-            run.state["r"] = agents.search(cache.get(fill_cache(), "missing"))
+            run.state["r"] = look_up(cache.get(fill_cache(), "missing"))
             return str(run.state["r"])
 
     echoed: list[str] = []

@@ -575,3 +575,31 @@ def test_a_monotonic_clock_read_between_steps_is_named(clock: Callable[[], float
     assert "code between steps read the clock" in str(result), str(result)
     other = crash_matrix(lambda: agent(lambda: next(ticks) + 0.5), directory=str(tmp_path))
     assert kinds(other) == {"state"} and "read the clock" not in str(other), str(other)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_transient_failure_of_a_step_under_a_retried_parent_may_strike_again(mode: str, tmp_path: Any) -> None:
+    """The child's first call in every process times out, and its parent's retry= runs it
+    again: a resume may take more of the parent's attempts than the uncrashed run (it was
+    "ran again after its checkpoint had committed" and "the recorded steps differ")."""
+    thread, calls = uid("cm"), [0]
+
+    @pk.checkpointed
+    def flaky(x: int) -> int:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise TimeoutError("transient")
+        return x * 10
+
+    @pk.checkpointed(retry=pk.Retry(attempts=3, on=(TimeoutError,)))
+    def parent(x: int) -> int:
+        return len(agents.search(str(x))) + flaky(x)
+
+    def agent() -> int:
+        calls[0] = 0  # a fresh process: the transient error strikes again
+        with pk.resume(thread) as run:
+            run.state["v"] = parent(2)
+            return int(run.state["v"])
+
+    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))  # conftest: no retry waits
+    assert result.ok and len(result.points) == 12, str(result)

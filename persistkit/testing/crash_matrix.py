@@ -67,6 +67,7 @@ from ._crash_report import (
 )
 from ._crash_stores import Stores, takes_store
 from ._crash_watch import (
+    FAILED,
     UNCARRIED,
     WHENS,
     Key,
@@ -571,7 +572,7 @@ class _Matrix:
         store = connect(url)
         chains = [tuple(c) for c in chains]
         landed = {  # the step checkpoints the killed run left, oldest first
-            chain: [(str(cp.position), str(cp.step)) for cp in reversed(store.history(chain[0], namespace=chain[1])) if cp.kind == "step"]
+            chain: [(str(cp.position), str(cp.step) + (FAILED if cp.status == "failed" else "")) for cp in reversed(store.history(chain[0], namespace=chain[1])) if cp.kind == "step"]
             for chain in chains
         }
         save(call_agent(self.agent, self.takes_store, store, Watch().seed(store, chains), landed), path)
@@ -607,7 +608,7 @@ class _Matrix:
                     label,
                     group=f"{chain} {where[0] if where else ''} {tag or why}",
                 )
-            sa, sb = ref.sequences.get(chain, []), got.sequences.get(chain, [])
+            sa, sb = _retried_out(ref.sequences.get(chain, [])), _retried_out(got.sequences.get(chain, []))
             if sa != sb:
                 i = next(
                     (i for i, (x, y) in enumerate(zip(sa, sb, strict=False)) if x != y),
@@ -686,7 +687,10 @@ class _Matrix:
             total = p.counts.get(key, 0) + got.counts.get(key, 0)
             in_flight = p.counts.get(key, 0) > 0 and key not in p.committed
             # the step in flight at the crash may run again on resume: each attempt its retry= allows
-            allowed = ref.counts.get(key, 0) + (self.attempts.get(key, 1) if in_flight else 0)
+            again = self.attempts.get(key, 1) if in_flight else 0
+            # a step under a retry= parent in flight at the crash: the resumed parent may run it on each attempt
+            again = max(again, self._parent_attempts(p, key) * self.attempts.get(key, 1))
+            allowed = ref.counts.get(key, 0) + again
             if total > allowed:
                 name, at = self.names.get(key, "?"), _at(key)
                 if key in p.committed:
@@ -705,6 +709,16 @@ class _Matrix:
                     "Call it inside the block, in the block's thread (contextvars.copy_context().run for a pool)",
                     label,
                 )
+
+    def _parent_attempts(self, p: Point, key: Key) -> int:
+        """The most attempts a retry= step ``key`` is nested in allows, when it was in flight
+        at ``p`` (its body ran, its checkpoint had not landed); 0 if none was."""
+        parts = key[2].split("/")
+        up = [(key[0], key[1], "/".join(parts[:i]), key[3]) for i in range(1, len(parts))]
+        return max(
+            (self.attempts.get(a, 1) for a in up if p.counts.get(a, 0) > 0 and a not in p.committed and self.attempts.get(a, 1) > 1),
+            default=0,
+        )
 
     def _resume_error(self, error: BaseException, label: str) -> None:
         if isinstance(error, NonDeterminismError) and "different arguments" in str(error):
@@ -744,6 +758,16 @@ def _explicit(positions: int | Iterable[int] | None) -> bool:
 
 def _same(a: Any, b: Any) -> bool:
     return first_difference(a, b) is None
+
+
+def _retried_out(sequence: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A recorded step sequence without the failures a retry ran again (the same step recorded
+    later at the same position): how often a transient error struck is no outcome."""
+    return [
+        (pos, name)
+        for i, (pos, name) in enumerate(sequence)
+        if not (name.endswith(FAILED) and (pos, name.removesuffix(FAILED)) in sequence[i + 1 :])
+    ]
 
 
 def _at(key: Key) -> str:

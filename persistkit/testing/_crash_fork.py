@@ -5,7 +5,9 @@ process has: a global or a cache the killed run filled is empty in the resume. T
 cannot give its crash runs and its resumes that memory if it forks them from itself after
 its own (uncrashed) runs filled those globals. :class:`Zygote` is forked before any of
 them: it waits for commands on a pipe and forks one child per command from its own,
-untouched memory; the child runs the command, the zygote replies with how it ended.
+untouched memory; the child runs the command, the zygote replies with how it ended. That
+memory is this process's when the matrix began, a fresh process's only if nothing here ran
+the agent before (``RAN_HERE`` / :func:`memory_note`: the matrix then says so).
 :func:`save` / :func:`load` carry a resumed run's :class:`Outcome` back in a file (a value
 pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``repr``,
 memory addresses aside).

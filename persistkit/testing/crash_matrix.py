@@ -22,8 +22,9 @@ Two modes:
   keep their values), which is what ``mode="process"`` is for.
 * ``mode="process"``: for each point a child process runs the agent on a fresh store and
   is killed there by a real ``SIGKILL``; another child resumes it. Both are forked from a
-  process forked before the matrix's own runs (``_crash_fork``), so they start with the
-  memory a fresh process has: a global the killed run filled is empty in the resume. Needs
+  process forked before the matrix's own runs (``_crash_fork``), so they start with this
+  process's memory as the matrix found it: a global the killed run filled is empty in the
+  resume, unless this process ran the agent before (a note says so: ``RAN_HERE``). Needs
   a store that crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
 
 Nondeterminism between steps is found by running the agent uncrashed twice and comparing

@@ -150,9 +150,18 @@ def _attributes(value: Any) -> dict[str, Any] | None:
     return found if found or hasattr(value, "__dict__") else None
 
 
+def _own_eq(value: Any) -> bool:
+    """Whether ``value``'s type defines ``==`` (else ``==`` compares identity)."""
+    eq: Any = type(value).__eq__
+    return eq is not _OBJECT_EQ
+
+
+_OBJECT_EQ: Any = object.__eq__
+
+
 def _held(value: Any) -> dict[str, Any] | None:
     """The attributes of an object that ``==`` compares by identity (None: not one)."""
-    if isinstance(value, Mapping | list | tuple | str | bytes) or type(value).__eq__ is not object.__eq__:
+    if isinstance(value, Mapping | list | tuple | str | bytes) or _own_eq(value):
         return None
     return _attributes(value)
 
@@ -172,7 +181,7 @@ def _same(a: Any, b: Any, depth: int = 0) -> bool:
         return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
-    if type(a).__eq__ is not object.__eq__:
+    if _own_eq(a):
         return False  # its own == said they differ
     left, right = _attributes(a), _attributes(b)
     if left is None or right is None:

@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -77,7 +78,7 @@ def test_side_effect_outside_a_step_is_named(mode: str, stamped: bool, tmp_path:
     blames_no_recorded_step(result)
     (finding,) = result.findings
     assert finding.message.startswith(
-        "step `send_email` ran twice (once in the uncrashed run): its side effect happened outside a step"
+        "step `send_email` ran twice (once in the uncrashed run): it was called where no pk.resume run was current"
     )
     # only a crash after the thread's call repeats it: at the steps that come later
     assert finding.points and all("summarize" in p for p in finding.points)
@@ -201,6 +202,8 @@ def test_positions_sample_with_a_printed_seed_and_repeat(tmp_path: Any) -> None:
         ({"positions": []}, "give at least one"),
         ({"positions": "x"}, "a positive int, or the step indexes"),
         ({"positions": 2, "seed": "abc"}, r"seed='abc'\): an int"),
+        ({"seed": 7}, "seed= only chooses which crash points positions=N samples"),
+        ({"seed": 7, "positions": [0]}, "seed= only chooses"),
         ({"crash": "during"}, r"crash=\('during',\)"),
     ],
 )
@@ -377,14 +380,21 @@ def test_the_plugin_as_users_see_it(pytester: pytest.Pytester) -> None:
                     t.start(); t.join()
                     run.state["b"] = search("b")
             crash_matrix(agent, mode="process").assert_exactly_once()
+
+        def test_sampled(crash_matrix):
+            def agent():
+                with pk.resume("sampled") as run:
+                    run.state["a"] = search("a")
+            assert crash_matrix(agent, positions=1, echo=None).seed == 5
         """
     )
-    # the fixture comes from the pytest11 entry point of the installed package, as for users
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=1)
+    # the fixture comes from the pytest11 entry point of the installed package, as for users;
+    # --crash-matrix-seed goes to the calls that sample (positions=N) only
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--crash-matrix-seed=5")
+    result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*step `notify` ran twice (once in the uncrashed run): its side effect happened outside a step*"
+            "*step `notify` ran twice (once in the uncrashed run): it was called where no pk.resume run was current*"
         ]
     )
 
@@ -476,3 +486,120 @@ def test_steps_run_side_by_side_each_get_their_after_point(mode: str, tmp_path: 
     assert sorted(p.split(" step")[0] for p in result.points) == sorted(
         f"crash {when}" for when in ("before", "inside", "after") for _ in range(3)
     )
+
+
+@pytest.mark.parametrize("first, second", [("inline", "inline"), ("process", "inline"), ("inline", "process")])
+def test_two_matrices_share_a_directory_without_reading_each_others_files(
+    first: str, second: str, tmp_path: Any
+) -> None:
+    """Each call's SQLite files are its own (a second call numbered its files from 1 again and
+    read the first's), and none is left in the caller's directory."""
+    thread = uid("cm")
+
+    def agent() -> int:
+        with pk.resume(thread) as run:
+            run.state["a"] = agents.search("1")
+            return len(agents.search(str(run.state["a"])))
+
+    for mode in (first, second):
+        result = crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path), positions=[0])
+        assert result.ok, str(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+class Reply:
+    """An SDK-like result: no ``__eq__`` of its own (== is identity), the default repr."""
+
+    def __init__(self, text: str, stamp: float = 0.0) -> None:
+        self.text, self.stamp = text, stamp
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_returned_object_without_eq_is_compared_by_what_it_holds(mode: str, tmp_path: Any) -> None:
+    """Two runs' equal objects (and locks) print the same but were "the return value
+    differs": == compared identity, process mode the reprs with their addresses."""
+    thread = uid("cm")
+
+    def agent(stamp: Callable[[], float]) -> Any:
+        with pk.resume(thread) as run:
+            run.state["a"] = agents.search("q")
+            return Reply(str(run.state["a"]), stamp()), threading.Lock()
+
+    assert crash_matrix(lambda: agent(lambda: 0.0), mode=mode, directory=str(tmp_path)).ok
+    result = crash_matrix(lambda: agent(time.time), mode=mode, directory=str(tmp_path))
+    assert kinds(result) == {"value"}, str(result)  # one that truly differs still is
+    assert "read the clock" in str(result)
+
+
+def test_process_mode_says_when_this_process_ran_the_agent_before(tmp_path: Any) -> None:
+    """Its children fork from this process's memory: after an inline matrix filled the
+    agent's cache here, process mode can no longer find the cache defect, and says so."""
+    cache: dict[int, str] = {}
+
+    @pk.checkpointed
+    def fill_cache() -> int:
+        cache[1] = "hello"
+        return 1
+
+    @pk.checkpointed
+    def look_up(q: str) -> str:  # a step no other test ran in this process
+        return f"found {q}"
+
+    thread = uid("cm")
+
+    def agent() -> str:
+        with pk.resume(thread) as run:
+            run.state["r"] = look_up(cache.get(fill_cache(), "missing"))
+            return str(run.state["r"])
+
+    echoed: list[str] = []
+    first = crash_matrix(agent, mode="process", directory=str(tmp_path), echo=echoed.append)
+    assert "arguments" in kinds(first) and not first.notes and not echoed, str(first)
+    assert crash_matrix(agent, directory=str(tmp_path), echo=None).ok  # inline fills the cache here
+    later = crash_matrix(agent, mode="process", directory=str(tmp_path), echo=echoed.append)
+    assert later.ok and len(later.notes) == 1 and "fill_cache" in later.notes[0]
+    assert "start with this process's memory" in str(later) and echoed == [f"crash_matrix: {later.notes[0]}"]
+
+
+@pytest.mark.parametrize("clock", [time.monotonic, time.perf_counter])
+def test_a_monotonic_clock_read_between_steps_is_named(clock: Callable[[], float], tmp_path: Any) -> None:
+    thread, ticks = uid("cm"), iter(range(100))
+
+    def agent(read: Callable[[], float]) -> str:
+        with pk.resume(thread) as run:
+            run.state["a"] = agents.search("q")
+            run.state["checked"] = read()
+            return str(run.state["a"])
+
+    result = crash_matrix(lambda: agent(clock), directory=str(tmp_path))
+    assert "code between steps read the clock" in str(result), str(result)
+    other = crash_matrix(lambda: agent(lambda: next(ticks) + 0.5), directory=str(tmp_path))
+    assert kinds(other) == {"state"} and "read the clock" not in str(other), str(other)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_transient_failure_of_a_step_under_a_retried_parent_may_strike_again(mode: str, tmp_path: Any) -> None:
+    """The child's first call in every process times out, and its parent's retry= runs it
+    again: a resume may take more of the parent's attempts than the uncrashed run (it was
+    "ran again after its checkpoint had committed" and "the recorded steps differ")."""
+    thread, calls = uid("cm"), [0]
+
+    @pk.checkpointed
+    def flaky(x: int) -> int:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise TimeoutError("transient")
+        return x * 10
+
+    @pk.checkpointed(retry=pk.Retry(attempts=3, on=(TimeoutError,)))
+    def parent(x: int) -> int:
+        return len(agents.search(str(x))) + flaky(x)
+
+    def agent() -> int:
+        calls[0] = 0  # a fresh process: the transient error strikes again
+        with pk.resume(thread) as run:
+            run.state["v"] = parent(2)
+            return int(run.state["v"])
+
+    result = crash_matrix(agent, mode=mode, directory=str(tmp_path))  # conftest: no retry waits
+    assert result.ok and len(result.points) == 12, str(result)

@@ -5,7 +5,8 @@ It imports nothing of persistkit until a test asks for the fixture, so a pytest 
 that does not use it starts as fast as without it (``import persistkit`` is what costs).
 The fixture is :func:`persistkit.testing.crash_matrix.crash_matrix` with this test's
 temporary directory for SQLite files and the command line's ``--crash-matrix-url`` and
-``--crash-matrix-seed`` as defaults; docs/testing.md.
+``--crash-matrix-seed`` as defaults (the seed for the calls that sample, ``positions=N``);
+docs/testing.md.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def crash_matrix(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[...
         options.setdefault("directory", str(tmp_path))
         if url is not None:
             options.setdefault("url", url)
-        if seed is not None:
-            options.setdefault("seed", seed)
+        if seed is not None and isinstance(options.get("positions"), int):
+            options.setdefault("seed", seed)  # it chooses what positions=N samples: nothing else
         return run(agent, **options)
 
     return matrix

@@ -84,7 +84,7 @@ def answer(thread_id: str, question: str) -> str:
         return str(out["messages"][-1].content)
 
 
-@pytest.mark.parametrize("mode", ["inline", "process"])
+@pytest.mark.parametrize("mode", ["process", "inline"])  # process first: its children fork from this process
 def test_the_graph_survives_a_crash_at_every_step(crash_matrix: Any, mode: str) -> None:
     question = "Weather in Paris and Lisbon?"
     result = crash_matrix(lambda: answer("weather-42", question), mode=mode)

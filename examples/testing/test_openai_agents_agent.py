@@ -88,7 +88,7 @@ async def plan_trip(thread_id: str, request: str) -> str:
         return str(result.final_output)
 
 
-@pytest.mark.parametrize("mode", ["inline", "process"])
+@pytest.mark.parametrize("mode", ["process", "inline"])  # process first: its children fork from this process
 def test_the_agent_survives_a_crash_at_every_step(crash_matrix: Any, mode: str) -> None:
     result = crash_matrix(lambda: plan_trip("trip-42", "Book my trip."), mode=mode)
     # 2 model turns and 3 bookings (run side by side by the SDK), each crashed 3 ways

@@ -5,9 +5,12 @@ process has: a global or a cache the killed run filled is empty in the resume. T
 cannot give its crash runs and its resumes that memory if it forks them from itself after
 its own (uncrashed) runs filled those globals. :class:`Zygote` is forked before any of
 them: it waits for commands on a pipe and forks one child per command from its own,
-untouched memory; the child runs the command, the zygote replies with how it ended.
+untouched memory; the child runs the command, the zygote replies with how it ended. That
+memory is this process's when the matrix began, a fresh process's only if nothing here ran
+the agent before (``RAN_HERE`` / :func:`memory_note`: the matrix then says so).
 :func:`save` / :func:`load` carry a resumed run's :class:`Outcome` back in a file (a value
-pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``repr``).
+pickle cannot carry comes back as :class:`Opaque`, equal to what has the same ``repr``,
+memory addresses aside).
 """
 
 from __future__ import annotations
@@ -22,10 +25,28 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
-from ._crash_report import Outcome
+from ._crash_report import Outcome, text_of, unaddressed
 from ._crash_watch import UNCARRIED, Key, wait_child
 
-__all__ = ["Opaque", "Zygote", "load", "read_events", "save", "save_given"]
+__all__ = ["RAN_HERE", "Opaque", "Zygote", "load", "memory_note", "read_events", "save", "save_given"]
+
+#: The names of the steps whose bodies ran in this process under a matrix's watch (an inline
+#: matrix, the uncrashed runs of either mode): a zygote forked after them starts with what
+#: they left in memory. Kept by ``call_agent``, once per agent call, not per step.
+RAN_HERE: set[str] = set()
+
+
+def memory_note(steps: list[str]) -> str:
+    """What process mode says when this process ran the agent's ``steps`` before it forked."""
+    named = ", ".join(f"`{s}`" for s in steps[:5]) + (" ..." if len(steps) > 5 else "")
+    return (
+        f"note: this process ran the agent's steps ({named}) before this matrix (an earlier crash_matrix "
+        "call), and process mode's children start with this process's memory, not a fresh one: a global "
+        "or cache those runs filled is still filled in every crash run and resume, so a resume that "
+        "depends on one (arguments built from a cache a replayed step no longer fills) is not found. "
+        "For a fresh memory run process mode first or alone: before inline in the parametrization, or "
+        "in a pytest session of its own (pytest -k process, or pytest-xdist's workers)"
+    )
 
 
 class Zygote:
@@ -95,10 +116,10 @@ class Opaque:
         self.text = text
 
     def __eq__(self, other: object) -> bool:
-        return self.text == (other.text if isinstance(other, Opaque) else repr(other))
+        return unaddressed(self.text) == (unaddressed(other.text) if isinstance(other, Opaque) else text_of(other))
 
     def __hash__(self) -> int:
-        return hash(self.text)
+        return hash(unaddressed(self.text))
 
     def __repr__(self) -> str:
         return self.text
@@ -113,6 +134,8 @@ def _carried(value: Any) -> Any:
             return RuntimeError(f"{type(value).__name__}: {value}")
         if isinstance(value, dict):
             return {k: _carried(v) for k, v in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(_carried(v) for v in value)
         return Opaque(repr(value))
 
 

@@ -3,8 +3,8 @@
 Each finding names the crash point, what differs (a state field's diff, the return value,
 a step's body runs, the recorded step sequence) and the likely cause, told apart by what
 the matrix saw: a value that looks like the time of the run ("code between steps read the
-clock"), a step that ran where no run was current ("its side effect happened outside a
-step"), arguments that two uncrashed runs agree on but a resume does not ("they depend on
+clock"), a step that ran where no run was current ("it was called where no pk.resume run was
+current"), arguments that two uncrashed runs agree on but a resume does not ("they depend on
 something that is not in the state"), a step that returned something else when it ran
 again ("the step is not deterministic"), a state field the store cannot keep.
 """
@@ -12,6 +12,7 @@ again ("the step is not deterministic"), a state field the store cannot keep.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,11 +21,15 @@ from typing import Any
 __all__ = [
     "Finding",
     "Outcome",
+    "began",
     "cause_of",
     "clock_like",
     "describe_diff",
     "first_difference",
+    "same",
     "short",
+    "text_of",
+    "unaddressed",
 ]
 
 #: Kinds of finding, and which assertion reports them.
@@ -89,6 +94,8 @@ def _leaves(value: Any, path: str) -> Iterable[tuple[str, Any]]:
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
             yield from _leaves(v, f"{path}[{i}]")
+    elif (held := _held(value)) is not None:
+        yield from _leaves(held, path)
     else:
         yield path, value
 
@@ -112,14 +119,74 @@ def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | N
                 return found
         if len(a) != len(b):
             return f"{path} (length)", len(a), len(b)
+    left, right = _held(a), _held(b)
+    if type(a) is type(b) and left is not None and right is not None:
+        return first_difference(left, right, path)
     return path, a, b
 
 
-def _same(a: Any, b: Any) -> bool:
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def unaddressed(text: str) -> str:
+    """``text`` without memory addresses (``<... object at 0x7f...>``): two runs' objects
+    of one kind print the same."""
+    return _ADDRESS.sub(" at 0x...", text)
+
+
+def text_of(value: Any) -> str:
+    return unaddressed(repr(value))
+
+
+def _attributes(value: Any) -> dict[str, Any] | None:
+    """What an object holds (its ``vars()`` and slots), or None when it holds nothing
+    Python can read (a lock, a C object)."""
+    found: dict[str, Any] = dict(getattr(value, "__dict__", None) or {})
+    for cls in type(value).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found[name] = getattr(value, name)
+    return found if found or hasattr(value, "__dict__") else None
+
+
+def _own_eq(value: Any) -> bool:
+    """Whether ``value``'s type defines ``==`` (else ``==`` compares identity)."""
+    eq: Any = type(value).__eq__
+    return eq is not _OBJECT_EQ
+
+
+_OBJECT_EQ: Any = object.__eq__
+
+
+def _held(value: Any) -> dict[str, Any] | None:
+    """The attributes of an object that ``==`` compares by identity (None: not one)."""
+    if isinstance(value, Mapping | list | tuple | str | bytes) or _own_eq(value):
+        return None
+    return _attributes(value)
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """``a == b``; for an object whose type has no ``__eq__`` of its own (an SDK's result
+    class, a lock), which ``==`` compares by identity: the same type holding the same
+    attributes (compared so, recursively), or, holding none Python can read, the same text."""
     try:
-        return bool(a == b)
+        if a == b:
+            return True
     except Exception:  # a value whose == raises: compared by its text
-        return repr(a) == repr(b)
+        return text_of(a) == text_of(b)
+    if depth > 20 or type(a) is not type(b):
+        return False
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if _own_eq(a):
+        return False  # its own == said they differ
+    left, right = _attributes(a), _attributes(b)
+    if left is None or right is None:
+        return text_of(a) == text_of(b)
+    return left.keys() == right.keys() and all(_same(left[k], right[k], depth + 1) for k in left)
 
 
 def clock_like(value: Any) -> bool:
@@ -140,11 +207,31 @@ def clock_like(value: Any) -> bool:
     return False
 
 
+#: ``time.monotonic()`` and ``time.perf_counter()`` when the current matrix began (``began``).
+_SINCE = [time.monotonic(), time.perf_counter()]
+
+
+def began() -> None:
+    """A matrix begins: a monotonic reading taken from now on is one of its runs'."""
+    _SINCE[:] = [time.monotonic(), time.perf_counter()]
+
+
+def _monotonic_like(value: Any) -> bool:
+    """A float between the matrix's start and now on ``time.monotonic`` or ``perf_counter``
+    (system-wide clocks: a forked child reads the same): what a run read. Any other float
+    falls in that window of a few seconds only by a rare coincidence."""
+    if type(value) is not float:
+        return False
+    return _SINCE[0] <= value <= time.monotonic() or _SINCE[1] <= value <= time.perf_counter()
+
+
 def differs_by_clock(a: Any, b: Any) -> bool:
-    """Whether the leaves where ``a`` and ``b`` differ look like two readings of the clock."""
+    """Whether the leaves where ``a`` and ``b`` differ look like two readings of the clock
+    (the wall clock, or two of a monotonic clock taken while the matrix runs)."""
     left, right = dict(_leaves(a, "")), dict(_leaves(b, ""))
     return any(
-        (clock_like(left[p]) or clock_like(right[p])) and not _same(left[p], right[p])
+        (clock_like(left[p]) or clock_like(right[p]) or (_monotonic_like(left[p]) and _monotonic_like(right[p])))
+        and not _same(left[p], right[p])
         for p in left.keys() & right.keys()
     )
 
@@ -187,11 +274,17 @@ def cause_of(
                 "uncrashed run given that result could not be made to compare with; give the matrix a fake model"
             )
         if differs_by_clock(a, b):
-            return "code between steps read the clock: every resume reads it again; read it inside a step, whose result is recorded"
+            return (
+                "code between steps read the clock (time.time, datetime.now, time.monotonic, perf_counter): every "
+                "resume reads it again; read it inside a step, whose result is recorded"
+            )
         return (
             "code between steps is not deterministic or reads something that is not in the state (a global, "
-            "a cache, a random choice, a set's order): make it a step, or keep what it needs in run.state"
+            "a cache, a random choice): make it a step, or keep what it needs in run.state"
         )
 
     tag = f"arguments {moved[0]}" if moved else f"result {rerun[0]}" if rerun else None
     return cause, tag
+
+
+same = _same

@@ -40,6 +40,7 @@ from ..engine import _context
 from ..engine._store import Store
 
 __all__ = [
+    "FAILED",
     "UNCARRIED",
     "Crash",
     "Point",
@@ -55,6 +56,8 @@ __all__ = [
 Key = tuple[str, str, str, str]
 
 WHENS = ("before", "inside", "after")
+#: How a step checkpoint that records a failure shows in a recorded step sequence.
+FAILED = " (failed)"
 
 #: The step whose checkpoint is the next write in this context (see ``Watch._wrote_next``).
 _AFTER: ContextVar[tuple[Watch, int, Key, str] | None] = ContextVar(
@@ -264,7 +267,7 @@ class Watch:
         chain = (run.thread_id, run.namespace)
         step = None
         if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
-            step = (str(body["p"]), str(body.get("n")))
+            step = (str(body["p"]), str(body.get("n")) + (FAILED if body.get("s") == "failed" else ""))
             self.committed.add((*chain, step[0], self.ordinal(*chain, run.run_id)))
         if run.checkpoint_id is not None:
             self.cuts[chain] = run.checkpoint_id

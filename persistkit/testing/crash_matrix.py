@@ -22,8 +22,9 @@ Two modes:
   keep their values), which is what ``mode="process"`` is for.
 * ``mode="process"``: for each point a child process runs the agent on a fresh store and
   is killed there by a real ``SIGKILL``; another child resumes it. Both are forked from a
-  process forked before the matrix's own runs (``_crash_fork``), so they start with the
-  memory a fresh process has: a global the killed run filled is empty in the resume. Needs
+  process forked before the matrix's own runs (``_crash_fork``), so they start with this
+  process's memory as the matrix found it: a global the killed run filled is empty in the
+  resume, unless this process ran the agent before (a note says so: ``RAN_HERE``). Needs
   a store that crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
 
 Nondeterminism between steps is found by running the agent uncrashed twice and comparing
@@ -41,7 +42,6 @@ import inspect
 import os
 import random
 import re
-import shutil
 import signal
 import tempfile
 import time
@@ -53,19 +53,22 @@ from .._errors import ConfigurationError, NonDeterminismError, SerializationErro
 from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
-from ._crash_fork import Zygote, load, read_events, save, save_given
+from ._crash_fork import RAN_HERE, Zygote, load, memory_note, read_events, save, save_given
 from ._crash_report import (
     EXACTLY_ONCE,
     SAME_OUTCOME,
     Finding,
     Outcome,
+    began,
     cause_of,
     describe_diff,
     differs_by_clock,
     first_difference,
     short,
 )
+from ._crash_stores import Stores, takes_store
 from ._crash_watch import (
+    FAILED,
     UNCARRIED,
     WHENS,
     Key,
@@ -98,6 +101,7 @@ class CrashMatrixResult:
     points: list[str]
     findings: list[Finding]
     reference: Outcome = field(repr=False)
+    notes: list[str] = field(default_factory=list)  # what limits what the matrix could see
 
     @property
     def ok(self) -> bool:
@@ -127,11 +131,12 @@ class CrashMatrixResult:
         return "\n".join(out)
 
     def __str__(self) -> str:
+        notes = "".join(f"\n  {n}" for n in self.notes)
         if self.ok:
-            return f"crash matrix ({self.mode}): {len(self.points)} crash points, no finding"
+            return f"crash matrix ({self.mode}): {len(self.points)} crash points, no finding{notes}"
         return f"crash matrix ({self.mode}): {len(self.findings)} finding(s)\n" + self._lines(
             self.findings
-        )
+        ) + notes
 
 
 def crash_matrix(
@@ -147,8 +152,9 @@ def crash_matrix(
 ) -> CrashMatrixResult:
     """Crash ``agent`` at every step (see the module docstring) and report what differs.
 
-    ``url``: ``"memory://"`` (inline's default), ``"sqlite"`` (a fresh file per store in
-    ``directory``, default a temporary one; process mode's default) or a server URL (its
+    ``url``: ``"memory://"`` (inline's default), ``"sqlite"`` (a fresh file per store in a
+    directory of this call's own, made in ``directory`` (default the system's temporary one)
+    and removed at the end; process mode's default) or a server URL (its
     threads the agent uses are deleted before each store is used, and at the end).
     ``crash``: which points of each step (``"before"``, ``"inside"``, ``"after"``).
     """
@@ -162,6 +168,11 @@ def crash_matrix(
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ConfigurationError(
             f"crash_matrix(seed={seed!r}): an int (the seed a sampled run printed)"
+        )
+    if seed is not None and (not isinstance(positions, int) or isinstance(positions, bool)):
+        raise ConfigurationError(
+            f"crash_matrix(seed={seed}, positions={positions!r}): seed= only chooses which crash points "
+            "positions=N samples; give positions=N with it, or leave seed= out"
         )
     if isinstance(positions, str | bytes):
         raise ConfigurationError(
@@ -177,69 +188,13 @@ def crash_matrix(
             raise ConfigurationError(
                 "crash_matrix(mode='process') needs os.fork (Linux or macOS); use mode='inline'"
             )
-    takes_store = _takes_store(agent)
-    pool = _Stores(url, directory)
+    passes_store = takes_store(agent)
+    began()  # a monotonic clock read from now on is this matrix's (its findings name it)
+    pool = Stores(url, directory)
     try:
-        return _Matrix(agent, takes_store, pool, mode, whens, positions, seed, echo).run()
+        return _Matrix(agent, passes_store, pool, mode, whens, positions, seed, echo).run()
     finally:
         pool.close()
-
-
-def _takes_store(agent: Callable[..., Any]) -> bool:
-    try:
-        params = [
-            p
-            for p in inspect.signature(agent).parameters.values()
-            if p.default is inspect.Parameter.empty
-        ]
-    except (TypeError, ValueError):
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if len(params) > 1 or (params and params[0].kind not in positional):
-        raise ConfigurationError(
-            f"crash_matrix: the agent must take no argument or the store as its one argument, got {inspect.signature(agent)}"
-        )
-    return bool(params)
-
-
-class _Stores:
-    """Fresh stores of one kind: memory, SQLite files, or a server URL whose threads are reset."""
-
-    def __init__(self, url: str, directory: str | None) -> None:
-        self.url = url
-        self.shared = not (url.startswith("memory:") or url == "sqlite")
-        self.own_dir = directory is None and url == "sqlite"
-        self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-") if self.own_dir else directory
-        self.n = 0
-        self.threads: set[str] = set()
-        self.open: list[Store] = []
-
-    def fresh_url(self) -> str:
-        if self.url == "sqlite":
-            self.n += 1
-            return f"sqlite:///{os.path.join(self.dir or '.', f'matrix-{os.getpid()}-{self.n}.db')}"
-        if self.shared:
-            self.reset()
-        return self.url
-
-    def fresh(self) -> Store:
-        store = connect(self.fresh_url())
-        self.open.append(store)
-        return store
-
-    def reset(self) -> None:
-        if self.threads:
-            with connect(self.url) as store:
-                for t in sorted(self.threads):
-                    store.delete_thread(t)
-
-    def close(self) -> None:
-        for store in self.open:
-            store.close()
-        if self.shared:
-            self.reset()
-        if self.own_dir and self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def call_agent(
@@ -267,6 +222,8 @@ def call_agent(
         out.error = exc
     finally:
         _context.MATRIX, _stores._default = saved
+        RAN_HERE.update(c.step for c in watch.calls)
+        RAN_HERE.update(watch.plain_counts)
     _read(store, watch, out, before or {})
     return out
 
@@ -298,7 +255,7 @@ class _Matrix:
         self,
         agent: Callable[..., Any],
         takes_store: bool,
-        pool: _Stores,
+        pool: Stores,
         mode: str,
         whens: tuple[str, ...],
         positions: int | Iterable[int] | None,
@@ -316,6 +273,7 @@ class _Matrix:
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
         self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
         self.zygote: Zygote | None = None
+        self.ran_before: set[str] = set()  # process mode: steps this process ran before the zygote
         self.last: tuple[Outcome | None, tuple[Outcome, dict[Key, Any]]] = (None, (Outcome(), {}))
 
     def note(
@@ -330,6 +288,7 @@ class _Matrix:
 
     def run(self) -> CrashMatrixResult:
         if self.mode == "process":  # forked before any run fills a global (_crash_fork)
+            self.ran_before = set(RAN_HERE)
             self.zygote = Zygote(self._child)
         try:
             return self._run()
@@ -384,7 +343,12 @@ class _Matrix:
         sampled = (
             self.seed if self.positions is not None and not _explicit(self.positions) else None
         )
-        return CrashMatrixResult(self.mode, sampled, total, tried, findings, ref)
+        notes = []
+        if self.mode == "process" and (ran := sorted(set(self.names.values()) & self.ran_before)):
+            notes.append(memory_note(ran))
+            if self.echo is not None:
+                self.echo(f"crash_matrix: {notes[-1]}")
+        return CrashMatrixResult(self.mode, sampled, total, tried, findings, ref, notes)
 
     def _sample(self, chosen: list[Point]) -> list[Point]:
         if self.positions is None:
@@ -489,7 +453,7 @@ class _Matrix:
                 else:
                     cause = (
                         "they depend on something that is not in the state and not deterministic (a random "
-                        "choice, a uuid, a set's order, a global the runs changed): make it a step, or keep it in run.state"
+                        "choice, a uuid, a global the runs changed): make it a step, or keep it in run.state"
                     )
                 self.shaky[x.key] = cause
                 self.note(
@@ -609,7 +573,7 @@ class _Matrix:
         store = connect(url)
         chains = [tuple(c) for c in chains]
         landed = {  # the step checkpoints the killed run left, oldest first
-            chain: [(str(cp.position), str(cp.step)) for cp in reversed(store.history(chain[0], namespace=chain[1])) if cp.kind == "step"]
+            chain: [(str(cp.position), str(cp.step) + (FAILED if cp.status == "failed" else "")) for cp in reversed(store.history(chain[0], namespace=chain[1])) if cp.kind == "step"]
             for chain in chains
         }
         save(call_agent(self.agent, self.takes_store, store, Watch().seed(store, chains), landed), path)
@@ -645,7 +609,7 @@ class _Matrix:
                     label,
                     group=f"{chain} {where[0] if where else ''} {tag or why}",
                 )
-            sa, sb = ref.sequences.get(chain, []), got.sequences.get(chain, [])
+            sa, sb = _retried_out(ref.sequences.get(chain, [])), _retried_out(got.sequences.get(chain, []))
             if sa != sb:
                 i = next(
                     (i for i, (x, y) in enumerate(zip(sa, sb, strict=False)) if x != y),
@@ -724,7 +688,10 @@ class _Matrix:
             total = p.counts.get(key, 0) + got.counts.get(key, 0)
             in_flight = p.counts.get(key, 0) > 0 and key not in p.committed
             # the step in flight at the crash may run again on resume: each attempt its retry= allows
-            allowed = ref.counts.get(key, 0) + (self.attempts.get(key, 1) if in_flight else 0)
+            again = self.attempts.get(key, 1) if in_flight else 0
+            # a step under a retry= parent in flight at the crash: the resumed parent may run it on each attempt
+            again = max(again, self._parent_attempts(p, key) * self.attempts.get(key, 1))
+            allowed = ref.counts.get(key, 0) + again
             if total > allowed:
                 name, at = self.names.get(key, "?"), _at(key)
                 if key in p.committed:
@@ -737,12 +704,22 @@ class _Matrix:
             if total > once:
                 self.note(
                     "ran-twice",
-                    f"step `{name}` ran {_times(total)} ({_times(once)} in the uncrashed run): its side effect happened "
-                    "outside a step — it was called where no pk.resume run was current (in another thread the context "
-                    "did not follow, or outside the block), so nothing records it and every resume runs it again. "
+                    f"step `{name}` ran {_times(total)} ({_times(once)} in the uncrashed run): it was called where no "
+                    "pk.resume run was current (in another thread the context did not follow, or before or after the "
+                    "block), so nothing records it and every resume runs it again. "
                     "Call it inside the block, in the block's thread (contextvars.copy_context().run for a pool)",
                     label,
                 )
+
+    def _parent_attempts(self, p: Point, key: Key) -> int:
+        """The most attempts a retry= step ``key`` is nested in allows, when it was in flight
+        at ``p`` (its body ran, its checkpoint had not landed); 0 if none was."""
+        parts = key[2].split("/")
+        up = [(key[0], key[1], "/".join(parts[:i]), key[3]) for i in range(1, len(parts))]
+        return max(
+            (self.attempts.get(a, 1) for a in up if p.counts.get(a, 0) > 0 and a not in p.committed and self.attempts.get(a, 1) > 1),
+            default=0,
+        )
 
     def _resume_error(self, error: BaseException, label: str) -> None:
         if isinstance(error, NonDeterminismError) and "different arguments" in str(error):
@@ -782,6 +759,16 @@ def _explicit(positions: int | Iterable[int] | None) -> bool:
 
 def _same(a: Any, b: Any) -> bool:
     return first_difference(a, b) is None
+
+
+def _retried_out(sequence: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A recorded step sequence without the failures a retry ran again (the same step recorded
+    later at the same position): how often a transient error struck is no outcome."""
+    return [
+        (pos, name)
+        for i, (pos, name) in enumerate(sequence)
+        if not (name.endswith(FAILED) and (pos, name.removesuffix(FAILED)) in sequence[i + 1 :])
+    ]
 
 
 def _at(key: Key) -> str:

@@ -67,10 +67,11 @@ def floor(agent) -> float:  # type: ignore[no-untyped-def]
     """What the resumes alone cost, without the matrix: two uncrashed runs (the reference and
     the nondeterminism check) plus the agent resumed, unwatched, from each store a crash
     leaves (one per step: its three points share it). No matrix can go below this."""
+    from persistkit.testing._crash_stores import Stores
     from persistkit.testing._crash_watch import Snapshot, Watch
-    from persistkit.testing.crash_matrix import _Stores, call_agent
+    from persistkit.testing.crash_matrix import call_agent
 
-    pool, points = _Stores("memory://", None), []
+    pool, points = Stores("memory://", None), []
     store = pool.fresh()
     watch = Watch(points.append)
     call_agent(agent, False, store, watch)

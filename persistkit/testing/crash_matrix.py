@@ -684,13 +684,15 @@ class _Matrix:
         return {k: (self.names[k], r) for k, r in results.items() if k in self.names}
 
     def _counts(self, p: Point, ref: Outcome, got: Outcome, label: str) -> None:
+        retried = any(a > 1 for a in self.attempts.values())  # else no parent allows attempts
         for key in sorted(set(ref.counts) | set(got.counts) | set(p.counts)):
             total = p.counts.get(key, 0) + got.counts.get(key, 0)
             in_flight = p.counts.get(key, 0) > 0 and key not in p.committed
             # the step in flight at the crash may run again on resume: each attempt its retry= allows
             again = self.attempts.get(key, 1) if in_flight else 0
             # a step under a retry= parent in flight at the crash: the resumed parent may run it on each attempt
-            again = max(again, self._parent_attempts(p, key) * self.attempts.get(key, 1))
+            if retried:
+                again = max(again, self._parent_attempts(p, key) * self.attempts.get(key, 1))
             allowed = ref.counts.get(key, 0) + again
             if total > allowed:
                 name, at = self.names.get(key, "?"), _at(key)

@@ -18,7 +18,6 @@ from .._errors import (
     NotFoundError,
     PersistkitError,
     RunPrunedError,
-    SchemaVersionError,
     SecretResolutionError,
 )
 from .._ids import new_run_id
@@ -288,13 +287,17 @@ class ReplayCursor(StateRestore):
                 value = self.codec.decode(self.codec.unpack_tree(self._loader.blobs[rec.body["rb"]], at), at)
             else:
                 value = self.codec.decode(rec.body.get("r"), at, live=rec.live)
-        except SchemaVersionError as error:  # a recorded value's class changed shape: write nothing
+        except SecretResolutionError as exc:  # never hand a handle's text to the caller as the value
+            self.load_error = SecretResolutionError(
+                f"{at} is a secret stored as a handle, and it cannot be given back: {exc}", handle=exc.handle
+            )
+            raise self.load_error from exc
+        except PersistkitError as error:
+            # The recorded value cannot be read here (its class changed shape, the store was
+            # opened without blobs= or a key, the record is damaged): not the run's failure,
+            # so it writes nothing, as for a state that cannot be restored
             self.load_error = error
             raise
-        except SecretResolutionError as exc:  # never hand a handle's text to the caller as the value
-            raise SecretResolutionError(
-                f"{at} is a secret stored as a handle, and it cannot be given back: {exc}", handle=exc.handle
-            ) from exc
         if migrations_ran() != ran:
             self.migrated = True
         self._events.append((pos, name, True, "failed" if failed else "completed"))

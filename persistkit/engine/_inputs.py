@@ -29,6 +29,20 @@ def live_inputs(
     only while a live load left a handle unresolved in this process (a process
     that merely inspected threads pays one substring test per step).
     """
+    try:
+        return _resolved(run, position, name, args, kwargs, raw)
+    except SecretResolutionError as exc:
+        # This process cannot resolve a handle the run stored: a setting of this process (an
+        # unset variable, a missing vault), not a failure of the run: the step did not run,
+        # and the run writes nothing more (as for a recorded value it cannot load), so the
+        # resume with the secret configured continues it
+        run.load_error = exc
+        raise
+
+
+def _resolved(
+    run: Any, position: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], raw: bytes | str | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     where = f"step {name!r} at position {position} of thread {run.thread_id!r} (run {run.run_id})"
     red = run.codec.redactor  # the run's store: its vault and handle key resolve too
     if isinstance(raw, bytes) and raw.find(b"$CRED{") < 0 and not _fingerprinted(args, kwargs):

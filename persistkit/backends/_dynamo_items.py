@@ -233,7 +233,7 @@ class DynamoCalls:
         """Items of partition ``p`` in sort-key order (``forward``), page by page, strongly consistent."""
         values: dict[str, Any] = {":p": s(p)}
         cond = "p = :p"
-        if begins is not None:
+        if begins:  # "" (every key) is no condition: a key value may not be empty
             cond += " AND begins_with(s, :b)"
             values[":b"] = s(begins)
         elif between is not None:

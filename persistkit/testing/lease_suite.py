@@ -104,6 +104,8 @@ class LeaseConformance(TurnConformance):
         assert rec is not None and rec.token == 7  # tokens never restart
         listed = [(t, ns, r.token) for t, ns, r in backend.lease_list(prefix=base)]
         assert listed == [(f"{base}/a", "", 3), (f"{base}/a", "ns", 4), (f"{base}/b", "", 7)]
+        everything = {(t, ns, r.token) for t, ns, r in backend.lease_list()}  # no prefix: the whole store
+        assert set(listed) <= everything
 
     def test_a_stale_token_writes_nothing(self, backend: Backend, other: Backend) -> None:
         t = self.tid()

@@ -54,6 +54,41 @@ def test_cli_creates_the_table_once(dynamodb_endpoint: str) -> None:
         assert store.backend.threads() == []
 
 
+def test_migrate_import_and_readers_on_a_missing_table(dynamodb_endpoint: str, tmp_path: Any) -> None:
+    """`migrate` creates the table (a deploy step), `migrate --check` and the readers call a
+    missing table no store (exit 3), `import` creates it as `migrate` would, and the error
+    when opening it names a command with the store's own endpoint."""
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "persistkit", *args], capture_output=True, text=True,
+                              timeout=120, env=os.environ)
+
+    def url() -> str:
+        return f"dynamodb://pktest-mig-{uuid.uuid4().hex[:8]}?endpoint_url={dynamodb_endpoint}&region=us-east-1"
+
+    missing = url()
+    with pytest.raises(ConfigurationError) as info:
+        pk.connect(missing)
+    assert f"create-table --url '{missing}'" in str(info.value)  # the same endpoint, not AWS
+    assert cli("migrate", "--check", "--url", missing).returncode == 3
+    assert cli("threads", "--url", missing).returncode == 3
+    made = cli("migrate", "--url", missing)
+    assert made.returncode == 0 and "table created" in made.stdout, made.stderr
+    assert cli("migrate", "--url", missing).stdout.strip().endswith("the table exists; nothing to do")
+    assert cli("migrate", "--check", "--url", missing).returncode == 0
+    source = f"sqlite:///{tmp_path}/src.db"
+    with pk.connect(source) as store, pk.resume("moved\nthread", store=store, state=Chat):
+        add(1)
+    exported = cli("export", "--url", source, "moved\nthread", "-o", str(tmp_path / "t.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    target = url()
+    imported = cli("import", "--url", target, str(tmp_path / "t.jsonl"))
+    assert imported.returncode == 0, imported.stderr
+    assert "imported 'moved\\nthread'" in imported.stdout  # one line, the id as a literal
+    with pk.connect(target) as store:
+        assert store.get_state("moved\nthread", state=Chat).items == [1]
+
+
 class _Count:
     def __init__(self, client: Any) -> None:
         self.ops: list[str] = []
@@ -147,6 +182,46 @@ def test_throttling_and_transaction_conflicts_are_transient() -> None:
         "TransactWriteItems",
     )  # fmt: skip
     assert isinstance(map_error(conflict, "writing", "t"), BackendUnavailableError)
+
+
+def test_a_url_that_cannot_work_is_a_clear_error_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No region, an endpoint that is not a URL, nothing listening: persistkit's own errors
+    naming what to fix (never a botocore traceback); only a slow answer is transient."""
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    with pytest.raises(ConfigurationError, match=r"no AWS region: add \?region="):
+        pk.connect(f"dynamodb://pktest-{uuid.uuid4().hex[:8]}?endpoint_url=http://127.0.0.1:9")
+    with pytest.raises(ConfigurationError, match="endpoint_url='notaurl' is not a URL"):
+        pk.connect("dynamodb://pktest-t?region=us-east-1&endpoint_url=notaurl")
+    with pytest.raises(pk.BackendError, match=r"nothing answers at http://127\.0\.0\.1:") as refused:
+        pk.connect(f"dynamodb://pktest-t?region=us-east-1&endpoint_url=http://127.0.0.1:{_free_port()}")
+    assert not isinstance(refused.value, BackendUnavailableError)
+    with pytest.raises(ConfigurationError, match="timeout="):
+        pk.connect("dynamodb://pktest-t?region=us-east-1&timeout=soon")
+    from botocore.exceptions import NoCredentialsError  # boto3's default session caches credentials
+
+    assert "no AWS credentials" in str(map_error(NoCredentialsError(), "describing table 't'", "t"))
+    assert isinstance(map_error(NoCredentialsError(), "x", "t"), ConfigurationError)
+
+
+def test_an_endpoint_that_never_answers_times_out_by_the_timeout_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts connections, never answers
+    try:
+        port = silent.getsockname()[1]
+        with pytest.raises(BackendUnavailableError, match="DynamoDB"):
+            pk.connect(f"dynamodb://pktest-t?region=us-east-1&endpoint_url=http://127.0.0.1:{port}&timeout=0.2")
+    finally:
+        silent.close()
 
 
 def test_moto_unserialized_departure_from_dynamodb_isolation() -> None:

@@ -29,22 +29,28 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     d.set_defaults(func=_create_table)
 
 
-def _create_table(ns: argparse.Namespace, out: Output) -> int:
-    url = resolve_url(ns.url)
-    shown = scrub(mask_url(url))
+def create(url: str, verb: str = "dynamodb create-table") -> bool:
+    """Create the table of the store at ``url`` (``dynamodb://TABLE``); False when it existed."""
     parts = urlsplit(url)
     if parts.scheme.lower() != "dynamodb" or not parts.netloc:
         raise ConfigurationError(
-            f"`persistkit dynamodb create-table` takes a dynamodb://TABLE URL, not {shown!r}"
+            f"`persistkit {verb}` takes a dynamodb://TABLE URL, not {scrub(mask_url(url))!r}"
         )
     from ..backends.dynamodb import create_table, make_client
 
     query = dict(parse_qsl(parts.query))
     client = make_client(query.get("endpoint_url"), query.get("region"))
     try:
-        made = create_table(client, parts.netloc)
+        return create_table(client, parts.netloc)
     finally:
         client.close()
+
+
+def _create_table(ns: argparse.Namespace, out: Output) -> int:
+    url = resolve_url(ns.url)
+    shown = scrub(mask_url(url))
+    made = create(url)
+    parts = urlsplit(url)
     if out.as_json:
         out.value({"url": shown, "table": parts.netloc, "created": made})
     else:

@@ -65,6 +65,8 @@ def open_store(url: str, *, create: bool = False, display: bool = False, **optio
     """The store at ``url``; unless ``create``, only if it already exists (nothing is created).
     ``display``: decode values to plain JSON (:func:`plain`), for printing."""
     if create:
+        if url.partition("://")[0].lower() == "dynamodb":
+            options = {"create": True, **options}  # as `migrate` and `dynamodb create-table` do
         return connect(url, **options)
     options = {**env_keys(url), **options}
     if require_store(url):
@@ -116,14 +118,21 @@ def require_store(url: str) -> bool:
     elif hasattr(cls, "has_data"):
         # Stores without tables or files (Redis, S3) exist once something is stored under
         # their prefix: an empty prefix is a fresh store or a typo, and a reader gets nothing.
-        backend = cls.from_url(url)
+        # (A DynamoDB table that does not exist is no store either.)
+        try:
+            backend = cls.from_url(url)
+        except ConfigurationError as exc:
+            if getattr(exc, "missing_table", None) is None:
+                raise
+            raise NotFoundError(f"no store at {_where(url)}: {exc}") from None
         try:
             found = backend.has_data()  # type: ignore[attr-defined]
         finally:
             backend.close()
         if not found:
             raise NotFoundError(
-                f"no store at {_where(url)}: nothing is stored under its prefix. Check the URL "
+                f"no store at {_where(url)}: nothing is stored "
+                f"{'in its table' if url.partition('://')[0].lower() == 'dynamodb' else 'under its prefix'}. Check the URL "
                 f"({_PREFIX_HINT.get(url.partition('://')[0].lower(), 'its prefix')}); a store whose "
                 "threads were all deleted holds nothing either"
             )
@@ -134,6 +143,7 @@ _PREFIX_HINT = {
     "redis": "its ?prefix=, 'persistkit:' when not given, and the database number after the port",
     "rediss": "its ?prefix=, 'persistkit:' when not given, and the database number after the port",
     "s3": "the bucket and the prefix after it",
+    "dynamodb": "the table name, and its endpoint_url and region",
 }
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._errors import ConfigurationError, NotFoundError
 from ..backends import backend_class, mask_url
 from ..secrets._redact import scrub
+from ._dynamodb import create
 from ._open import require_store, resolve_url
 from ._output import Output
 
@@ -15,7 +17,7 @@ __all__ = ["add_parsers"]
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     m = sub.add_parser("migrate", parents=[common], help="create or upgrade the store's own tables",
-                       description="Create or upgrade the store's tables (PostgreSQL; other stores do it "
+                       description="Create or upgrade the store's tables (PostgreSQL; a DynamoDB store's table is created; other stores do it "
                        "when they open). With --check, change nothing and exit 1 when the schema is behind, "
                        "3 when there is no store at the URL.")
     m.add_argument("legacy_url", nargs="?", help=argparse.SUPPRESS)
@@ -28,6 +30,22 @@ def _migrate(ns: argparse.Namespace, out: Output) -> int:
     url = resolve_url(ns.url or ns.legacy_url)
     shown = scrub(mask_url(url))
     cls = backend_class(url)
+    if url.partition("://")[0].lower() == "dynamodb":
+        if ns.check:  # the table is all there is to a DynamoDB store's schema
+            try:
+                cls.from_url(url).close()
+            except ConfigurationError as exc:
+                if getattr(exc, "missing_table", None) is None:
+                    raise
+                raise NotFoundError(f"no store at {shown}: {exc}") from None
+            made = False
+        else:
+            made = create(url, "migrate")  # the store never creates its table unasked: this asks
+        if out.as_json:
+            out.value({"url": shown, "table_created": made, "behind": False})
+        else:
+            out.line(f"{shown}: " + ("table created" if made else "the table exists; nothing to do"))
+        return 0
     if ns.check:
         require_store(url)  # a check creates nothing: no store there is "not found" (exit 3)
     if not hasattr(cls, "migrate"):

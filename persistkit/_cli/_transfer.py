@@ -49,7 +49,7 @@ from ..codec._pipeline import Codec, _dump
 from ..engine._store import Store, check_namespace, check_thread_id
 from ..state._records import _check_body
 from ._open import env_keys, namespaces, open_store, resolve_url, thread_not_found
-from ._output import Output, dumps, whole_file
+from ._output import Output, cell, dumps, whole_file
 
 __all__ = ["FORMAT", "add_parsers"]
 
@@ -317,7 +317,7 @@ def _import(ns: argparse.Namespace, out: Output) -> int:
         out.value(done)
     else:
         for d in done:
-            out.line(f"imported {d['thread']}: {d['rows']} checkpoint(s), {d['blobs']} blob(s)"
+            out.line(f"imported {cell(d['thread'])}: {d['rows']} checkpoint(s), {d['blobs']} blob(s)"
                      + (" (replaced)" if d["replaced"] else ""))
         out.line(f"{len(done)} thread(s) imported into {mask_url(store.url)}")
     return 0

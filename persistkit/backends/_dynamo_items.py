@@ -152,7 +152,13 @@ def is_code(exc: BaseException, *codes: str) -> bool:
 
 def map_error(exc: Exception, what: str, table: str) -> BackendError | ConfigurationError:
     """The persistkit error for a botocore failure while doing ``what``."""
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        NoCredentialsError,
+    )
 
     if isinstance(exc, ConnectionError | HTTPClientError):
         # a timeout after the request was sent is ambiguous: the store's callers resolve
@@ -175,18 +181,30 @@ def map_error(exc: Exception, what: str, table: str) -> BackendError | Configura
         return BackendError(
             f"DynamoDB failed ({code}) while {what}: {exc}" + (f". {fix}" if fix else "")
         )
+    if isinstance(exc, NoCredentialsError):
+        return ConfigurationError(
+            f"DynamoDB: no AWS credentials while {what}: give this process credentials the usual "
+            "boto3 ways (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or "
+            "task role); a store URL never carries them"
+        )
     if isinstance(exc, BotoCoreError):
         return BackendError(f"DynamoDB client failed while {what}: {exc}")
     return BackendError(f"DynamoDB failed while {what}: {type(exc).__name__}: {exc}")
 
 
-def missing_table(table: str, detail: str = "") -> ConfigurationError:
-    return ConfigurationError(
+def missing_table(table: str, detail: str = "", url: str | None = None) -> ConfigurationError:
+    """The error for a table that does not exist; ``url`` (masked) is the store's own, so the
+    command it suggests targets the same endpoint and region. ``missing_table`` is set on it
+    (the CLI reports such a store as not found)."""
+    where = url or f"dynamodb://{table}?region=…"
+    error = ConfigurationError(
         f"the DynamoDB table {table!r} does not exist"
         + (f" ({detail})" if detail else "")
-        + f". Create it with `persistkit dynamodb create-table --url 'dynamodb://{table}?region=…'`, or open the "
+        + f". Create it with `persistkit dynamodb create-table --url '{where}'`, or open the "
         "store with ?create=1 (docs/backends.md lists its key schema and the IAM actions it needs)"
     )
+    error.missing_table = table  # type: ignore[attr-defined]
+    return error
 
 
 # -- requests -------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from .._errors import (
     LeaseLostError,
     StoreClosedError,
 )
-from . import unknown_options
+from . import mask_url, unknown_options
 from ._dynamo_items import (
     TXN_MAX_ACTIONS,
     TXN_MAX_BYTES,
@@ -77,7 +77,9 @@ from ._s3_keys import _MAX_ID_BYTES, _b64, _prefix_seg, _seg, _thread_seg, _utf8
 
 __all__ = ["DynamoBackend", "create_table"]
 
-_OPTIONS = ("client", "endpoint_url", "region", "create", "watch_interval", "kv_pending_timeout")
+_OPTIONS = (
+    "client", "endpoint_url", "region", "create", "watch_interval", "kv_pending_timeout", "timeout",
+)  # fmt: skip
 _MAX_CHECKPOINT_ID_BYTES = 800  # the sort key stops at 1024 bytes
 
 
@@ -108,16 +110,34 @@ def _seconds(url: str, settings: Mapping[str, Any], name: str, default: float) -
     return got
 
 
-def make_client(endpoint_url: str | None, region: str | None) -> Any:
+def make_client(endpoint_url: str | None, region: str | None, timeout: float = 30.0) -> Any:
+    """A boto3 DynamoDB client: credentials from boto3's usual chain, ``timeout`` seconds a
+    request may wait for its answer (botocore tries a request up to 4 times; the connect
+    timeout is 5 s). A missing region or an endpoint that is not a URL is a
+    ``ConfigurationError`` naming the option."""
     import boto3
     from botocore.config import Config
+    from botocore.exceptions import NoRegionError
 
     config = Config(
-        connect_timeout=5, read_timeout=30, retries={"mode": "standard", "max_attempts": 4}
+        connect_timeout=min(5.0, timeout),
+        read_timeout=timeout,
+        retries={"mode": "standard", "max_attempts": 4},
     )
-    return boto3.client(
-        "dynamodb", endpoint_url=endpoint_url or None, region_name=region or None, config=config
-    )
+    try:
+        return boto3.client(
+            "dynamodb", endpoint_url=endpoint_url or None, region_name=region or None, config=config
+        )
+    except NoRegionError:
+        raise ConfigurationError(
+            "DynamoDB store: no AWS region: add ?region=… to the URL (e.g. "
+            "dynamodb://TABLE?region=eu-west-1) or set AWS_DEFAULT_REGION"
+        ) from None
+    except ValueError as exc:  # botocore: "Invalid endpoint: ..."
+        raise ConfigurationError(
+            f"DynamoDB store: endpoint_url={endpoint_url!r} is not a URL ({exc}): give it as "
+            "http://host:port (a local DynamoDB) or https://…, or leave it out for AWS itself"
+        ) from None
 
 
 def create_table(client: Any, table: str) -> bool:
@@ -148,6 +168,13 @@ def create_table(client: Any, table: str) -> bool:
     except Exception as exc:
         raise map_error(exc, f"waiting for table {table!r} to become active", table) from exc
     return created
+
+
+def _without_create(url: str) -> str:
+    """``url`` without its ``create`` option (the command that creates the table needs none)."""
+    head, _, query = url.partition("?")
+    kept = "&".join(p for p in query.split("&") if p and p.partition("=")[0] != "create")
+    return f"{head}?{kept}" if kept else head
 
 
 def _landed_before(exc: Exception, row: Mapping[str, Any], expected: int) -> bool:
@@ -222,10 +249,11 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
         settings = {**query, **{k: v for k, v in options.items() if k != "client"}}
         interval = _seconds(url, settings, "watch_interval", 1.0)
         pending_timeout = _seconds(url, settings, "kv_pending_timeout", 10.0)
+        timeout = _seconds(url, settings, "timeout", 30.0)
         client = options.get("client")
         owns = client is None
         if client is None:
-            client = make_client(settings.get("endpoint_url"), settings.get("region"))
+            client = make_client(settings.get("endpoint_url"), settings.get("region"), timeout)
         store = cls(
             client,
             table,
@@ -242,15 +270,25 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
         return store
 
     def _ensure_table(self, create: bool) -> None:
+        from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
         try:
             described = self._client.describe_table(TableName=self._table)
             if described.get("Table", {}).get("TableStatus", "ACTIVE") == "ACTIVE":
                 return
+        except (EndpointConnectionError, ConnectTimeoutError) as exc:
+            if isinstance(exc, ConnectTimeoutError):  # slow, not absent: transient
+                raise map_error(exc, f"opening table {self._table!r}", self._table) from exc
+            endpoint = self._client.meta.endpoint_url
+            raise BackendError(  # nothing listens there, or the host is unknown: not transient
+                f"DynamoDB store {mask_url(self.url)!r}: nothing answers at {endpoint} ({exc}). "
+                "Check the URL's endpoint_url (a local DynamoDB's host and port) and region"
+            ) from None
         except Exception as exc:
             if not is_code(exc, "ResourceNotFoundException"):
                 raise map_error(exc, f"describing table {self._table!r}", self._table) from exc
             if not create:
-                raise missing_table(self._table) from None
+                raise missing_table(self._table, url=_without_create(mask_url(self.url))) from None
         create_table(self._client, self._table)  # creates it, or waits while it is created
 
     # -- plumbing ---------------------------------------------------------------------

@@ -72,6 +72,71 @@ def test_a_sealed_and_encrypted_store_opened_with_integrity_only_names_encryptio
         assert writer.get_state(tid)["text"] == "x" * 4096
 
 
+_STACKS = {
+    "blobs+encryption": {"encryption": {"k": KEY}},
+    "blobs+integrity": {"integrity": {"m": KEY}},
+    "blobs+encryption+integrity": {"encryption": {"k": KEY}, "integrity": {"m": KEY}},
+}
+
+
+@pytest.mark.parametrize("stack", list(_STACKS))
+def test_an_offloaded_and_sealed_store_opened_without_blobs_names_blobs(
+    stack: str, own_url: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Encryption and integrity wrap offload: without blobs= they meet offload's pointer where
+    their own envelope belongs, which is a missing option (blobs=), not a forged record."""
+    import asyncio
+    import base64
+
+    from persistkit._cli import main
+
+    sealed = _STACKS[stack]
+    blobs = {"blobs": make_url("sqlite", request, tmp_path_factory), "blob_threshold": 64}
+    tid = uid("offl")
+    with pk.connect(own_url, **blobs, **sealed) as writer, pk.resume(tid, store=writer) as run:  # type: ignore[arg-type]
+        run.state["text"] = "x" * 4096
+
+    def names_blobs(info: pytest.ExceptionInfo[pk.StoreOptionsError]) -> None:
+        message = str(info.value)
+        assert "blobs=" in message and tid in message, message
+        assert "Ways forward" not in message and "forged" not in message and "fork" not in message, message
+
+    async def aread(store: pk.Store) -> None:
+        await store.aget_state(tid)
+
+    with pk.connect(own_url, **sealed) as half:  # type: ignore[arg-type]
+        reads = (lambda: half.get_state(tid), lambda: list(half.history(tid)), lambda: asyncio.run(aread(half)))
+        for read in reads:
+            with pytest.raises(pk.StoreOptionsError) as info:
+                read()
+            names_blobs(info)
+        with pytest.raises(pk.StoreOptionsError) as info, pk.resume(tid, store=half):
+            pass
+        names_blobs(info)
+        if "encryption" in sealed:  # sealing offload's pointer as if it were plaintext would lose the record
+            with pytest.raises(pk.StoreOptionsError) as info:
+                half.rotate_keys(tid, encrypt_plaintext=True)
+            names_blobs(info)
+        if "integrity" in sealed:
+            with pytest.raises(pk.StoreOptionsError) as info:
+                half.verify(tid)  # a missing option, not a broken record
+            names_blobs(info)
+    if "integrity" in sealed and not own_url.startswith("memory://"):  # the command line, too
+        for option, var in (("integrity", "PERSISTKIT_INTEGRITY_KEYS"), ("encryption", "PERSISTKIT_ENCRYPTION_KEYS")):
+            if option in sealed:
+                kid = "m" if option == "integrity" else "k"
+                monkeypatch.setenv(var, f"{kid}:{base64.b64encode(KEY).decode()}")
+            else:
+                monkeypatch.delenv(var, raising=False)
+        assert main(["verify", "--url", own_url, "--thread", tid]) == 1
+        assert "StoreOptionsError" in (err := capsys.readouterr().err) and "?blobs=" in err and "problem" not in err, err
+    with pk.connect(own_url, **blobs, **sealed) as writer:  # type: ignore[arg-type]
+        assert writer.get_state(tid)["text"] == "x" * 4096  # nothing was damaged
+        if "integrity" in sealed:
+            assert writer.verify(tid).ok
+
+
 def test_one_value_in_several_variables_is_named_by_the_usual_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -88,6 +88,7 @@ from ..backends._prune import ForwardPrune
 from ._integrity_prune import ANCHOR, check_gap, prune_op
 from ._keys import KeyRing
 from ._kv import ValueKv, open_kv_tagged, tag_kv_op
+from ._options import MARKER, offloaded
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]
@@ -204,6 +205,8 @@ def open_row(row: CheckpointRow, ring: KeyRing) -> Sealed:
     p = row.payload
     if p[:1] == _ENCRYPTED:
         raise _encrypted(at)
+    if p[: len(MARKER)] == MARKER:
+        raise offloaded(at, "integrity=")
     if not p or p[0] != MAGIC:
         raise IntegrityError(
             f"{at}: the record carries no integrity tag (written without integrity=, or forged). "
@@ -266,6 +269,8 @@ def open_blob(thread_id: str, blob_key: str, value: bytes, ring: KeyRing) -> byt
     at = f"thread {thread_id!r} blob {blob_key!r}"
     if value[:1] == _ENCRYPTED:
         raise _encrypted(at)
+    if value[: len(MARKER)] == MARKER:
+        raise offloaded(at, "integrity=")
     if not value or value[0] != MAGIC:
         raise IntegrityError(f"{at}: the stored value carries no integrity tag. {_FIX}")
     try:

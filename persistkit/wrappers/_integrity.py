@@ -82,13 +82,12 @@ from .._errors import (
     StoreOptionsError,
     damaged_record_advice,
 )
-from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
 from ..backends._prune import ForwardPrune
 from ._integrity_prune import ANCHOR, check_gap, prune_op
 from ._keys import KeyRing
 from ._kv import ValueKv, open_kv_tagged, tag_kv_op
-from ._options import MARKER, offloaded
+from ._options import MARKER, command_url, offloaded
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]
@@ -420,7 +419,7 @@ class IntegrityBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
             return open_row(row, self.keyring)
         except IntegrityError as exc:
             # the generic remedy becomes the ways forward for this record, with the calls to make
-            advice = damaged_record_advice(row.thread_id, row.namespace, row.parent_id, mask_url(self.url), integrity=True)
+            advice = damaged_record_advice(row.thread_id, row.namespace, row.parent_id, command_url(self), integrity=True)
             text = str(exc)
             raise IntegrityError(text.replace(_FIX, f"{_CAUSE} {advice}") if _FIX in text else f"{text}. {advice}") from None
 

@@ -49,11 +49,11 @@ from typing import Any, ClassVar
 from .._errors import ConfigurationError, IntegrityError
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
 from ._kv import ValueKv, kv_where
-from ._options import MARKER as _MARKER  # the wrappers above offload recognize it (blobs= missing)
 
 __all__ = ["DEFAULT_THRESHOLD", "KV_BLOB_THREAD", "OffloadBackend", "kv_blob_thread"]
 
 DEFAULT_THRESHOLD = 256 * 1024
+_MARKER = b"\x00PKREF1:"  # also wrappers._options.MARKER: the wrappers above offload recognize it
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .._errors import StoreOptionsError
-from ..backends import mask_url
+from ..backends import Backend, mask_url
 
 __all__ = ["MARKER", "command_url", "offloaded"]
 
@@ -38,14 +38,13 @@ def command_url(backend: Any) -> str:
     masked URL, plus ``blobs=`` when an offload wrapper is in the stack and ``witness=`` when
     the (outermost) integrity wrapper has a file or store witness, both percent-encoded.
     Keys are not in it: the verbs take them from ``$PERSISTKIT_*_KEYS``."""
-    from ._offload import OffloadBackend
-
     extra: dict[str, str] = {}
     witness = _witness_source(getattr(backend, "witness", None))
     current = backend
     for _ in range(16):
-        if isinstance(current, OffloadBackend):
-            extra["blobs"] = mask_url(str(current.blobs.url))
+        blobs = getattr(current, "blobs", None)  # OffloadBackend's blob store (not imported: _offload needs _kv)
+        if isinstance(blobs, Backend):
+            extra["blobs"] = mask_url(str(blobs.url))
         below = getattr(current, "inner", None)
         if below is None or below is current:
             break

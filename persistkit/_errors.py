@@ -527,12 +527,21 @@ def _rebuild_lost(message: str, thread_id: str, namespace: str, token: int, foun
     return LeaseLostError(message, thread_id=thread_id, namespace=namespace, token=token, found=found)
 
 
+def _shell_word(text: str) -> str:
+    if "'" not in text:
+        return f"'{text}'"
+    import shlex
+
+    return shlex.quote(text)
+
+
 def damaged_record_advice(
     thread_id: str, namespace: str, parent_id: str | None, url: str | None, *, integrity: bool
 ) -> str:
     """The ways forward named by every error about one stored checkpoint that is damaged
     or altered (a flipped bit, an edit outside persistkit): what to run, with the call."""
-    where = f"--url {url!r} " if url else "--url URL "
+    # single-quoted for a shell (as repr shows a plain URL); keys come from the environment
+    where = f"--url {_shell_word(url)} " if url else "--url URL "
     ns = f", namespace={namespace!r}" if namespace else ""
     if parent_id:
         fork = (
@@ -547,8 +556,9 @@ def damaged_record_advice(
         )
     if integrity:
         return (
-            f"Ways forward: `persistkit verify {where}--thread {thread_id!r}` lists every broken "
-            f"record of the thread; {fork} (or from any earlier checkpoint that verifies); or restore "
+            f"Ways forward: `persistkit verify {where}--thread {thread_id!r}` (with the store's keys in "
+            "$PERSISTKIT_INTEGRITY_KEYS, and in $PERSISTKIT_ENCRYPTION_KEYS when it is encrypted) lists every "
+            f"broken record of the thread; {fork} (or from any earlier checkpoint that verifies); or restore "
             "the store from a trusted backup. Nothing was written."
         )
     return (

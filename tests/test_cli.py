@@ -569,3 +569,39 @@ def test_history_marks_a_step_name_cut_to_fit() -> None:
     assert _tail("agents.tools.search", 24) == "agents.tools.search"
     cut = _tail("my_company.agents.refunds.tools.search_orders", 24)
     assert cut == "…nds.tools.search_orders" and len(cut) == 24
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_the_verify_command_a_wrong_key_error_names_runs(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The ways forward of a record that fails its check name `persistkit verify --url ...`: the
+    store's URL as the CLI opens it (blobs= and witness= in it), not the wrapped store's display
+    name ('... (blobs: ...) (encrypted)'), which, pasted, was no store (exit 3)."""
+    import base64
+    import shlex
+
+    from conftest import make_url, uid
+
+    import persistkit as pk
+
+    key, other = bytes(range(32)), bytes(range(1, 33))
+    url = make_url(kind, request, tmp_path_factory, isolated=True)
+    blobs = f"sqlite:///{tmp_path}/blobs store+1.db"  # a space and a '+': percent-encoded in the URL
+    sealed: dict[str, object] = {
+        "blobs": blobs, "blob_threshold": 64, "encryption": {"k": key}, "witness": f"file:{tmp_path}/witness.jsonl",
+    }
+    tid = uid("cmd")
+    with pk.connect(url, integrity={"m": key}, **sealed) as writer, pk.resume(tid, store=writer) as run:  # type: ignore[arg-type]
+        run.state["text"] = "x" * 4096
+    with pk.connect(url, integrity={"m": other}, **sealed) as wrong, pytest.raises(pk.IntegrityError) as info:  # type: ignore[arg-type]
+        wrong.get_state(tid)
+    found = re.search(r"`persistkit verify ([^`]*)`", str(info.value))
+    assert found is not None and "(encrypted)" not in found.group(1) and "(blobs:" not in found.group(1), info.value
+    assert "witness=file%3A" in found.group(1), found.group(1)
+    args = shlex.split(found.group(1))
+    env = {"PERSISTKIT_ENCRYPTION_KEYS": f"k:{base64.b64encode(key).decode()}"}
+    ok = cli("verify", *args, cwd=tmp_path, env={**env, "PERSISTKIT_INTEGRITY_KEYS": f"m:{base64.b64encode(key).decode()}"})
+    assert ok.returncode == 0 and "all verified" in ok.stdout, ok
+    broken = cli("verify", *args, cwd=tmp_path, env={**env, "PERSISTKIT_INTEGRITY_KEYS": f"m:{base64.b64encode(other).decode()}"})
+    assert broken.returncode == 1 and "does not match" in broken.stdout, broken

@@ -720,7 +720,8 @@ def test_one_flipped_bit_names_the_ways_forward(env: Env, integrity: bool) -> No
         msg = str(info.value)
         assert head in msg and "Ways forward:" in msg and "Nothing was written." in msg, msg
         if integrity:
-            assert f"`persistkit verify --url {env.url!r} --thread {t!r}`" in msg, msg
+            # the store's URL (with the witness= the CLI needs), not a display name
+            assert f"`persistkit verify --url '{env.url}" in msg and f"' --thread {t!r}`" in msg, msg
         else:
             assert "pk.connect(url, integrity=True)" in msg and "persistkit verify" in msg, msg
     assert [r[0] for r in env.raw.rows(t)] == [r[0] for r in rows]  # nothing was written

@@ -302,3 +302,24 @@ def test_another_process_writes_through_the_same_wrappers(tmp_path: Path, scope:
         watch.close()
         for b in (backend, raw, blobs):
             b.close()
+
+
+@pytest.mark.parametrize("sealed", ["encryption", "integrity", "encryption+integrity"])
+def test_an_offloaded_value_read_without_blobs_names_blobs(
+    sealed: str, persistkit_url: str, blob_url: str, scope: str
+) -> None:
+    """Encryption and integrity sit above offload: without blobs= they meet its pointer, which
+    is a missing option (pk.StoreOptionsError naming blobs=), not a forged value."""
+    from persistkit.wrappers import _offload, _options
+
+    assert _options.MARKER == _offload._MARKER  # the pointer the wrappers above offload recognize
+    keys: dict[str, Any] = {"encryption": ENC_KEY, "integrity": INT_KEY}
+    options = {name: keys[name] for name in sealed.split("+")}
+    with pk.connect(persistkit_url, blobs=blob_url, blob_threshold=THRESHOLD, **options) as writer:
+        writer.backend.kv_write(scope, [KvOp("big", 0, SECRET * 1000)], keep=3)
+        with pk.connect(persistkit_url, **options) as half:
+            for read in (lambda: half.backend.kv_get(scope, "big"), lambda: half.backend.kv_history(scope, "big")):
+                with pytest.raises(pk.StoreOptionsError, match="without blobs=") as info:
+                    read()
+                assert "forged" not in str(info.value) and "'big'" in str(info.value), info.value
+        assert writer.backend.kv_get(scope, "big") == KvEntry("big", 1, SECRET * 1000)

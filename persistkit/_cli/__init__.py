@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except StoreOptionsError as exc:
-        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}. {_KEYS_HINT}", file=sys.stderr)
+        hint = _BLOBS_HINT if "without blobs=" in str(exc) or "pk.connect(url, blobs=" in str(exc) else _KEYS_HINT
+        print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}. {hint}", file=sys.stderr)
         return 1
     except PersistkitError as exc:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
@@ -133,6 +134,11 @@ def _check_ids(ns: argparse.Namespace) -> None:
         ns.parser.error(scrub(str(exc)))
 
 
+_BLOBS_HINT = (
+    "From the command line: add ?blobs=<the blob store's URL, percent-encoded> to --url "
+    "(e.g. --url 'sqlite:///main.db?blobs=sqlite%3A%2F%2F%2Fblobs.db'), with the keys in "
+    "$PERSISTKIT_ENCRYPTION_KEYS / $PERSISTKIT_INTEGRITY_KEYS as the store needs them"
+)
 _KEYS_HINT = (
     "From the command line: set $PERSISTKIT_ENCRYPTION_KEYS and/or $PERSISTKIT_INTEGRITY_KEYS "
     "(every verb then opens the store with those keys), or add ?encryption=true&integrity=true "

@@ -60,6 +60,7 @@ from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, Kv
 from ..backends._prune import ForwardPrune
 from ._keys import KeyRing
 from ._kv import ValueKv, kv_where
+from ._options import MARKER, offloaded
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -212,6 +213,8 @@ class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
 
     def _open(self, data: bytes, aad: bytes, where: str, *, plaintext_ok: bool, damaged: str = "") -> bytes:
         """``data`` decrypted; ``damaged``: the ways forward when it was altered."""
+        if data[: len(MARKER)] == MARKER:  # offload sits below: the store was opened without blobs=
+            raise offloaded(where, "encryption=")
         if not data or data[0] != MAGIC:
             if plaintext_ok:
                 return bytes(data)
@@ -440,6 +443,8 @@ class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
         kid = key_id_of(data)
         if kid == self.keyring.active_id:
             return None, False
+        if data[: len(MARKER)] == MARKER:  # sealing offload's pointer would lose the record
+            raise offloaded(where, "encryption=")
         if kid is None and data[:1] != _MAGIC:
             if not encrypt_plaintext:
                 raise IntegrityError(

@@ -82,12 +82,12 @@ from .._errors import (
     StoreOptionsError,
     damaged_record_advice,
 )
-from ..backends import mask_url
 from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
 from ..backends._prune import ForwardPrune
 from ._integrity_prune import ANCHOR, check_gap, prune_op
 from ._keys import KeyRing
 from ._kv import ValueKv, open_kv_tagged, tag_kv_op
+from ._options import MARKER, command_url, offloaded
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]
@@ -204,6 +204,8 @@ def open_row(row: CheckpointRow, ring: KeyRing) -> Sealed:
     p = row.payload
     if p[:1] == _ENCRYPTED:
         raise _encrypted(at)
+    if p[: len(MARKER)] == MARKER:
+        raise offloaded(at, "integrity=")
     if not p or p[0] != MAGIC:
         raise IntegrityError(
             f"{at}: the record carries no integrity tag (written without integrity=, or forged). "
@@ -266,6 +268,8 @@ def open_blob(thread_id: str, blob_key: str, value: bytes, ring: KeyRing) -> byt
     at = f"thread {thread_id!r} blob {blob_key!r}"
     if value[:1] == _ENCRYPTED:
         raise _encrypted(at)
+    if value[: len(MARKER)] == MARKER:
+        raise offloaded(at, "integrity=")
     if not value or value[0] != MAGIC:
         raise IntegrityError(f"{at}: the stored value carries no integrity tag. {_FIX}")
     try:
@@ -415,7 +419,7 @@ class IntegrityBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
             return open_row(row, self.keyring)
         except IntegrityError as exc:
             # the generic remedy becomes the ways forward for this record, with the calls to make
-            advice = damaged_record_advice(row.thread_id, row.namespace, row.parent_id, mask_url(self.url), integrity=True)
+            advice = damaged_record_advice(row.thread_id, row.namespace, row.parent_id, command_url(self), integrity=True)
             text = str(exc)
             raise IntegrityError(text.replace(_FIX, f"{_CAUSE} {advice}") if _FIX in text else f"{text}. {advice}") from None
 

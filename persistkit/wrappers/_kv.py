@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from .._errors import IntegrityError
 from ..backends._protocol import ForwardKv, KvEntry, KvOp
 from ._keys import KeyRing
+from ._options import MARKER, offloaded
 
 __all__ = ["ValueKv", "kv_where", "open_kv_tagged", "tag_kv_op"]
 
@@ -172,6 +173,8 @@ def open_kv_tagged(scope: str, entry: KvEntry, ring: KeyRing) -> KvEntry:
             f"{at}: the store holds a delete that carries no integrity tag (deletes through an "
             f"integrity store are tagged): it was written without the integrity key. {_FIX}"
         )
+    if data[: len(MARKER)] == MARKER:  # offload sits below: the store was opened without blobs=
+        raise offloaded(at, "integrity=")
     if not data or data[0] != _MAGIC:
         raise IntegrityError(f"{at}: the value carries no integrity tag (written without integrity=, or forged). {_FIX}")
     try:

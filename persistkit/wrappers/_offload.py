@@ -53,7 +53,7 @@ from ._kv import ValueKv, kv_where
 __all__ = ["DEFAULT_THRESHOLD", "KV_BLOB_THREAD", "OffloadBackend", "kv_blob_thread"]
 
 DEFAULT_THRESHOLD = 256 * 1024
-_MARKER = b"\x00PKREF1:"
+_MARKER = b"\x00PKREF1:"  # also wrappers._options.MARKER: the wrappers above offload recognize it
 
 
 @dataclass(frozen=True, slots=True)

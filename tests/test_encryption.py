@@ -195,6 +195,19 @@ def test_rotation_reseals_the_handle_key_of_detected_secrets(whole_url: str, reg
         assert token_agent(store, tid) == ["ok 0", "ok 1", "ok 2"]  # every use() was handed TOKEN
 
 
+def test_a_handle_key_under_a_retired_key_is_an_integrity_error(local_url: str, registered_token: None) -> None:
+    """A rotation of one thread leaves the store's handle key under the retired key. Before: the
+    unreadable key was logged and replaced by a per-process key (it still is), and the resume failed with a SecretResolutionError that did not name the missing key."""
+    tid = crashed_token_run(local_url)
+    with pk.connect(local_url, encryption=ring("A", "B")) as store:
+        assert store.rotate_keys(tid).rows_resealed >= 1  # one thread: the store's own blobs stay under A
+    pk.secrets.register("gh", TOKEN)
+    with pk.connect(local_url, encryption=ring("B")) as store:
+        assert store.get_state(tid)["tok"].startswith("$CRED{github-")  # loading needs no value
+        with pytest.raises(IntegrityError, match=r"not run\..*handle key.*key id 'A', which is not in the key ring"):
+            token_agent(store, tid)  # the live call that would be handed the handle
+
+
 def test_migrating_a_plaintext_store_seals_its_handle_key(local_url: str, registered_token: None) -> None:
     """The handle key written in plaintext is sealed by the migration, as a record is (and
     refused without encrypt_plaintext=True, as a record is)."""

@@ -232,10 +232,12 @@ class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
                 f"{where}: the encrypted record is malformed (truncated or altered){damaged}"
             )
         if not self.keyring.has(kid):
-            raise IntegrityError(
+            missing = IntegrityError(
                 f"{where} is sealed with encryption key id {kid!r}, which is not in the key ring "
                 f"{list(self.keyring.ids)}: add that key (was it retired before rotate_keys finished?)"
             )
+            missing.missing_key_id = kid  # type: ignore[attr-defined]  # read by secrets._handlekey
+            raise missing
         from cryptography.exceptions import InvalidTag
 
         try:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_url, uid
+from conftest import BACKENDS, make_url, uid
 
 import persistkit as pk
 from persistkit import ConfigurationError, IntegrityError, KeyRing
 from persistkit.__main__ import main as cli
 from persistkit.backends import Backend, CheckpointRow, open_backend
+from persistkit.secrets import _registry
+from persistkit.secrets._handlekey import HANDLE_BLOB, HANDLE_THREAD
 from persistkit.testing.backend_suite import BackendConformance
 from persistkit.testing.store_suite import StoreConformance
 from persistkit.wrappers._encryption import EncryptedBackend, key_id_of
@@ -125,6 +128,102 @@ def test_rotation_then_old_key_dropped(store_url: str) -> None:
         assert all(key_id_of(data) == "B" for _, data in raw_dump(raw, [tid]))
     finally:
         raw.close()
+
+
+# -- a detected secret's handle key: the store's own blob (thread '__persistkit__') ------------
+
+TOKEN = "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3z5A"  # detected (GitHub-style), in no variable
+
+
+@pytest.fixture(params=BACKENDS)
+def whole_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store of its own on every backend (a store-wide rotation lists every thread)."""
+    return make_url(request.param, request, tmp_path_factory, isolated=True)
+
+
+def token_agent(store: pk.Store, tid: str, *, crash_at: int = -1) -> list[str]:
+    """A step returns TOKEN (stored as a detected secret's handle); ``use`` crashes at ``crash_at``."""
+
+    @pk.checkpointed
+    def get_token() -> str:
+        return TOKEN
+
+    @pk.checkpointed
+    def use(tok: str, i: int) -> str:
+        assert tok == TOKEN, f"handed {tok[:24]!r}"
+        if i == crash_at:
+            raise KeyboardInterrupt("process killed")
+        return f"ok {i}"
+
+    with pk.resume(tid, store=store, state={"tok": ""}) as run:
+        tok = get_token()
+        run.state["tok"] = tok
+        return [use(tok, i) for i in range(3)]
+
+
+def crashed_token_run(url: str) -> str:
+    tid = uid("hk")
+    with pk.connect(url, encryption=ring("A")) as store, pytest.raises(KeyboardInterrupt):
+        token_agent(store, tid, crash_at=1)
+    _registry._memory.clear()  # a new process: it never redacted the token itself
+    return tid
+
+
+@pytest.fixture
+def registered_token() -> Iterator[None]:
+    yield
+    pk.secrets.unregister("gh")
+    _registry._memory.clear()
+
+
+def test_rotation_reseals_the_handle_key_of_detected_secrets(whole_url: str, registered_token: None) -> None:
+    """Before: rotate_keys walked threads() only, the handle key (a blob of the headless reserved
+    thread) stayed under the retired key, and the resume failed with SecretResolutionError."""
+    tid = crashed_token_run(whole_url)
+    with pk.connect(whole_url, encryption=ring("A", "B")) as store:
+        report = store.rotate_keys()
+        assert report.threads == 1 and report.blobs_resealed >= 1, report
+        again = store.rotate_keys()
+        assert again.rows_resealed == again.blobs_resealed == 0 and again.blobs_skipped == report.blobs_resealed
+    raw = open_backend(whole_url)
+    try:
+        assert key_id_of(raw.get_blobs(HANDLE_THREAD, [HANDLE_BLOB])[HANDLE_BLOB]) == "B"
+    finally:
+        raw.close()
+    pk.secrets.register("gh", TOKEN)
+    with pk.connect(whole_url, encryption=ring("B")) as store:
+        assert token_agent(store, tid) == ["ok 0", "ok 1", "ok 2"]  # every use() was handed TOKEN
+
+
+def test_a_handle_key_under_a_retired_key_is_an_integrity_error(local_url: str, registered_token: None) -> None:
+    """A rotation of one thread leaves the store's handle key under the retired key. Before: the
+    unreadable key was logged and replaced by a per-process key (it still is), and the resume failed with a SecretResolutionError that did not name the missing key."""
+    tid = crashed_token_run(local_url)
+    with pk.connect(local_url, encryption=ring("A", "B")) as store:
+        assert store.rotate_keys(tid).rows_resealed >= 1  # one thread: the store's own blobs stay under A
+    pk.secrets.register("gh", TOKEN)
+    with pk.connect(local_url, encryption=ring("B")) as store:
+        assert store.get_state(tid)["tok"].startswith("$CRED{github-")  # loading needs no value
+        with pytest.raises(IntegrityError, match=r"not run\..*handle key.*key id 'A', which is not in the key ring"):
+            token_agent(store, tid)  # the live call that would be handed the handle
+
+
+def test_migrating_a_plaintext_store_seals_its_handle_key(local_url: str, registered_token: None) -> None:
+    """The handle key written in plaintext is sealed by the migration, as a record is (and
+    refused without encrypt_plaintext=True, as a record is)."""
+    tid = uid("hkplain")
+    with pk.connect(local_url) as plain, pytest.raises(KeyboardInterrupt):
+        token_agent(plain, tid, crash_at=1)
+    _registry._memory.clear()
+    with pk.connect(local_url, encryption=ring("A"), accept_plaintext=True) as store:
+        with pytest.raises(IntegrityError, match=r"'__persistkit__' blob 'k:handle-key' is not encrypted.*encrypt_plaintext=True"):
+            store.rotate_keys()
+        report = store.rotate_keys(encrypt_plaintext=True)
+        assert report.threads == 1 and report.plaintext_sealed == report.rows_resealed + report.blobs_resealed
+        assert report.blobs_resealed >= 1
+    pk.secrets.register("gh", TOKEN)
+    with pk.connect(local_url, encryption=ring("A")) as store:
+        assert token_agent(store, tid) == ["ok 0", "ok 1", "ok 2"]
 
 
 # -- tampering, moved ciphertext, keys (memory + sqlite) ----------------------------------
@@ -376,6 +475,26 @@ def test_cli_keygen_and_rotate_keys(
         assert store.get_state(tid)["secret_note"] == MARKER * 40
     with pytest.raises(SystemExit, match="never key text"):
         cli(["rotate-keys", local_url, "--keys", "A:notallowed"])
+
+
+def test_cli_rotate_keys_reports_the_store_blobs_it_resealed(
+    local_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], registered_token: None
+) -> None:
+    """Before: ``blobs_resealed: 0`` with the handle key left under the old key."""
+    tid = crashed_token_run(local_url)
+    raw = open_backend(local_url)
+    try:
+        sealed = [k for t in (tid, HANDLE_THREAD) for k, v in raw.scan_blobs(t, "", "\x7f").items() if key_id_of(v) == "A"]
+        assert HANDLE_BLOB in sealed
+        keyfile = tmp_path / "keys"
+        keyfile.write_text(f"A:{base64.b64encode(KEY_A).decode()}\nB:{base64.b64encode(KEY_B).decode()}\n")
+        capsys.readouterr()
+        assert cli(["rotate-keys", "--url", local_url, "--keys", f"file:{keyfile}", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["threads"] == 1 and report["blobs_resealed"] == len(sealed) and report["blobs_skipped"] == 0
+        assert key_id_of(raw.get_blobs(HANDLE_THREAD, [HANDLE_BLOB])[HANDLE_BLOB]) == "B"
+    finally:
+        raw.close()
 
 
 def test_import_persistkit_does_not_import_cryptography() -> None:

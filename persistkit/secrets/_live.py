@@ -22,7 +22,7 @@ import dataclasses
 import re
 from typing import Any
 
-from .._errors import SecretResolutionError
+from .._errors import IntegrityError, SecretResolutionError
 from ._redact import _HANDLE_RE, Redactor, Secret, _unresolved, default_redactor
 from ._redact import resolve as _resolve_one
 from ._registry import _loaded
@@ -87,7 +87,9 @@ def _text(text: str, red: Redactor, where: str, found: list[str] | None) -> str:
             if found is not None:
                 found.append(m[0])
                 return m[0]
-            exc = _unresolved(m[1])
+            exc = _unresolved(m[1], red)
+            if isinstance(exc, IntegrityError):
+                raise IntegrityError(f"{where}: it was not run. {exc}" if where else str(exc)) from None
             raise SecretResolutionError(
                 f"{where}: it was not run, because it would be handed the handle {m[0]} as text "
                 f"instead of the secret it stands for. {exc}"

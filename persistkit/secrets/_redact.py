@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .._errors import ConfigurationError, SecretResolutionError, install_scrubber
+from .._errors import ConfigurationError, IntegrityError, SecretResolutionError, install_scrubber
 from . import _env as _envsecrets
 from ._detect import BUILTIN, TOKEN_KINDS, matches
 from ._entropy import random_spans
@@ -143,7 +143,7 @@ class Secret(Generic[T]):
         if self._value is _UNSET:
             value = (self._redactor or default_redactor()).lookup(str(self.name))
             if value is None:
-                raise _unresolved(str(self.name))
+                raise _unresolved(str(self.name), self._redactor or default_redactor())
             self._value = value
         return self._value  # type: ignore[no-any-return]
 
@@ -187,7 +187,11 @@ class Secret(Generic[T]):
         )
 
 
-def _unresolved(name: str) -> SecretResolutionError:
+def _unresolved(name: str, red: Redactor | None = None) -> SecretResolutionError | IntegrityError:
+    from ._handlekey import retired_key_error  # the store's handle key under a retired key: say so
+
+    if red is not None and red._backend is not None and (err := retired_key_error(red._backend, name)):
+        return IntegrityError(f"handle $CRED{{{name}}} cannot be resolved: {err}")
     kind, _, tag = name.rpartition("-")
     if name.startswith(_envsecrets.PREFIX):
         how = _envsecrets.status(name)
@@ -241,7 +245,7 @@ def _lazy_secret_str(kind: str, name: str, redactor: Redactor) -> Any:
                 if self._pk_handle:
                     value = self._pk_redactor.lookup(self._pk_handle)
                     if value is None:
-                        raise _unresolved(self._pk_handle)
+                        raise _unresolved(self._pk_handle, self._pk_redactor)
                     self._secret_value = value.encode() if kind == "bytes" and isinstance(value, str) else value
                     self._pk_handle = ""
                 return self._secret_value
@@ -278,7 +282,7 @@ def resolve(value: Any, *, redactor: Redactor | None = None) -> Any:
                 return "$CRED{"
             found = red.lookup(m[1])
             if found is None:
-                raise _unresolved(m[1])
+                raise _unresolved(m[1], red)
             return found if isinstance(found, str) else found.decode("utf-8", "replace")
 
         return _HANDLE_RE.sub(sub, value)

@@ -32,7 +32,9 @@ scope fails to open (``IntegrityError`` naming scope, key and version). Scopes,
 keys, versions, value sizes and deletes stay visible; a delete or a removed
 version written past this wrapper is not detected (``integrity=`` tags deletes).
 ``accept_plaintext=True`` reads unsealed values as they are, as for records.
-Key rotation does NOT re-seal kv values: the protocol has no in-place rewrite
+A store-wide key rotation re-seals the blobs of the store's reserved headless
+threads too (:data:`STORE_THREADS`: the handle key of detected secrets), which
+``threads()`` does not list. Key rotation does NOT re-seal kv values: the protocol has no in-place rewrite
 for them (a ``kv_write`` would make a new version and race the board's writers).
 A value is re-sealed under the active key when it is next written; keep a
 retired key in the ring while kv values sealed with it are kept (``keep``
@@ -67,12 +69,16 @@ if TYPE_CHECKING:
 
     from .._io import Plan
 
-__all__ = ["MAGIC", "EncryptedBackend", "RotationReport", "find_encrypted"]
+__all__ = ["MAGIC", "STORE_THREADS", "EncryptedBackend", "RotationReport", "find_encrypted"]
 
 MAGIC = 0xE1
 _MAGIC = bytes([MAGIC])
 _NONCE = 12
 _BLOB_STOP = "\x7f"  # above every printable-ASCII blob key
+
+#: Headless threads (``threads()`` never lists them) whose blobs this wrapper seals: the
+#: store's handle key (``secrets._handlekey.HANDLE_THREAD``). A store-wide rotation re-seals them.
+STORE_THREADS = ("__persistkit__",)
 
 _MIGRATE_HINT = (
     "If this store is being migrated from plaintext, open it with "
@@ -229,10 +235,12 @@ class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
                 f"{where}: the encrypted record is malformed (truncated or altered){damaged}"
             )
         if not self.keyring.has(kid):
-            raise IntegrityError(
+            missing = IntegrityError(
                 f"{where} is sealed with encryption key id {kid!r}, which is not in the key ring "
                 f"{list(self.keyring.ids)}: add that key (was it retired before rotate_keys finished?)"
             )
+            missing.missing_key_id = kid  # type: ignore[attr-defined]  # read by secrets._handlekey
+            raise missing
         from cryptography.exceptions import InvalidTag
 
         try:
@@ -465,12 +473,18 @@ class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
     ) -> Plan[RotationReport]:
         """Re-seal, under the active key, every record of one thread (or of every thread
         after ``after``) that is sealed with another key; one ``rewrite`` per batch.
+        A store-wide run (``thread_id`` None, whatever ``after``) first re-seals the blobs
+        of the store's reserved threads (:data:`STORE_THREADS`: the handle key of detected
+        secrets), counted in ``blobs_resealed``/``blobs_skipped`` but not in ``threads``.
         kv values are not re-sealed (module docs: keep their key in the ring)."""
         from .._io import call
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigurationError(f"batch_size must be a positive int, got {batch_size!r}")
         report = RotationReport(self.keyring.active_id)
+        if thread_id is None:  # the store's own blobs: a headless thread threads() never lists
+            for reserved in STORE_THREADS:
+                yield from self._rotate_blobs(reserved, batch_size, encrypt_plaintext, report)
         cursor = after
         while True:
             if thread_id is not None:
@@ -513,6 +527,13 @@ class EncryptedBackend(ForwardLeases, ForwardPrune, ValueKv, Backend):
                 if len(page) < batch_size:
                     break
                 before = page[-1].checkpoint_id
+        yield from self._rotate_blobs(t, batch_size, encrypt_plaintext, report)
+
+    def _rotate_blobs(
+        self, t: str, batch_size: int, encrypt_plaintext: bool, report: RotationReport
+    ) -> Plan[None]:
+        from .._io import call
+
         blobs: dict[str, bytes] = yield call("scan_blobs", t, "", _BLOB_STOP)
         pending: dict[str, bytes] = {}
         for key, data in blobs.items():

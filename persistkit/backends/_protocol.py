@@ -80,6 +80,7 @@ from .._errors import ConfigurationError
 from ._prune import PrunePrimitives
 
 __all__ = [
+    "RESERVED_THREAD",
     "Backend",
     "CheckpointRow",
     "ForwardLeases",
@@ -91,6 +92,12 @@ __all__ = [
     "LeaseRecord",
     "ThreadedAsync",
 ]
+
+#: Thread ids that start with this are the store's own, kept beside the users' threads
+#: without a head (so ``threads()`` never lists them, and retention never prunes them): the
+#: handle key of detected secrets (``secrets._handlekey``), offloaded kv values
+#: (``wrappers._offload``).
+RESERVED_THREAD = "__persistkit__"
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from .._errors import (
 from .._io import Call, Plan, call, run_sync
 from ..backends import Backend
 from ..backends._capabilities import require
+from ..backends._protocol import RESERVED_THREAD
 from ..codec._pipeline import Codec
 from ..coordination._lease import DEFAULT_TTL, Lease, acquire, give_back
 from ..secrets._redact import scrub
@@ -63,7 +64,6 @@ __all__ = ["RetentionStore"]
 _PAGE = 500
 _BATCH = 2000  # rows per prune_rows call (a store reads the thread once per call), blobs per delete_blobs call
 _SWEPT = ("v:", "s:", "l:")  # blob keys the sweep may delete; any other key stays
-_RESERVED = "__persistkit__"
 
 
 @dataclass
@@ -93,7 +93,7 @@ def _check_scope(prefix: Any, thread_id: Any, namespace: Any, dry_run: Any, prog
 def _threads(thread_id: str | None, prefix: str) -> Plan[list[str]]:
     """The threads a prune looks at (never a reserved one: the store's own)."""
     pairs = yield from targets(thread_id, prefix, "")  # one namespace each: the threads alone
-    return [t for t, _ in pairs if not t.startswith(_RESERVED)]
+    return [t for t, _ in pairs if not t.startswith(RESERVED_THREAD)]
 
 
 def _namespaces(thread_id: str) -> Plan[list[str]]:

@@ -33,13 +33,14 @@ import weakref
 from typing import TYPE_CHECKING
 
 from .._errors import IntegrityError, PersistkitError
+from ..backends._protocol import RESERVED_THREAD
 
 if TYPE_CHECKING:
     from ..backends import Backend
 
 __all__ = ["HANDLE_BLOB", "HANDLE_THREAD", "retired_key_error", "store_key"]
 
-HANDLE_THREAD = "__persistkit__"
+HANDLE_THREAD = RESERVED_THREAD
 HANDLE_BLOB = "k:handle-key"
 _MAGIC = b"pk-handle-key\x01"
 _log = logging.getLogger("persistkit")

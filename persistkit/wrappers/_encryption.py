@@ -58,7 +58,15 @@ from .._errors import (
     IntegrityError,
     damaged_record_advice,
 )
-from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
+from ..backends._protocol import (
+    RESERVED_THREAD,
+    Backend,
+    CheckpointRow,
+    ForwardLeases,
+    Head,
+    KvEntry,
+    KvOp,
+)
 from ..backends._prune import ForwardPrune
 from ._keys import KeyRing
 from ._kv import ValueKv, kv_where
@@ -78,7 +86,7 @@ _BLOB_STOP = "\x7f"  # above every printable-ASCII blob key
 
 #: Headless threads (``threads()`` never lists them) whose blobs this wrapper seals: the
 #: store's handle key (``secrets._handlekey.HANDLE_THREAD``). A store-wide rotation re-seals them.
-STORE_THREADS = ("__persistkit__",)
+STORE_THREADS = (RESERVED_THREAD,)
 
 _MIGRATE_HINT = (
     "If this store is being migrated from plaintext, open it with "

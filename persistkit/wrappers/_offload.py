@@ -47,7 +47,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._errors import ConfigurationError, IntegrityError
-from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, KvEntry, KvOp
+from ..backends._protocol import (
+    RESERVED_THREAD,
+    Backend,
+    CheckpointRow,
+    ForwardLeases,
+    Head,
+    KvEntry,
+    KvOp,
+)
 from ._kv import ValueKv, kv_where
 
 __all__ = ["DEFAULT_THRESHOLD", "KV_BLOB_THREAD", "OffloadBackend", "kv_blob_thread"]
@@ -88,8 +96,8 @@ def _row_key(payload: bytes) -> str:
     return "r:" + hashlib.sha256(payload).hexdigest()
 
 
-#: The blob thread of a kv scope is this plus the scope (as ``secrets._handlekey``'s, reserved).
-KV_BLOB_THREAD = "__persistkit__kv:"
+#: The blob thread of a kv scope is this plus the scope (reserved, as ``secrets._handlekey``'s).
+KV_BLOB_THREAD = RESERVED_THREAD + "kv:"
 
 
 def kv_blob_thread(scope: str) -> str:

@@ -233,7 +233,12 @@ class SerializationError(PersistkitError):
 
 class StoreOptionsError(SerializationError, ConfigurationError):
     """A stored record needs an option the store was opened without (its encryption or
-    integrity keys, its blob store): the record is fine, the ``pk.connect`` call is not."""
+    integrity keys, its blob store): the record is fine, the ``pk.connect`` call is not.
+    ``option`` names it: ``"encryption"``, ``"integrity"`` or ``"blobs"``."""
+
+    def __init__(self, message: str, *, path: str = "", option: str = "") -> None:
+        self.option = option
+        super().__init__(message, path=path)
 
 
 class SchemaVersionError(PersistkitError):

@@ -49,6 +49,7 @@ def test_a_store_opened_without_its_options_names_the_option(
         assert isinstance(info.value, pk.ConfigurationError) and isinstance(info.value, pk.SerializationError)
         message = str(info.value)
         assert f"{option}=" in message and tid in message, message
+        assert info.value.option == option  # what the CLI picks its hint by
         assert "Ways forward" not in message and "fork" not in message and "delete" not in message, message
     with pk.connect(own_url, **kwargs) as writer:  # type: ignore[arg-type]
         assert writer.get_state(tid)["text"] == "x" * 4096  # nothing was damaged

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_NOT_FOUND
     except StoreOptionsError as exc:
-        hint = _BLOBS_HINT if "without blobs=" in str(exc) or "pk.connect(url, blobs=" in str(exc) else _KEYS_HINT
+        hint = _BLOBS_HINT if exc.option == "blobs" else _KEYS_HINT
         print(f"persistkit: {type(exc).__name__}: {scrub(str(exc))}. {hint}", file=sys.stderr)
         return 1
     except PersistkitError as exc:

@@ -273,18 +273,21 @@ class Codec:
                 "the record is encrypted (envelope 0xe1) but the store was opened without its "
                 "keys: open it with pk.connect(url, encryption=...)",
                 path=path,
+                option="encryption",
             )
         if blob[0] == 0xA1:  # persistkit.wrappers._integrity: a sealed (tagged) record
             raise StoreOptionsError(
                 "the record is sealed with an integrity tag: open the store with "
                 "pk.connect(url, integrity=...) and the integrity key",
                 path=path,
+                option="integrity",
             )
         if blob.startswith(b"\x00PKREF1:"):  # persistkit.wrappers._offload._MARKER
             raise StoreOptionsError(
                 "the record was offloaded to a blob store (the store holds only a pointer to it): "
                 "open the store with pk.connect(url, blobs=<the blob store's URL>), as it was written",
                 path=path,
+                option="blobs",
             )
         raise SerializationError(
             f"unknown record envelope 0x{blob[0]:02x}: written by a newer persistkit, "

@@ -112,7 +112,7 @@ class Record:
         try:
             body = codec.unpack_tree(row.payload, "")
         except StoreOptionsError as exc:  # the record is fine: the store needs its options, not a fork
-            raise StoreOptionsError(str(exc), path=_where(row)) from exc
+            raise StoreOptionsError(str(exc), path=_where(row), option=exc.option) from exc
         except SerializationError as exc:
             raise SerializationError(f"{exc}. {_damaged(row)}", path=_where(row)) from exc
         problem = _check_walked(body) if walked else _check_body(body)

@@ -194,7 +194,8 @@ def _encrypted(at: str) -> StoreOptionsError:
     this store was sealed *and* encrypted, and was opened without its encryption keys."""
     return StoreOptionsError(
         f"{at}: the record is encrypted (envelope 0xe1) and this store was opened with "
-        "integrity= only: open it with pk.connect(url, encryption=..., integrity=...), as it was written"
+        "integrity= only: open it with pk.connect(url, encryption=..., integrity=...), as it was written",
+        option="encryption",
     )
 
 

@@ -29,7 +29,8 @@ def offloaded(at: str, opened_with: str) -> StoreOptionsError:
     return StoreOptionsError(
         f"{at}: the record was offloaded to a blob store (the store holds only a pointer to it) "
         f"and this store was opened with {opened_with} but without blobs=: open it with "
-        "pk.connect(url, blobs=<the blob store's URL>, ...) and its other options, as it was written"
+        "pk.connect(url, blobs=<the blob store's URL>, ...) and its other options, as it was written",
+        option="blobs",
     )
 
 

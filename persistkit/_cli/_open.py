@@ -22,7 +22,7 @@ from typing import Any
 
 from .._errors import ConfigurationError, NotFoundError
 from .._io import call
-from ..backends import backend_class, mask_url, split_connect_options
+from ..backends import Backend, backend_class, mask_url, split_connect_options
 from ..codec._plain import PlainCodec, plain
 from ..engine._store import DEFAULT_URL, Store, check_namespace, check_thread_id, connect
 
@@ -118,13 +118,7 @@ def require_store(url: str) -> bool:
     elif hasattr(cls, "has_data"):
         # Stores without tables or files (Redis, S3) exist once something is stored under
         # their prefix: an empty prefix is a fresh store or a typo, and a reader gets nothing.
-        # (A DynamoDB table that does not exist is no store either.)
-        try:
-            backend = cls.from_url(url)
-        except ConfigurationError as exc:
-            if getattr(exc, "missing_table", None) is None:
-                raise
-            raise NotFoundError(f"no store at {_where(url)}: {exc}") from None
+        backend = open_existing(cls, url)
         try:
             found = backend.has_data()  # type: ignore[attr-defined]
         finally:
@@ -137,6 +131,17 @@ def require_store(url: str) -> bool:
                 "threads were all deleted holds nothing either"
             )
     return False
+
+
+def open_existing(cls: type[Backend], url: str) -> Backend:
+    """``cls.from_url(url)``; a DynamoDB table that does not exist is no store either
+    (``NotFoundError``, exit 3), where ``pk.connect`` says how to create it."""
+    try:
+        return cls.from_url(url)
+    except ConfigurationError as exc:
+        if getattr(exc, "missing_table", None) is None:
+            raise
+        raise NotFoundError(f"no store at {_where(url)}: {exc}") from None
 
 
 _PREFIX_HINT = {

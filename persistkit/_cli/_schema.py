@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._errors import ConfigurationError, NotFoundError
 from ..backends import backend_class, mask_url
 from ..secrets._redact import scrub
 from ._dynamodb import create
-from ._open import require_store, resolve_url
+from ._open import open_existing, require_store, resolve_url
 from ._output import Output
 
 __all__ = ["add_parsers"]
@@ -32,12 +31,7 @@ def _migrate(ns: argparse.Namespace, out: Output) -> int:
     cls = backend_class(url)
     if url.partition("://")[0].lower() == "dynamodb":
         if ns.check:  # the table is all there is to a DynamoDB store's schema
-            try:
-                cls.from_url(url).close()
-            except ConfigurationError as exc:
-                if getattr(exc, "missing_table", None) is None:
-                    raise
-                raise NotFoundError(f"no store at {shown}: {exc}") from None
+            open_existing(cls, url).close()
             made = False
         else:
             made = create(url, "migrate")  # the store never creates its table unasked: this asks

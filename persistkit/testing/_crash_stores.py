@@ -66,6 +66,11 @@ class Stores:
         self.open.append(store)
         return store
 
+    def release(self, store: Store) -> None:
+        """Close a store :meth:`fresh` opened, before the pool ends."""
+        store.close()
+        self.open.remove(store)
+
     def reset(self) -> None:
         if self.threads:
             with connect(self.url) as store:

@@ -483,8 +483,7 @@ class _Matrix:
                 landed = {chain: watch.steps(chain, cut) for chain, cut in cuts}
                 seeded = Watch().seed(store, [chain for chain, _ in cuts])
                 resumed = call_agent(self.agent, self.takes_store, store, seeded, landed)
-                store.close()
-                self.pool.open.remove(store)
+                self.pool.release(store)
             for p in group:
                 self._judge(p, ref, resumed)
 
@@ -663,8 +662,7 @@ class _Matrix:
         if self.mode == "inline":
             store = self.pool.fresh()
             expected = call_agent(self.agent, self.takes_store, store, Watch(forced=given))
-            store.close()
-            self.pool.open.remove(store)
+            self.pool.release(store)
         else:
             assert self.zygote is not None
             path = os.path.join(self.pool.dir or tempfile.gettempdir(), f"given-{os.getpid()}-{p.index}-{p.when}")

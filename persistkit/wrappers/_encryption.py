@@ -70,7 +70,7 @@ from ..backends._protocol import (
 from ..backends._prune import ForwardPrune
 from ._keys import KeyRing
 from ._kv import ValueKv, kv_where
-from ._options import MARKER, offloaded
+from ._options import ENCRYPTED, MARKER, offloaded
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAGIC", "STORE_THREADS", "EncryptedBackend", "RotationReport", "find_encrypted"]
 
-MAGIC = 0xE1
+MAGIC = ENCRYPTED
 _MAGIC = bytes([MAGIC])
 _NONCE = 12
 _BLOB_STOP = "\x7f"  # above every printable-ASCII blob key

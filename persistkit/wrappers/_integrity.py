@@ -87,7 +87,7 @@ from ..backends._prune import ForwardPrune
 from ._integrity_prune import ANCHOR, check_gap, prune_op
 from ._keys import KeyRing
 from ._kv import ValueKv, open_kv_tagged, tag_kv_op
-from ._options import MARKER, command_url, offloaded
+from ._options import ENCRYPTED, MARKER, command_url, offloaded
 from ._witness import Witness, WitnessEntry, coerce_witness
 
 __all__ = ["IntegrityBackend", "Sealed", "open_row", "seal_row", "wrap_integrity"]
@@ -185,8 +185,7 @@ def seal_row(
     return b"".join(parts), tag
 
 
-#: persistkit.wrappers._encryption.MAGIC (not imported: no crypto here)
-_ENCRYPTED = b"\xe1"
+_ENCRYPTED = bytes([ENCRYPTED])
 
 
 def _encrypted(at: str) -> StoreOptionsError:

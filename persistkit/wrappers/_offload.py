@@ -57,11 +57,12 @@ from ..backends._protocol import (
     KvOp,
 )
 from ._kv import ValueKv, kv_where
+from ._options import MARKER
 
 __all__ = ["DEFAULT_THRESHOLD", "KV_BLOB_THREAD", "OffloadBackend", "kv_blob_thread"]
 
 DEFAULT_THRESHOLD = 256 * 1024
-_MARKER = b"\x00PKREF1:"  # also wrappers._options.MARKER: the wrappers above offload recognize it
+_MARKER = MARKER  # what the store holds in place of a value (the wrappers above offload know it too)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,13 @@ from urllib.parse import quote
 from .._errors import StoreOptionsError
 from ..backends import Backend, mask_url
 
-__all__ = ["MARKER", "command_url", "offloaded"]
+__all__ = ["ENCRYPTED", "MARKER", "command_url", "offloaded"]
 
-#: persistkit.wrappers._offload._MARKER: what the store holds in place of an offloaded value
+#: The first byte of an encrypted record (``wrappers._encryption.MAGIC``), which the
+#: integrity wrapper meets when encryption sits above it and the store was opened without it
+ENCRYPTED = 0xE1
+
+#: What the store holds in place of a value offload moved to its blob store (``wrappers._offload``)
 MARKER = b"\x00PKREF1:"
 
 

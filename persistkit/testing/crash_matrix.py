@@ -64,6 +64,7 @@ from ._crash_report import (
     describe_diff,
     differs_by_clock,
     first_difference,
+    same,
     short,
 )
 from ._crash_stores import Stores, takes_store
@@ -591,7 +592,7 @@ class _Matrix:
             if key in ref.digests and digest != ref.digests[key]:
                 self._arguments(self.names.get(key, "?"), key[2], label)
         cause, tag = cause_of(self.names, ref, got, changed)
-        if not _same(ref.value, got.value):
+        if not same(ref.value, got.value):
             what, why = (
                 describe_diff("the return value", ref.value, got.value),
                 cause(ref.value, got.value),
@@ -599,7 +600,7 @@ class _Matrix:
             self.note("value", f"{what}: {why}", label, group=f"value {tag or why}")
         for chain in sorted(set(ref.states) | set(got.states)):
             a, b = ref.states.get(chain), got.states.get(chain)
-            if not _same(a, b):
+            if not same(a, b):
                 what, why = describe_diff(f"thread {chain[0]!r}: state", a, b), cause(a, b)
                 where = first_difference(a, b)
                 self.note(
@@ -635,8 +636,8 @@ class _Matrix:
         with an uncrashed run whose step bodies return the results the resume rests on — any
         difference left has another cause."""
         results = ref.results
-        if not any(k in results and not _same(results[k], r) for k, r in got.results.items()) and not any(
-            k in results and not _same(results[k], r) for k, (_, r) in p.results.items()
+        if not any(k in results and not same(results[k], r) for k, r in got.results.items()) and not any(
+            k in results and not same(results[k], r) for k, (_, r) in p.results.items()
         ):
             return ref, {}  # the common case: every step returned what it did uncrashed
         if not p.results and self.last[0] is got:  # inline: the points of one step share a resume
@@ -653,7 +654,7 @@ class _Matrix:
             else:  # called with other arguments: what it returns for them is not this case
                 moved.add(k)
         changed = {
-            k: r for k, r in basis.items() if k in ref.results and not _same(ref.results[k], r)
+            k: r for k, r in basis.items() if k in ref.results and not same(ref.results[k], r)
         }
         if not changed or any(r is UNCARRIED for r in changed.values()):
             return ref, changed
@@ -755,10 +756,6 @@ class _Matrix:
 
 def _explicit(positions: int | Iterable[int] | None) -> bool:
     return positions is not None and not isinstance(positions, int)
-
-
-def _same(a: Any, b: Any) -> bool:
-    return first_difference(a, b) is None
 
 
 def _retried_out(sequence: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -56,19 +55,20 @@ def ensure_venv(extras: str) -> None:
 
 
 def ensure_core() -> None:
-    """Create .venv with persistkit's own dependencies only (no extras, no build of the
-    package: the demo runs the checkout from PYTHONPATH), when they changed."""
+    """Create .venv and install persistkit into it, editable, with its own dependencies only
+    (no extras), when pyproject.toml changed: ``.venv/bin/python`` then imports persistkit,
+    so any block of the README or docs/ pasted into it runs (a store or a framework it names
+    needs its extra: ``.venv/bin/pip install -e ".[postgres]"``)."""
     if sys.version_info < (3, 11):  # noqa: UP036 -- dev.py runs under whatever python3 the user has
         sys.exit(f"persistkit needs Python 3.11+, this is {sys.version.split()[0]}")
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     stamp = VENV / ".installed-core"
-    want = hashlib.sha256("\n".join(deps).encode()).hexdigest()
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if stamp.exists() and stamp.read_text() == want and PY.exists():
         return
     if not PY.exists():
         sh(sys.executable, "-m", "venv", VENV)
     sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    sh(PY, "-m", "pip", "install", "--quiet", *deps)
+    sh(PY, "-m", "pip", "install", "--quiet", "-e", ".")
     stamp.write_text(want)
 
 
@@ -107,13 +107,11 @@ def ensure_mcp_target() -> None:
 
 def demo() -> int:
     # The demo is SQLite only: the core dependencies are all it needs (installing every
-    # framework extra took ~60 s of a first run). Running the checkout from PYTHONPATH
-    # also skips the editable build, whose package-dir mapping makes setuptools print
-    # an information box; the example's child process inherits the path.
+    # framework extra took ~60 s of a first run). The package is installed (editable), not
+    # put on PYTHONPATH, so the venv the demo leaves behind runs the docs' blocks as well.
     ensure_core()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     print("+", PY, "examples/quickstart.py", flush=True)
-    return subprocess.run([str(PY), "examples/quickstart.py"], cwd=ROOT, env=env, check=False).returncode
+    return subprocess.run([str(PY), "examples/quickstart.py"], cwd=ROOT, check=False).returncode
 
 
 def ensure_chromium() -> None:

@@ -1,5 +1,6 @@
 """A LangGraph agent on persistkit that dies mid-run and resumes (offline: a fake model).
 
+    pip install 'persistkit[langgraph]'
     python examples/langgraph_agent.py        # store: $PERSISTKIT_URL, else a temp SQLite file
 
 The script runs the agent in a child process. The fake model asks for a tool,

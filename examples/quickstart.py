@@ -1,5 +1,6 @@
 """persistkit quickstart: a 20-step research agent that dies at step 14 and resumes.
 
+    pip install persistkit                 # no extra: SQLite is the default store
     python examples/quickstart.py          # runs the agent twice and shows what was saved
 
 The first run is killed for real (SIGKILL, no cleanup, like an OOM kill or a

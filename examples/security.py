@@ -1,5 +1,6 @@
 """Secrets, encryption, integrity and verification on one store, end to end, offline.
 
+    pip install 'persistkit[crypto]'      # encryption (AES-GCM) needs the cryptography package
     python examples/security.py
 
 What the README's and docs/security.md's security blocks show, runnable: keys

@@ -1,5 +1,6 @@
 """A Slack support bot whose turns survive crashes, wait for a person, and post each reply once.
 
+    pip install persistkit                                    # no extra: SQLite, a fake Slack
     python examples/slack_thread.py                           # the demo: prints what happens
     python examples/slack_thread.py handle event.json         # handle one Events API envelope (- : stdin)
     python examples/slack_thread.py pending                   # refunds waiting for a person

@@ -103,6 +103,11 @@ class RetryableError(PersistkitError):
     ``resume`` block that ends with one writes no failed end: its run stays unfinished
     (the thread's next turns wait for it) and the retry of its ``run_id`` continues it."""
 
+    #: Seconds after which persistkit suggests the retry (a queue's countdown), or None: no
+    #: suggestion, use the queue's own backoff. Set by a turn that gave its worker slot back
+    #: instead of waiting for another turn's unfinished run (``pk.resume(unfinished_timeout=)``).
+    retry_after: float | None = None
+
 
 _scrub: Callable[[str], str] = str
 """What every message passes through: ``pk.secrets.scrub`` once ``_redact`` is imported."""
@@ -307,32 +312,38 @@ class ThreadBusyError(RetryableError):
     (its holder died or was interrupted) and this run, another turn, waited for it to
     be continued first: redeliver that run (``pk.resume(thread_id, run_id=...)``), or
     give it up with ``store.abandon(thread_id, run_id)`` if it never will be.
+
+    ``retry_after`` (seconds) is set when the turn gave its worker slot back instead of
+    waiting for that run (``pk.resume(unfinished_timeout=)``): retry it after that long.
     """
 
     def __init__(
         self, message: str, *, thread_id: str = "", holder: str | None = None, expires_at: float = 0.0,
-        waiting: int = 0, unfinished_run: str | None = None,
+        waiting: int = 0, unfinished_run: str | None = None, retry_after: float | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.holder = holder
         self.expires_at = expires_at
         self.waiting = waiting
         self.unfinished_run = unfinished_run
+        self.retry_after = retry_after
         super().__init__(message)
 
     def __reduce__(self) -> tuple[object, ...]:
-        args = (str(self), self.thread_id, self.holder, self.expires_at, self.waiting, self.unfinished_run)
+        args = (
+            str(self), self.thread_id, self.holder, self.expires_at, self.waiting, self.unfinished_run, self.retry_after,
+        )
         return (_rebuild_busy, args)
 
 
 def _rebuild_busy(
     message: str, thread_id: str, holder: str | None, expires_at: float, waiting: int,
-    unfinished_run: str | None = None,
+    unfinished_run: str | None = None, retry_after: float | None = None,
 ) -> ThreadBusyError:
     # (errors pickled by an older version carry "" for "none")
     return ThreadBusyError(
         message, thread_id=thread_id, holder=holder or None, expires_at=expires_at, waiting=waiting,
-        unfinished_run=unfinished_run or None,
+        unfinished_run=unfinished_run or None, retry_after=retry_after,
     )
 
 

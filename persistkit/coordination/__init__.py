@@ -14,6 +14,7 @@ from ._lease import (
     Lease,
     LeaseInfo,
     check_options,
+    check_unfinished,
 )
 
 __all__ = [
@@ -24,5 +25,6 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "check_options",
+    "check_unfinished",
     "fenced",
 ]

@@ -66,7 +66,7 @@ def _enclosing(outer: Run | None, store: Store, thread_id: str, namespace: str) 
 def hold_sync(
     store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
     timeout: float | None, outer: Run | None, run_id: str | None = None,
-    finished: Callable[[], Plan[bool]] | None = None,
+    finished: Callable[[], Plan[bool]] | None = None, unfinished: float | None = None,
 ) -> Holding | None:
     if not _wanted(store, busy, explicit):
         return None
@@ -75,7 +75,7 @@ def hold_sync(
     if shared is not None:
         return shared
     store._check_open()
-    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id, finished=finished))
+    lease = run_sync(store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id, finished=finished, unfinished=unfinished))
     return Holding(lease, Heartbeat(store.backend, lease))
 
 
@@ -99,7 +99,7 @@ def let_go_sync(store: Store, holding: Holding | None) -> None:
 async def hold_async(
     store: Store, thread_id: str, namespace: str, busy: str | None, explicit: bool, ttl: float,
     timeout: float | None, outer: Run | None, run_id: str | None = None,
-    finished: Callable[[], Plan[bool]] | None = None,
+    finished: Callable[[], Plan[bool]] | None = None, unfinished: float | None = None,
 ) -> Holding | None:
     if not _wanted(store, busy, explicit):
         return None
@@ -109,7 +109,7 @@ async def hold_async(
         return shared
     store._check_open()
     lease = await run_async(
-        store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id, finished=finished)
+        store.backend, acquire(thread_id, namespace, busy, ttl, timeout, run_id, finished=finished, unfinished=unfinished)
     )
     return Holding(lease, AsyncHeartbeat(store.backend, lease))
 

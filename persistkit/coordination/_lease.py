@@ -12,7 +12,8 @@ The record's ``data`` (JSON)::
 
     {"o": holder or null, "e": expiry (epoch s), "p": holder's process probe,
      "q": [[waiter, expiry, probe], ...],   # waiters in arrival order ("queue")
-     "u": run id or null}                   # reserved for this unfinished run (_turns)
+     "u": run id or null,                   # reserved for this unfinished run (_turns)
+     "r": [run id, since (epoch s)]}        # since when that run is waited for (kept by rechecks)
 
 * The fencing token grows by one with every new holder and is never reset:
   records are never deleted (not even by ``delete_thread``).
@@ -33,6 +34,11 @@ The record's ``data`` (JSON)::
   it takes the lease ahead of the queue. Everyone else waits in their place;
   the first in line looks again at the thread every ``_RECHECK`` s in case the
   run was finished or given up some other way.
+* A turn that waits for another turn's unfinished run longer than its
+  ``unfinished_timeout`` gives up its place and raises ``ThreadBusyError`` with
+  ``retry_after``: on a job queue, its worker slot goes back to the pool, where
+  the unfinished run's redelivery needs one (it would wait behind the waiting
+  turns otherwise). The first in line looks at the thread once before it goes.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ __all__ = [
     "LeaseInfo",
     "acquire",
     "check_options",
+    "check_unfinished",
     "freeing",
     "give_back",
     "info",
@@ -93,6 +100,9 @@ PROBE_LOCAL_PROCESSES = True
 _WAITER_LIFE = 2.0
 #: Seconds between two looks of the first in line at a thread reserved for an unfinished run.
 _RECHECK = 1.0
+#: ``retry_after`` of a turn that gave its slot back: a quarter of how long the thread has
+#: waited for the unfinished run, within these bounds (seconds), plus up to half of it as jitter.
+_RETRY_MIN, _RETRY_MAX = 1.0, 60.0
 
 
 # -- who we are -----------------------------------------------------------------------------
@@ -165,6 +175,7 @@ class _State:
     probe: list[Any] | None = None
     queue: list[list[Any]] = field(default_factory=list)
     reserved: str | None = None
+    since: list[Any] | None = None  # [run id, epoch s]: since when the thread waits for that run
 
     @classmethod
     def load(cls, rec: LeaseRecord | None) -> _State:
@@ -172,10 +183,11 @@ class _State:
             return cls()
         try:
             d = json.loads(rec.data)
-            u = d.get("u")
+            u, r = d.get("u"), d.get("r")
             return cls(
                 d.get("o"), float(d.get("e") or 0.0), d.get("p"), [list(w) for w in d.get("q") or ()],
                 u if isinstance(u, str) else None,
+                r if isinstance(r, list) and len(r) == 2 and isinstance(r[1], int | float) else None,
             )
         except (ValueError, TypeError, AttributeError):
             return cls()  # unreadable: treat as free (the token still grows from the record's)
@@ -184,7 +196,15 @@ class _State:
         d = {"o": self.owner, "e": self.expires, "p": self.probe, "q": self.queue}
         if self.reserved is not None:
             d["u"] = self.reserved
+        if self.since is not None:
+            d["r"] = self.since
         return json.dumps(d).encode()
+
+    def waited(self, now: float) -> float:
+        """Seconds the thread has waited for its reserved run (0.0 if unknown)."""
+        if self.since is None or self.since[0] != self.reserved:
+            return 0.0
+        return max(now - float(self.since[1]), 0.0)
 
     def held(self, now: float) -> bool:
         return self.owner is not None and self.expires > now and not _gone(self.probe)
@@ -277,6 +297,25 @@ def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None
         )
 
 
+def check_unfinished(busy: object, unfinished_timeout: object) -> None:
+    """``unfinished_timeout``: None, or seconds >= 0 under a policy that waits."""
+    if unfinished_timeout is None:
+        return
+    if isinstance(unfinished_timeout, bool) or not isinstance(unfinished_timeout, int | float) or not (
+        0 <= unfinished_timeout < float("inf")  # nan and inf too: None already means "no bound"
+    ):
+        raise ConfigurationError(
+            f"unfinished_timeout={unfinished_timeout!r}: give seconds >= 0 (how long a turn waits for another "
+            "turn's unfinished run before it gives its worker slot back), or None to wait up to busy_timeout"
+        )
+    if busy not in ("queue", "wait"):
+        raise ConfigurationError(
+            f"unfinished_timeout={unfinished_timeout!r} with busy={busy!r}: it bounds a wait for another turn's "
+            "unfinished run, and this policy never waits (busy='reject' raises at once, busy=None takes no "
+            "lease). Use busy='queue' (the default) or 'wait', or drop unfinished_timeout"
+        )
+
+
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) + f" (in {max(t - time.time(), 0.0):.1f} s)"
 
@@ -298,7 +337,9 @@ def _busy(thread_id: str, st: _State, owner: str, why: str, now: float) -> Threa
     )
 
 
-def unfinished_error(thread_id: str, run_id: str, why: str, waiting: int = 0) -> ThreadBusyError:
+def unfinished_error(
+    thread_id: str, run_id: str, why: str, waiting: int = 0, retry_after: float | None = None,
+) -> ThreadBusyError:
     """This turn waits for ``run_id``, the thread's newest run, which did not finish."""
     return ThreadBusyError(
         f"thread {thread_id!r}: its newest run {run_id} did not finish (its process died, was "
@@ -311,6 +352,24 @@ def unfinished_error(thread_id: str, run_id: str, why: str, waiting: int = 0) ->
         thread_id=thread_id,
         waiting=waiting,
         unfinished_run=run_id,
+        retry_after=retry_after,
+    )
+
+
+def _gave_way(thread_id: str, st: _State, owner: str, unfinished: float, now: float) -> ThreadBusyError:
+    """``unfinished_timeout`` ran out: this turn gives its place (and its worker's slot) back."""
+    assert st.reserved is not None
+    waited = st.waited(now)
+    base = min(max(waited / 4, _RETRY_MIN), _RETRY_MAX)
+    after = round(min(base * (1 + random.random() / 2), _RETRY_MAX), 1)
+    ahead = next((i for i, w in enumerate(st.queue) if w[0] == owner), len(st.queue))
+    return unfinished_error(
+        thread_id, st.reserved,
+        f"This turn waited unfinished_timeout={unfinished} s for it (the thread has waited {waited:.0f} s) and "
+        f"gives its place back, so that its worker's slot is free for that run's redelivery: retry this turn "
+        f"in about {after} s (err.retry_after; the run's redelivery goes first). Celery: "
+        "self.retry(exc=err, countdown=err.retry_after)",
+        ahead, after,
     )
 
 
@@ -340,6 +399,8 @@ def acquire(
     since: float | None = None,
     ahead: bool = False,
     finished: Callable[[], Plan[bool]] | None = None,
+    unfinished: float | None = None,
+    looked: bool = False,
 ) -> Plan[Lease]:
     """Take the lease of ``(thread_id, namespace)`` under policy ``busy`` for a run that
     opens ``run_id`` (None: continues the thread's unfinished run, if any). ``me`` and
@@ -348,12 +409,16 @@ def acquire(
     before the queue (``store.abandon``, which is no turn). ``finished``: asked once, the first
     time the lease cannot be taken at once (before waiting, queueing or refusing); when it
     says True, :class:`Finished` is raised and nothing was written (``_turns``: a redelivered
-    run that finished replays without the lease)."""
+    run that finished replays without the lease). ``unfinished``: seconds to wait for a lease
+    reserved for another run (another turn's unfinished run) before raising ``ThreadBusyError``
+    with ``retry_after`` (``pk.resume(unfinished_timeout=)``); the first in line takes the free
+    lease once to look at the thread first, unless ``looked`` (it just did: ``_turns``)."""
     owner, probe = me or new_owner()
     start = time.monotonic() if since is None else since
     deadline = None if timeout is None else start + timeout
     recheck_at = time.monotonic() + min(_RECHECK, ttl)
     queued = me is not None and busy == "queue"  # step_aside put us back at the front
+    reserved_at: float | None = None  # when this call first found the lease reserved for another run
     while True:
         rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
         st = _State.load(rec)
@@ -363,14 +428,22 @@ def acquire(
         first = not st.queue or st.queue[0][0] == owner
         version = rec.version if rec else 0
         free = not st.held(now)
+        gave_way = False
         if st.reserved is None:
             take = free and (first or ahead)
+            reserved_at = None
         elif run_id is None or run_id == st.reserved:
             take = free  # the unfinished run's own redelivery goes ahead of the turns after it
         else:  # the first in line looks again now and then (was it finished some other way?)
             take = free and first and time.monotonic() >= recheck_at
+            reserved_at = time.monotonic() if reserved_at is None else reserved_at
+            if unfinished is not None and not take and time.monotonic() - reserved_at >= unfinished:
+                take = free and first and not looked  # a last look at the thread before going
+                gave_way = not take
         if take:
             token = (rec.token if rec else 0) + 1
+            if st.reserved is None or run_id is None or run_id == st.reserved:
+                st.since = None  # the run waited for is continued (a recheck keeps when it began)
             st.owner, st.expires, st.probe, st.reserved = owner, now + ttl, probe, None
             st.queue = [w for w in st.queue if w[0] != owner]
             if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
@@ -382,6 +455,11 @@ def acquire(
             ask, finished = finished, None
             if (yield from ask()):
                 raise Finished(thread_id)
+        if gave_way:
+            if queued:
+                yield from _leave_queue(thread_id, namespace, owner)
+            assert unfinished is not None
+            raise _gave_way(thread_id, st, owner, unfinished, now)
         if busy == "reject":
             raise _busy(
                 thread_id, st, owner, 'Retry later, or resume with busy="wait" or busy="queue" to wait for it', now
@@ -418,6 +496,8 @@ def step_aside(lease: Lease, unfinished: str, busy: str) -> Plan[None]:
         now = time.time()
         st.prune(now)
         st.owner, st.expires, st.probe, st.reserved = None, 0.0, None, unfinished
+        if st.since is None or st.since[0] != unfinished:
+            st.since = [unfinished, now]
         st.queue = [w for w in st.queue if w[0] != lease.owner]
         if busy == "queue":
             st.queue.insert(0, [lease.owner, now + _WAITER_LIFE * lease.ttl, lease.probe])

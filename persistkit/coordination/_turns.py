@@ -13,7 +13,11 @@ run (``_lease.step_aside``: only a resume continuing it, or ``store.abandon``, m
 take it; under ``busy="queue"`` this run keeps its place at the front of the
 queue) and wait for their turn again, up to ``busy_timeout`` in all, after which
 ``ThreadBusyError`` names the unfinished run (``unfinished_run``).
-``busy="reject"`` raises at once. ``busy=None`` takes no lease and checks
+``busy="reject"`` raises at once. With ``unfinished_timeout`` (``unfinished``), a turn
+waits that long for the unfinished run, then gives its place back and raises
+``ThreadBusyError`` with ``retry_after`` (``_lease.acquire``): on a job queue its
+worker slot is then free for the unfinished run's redelivery, which would otherwise
+wait for a slot behind the turns waiting for it. ``busy=None`` takes no lease and checks
 nothing (the run starts on top; the unfinished run's redelivery then raises
 ``ConflictError``).
 
@@ -63,7 +67,7 @@ def _asker(run: Run, run_id: str | None) -> Callable[[], Plan[bool]] | None:
 
 def open_sync(
     run: Run, run_id: str | None, busy: str | None, explicit: bool, ttl: float,
-    timeout: float | None, outer: Run | None,
+    timeout: float | None, outer: Run | None, unfinished: float | None = None,
 ) -> Holding | None:
     """Take the thread's lease and open ``run`` (``run_id``) under it, waiting while the
     thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
@@ -71,7 +75,8 @@ def open_sync(
     store, since = run.store, time.monotonic()
     try:
         holding = hold_sync(
-            store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id)
+            store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id),
+            unfinished,
         )
     except Finished:
         store.run_sync(run.open(run_id))  # replays without the lease (or raises RunAbandonedError)
@@ -95,19 +100,23 @@ def open_sync(
         run_sync(store.backend, step_aside(lease, blocked.run_id, busy))
         me = (lease.owner, lease.probe)
         new = run_sync(
-            store.backend, acquire(run.thread_id, run.namespace, busy, ttl, timeout, run_id, me=me, since=since)
+            store.backend, acquire(
+                run.thread_id, run.namespace, busy, ttl, timeout, run_id, me=me, since=since,
+                unfinished=unfinished, looked=True,
+            )
         )
         holding = Holding(new, Heartbeat(store.backend, new))
 
 
 async def open_async(
     run: Run, run_id: str | None, busy: str | None, explicit: bool, ttl: float,
-    timeout: float | None, outer: Run | None,
+    timeout: float | None, outer: Run | None, unfinished: float | None = None,
 ) -> Holding | None:
     store, since = run.store, time.monotonic()
     try:
         holding = await hold_async(
-            store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id)
+            store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id),
+            unfinished,
         )
     except Finished:
         await store.run_async(run.open(run_id))
@@ -131,6 +140,9 @@ async def open_async(
         await run_async(store.backend, step_aside(lease, blocked.run_id, busy))
         me = (lease.owner, lease.probe)
         new = await run_async(
-            store.backend, acquire(run.thread_id, run.namespace, busy, ttl, timeout, run_id, me=me, since=since)
+            store.backend, acquire(
+                run.thread_id, run.namespace, busy, ttl, timeout, run_id, me=me, since=since,
+                unfinished=unfinished, looked=True,
+            )
         )
         holding = Holding(new, AsyncHeartbeat(store.backend, new))

@@ -26,7 +26,13 @@ from .._errors import (
 )
 from .._retry import Retry
 from ..codec import _serde
-from ..coordination import DEFAULT_BUSY, DEFAULT_BUSY_TIMEOUT, DEFAULT_TTL, check_options
+from ..coordination import (
+    DEFAULT_BUSY,
+    DEFAULT_BUSY_TIMEOUT,
+    DEFAULT_TTL,
+    check_options,
+    check_unfinished,
+)
 from ..coordination._saga import register_result_undo
 from ..coordination._suspend import Suspended, suspended_again
 from ..coordination._suspend import end_async as suspend_end_async
@@ -113,8 +119,12 @@ class resume:
     holder ran on this machine). A crashed run keeps its place: a block of another
     ``run_id`` that finds the thread's newest run unfinished waits for that run to be
     continued (its redelivery goes first) or ``store.abandon``-ed, within ``busy_timeout``;
-    then ``ThreadBusyError`` names it (``unfinished_run``). A block that ends with a
-    ``pk.RetryableError`` stays unfinished: retrying its ``run_id`` continues it.
+    then ``ThreadBusyError`` names it (``unfinished_run``). ``unfinished_timeout`` (seconds;
+    None: up to ``busy_timeout``) bounds that wait alone: past it the block gives its place
+    back and raises ``ThreadBusyError`` with ``retry_after``, so that a job queue's worker
+    slot is free for the unfinished run's redelivery (retry the turn after ``retry_after``
+    seconds). A block that ends with a ``pk.RetryableError`` stays unfinished: retrying its
+    ``run_id`` continues it.
 
     ``retry_failed=True`` re-runs a step that ran but whose result or state could
     not be stored (a recorded ``SerializationError``, which otherwise replays on
@@ -135,12 +145,15 @@ class resume:
         busy: str | None = DEFAULT_BUSY,
         lease_ttl: float = DEFAULT_TTL,
         busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
+        unfinished_timeout: float | None = None,
         retry_failed: bool = False,
     ) -> None:
         self.thread_id = check_thread_id(thread_id)
         if not isinstance(retry_failed, bool):
             raise ConfigurationError(f"retry_failed must be True or False, got {retry_failed!r}")
         check_options(busy, lease_ttl, busy_timeout)
+        check_unfinished(busy, unfinished_timeout)
+        self._unfinished = unfinished_timeout
         # the default asks a store without lease primitives (a third-party one) for none
         self._busy = (busy, busy is not DEFAULT_BUSY, float(lease_ttl), busy_timeout)
         if store is not None and not isinstance(store, Store):
@@ -177,7 +190,7 @@ class resume:
         if check is not None:
             check.open_sync(run, self.run_id)
         else:  # the lease, then the run (after the thread's unfinished run of another turn, if any)
-            self._holding = open_sync(run, self.run_id, *self._busy, current_run())
+            self._holding = open_sync(run, self.run_id, *self._busy, current_run(), self._unfinished)
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_sync
 
@@ -243,7 +256,7 @@ class resume:
         if check is not None:
             await check.open_async(run, self.run_id)
         else:
-            self._holding = await open_async(run, self.run_id, *self._busy, current_run())
+            self._holding = await open_async(run, self.run_id, *self._busy, current_run(), self._unfinished)
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_async
 

@@ -112,7 +112,7 @@ def urls(names: list[str], tmp: Path, stack: ExitStack) -> dict[str, str]:
         elif name == "postgres":
             out[name] = f"{POSTGRES}?schema=pkbench_board_{tag}"
         elif name == "redis":
-            out[name] = f"{REDIS}?prefix=pkbench:{tag}:"
+            out[name] = f"{REDIS}?volatile=true&prefix=pkbench:{tag}:"
         elif name == "s3":
             try:
                 endpoint = stack.enter_context(moto_server())

@@ -77,7 +77,7 @@ def urls(names: list[str], tmp: Path) -> dict[str, str]:
         elif name == "postgres":
             out[name] = f"{POSTGRES}?schema=pkbench_lease_{tag}"
         elif name == "redis":
-            out[name] = f"{REDIS}?prefix=pkbench:{tag}:"
+            out[name] = f"{REDIS}?volatile=true&prefix=pkbench:{tag}:"
     return out
 
 

@@ -643,7 +643,7 @@ def main() -> int:
                 rkeys.set(f"{prefix}{i:06d}", d)
             return (time.perf_counter() - t0) / len(data)
 
-        pk_redis = pk.connect(f"{REDIS_URL}?prefix={rprefix}pk:")
+        pk_redis = pk.connect(f"{REDIS_URL}?volatile=true&prefix={rprefix}pk:")
         redis_timer = WriteTimer(pk_redis)
         rn = [0]
 
@@ -655,7 +655,7 @@ def main() -> int:
 
         # bytes: one untimed 200-step run each, under its own prefix
         redis_raw(f"{rprefix}raw0:")
-        pk_once = pk.connect(f"{REDIS_URL}?prefix={rprefix}once:")
+        pk_once = pk.connect(f"{REDIS_URL}?volatile=true&prefix={rprefix}once:")
         run_persistkit(pk_once, msgs, "t")
         assert len(pk_once.history("t")) == STEPS + 1
         pk_once.close()

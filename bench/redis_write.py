@@ -40,7 +40,7 @@ def main() -> None:
     payload, blob = os.urandom(300), os.urandom(1024)
 
     def run_store(prefix: str) -> float:
-        b = RedisBackend.from_url(f"{args.url}?prefix={prefix}")
+        b = RedisBackend.from_url(f"{args.url}?volatile=true&prefix={prefix}")
         b.head("warm-up", "")
         parent = None
         t0 = time.perf_counter()
@@ -53,7 +53,7 @@ def main() -> None:
         return elapsed / args.steps * 1e6
 
     def run_async(prefix: str) -> float:
-        b = RedisBackend.from_url(f"{args.url}?prefix={prefix}")
+        b = RedisBackend.from_url(f"{args.url}?volatile=true&prefix={prefix}")
 
         async def go() -> float:
             await b.ahead("warm-up", "")

@@ -8,9 +8,11 @@
     │   └── StoreClosedError          the store was closed
     ├── BackendError              storage failed; the driver error is ``__cause__``
     │   ├── BackendUnavailableError   transient (connection, timeout, "database is locked"): retried
-    │   └── ConflictError             another writer moved the thread head first
+    │   ├── ConflictError             another writer moved the thread head first
+    │   └── StoreLostError            the store lost its data under this process (a Redis restarted empty)
     ├── NotFoundError             no such thread / checkpoint / run (also a LookupError)
     ├── SerializationError        a value cannot be encoded, or stored bytes cannot be decoded
+    │   ├── ValueTooLargeError        a value is larger than the store's max_value_bytes=: nothing written
     │   └── StoreOptionsError         a record needs an option the store was opened without
     │                                 (encryption or integrity keys, blobs=); also a ConfigurationError
     ├── SchemaVersionError        stored version newer than the code, no migration path, or a stored value its class no longer fits
@@ -75,8 +77,10 @@ __all__ = [
     "SerializationError",
     "StepFailedError",
     "StoreClosedError",
+    "StoreLostError",
     "StoreOptionsError",
     "ThreadBusyError",
+    "ValueTooLargeError",
     "WriteRejectedError",
 ]
 
@@ -137,6 +141,14 @@ class BackendError(PersistkitError):
 
 class BackendUnavailableError(BackendError, RetryableError):
     """A transient backend failure (connection lost, timeout, lock busy). Safe to retry."""
+
+
+class StoreLostError(BackendError):
+    """The store lost its data while this process had it open: its identity record (written
+    once, with the first write) is gone or another one is there when a connection is
+    re-established (a Redis restarted without persistence, a flushed database). Raised
+    instead of running again steps that had committed; not retryable (a retry would run
+    them again): the message says what to do."""
 
 
 class ConflictError(BackendError):
@@ -244,6 +256,24 @@ class StoreOptionsError(SerializationError, ConfigurationError):
     def __init__(self, message: str, *, path: str = "", option: str = "") -> None:
         self.option = option
         super().__init__(message, path=path)
+
+
+class ValueTooLargeError(SerializationError):
+    """A value to store is larger than the store's ``max_value_bytes=`` (``pk.connect``):
+    refused before anything was written. ``size`` and ``limit`` are in bytes; ``path``
+    names the value (``step 'fetch' result``, ``state.messages``)."""
+
+    def __init__(self, message: str, *, path: str = "", size: int = 0, limit: int = 0) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(message, path=path)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_too_large, (str(self), self.size, self.limit))
+
+
+def _rebuild_too_large(message: str, size: int, limit: int) -> ValueTooLargeError:
+    return ValueTooLargeError(message, size=size, limit=limit)
 
 
 class SchemaVersionError(PersistkitError):

@@ -241,7 +241,7 @@ def make_url(
         return f"{base}?schema=pktest_{SESSION_TAG}" + (f"_{tag}" if isolated else "")
     if kind == "redis":
         base = request.getfixturevalue("redis_url")
-        return f"{base}?prefix=pktest:{SESSION_TAG}:{tag}:"
+        return f"{base}?volatile=true&prefix=pktest:{SESSION_TAG}:{tag}:"
     if kind == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         return f"s3://persistkit-test/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"

@@ -58,14 +58,14 @@ def prefix(admin: Any) -> Iterator[str]:
 
 @pytest.fixture
 def backend(redis_url: str, prefix: str) -> Iterator[RedisBackend]:
-    b = RedisBackend.from_url(f"{redis_url}?prefix={prefix}")
+    b = RedisBackend.from_url(f"{redis_url}?volatile=true&prefix={prefix}")
     yield b
     b.close()
 
 
 @pytest.fixture
 def other(redis_url: str, prefix: str) -> Iterator[RedisBackend]:
-    b = RedisBackend.from_url(f"{redis_url}?prefix={prefix}")
+    b = RedisBackend.from_url(f"{redis_url}?volatile=true&prefix={prefix}")
     yield b
     b.close()
 
@@ -308,7 +308,7 @@ def test_user_supplied_clients_watch_on_their_own_connection(redis_url: str, pre
     scope = _scope()
     sync_client = redis.Redis.from_url(redis_url)
     async_client = redis.asyncio.Redis.from_url(redis_url)
-    b = RedisBackend(sync_client, async_client, prefix=prefix)
+    b = RedisBackend(sync_client, async_client, prefix=prefix, volatile=True)
     try:
         watch = b.watch_open(scope)
         b.kv_write(scope, [KvOp("u", 0, b"1")], keep=1)
@@ -329,7 +329,7 @@ def test_user_supplied_clients_watch_on_their_own_connection(redis_url: str, pre
                 await async_client.aclose()
 
         assert asyncio.run(go()) == [KvHint("u", 2)]
-        only_sync = RedisBackend(sync_client, prefix=prefix)  # awatch_open: the blocking watch in a thread
+        only_sync = RedisBackend(sync_client, prefix=prefix, volatile=True)  # awatch_open: the blocking watch in a thread
 
         async def threaded() -> list[KvHint]:
             awatch = await only_sync.awatch_open(scope)

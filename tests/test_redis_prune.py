@@ -33,7 +33,7 @@ def admin(redis_url: str) -> Iterator[Any]:
 @pytest.fixture
 def backend(redis_url: str, admin: Any) -> Iterator[RedisBackend]:
     prefix = f"pktest:prune-{uuid.uuid4().hex[:12]}:"
-    b = RedisBackend.from_url(f"{redis_url}?prefix={prefix}")
+    b = RedisBackend.from_url(f"{redis_url}?volatile=true&prefix={prefix}")
     yield b
     b.close()
     keys = list(admin.scan_iter(match=prefix + "*", count=1000))

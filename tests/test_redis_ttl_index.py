@@ -28,7 +28,7 @@ def prefixed(redis_url: str) -> Iterator[tuple[str, Any]]:
 def test_expired_threads_leave_the_index(redis_url: str, prefixed: tuple[str, Any]) -> None:
     prefix, admin = prefixed
     index = (prefix + "threads").encode()
-    store = pk.connect(f"{redis_url}?prefix={prefix}", ttl=60)
+    store = pk.connect(f"{redis_url}?volatile=true&prefix={prefix}", ttl=60)
     for tid in ("a", "b", "c"):
         with pk.resume(tid, store=store) as run:
             run.state["n"] = tid

@@ -30,6 +30,7 @@ base64url of the namespace; base64url has no ``{ } :`` so any thread id works)::
     P{T}:k     zset   blob keys, score 0, for scan_blobs ranges
     P{T}:x     set    the h/r/i/u keys of the thread; exists iff it has a head
     Pthreads   zset   thread ids (UTF-8), score 0, for threads()
+    Pstore     string the store's identity, written once (_redis_guard.py: a store that lost its data)
 
 Redis Cluster: the ``{T}`` hash tag puts every key of one thread in one slot,
 so the write, put_blobs and delete scripts are single-slot. ``Pthreads`` lives
@@ -88,6 +89,7 @@ from .._errors import (
 )
 from . import mask_url, unknown_options
 from ._protocol import Backend, CheckpointRow, Head, LeaseRecord
+from ._redis_guard import HANDSHAKE_TIMEOUT, Guard, TLSConnection, not_tls_error, plaintext_redis
 from ._redis_kv import RedisKv
 from ._redis_ops import (
     SOURCES,
@@ -119,7 +121,7 @@ from ._redis_ops import (
 __all__ = ["RedisBackend"]
 
 _T = TypeVar("_T")
-_OPTIONS = ("prefix", "ttl")
+_OPTIONS = ("prefix", "ttl", "volatile")
 _DEFAULT_PREFIX = "persistkit:"
 
 # -- driver plumbing ---------------------------------------------------------------
@@ -156,18 +158,37 @@ def _driver_options(tls: bool) -> frozenset[str]:
     return frozenset(names - {"self", "kwargs"})
 
 
+_UNRESOLVED = ("name or service not known", "nodename nor servname", "name resolution", "no address associated")
+
+
 def _map_error(exc: Exception, url: str, reached: bool = True) -> PersistkitError:
-    """The persistkit error for a driver error. Before the server was ever reached, a
-    refused connection, an unknown host or a failed login is the URL's fault, not a
-    transient failure: saying "retry" would hide it."""
+    """The persistkit error for a driver error. Before the server was ever reached, an
+    unknown host or a failed login is the URL's fault, not a transient failure (saying
+    "retry" would hide it); a refused or reset connection is an outage, as later."""
     if not reached and isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
         return ConfigurationError(
             f"cannot log in to the redis store {url}: {exc}. Check the user name and password in the URL"
         )
+    parts = urlsplit(url)
+    if not reached and parts.scheme.lower() == "rediss" and isinstance(exc, rexc.ConnectionError | rexc.TimeoutError):
+        # (the sync client's TLSConnection names it itself; the async one times out here)
+        host, port = parts.hostname or "localhost", parts.port or 6379
+        if plaintext_redis(host, port, HANDSHAKE_TIMEOUT):
+            return not_tls_error(host, port, url)
     if not reached and isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.TimeoutError):
-        return BackendError(
-            f"cannot connect to the redis store {url}: {exc}. Check the URL's host and port, "
-            "and that the server is running and reachable from here"
+        text = str(exc).lower()
+        if any(n in text for n in _UNRESOLVED):
+            return ConfigurationError(
+                f"cannot connect to the redis store {url}: the host name does not resolve ({exc}). "
+                "Check the host in the URL"
+            )
+        # refused or reset: down or restarting (the first connect and the hundredth are the
+        # same outage), so a retry can succeed; the message also says what to check
+        return BackendUnavailableError(
+            f"cannot connect to the redis store {url}: {str(exc).rstrip('.')}. The server is down or restarting, or "
+            "the URL's host and port are wrong: safe to retry once it is up (a job queue retries "
+            "pk.RetryableError); if it persists, check the host and port, and that the server is "
+            "running and reachable from here"
         )
     if isinstance(exc, rexc.ResponseError) and "DB index is out of range" in str(exc):
         # SELECT of the URL's database failed: the URL names a database the server lacks
@@ -246,6 +267,18 @@ def _parse_ttl(ttl: object) -> int:
     return math.ceil(seconds * 1000)
 
 
+def _flag(value: object) -> bool:
+    """``volatile=``: a bool, or its text from the URL (true/false, 1/0, yes/no, on/off)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigurationError(f"redis store: volatile={value!r} must be true or false")
+
+
 def _check_prefix(prefix: object) -> str:
     if not isinstance(prefix, str):
         raise ConfigurationError(f"redis store: prefix={prefix!r} must be a str")
@@ -278,6 +311,7 @@ class RedisBackend(RedisKv, Backend):
         *,
         prefix: str = _DEFAULT_PREFIX,
         ttl: float | None = None,
+        volatile: bool = False,
     ) -> None:
         if client is None and async_client is None:
             raise ConfigurationError(
@@ -304,6 +338,10 @@ class RedisBackend(RedisKv, Backend):
         self.prefix = prefix
         self.ttl = ttl
         self.url = _describe(client if client is not None else async_client)
+        # the server's persistence and the store's identity (_redis_guard.py): checked by the
+        # connect hook of the clients from_url makes, at first use of clients given here
+        self._guard = Guard(self._keys.prefix + b"store", self.url, volatile=_flag(volatile), ttl=bool(self._keys.ttl != b"0"))
+        self._guarded = False  # True once the guard runs on every connection (or has run)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisBackend:
@@ -328,29 +366,38 @@ class RedisBackend(RedisKv, Backend):
         ours = {name: value for name, value in query if name in _OPTIONS}
         rest = parts._replace(query=urlencode([(n, v) for n, v in query if n not in _OPTIONS]))
         driver_url = rest.geturl()
+        volatile = _flag(options.get("volatile", ours.get("volatile", False)))
+        prefix = _check_prefix(options.get("prefix", ours.get("prefix", _DEFAULT_PREFIX)))
+        ttl = options.get("ttl", ours.get("ttl"))
+        guard = Guard(Keys(prefix, 0).prefix + b"store", mask_url(url), volatile=volatile, ttl=bool(_parse_ttl(ttl)))
+        tls = parts.scheme.lower() == "rediss"
         # No automatic retries by redis-py: a re-sent write would turn our own
         # commit into a ConflictError. Reads are retried once by the driver loop.
         common: dict[str, Any] = {"decode_responses": False}
+        sync_only: dict[str, Any] = {"redis_connect_func": guard.on_connect}
+        if tls:
+            sync_only.update(connection_class=TLSConnection, shown_url=mask_url(url))
         try:
             client = redis.Redis.from_url(
-                driver_url, retry=redis.retry.Retry(NoBackoff(), 0), **common
+                driver_url, retry=redis.retry.Retry(NoBackoff(), 0), **common, **sync_only
             )
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"invalid redis URL {mask_url(url)!r}: {exc}") from exc
 
         def make_async() -> Any:
+            extra: dict[str, Any] = {"redis_connect_func": guard.aon_connect}
+            if tls and "socket_connect_timeout" not in dict(query):
+                extra["socket_connect_timeout"] = HANDSHAKE_TIMEOUT  # bounds the TLS handshake too
             return redis.asyncio.Redis.from_url(
-                driver_url, retry=redis.asyncio.retry.Retry(NoBackoff(), 0), **common
+                driver_url, retry=redis.asyncio.retry.Retry(NoBackoff(), 0), **common, **extra
             )
 
-        backend = cls(
-            client,
-            prefix=options.get("prefix", ours.get("prefix", _DEFAULT_PREFIX)),
-            ttl=options.get("ttl", ours.get("ttl")),
-        )
+        backend = cls(client, prefix=prefix, ttl=ttl, volatile=volatile)
         backend._async_factory = make_async
         backend._owns = True
         backend.url = mask_url(url)
+        backend._guard = guard
+        backend._guarded = True
         return backend
 
     # -- drivers ---------------------------------------------------------------
@@ -386,6 +433,11 @@ class RedisBackend(RedisKv, Backend):
         attempts = 2 if batch.read_only else 1
         for attempt in range(1, attempts + 1):
             try:
+                if not self._guarded:  # a user's client: no connect hook, checked at first use
+                    self._guard.judge(_send(client, self._guard.commands()))
+                    self._guarded = True
+                if not batch.read_only and not self._guard.written:
+                    self._guard.written_identity(_send(client, self._guard.write_identity()))
                 replies = _send(client, batch.commands)
                 self._reached = True
                 if _needs_eval(replies):
@@ -442,6 +494,11 @@ class RedisBackend(RedisKv, Backend):
         attempts = 2 if batch.read_only else 1
         for attempt in range(1, attempts + 1):
             try:
+                if not self._guarded and client is self._given_async:
+                    self._guard.judge(await _asend(client, self._guard.commands()))
+                    self._guarded = True
+                if not batch.read_only and not self._guard.written:
+                    self._guard.written_identity(await _asend(client, self._guard.write_identity()))
                 replies = await _asend(client, batch.commands)
                 self._reached = True
                 if _needs_eval(replies):

@@ -8,7 +8,11 @@ store was ever reached is not "transient, safe to retry" but names the URL
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
+import socket
+import time
 import uuid
 
 import pytest
@@ -65,12 +69,11 @@ def _pg(path: str, auth: str = "") -> str:
         (lambda: _pg(f"no_such_db_{uuid.uuid4().hex[:8]}", "pk_user:hunter22-pw@"), pk.ConfigurationError,
          "database does not exist|refused the login"),
         (lambda: _pg(f"no_such_db_{uuid.uuid4().hex[:8]}"), pk.ConfigurationError, "database does not exist"),
-        (lambda: "postgresql://127.0.0.1:1/test?connect_timeout=2", pk.BackendError, "host and port"),
         (lambda: "postgresql://no-such-host.invalid/test?connect_timeout=2", pk.ConfigurationError,
          "host name does not resolve"),
         (lambda: "postgresql://127.0.0.1/test?sslmode=bogus", pk.ConfigurationError, "parameter in the URL is invalid"),
     ],
-    ids=["db-missing-with-password", "db-missing", "refused", "unknown-host", "bad-parameter"],
+    ids=["db-missing-with-password", "db-missing", "unknown-host", "bad-parameter"],
 )
 def test_postgres_connect_failures_name_the_url_and_the_fix(
     postgres_url: str, url: object, error: type[Exception], fix: str
@@ -86,12 +89,59 @@ def test_postgres_connect_failures_name_the_url_and_the_fix(
         assert URL_PASSWORD_MASK in text
 
 
-def test_redis_never_reached_is_not_transient() -> None:
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("kind", ["postgres", "redis", "s3", "dynamodb"])
+def test_refused_on_the_first_connect_is_an_outage_to_retry_on_every_store(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that opens its store while the server restarts must retry its turn, not
+    fail it for good: the first connect and the hundredth are the same outage."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, os.environ.get(name, "testing"))
+    pytest.importorskip({"postgres": "psycopg", "redis": "redis", "s3": "boto3", "dynamodb": "boto3"}[kind])
+    port = _closed_port()
+    url = {
+        "postgres": f"postgresql://pk_user:hunter22-pw@127.0.0.1:{port}/test?connect_timeout=2",
+        "redis": f"redis://:hunter22-pw@127.0.0.1:{port}/0?socket_connect_timeout=1&volatile=true",
+        "s3": f"s3://no-bucket/p?endpoint_url=http://127.0.0.1:{port}&region=us-east-1",
+        "dynamodb": f"dynamodb://pk-table?endpoint_url=http://127.0.0.1:{port}&region=us-east-1",
+    }[kind]
+    with pytest.raises(pk.BackendUnavailableError) as info:
+        store = pk.connect(url)  # PostgreSQL and DynamoDB connect here; Redis and S3 at first use
+        try:
+            store.threads()
+        finally:
+            store.close()
+    assert info.value.retryable and isinstance(info.value, pk.RetryableError)
+    assert "hunter22" not in str(info.value)
+
+
+def test_redis_never_reached_names_the_url_and_what_to_check() -> None:
     store = pk.connect("redis://:hunter22-pw@127.0.0.1:1/0?socket_connect_timeout=1")
-    with pytest.raises(pk.BackendError, match="cannot connect to the redis store") as info:
+    with pytest.raises(pk.BackendUnavailableError, match="cannot connect to the redis store") as info:
         store.threads()
-    assert not isinstance(info.value, pk.BackendUnavailableError)
+    assert "host and port" in str(info.value)
     assert "hunter22" not in str(info.value) and URL_PASSWORD_MASK in str(info.value)
+    store.close()
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_rediss_at_a_plain_text_redis_says_use_redis_within_the_connect_timeout(redis_url: str, side: str) -> None:
+    url = redis_url.replace("redis://", "rediss://", 1) + "?socket_connect_timeout=2&volatile=true"
+    store = pk.connect(url)
+    started = time.monotonic()
+    with pytest.raises(pk.ConfigurationError, match="this server does not speak TLS: use redis://"):
+        if side == "sync":
+            store.threads()
+        else:
+            asyncio.run(store.backend.athreads())
+    assert time.monotonic() - started < 6  # the connect timeout and one plain PING, not 26 s
     store.close()
 
 

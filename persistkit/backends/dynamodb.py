@@ -49,6 +49,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from .._errors import (
     BackendError,
+    BackendUnavailableError,
     ConfigurationError,
     ConflictError,
     LeaseLostError,
@@ -280,7 +281,14 @@ class DynamoBackend(DynamoKv, DynamoPrune, DynamoLeases, ThreadedAsync):
             if isinstance(exc, ConnectTimeoutError):  # slow, not absent: transient
                 raise map_error(exc, f"opening table {self._table!r}", self._table) from exc
             endpoint = self._client.meta.endpoint_url
-            raise BackendError(  # nothing listens there, or the host is unknown: not transient
+            if any(w in f"{exc} {exc.kwargs.get('error', '')}".lower() for w in ("refused", "reset")):
+                # down or restarting: the first connect and the hundredth are the same outage
+                raise BackendUnavailableError(
+                    f"DynamoDB store {mask_url(self.url)!r}: nothing accepts connections at {endpoint} "
+                    f"({exc}). The service is down or restarting, or the URL's endpoint_url is wrong: "
+                    "safe to retry once it is up; if it persists, check endpoint_url and region"
+                ) from exc
+            raise BackendError(  # the host is unknown: not transient
                 f"DynamoDB store {mask_url(self.url)!r}: nothing answers at {endpoint} ({exc}). "
                 "Check the URL's endpoint_url (a local DynamoDB's host and port) and region"
             ) from None

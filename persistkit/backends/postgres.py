@@ -657,9 +657,12 @@ _CONNECT_FAILURES: tuple[tuple[tuple[str, ...], str, type[PersistkitError]], ...
      "the host name does not resolve: check the host in the URL", ConfigurationError),
     (("invalid ", "unrecognized", "missing \"=\""),
      "a connection parameter in the URL is invalid", ConfigurationError),
-    (("connection refused", "no such file or directory"),
-     "nothing accepts connections there: check the URL's host and port, and that the server is running",
-     BackendError),
+    # refused or reset: the server may be down or restarting (the first connect and the hundredth
+    # are the same outage), so a retry can succeed; the message also names what to check
+    (("connection refused", "no such file or directory", "connection reset", "server closed the connection"),
+     "nothing accepts connections there (yet): the server is down or restarting, or the URL's host and "
+     "port are wrong. Safe to retry once it is up (a job queue retries pk.RetryableError); if it "
+     "persists, check the host and port and that the server is running", BackendUnavailableError),
     (("timeout expired",), "the server did not answer in time: check the URL's host and port (a firewall "
      "may drop the packets), or give it longer with ?connect_timeout=SECONDS", BackendUnavailableError),
 )
@@ -667,9 +670,10 @@ _CONNECT_FAILURES: tuple[tuple[tuple[str, ...], str, type[PersistkitError]], ...
 
 def _connect_error(exc: BackendError, url: str) -> PersistkitError:
     """The error for a failure on a store's FIRST use (its migration at open), when a
-    connection could not even be opened: not transient (nothing was sent, and a retry
-    would fail the same way) but a wrong URL or a server that is not there.
-    Any other failure is returned as it was."""
+    connection could not even be opened: a wrong URL (a login, database, host name or
+    parameter: not transient, a retry fails the same way) or a server that is not
+    answering (refused, reset, timed out: ``BackendUnavailableError``, as on any later
+    connect). Any other failure is returned as it was."""
     cause = exc.__cause__
     if not isinstance(cause, psycopg.OperationalError) or cause.sqlstate not in (None, "28P01", "28000", "3D000"):
         return exc

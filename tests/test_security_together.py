@@ -127,12 +127,12 @@ def test_cli_verify_on_an_encrypted_integrity_store(tmp_path: Path, monkeypatch:
 
 
 def test_readme_security_snippet_runs(tmp_path: Path) -> None:
-    """The README's Security example, pointed at a SQLite file and a temp witness."""
+    """The Security example of docs/getting-started.md (once the README's), pointed at a SQLite file and a temp witness."""
     import base64
     import os
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "getting-started.md").read_text()
     found = re.search(r"## Security\s.*?```python\n(.*?)```", readme, re.S)
     assert found is not None
     code = found.group(1).replace('"postgresql://db/agents"', f'"sqlite:///{tmp_path}/agent.db"')

@@ -160,3 +160,19 @@ def test_password_mask_is_the_same_in_url_repr_and_errors() -> None:
     assert "hunter22" not in shown and URL_PASSWORD_MASK in shown
     assert shown in repr(store) and shown in str(info.value)
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("sqllite:///agent.db", "sqlite"), ("postgressql://h/db", "postgresql"), ("reddis://h:6379/0", "redis"),
+                        ("dynamo://table", "dynamodb")],
+)
+def test_a_scheme_typo_gets_the_scheme_it_was_meant_to_be(typo: str, meant: str) -> None:
+    with pytest.raises(pk.BackendNotFoundError, match=f"Did you mean '{meant}://'") as info:
+        pk.connect(typo)
+    assert "known schemes: dynamodb, memory" in str(info.value)
+
+
+def test_a_scheme_far_from_every_known_one_gets_no_guess() -> None:
+    with pytest.raises(pk.BackendNotFoundError) as info:
+        pk.connect("ftp://host/path")
+    assert "Did you mean" not in str(info.value) and "known schemes" in str(info.value)

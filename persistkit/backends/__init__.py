@@ -66,10 +66,13 @@ def backend_class(url: str) -> type[Backend]:
     if scheme in _REGISTERED:
         return _REGISTERED[scheme]
     if scheme not in _BUILTIN:
-        known = ", ".join(sorted({*_BUILTIN, *_REGISTERED}))
+        schemes = sorted({*_BUILTIN, *_REGISTERED})
+        # the same close-match rule as unknown_options() uses for an option typo
+        close = difflib.get_close_matches(scheme, schemes, 1, 0.75)
+        hint = f" Did you mean '{close[0]}://'?" if close else ""
         raise BackendNotFoundError(
-            f"no store is registered for the URL scheme {scheme!r} in {_mask(url)!r}; "
-            f"known schemes: {known}. Third-party stores register with "
+            f"no store is registered for the URL scheme {scheme!r} in {_mask(url)!r}.{hint} "
+            f"The known schemes: {', '.join(schemes)}. Third-party stores register with "
             "persistkit.backends.register_backend()."
         )
     module_name, class_name, extra, driver = _BUILTIN[scheme]

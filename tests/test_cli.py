@@ -605,3 +605,16 @@ def test_the_verify_command_a_wrong_key_error_names_runs(
     assert ok.returncode == 0 and "all verified" in ok.stdout, ok
     broken = cli("verify", *args, cwd=tmp_path, env={**env, "PERSISTKIT_INTEGRITY_KEYS": f"m:{base64.b64encode(other).decode()}"})
     assert broken.returncode == 1 and "does not match" in broken.stdout, broken
+
+
+def test_a_missing_postgres_database_is_no_store_like_a_missing_schema(postgres_url: str, tmp_path: Path) -> None:
+    """issue 34: the docs promise exit 3 for a mistyped path or database name; a missing
+    database exited 1 (a missing schema already gave 3)."""
+    import uuid
+
+    server = postgres_url.rsplit("/", 1)[0]
+    url = f"{server}/no_such_db_{uuid.uuid4().hex[:8]}"
+    for verb in (("threads",), ("history", "thread-42"), ("migrate", "--check")):
+        out = cli(*verb, "--url", url, cwd=tmp_path)
+        assert out.returncode == NOT_FOUND, (verb, out.stderr)
+        assert "no store at" in out.stderr and "database does not exist" in out.stderr, out.stderr

@@ -107,6 +107,11 @@ def require_store(url: str) -> bool:
         backend = cls.from_url(url, migrate=False)
         try:
             status = backend.migrate(check=True)  # type: ignore[attr-defined]
+        except ConfigurationError as exc:
+            if not getattr(exc, "missing_database", False):
+                raise
+            # a mistyped database name is no store there, as a mistyped schema is (exit 3)
+            raise NotFoundError(f"no store at {_where(url)}: {exc}") from None
         finally:
             backend.close()
         if not status.current:

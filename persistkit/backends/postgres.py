@@ -682,5 +682,9 @@ def _connect_error(exc: BackendError, url: str) -> PersistkitError:
         if any(n in text for n in needles) and (needles != ("database ",) or "does not exist" in text):
             detail = " ".join(str(cause).split()) or type(cause).__name__
             message = f"cannot connect to the PostgreSQL store {url}: {fix} ({detail})"
-            return error(message)
+            mapped = error(message)
+            if needles == ("database ",):
+                # the CLI reports a store in a database that does not exist as not found (exit 3)
+                mapped.missing_database = True  # type: ignore[attr-defined]
+            return mapped
     return exc

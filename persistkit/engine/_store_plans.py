@@ -27,7 +27,7 @@ from ..codec._pipeline import Codec
 from ..coordination._fence import write_call
 from ..coordination._suspend import is_answered
 from ..state._channels import Loader
-from ..state._records import Checkpoint, Record
+from ..state._records import Checkpoint, Record, fork_key, fork_link_blob
 from ..state._spec import StateSpec
 from ..state._tracker import Tracker
 from ._heads import ANY_HEAD, AnyHead, check_head
@@ -134,12 +134,14 @@ class StorePlans:
         expected: int,
         tracker: Tracker,
         run_id: str | None = None,
+        extra_blobs: Mapping[str, bytes] | None = None,
     ) -> Plan[Checkpoint]:
         body = dict(body)
         where = (thread_id, namespace, parent.id if parent else None, run_id)
         row, diff = tracker.checkpoint(spec.channels(state), body, where, list(spec.schema) if spec.schema else None)
+        blobs = {**diff.blobs, **extra_blobs} if extra_blobs else diff.blobs
         try:
-            yield write_call(thread_id, namespace, row, diff.blobs, expected)  # fenced under coordination.fenced
+            yield write_call(thread_id, namespace, row, blobs, expected)  # fenced under coordination.fenced
         except ConflictError as exc:
             if body["k"] == "fork":
                 what = (
@@ -188,8 +190,11 @@ class StorePlans:
             "m": self.codec.encode(dict(metadata or {}), "metadata"),
             "f": [thread_id, src.id],
         }
+        # the link is also the thread's (a blob, written in the same write): a prune of the
+        # fork may take this first record, and the source must stay while the fork exists
+        link = {fork_key(namespace): fork_link_blob(self.codec, (thread_id, src.id))}
         cp = yield from self._write_state(
-            new_thread_id, namespace, state, spec, body, None, 0, Tracker(self.codec)
+            new_thread_id, namespace, state, spec, body, None, 0, Tracker(self.codec), extra_blobs=link
         )
         return cp
 

@@ -25,9 +25,11 @@ reported: its run may be writing), in this order, each step safe to interrupt:
 
 ``thread_ttl`` deletes a whole expired thread instead (``delete_thread``). Forks: the
 checkpoint a thread was forked from is kept while that thread exists, which needs the
-fork records of every thread, so a prune first reads the oldest record of every thread
-of the store (one pass over its rows). Interrupted anywhere, the store is consistent
-and the next prune finishes the work.
+fork links of every thread, so a prune first reads them: a blob of the forked thread
+(``state._records.fork_key``, written with its fork record, gone with the thread), or,
+for a fork written before those, its oldest record (one pass over its rows). Step 3
+writes that blob before a prune deletes such a fork record, so the link outlives it.
+Interrupted anywhere, the store is consistent and the next prune finishes the work.
 """
 
 from __future__ import annotations
@@ -56,7 +58,15 @@ from ..coordination._lease import DEFAULT_TTL, Lease, acquire, give_back
 from ..secrets._redact import scrub
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
-from ..state._records import Record, read_rows, targets, tombstone_key
+from ..state._records import (
+    Record,
+    fork_key,
+    fork_link_blob,
+    fork_links,
+    read_rows,
+    targets,
+    tombstone_key,
+)
 from ._retention import PruneReport, Retention, doomed, thread_expired
 
 __all__ = ["RetentionStore"]
@@ -103,27 +113,56 @@ def _namespaces(thread_id: str) -> Plan[list[str]]:
 
 def _fork_sources(codec: Codec, unreadable: list[str]) -> Plan[dict[tuple[str, str], set[str]]]:
     """(source thread, namespace) -> checkpoint ids some thread of the store was forked from.
-    A thread these store options cannot read (another key, another codec) is noted in
-    ``unreadable`` and passed over: a fork holds its own copy of the state, so what it
-    would protect is its source's history, not its own."""
+    A fork's link is a blob of its thread (``state._records.fork_key``); a fork written
+    before that has it on its first record only, read when the blob is absent (step 3 of a
+    prune that deletes that record writes the blob first). A thread these store options
+    cannot read (another key, another codec) is noted in ``unreadable`` and passed over: a
+    fork holds its own copy of the state, so what it would protect is its source's history,
+    not its own."""
     out: dict[tuple[str, str], set[str]] = {}
+    spaces: dict[str, list[str]] = {}
     for t, ns in (yield from targets(None, "", None)):
+        spaces.setdefault(t, []).append(ns)
+    for t, namespaces in spaces.items():
         if t in unreadable:
             continue
         try:
-            before = None
-            while True:  # the fork record is a chain's oldest: page to the bottom
-                page = yield call("list", t, ns, before=before, limit=_PAGE)
-                if len(page) < _PAGE:
-                    break
-                before = page[-1].checkpoint_id
-            if page:
-                rec = Record.decode(codec, page[-1])
-                f = rec.body.get("f") if rec.kind == "fork" else None
-                if f:
-                    out.setdefault((str(f[0]), ns), set()).add(str(f[1]))
+            links = yield from fork_links(codec, t, namespaces)
+            for ns in namespaces:
+                source = links.get(ns)
+                if source is None:
+                    source = yield from _first_record_link(codec, t, ns)
+                if source is not None:
+                    out.setdefault((source[0], ns), set()).add(source[1])
         except PersistkitError:
             unreadable.append(t)
+    return out
+
+
+def _first_record_link(codec: Codec, t: str, ns: str) -> Plan[tuple[str, str] | None]:
+    """The source a chain's oldest record names when it is a fork record."""
+    before = None
+    while True:  # the fork record is a chain's oldest: page to the bottom
+        page = yield call("list", t, ns, before=before, limit=_PAGE)
+        if len(page) < _PAGE:
+            break
+        before = page[-1].checkpoint_id
+    if not page:
+        return None
+    rec = Record.decode(codec, page[-1])
+    f = rec.body.get("f") if rec.kind == "fork" else None
+    return (str(f[0]), str(f[1])) if f else None
+
+
+def _links(codec: Codec, work: _Thread, sizes: Mapping[str, int]) -> dict[str, bytes]:
+    """The fork link of each chain that loses its fork record and has no link blob yet (a
+    fork written before links were kept on the thread): written before anything is deleted."""
+    out: dict[str, bytes] = {}
+    for ns, records in work.chains.items():
+        first = records[0] if records else None
+        f = first.body.get("f") if first is not None and first.kind == "fork" else None
+        if f and first is not None and first.id in work.gone[ns] and fork_key(ns) not in sizes:
+            out[fork_key(ns)] = fork_link_blob(codec, (str(f[0]), str(f[1])))
     return out
 
 
@@ -381,7 +420,7 @@ class RetentionStore:
                 report.checkpoints += sum(len(g) for g in work.gone.values())
                 report.blobs += len(sweep)
                 return
-            first = {**work.roots, **_tombstones(self.codec, work)}
+            first = {**work.roots, **_tombstones(self.codec, work), **_links(self.codec, work, sizes)}
             if first:
                 self.call_sync(call("put_blobs", t, first))
             for ns, gone in work.gone.items():

@@ -3,11 +3,13 @@
 ``pk.Retention`` says what may go; :func:`doomed` applies it to the records of one
 ``(thread, namespace)`` chain (oldest first) and keeps, whatever the policy says:
 
-* the chain's newest record (its head: every writer builds on it);
+* the chain's newest record (its head: every writer builds on it), except when
+  ``thread_ttl`` deletes the whole thread (:func:`thread_expired`);
 * every record of the run the head belongs to when that run is unfinished (running,
   failed, suspended, compensating: a resume replays all of them), and the record it
   started from (its ``parent_id``: the state it began with);
-* a record another thread was forked from, while that thread exists;
+* a record another thread was forked from, while that thread exists (the caller finds
+  them by the forks' links, ``state._records.fork_links``);
 * a record that registered an after-commit effect no later record marks done (the
   drain still has to run it), and a record that marks done an effect of a record
   that stays (without the mark, the effect would run again).
@@ -17,6 +19,7 @@ The policy's own rules: ``keep_last`` (the newest N records of each chain),
 given — and ``final_only`` (finished runs keep only their last record, whatever their
 age or place). ``thread_ttl`` deletes whole threads whose newest record in every
 namespace is older than the TTL, and whose runs are all finished, no effect pending.
+Ages are measured from ``now`` (the time the prune started), a dry run's too.
 """
 
 from __future__ import annotations

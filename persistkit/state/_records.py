@@ -65,7 +65,7 @@ from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..codec._pipeline import Codec
 
-__all__ = ["Checkpoint", "Record", "read_rows", "run_pruned", "targets", "tombstone_key"]
+__all__ = ["Checkpoint", "Record", "fork_key", "fork_link_blob", "fork_links", "read_rows", "run_pruned", "targets", "tombstone_key"]
 
 KINDS = frozenset({"step", "end", "fork", "update"})
 
@@ -289,6 +289,42 @@ def run_pruned(codec: Codec, thread_id: str, namespace: str, run_id: str) -> Pla
     tree = codec.unpack_tree(got[key], f"tombstone {key}")
     status = tree.get("rs") if type(tree) is dict else None
     return status if type(status) is str else "finished"
+
+
+#: Blob keys of fork links (``fork_key``).
+FORK_LINK = "~fk:"
+
+
+def fork_key(namespace: str) -> str:
+    """The blob of a forked thread that names its source (``{"f": [thread, checkpoint]}``),
+    written with the fork record. The link is the thread's, not that record's: a prune of
+    the fork may delete its first record, while its source must stay as long as the fork
+    exists (a blob goes with its thread, and retention never sweeps ``~`` keys)."""
+    return f"{FORK_LINK}{namespace.encode().hex()}"
+
+
+def fork_link_blob(codec: Codec, source: tuple[str, str]) -> bytes:
+    return codec.pack_stored({"f": [source[0], source[1]]})
+
+
+def fork_links(codec: Codec, thread_id: str, namespaces: list[str]) -> Plan[dict[str, tuple[str, str]]]:
+    """namespace -> (source thread, source checkpoint) of the chains of ``thread_id`` that
+    were forked and carry the link on the thread (a fork written before links were kept
+    so has it on its first record only, body ``f``)."""
+    keys = {fork_key(ns): ns for ns in namespaces}
+    got: dict[str, bytes] = (yield call("get_blobs", thread_id, list(keys))) if keys else {}
+    out: dict[str, tuple[str, str]] = {}
+    for key, blob in got.items():
+        if key not in keys:
+            continue
+        tree = codec.unpack_tree(blob, f"fork link {key} of thread {thread_id!r}")
+        f = tree.get("f") if type(tree) is dict else None
+        if not (isinstance(f, list) and len(f) == 2 and all(type(x) is str for x in f)):
+            raise SerializationError(
+                f"holds {f!r}, not [source thread, source checkpoint]", path=f"fork link {key} of thread {thread_id!r}"
+            )
+        out[keys[key]] = (f[0], f[1])
+    return out
 
 
 def targets(thread_id: str | None, prefix: str, namespace: str | None) -> Plan[list[tuple[str, str]]]:

@@ -20,6 +20,7 @@ import pytest
 from .._errors import ConfigurationError
 from ..engine._api import checkpointed, current_run, resume
 from ..engine._outbox import after_commit
+from ..codec._versions import register
 from ..engine._store import Store
 from ..engine._suspend import suspend
 from ..ops._retention import Retention
@@ -42,6 +43,7 @@ CRASH_AT: dict[str, int] = {}
 CRASH_EFFECT: set[str] = set()
 
 
+@register
 def note(text: str) -> None:
     if text in CRASH_EFFECT:
         CRASH_EFFECT.discard(text)
@@ -275,6 +277,28 @@ class RetentionConformance(TwoStores):
         store.delete_thread(fork.thread_id)
         store.prune(Retention(keep_last=1), thread_id=t)
         assert len(store.history(t)) == 1
+
+    @pytest.mark.parametrize("old_store", [False, True], ids=["link-on-thread", "link-on-first-record-only"])
+    def test_a_fork_source_stays_after_the_forks_first_checkpoint_is_pruned(self, store: Store, old_store: bool) -> None:
+        src = _thread()
+        _turn(store, src, range(3))
+        source = store.history(src)[-2]  # an old checkpoint
+        fork = store.fork(src, source.checkpoint_id, new_thread_id=_thread()).thread_id
+        if old_store:  # a fork written before the link was kept on the thread: its first record alone has it
+            from ..state._records import fork_key
+
+            assert store.backend.delete_blobs(fork, [fork_key("")]) == 1
+        _turn(store, fork, range(10, 13))
+        store.prune(Retention(keep_last=2), thread_id=fork)
+        assert [c.kind for c in store.history(fork)] == ["end", "step"]  # its fork record went
+        store.prune(Retention(keep_last=1), thread_id=src)
+        assert source.checkpoint_id in [c.checkpoint_id for c in store.history(src)]
+        assert store.get_state(src, checkpoint_id=source.checkpoint_id)["log"]
+        store.prune(Retention(thread_ttl=1e-9), thread_id=src)  # nor is its thread deleted
+        assert store.history(src)
+        store.delete_thread(fork)
+        store.prune(Retention(keep_last=1), thread_id=src)
+        assert len(store.history(src)) == 1
 
     def test_an_effect_that_did_not_run_is_still_drained_once(self, store: Store) -> None:
         t = _thread()

@@ -20,7 +20,6 @@ import pytest
 from .._errors import ConfigurationError
 from ..engine._api import checkpointed, current_run, resume
 from ..engine._outbox import after_commit
-from ..codec._versions import register
 from ..engine._store import Store
 from ..engine._suspend import suspend
 from ..ops._retention import Retention
@@ -43,7 +42,6 @@ CRASH_AT: dict[str, int] = {}
 CRASH_EFFECT: set[str] = set()
 
 
-@register
 def note(text: str) -> None:
     if text in CRASH_EFFECT:
         CRASH_EFFECT.discard(text)

@@ -42,6 +42,7 @@ from ._errors import (
 )
 from ._retry import Retry, set_testing
 from .codec._serde import register
+from .codec._sizes import LargeValueWarning
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
@@ -101,6 +102,7 @@ __all__ = [
     "IntegrityProblem",
     "IntegrityReport",
     "KeyRing",
+    "LargeValueWarning",
     "LeaseInfo",
     "LeaseLostError",
     "NonDeterminismError",

@@ -101,14 +101,14 @@ URL_PASSWORD_MASK = "$CRED{url_password}"
 #: The options ``pk.connect()`` takes itself (every other keyword goes to the store).
 CONNECT_OPTIONS = (
     "blobs", "blob_threshold", "allow_pickle", "allow_modules", "compress_threshold", "redact",
-    "vault", "encryption", "accept_plaintext", "integrity", "witness",
+    "vault", "encryption", "accept_plaintext", "integrity", "witness", "max_value_bytes",
 )
 
 
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 _BOOLS = ("redact", "allow_pickle", "accept_plaintext")
-_SIZES = ("blob_threshold", "compress_threshold")
+_SIZES = ("blob_threshold", "compress_threshold", "max_value_bytes")
 _KEYS = ("encryption", "integrity")
 
 

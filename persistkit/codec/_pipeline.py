@@ -29,6 +29,7 @@ from typing import Any
 from .._errors import SerializationError, StoreOptionsError
 from ..secrets._redact import PEOPLE_KEYS, Redactor, hold_text
 from ._serde import Serializer
+from ._sizes import LARGE_VALUE_BYTES
 
 try:  # 5-20x faster than the json module on the per-step path; optional
     import orjson as _orjson
@@ -139,6 +140,11 @@ def content_hash(data: bytes) -> str:
 
 class Codec:
     """Serializes values and seals them into envelopes (and back)."""
+
+    #: ``pk.connect(max_value_bytes=)``: larger values are refused (``_sizes.py``); None: no limit
+    max_value_bytes: int | None = None
+    #: the serialized size above which a value gets a look (a warning, the limit): ``_sizes.alarm``
+    value_alarm: int = LARGE_VALUE_BYTES
 
     def __init__(
         self,

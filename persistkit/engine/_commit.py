@@ -20,10 +20,12 @@ from .._errors import (
     PersistkitError,
     RetryableError,
     SerializationError,
+    ValueTooLargeError,
 )
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._pipeline import _dump, content_hash
+from ..codec._sizes import large_value
 from ..coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
 from ..coordination._lease import freeing
 from ..ops._telemetry import conflicted
@@ -98,15 +100,23 @@ class Commits(ReplayCursor):
         Its side effects happened, so it must not run again: the record (flag ``u``)
         replays as this error on every resume of the run, and its checkpoint keeps
         the last stored value of each channel that cannot be stored."""
-        return SerializationError(
-            f"step {name!r} at position {position} of thread {self.thread_id!r} (run {self.run_id}) ran, "
-            f"but what it left cannot be stored: {exc}. The step is recorded as failed with this error, "
-            "so resuming this run replays the error and does not run the step (and its side effects) "
-            "again. Fix the value (JSON-like data, pydantic models, dataclasses, namedtuples and enums "
-            "can be stored), then re-run only this step: "
+        retry = (
             f"pk.resume({self.thread_id!r}, run_id={self.run_id!r}, retry_failed=True) replays the "
             "committed steps before it and runs this one again (its side effects happen a second time). "
             "Do not use a new run_id for this: a new run runs the steps before it again"
+        )
+        ran = f"step {name!r} at position {position} of thread {self.thread_id!r} (run {self.run_id}) ran, "
+        if isinstance(exc, ValueTooLargeError):
+            return ValueTooLargeError(
+                f"{ran}but {exc} The step is recorded as failed with this error, so resuming this run "
+                f"replays the error and does not run the step again. To re-run only this step: {retry}",
+                size=exc.size, limit=exc.limit,
+            )
+        return SerializationError(
+            f"{ran}but what it left cannot be stored: {exc}. The step is recorded as failed with this error, "
+            "so resuming this run replays the error and does not run the step (and its side effects) "
+            "again. Fix the value (JSON-like data, pydantic models, dataclasses, namedtuples and enums "
+            f"can be stored), then re-run only this step: {retry}"
         )
 
     def precheck(self, position: str, name: str) -> None:
@@ -115,9 +125,11 @@ class Commits(ReplayCursor):
         try:
             self._tracker.precheck(self.spec.channels(self.state))
         except SerializationError as exc:
+            where = f"step {name!r} at position {position} of thread {self.thread_id!r} was not run: "
+            if isinstance(exc, ValueTooLargeError):
+                raise ValueTooLargeError(f"{where}{exc}", size=exc.size, limit=exc.limit) from exc
             raise SerializationError(
-                f"step {name!r} at position {position} of thread {self.thread_id!r} was not run: "
-                f"run.state cannot be stored ({exc}). Keep functions, locks, clients and other live "
+                f"{where}run.state cannot be stored ({exc}). Keep functions, locks, clients and other live "
                 "objects out of run.state; store the data they stand for"
             ) from exc
 
@@ -223,6 +235,9 @@ class Commits(ReplayCursor):
         tree = self.codec.encode(result, f"result of step {name!r}")  # a SerializationError: see step_sync
         # Sized unredacted: an inline result is redacted once, with the whole row.
         raw = _dump(tree)
+        if len(raw) > self.codec.value_alarm:  # a warning, or max_value_bytes= (codec/_sizes.py)
+            large_value(self.codec, len(raw), f"the result of step {name!r} at position {position} of "
+                        f"thread {self.thread_id!r}", f"step {name}")
         self._result_raw, self._result_tree = raw, tree  # a list item may refer to it, inline or blob
         if len(raw) > RESULT_INLINE_LIMIT:
             text = self.codec.dump_tree(tree)

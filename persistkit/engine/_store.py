@@ -22,6 +22,7 @@ from .._io import Call, Plan, call, call_async, call_sync, checked, run_async, r
 from ..backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
 from ..codec._pipeline import Codec
 from ..codec._serde import Serializer
+from ..codec._sizes import alarm
 from ..coordination._outbox_store import OutboxStore
 from ..coordination._suspend_store import SuspendStore
 from ..ops._prune import RetentionStore
@@ -571,6 +572,7 @@ def connect(
     accept_plaintext: bool = False,
     integrity: Any = None,
     witness: Any = None,
+    max_value_bytes: int | None = None,
     **options: Any,
 ) -> Store:
     """Open a store from a URL (``sqlite:///agent.db``, ``memory://``, ``postgresql://...``,
@@ -593,6 +595,9 @@ def connect(
     ``KeyRing``) seals every record with a keyed hash chain and refuses tampered
     reads; ``witness`` (``"file:PATH"``, a store URL or Backend, or an object with
     ``record``/``latest``) also refuses a store rolled back to an older copy.
+    ``max_value_bytes`` refuses a step result or state value whose serialized form is
+    larger (``pk.ValueTooLargeError``, before any of it is written); without it, a value
+    above 1 MiB gets a ``pk.LargeValueWarning`` once per step (none with ``blobs=``).
     Other keyword options go to the backend. Every option but ``vault`` may also sit in the
     URL query, as text (``?redact=false&integrity=env:MY_KEYS``; docs/backends.md): a
     keyword left at its default does not override it.
@@ -603,7 +608,7 @@ def connect(
         "blobs": blobs, "blob_threshold": blob_threshold, "allow_pickle": allow_pickle,
         "allow_modules": allow_modules, "compress_threshold": compress_threshold, "redact": redact,
         "vault": vault, "encryption": encryption, "accept_plaintext": accept_plaintext,
-        "integrity": integrity, "witness": witness,
+        "integrity": integrity, "witness": witness, "max_value_bytes": max_value_bytes,
     }
     if isinstance(url, str):
         # pk.connect()'s own options may sit in the URL's query; a keyword given (not left
@@ -636,7 +641,12 @@ def connect(
             raise ConfigurationError("vault must be a pk.secrets.FileVault (or have get/put/handle_key)")
         redactor = Redactor(enabled=redact is not False, vault=vault)
     # ------------------------------------------------------------------------------------------
-    return Store(backend, codec=Codec(serializer, compress_threshold=compress_threshold, redactor=redactor))
+    limit = own["max_value_bytes"]
+    if limit is not None and (type(limit) is not int or limit < 1):
+        raise ConfigurationError(f"max_value_bytes must be a positive int (bytes) or None, got {limit!r}")
+    codec = Codec(serializer, compress_threshold=compress_threshold, redactor=redactor)
+    codec.max_value_bytes, codec.value_alarm = limit, alarm(limit, warn=own["blobs"] is None)
+    return Store(backend, codec=codec)
 
 
 #: connect()'s keyword defaults: an option in the URL applies where its keyword was left at these.

@@ -17,6 +17,7 @@ from .._ids import next_checkpoint_id
 from ..backends import CheckpointRow
 from ..backends._protocol import new_row
 from ..codec._pipeline import Codec, _dump, _orjson, content_hash
+from ..codec._sizes import large_value
 from ..secrets._registry import _generation
 from ._channels import (
     _NO_OBJ,
@@ -214,6 +215,8 @@ class Tracker:
             return
         tree = self.codec.encode(value, f"state.{name}")
         text = self.codec.dump_tree(tree)
+        if len(text) > self.codec.value_alarm:  # a warning, or max_value_bytes= (codec/_sizes.py)
+            large_value(self.codec, len(text), f"run.state.{name}", f"state.{name}")
         digest = content_hash(text)
         obj = value if type(value) in _IMMUTABLE else _NO_OBJ
         if isinstance(p, _ValuePrev) and p.digest == digest:
@@ -289,6 +292,8 @@ class Tracker:
         last_raw = _raw(value[-1])
         # its size: the newest item's JSON is made anyway (a lone plain item's is the size)
         size = len(last_raw) if last_raw is not None and len(trees) == 1 else len(_dump(trees))
+        if size > self.codec.value_alarm:
+            large_value(self.codec, size, f"the items appended to run.state.{name}", f"state.{name}")
         this = _Inline(cid, prev_tip, start, trees, size, stored=False)
         gathered = _gather(p.recent if p is not None and start > 0 else (), this)
         if (start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS) and len(gathered) <= SPAN_SEGMENTS:

@@ -140,6 +140,7 @@ class Shop:
 slack = FakeSlack()
 
 
+@pk.register
 def post_reply(channel: str, thread_ts: str, text: str, event_id: str, *, idempotency_key: str) -> None:
     """The after-commit effect: post the turn's reply in its thread. Stored by name in the
     reply step's checkpoint and run by whichever process gets there first after it lands;

@@ -22,6 +22,7 @@ import persistkit as pk
 KILL = ("-", -1)
 
 
+@pk.register
 def post(receiver: str, text: str, *, idempotency_key: str) -> None:
     if ("before", int(text[1:])) == KILL:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -35,6 +35,7 @@ def _effect(line: str) -> None:
         os.fsync(f.fileno())
 
 
+@pk.register
 def cancel(name: str) -> None:
     if f"before:{name}" == KILL:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -99,6 +99,7 @@ def test_a_drained_effect_leaves_the_live_key(store: pk.Store) -> None:
 DIE_IN_EFFECT: list[bool] = []
 
 
+@pk.register
 def posted(x: int) -> None:
     """The effect: the first call dies (a kill between the commit and the effect)."""
     if DIE_IN_EFFECT:

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import pickle
+import shutil
 import uuid
 from typing import Any
 
@@ -25,6 +26,7 @@ CALLS: list[tuple[str, Any]] = []
 FAILS: dict[str, int] = {}
 
 
+@pk.register
 def record(tag: str, value: Any = None) -> None:
     """An effect without a key parameter: it reads pk.current_effect()."""
     info = pk.current_effect()
@@ -32,6 +34,7 @@ def record(tag: str, value: Any = None) -> None:
     CALLS.append((tag, (value, info.key, info.attempt, pk.current_step())))
 
 
+@pk.register
 def flaky(tag: str) -> None:
     if FAILS.get(tag, 0) > 0:
         FAILS[tag] -= 1
@@ -44,11 +47,13 @@ def inner(tag: str) -> str:
     return tag
 
 
+@pk.register
 def calls_a_step(tag: str) -> None:
     """An effect is no step: a @checkpointed call inside it is a plain call."""
     CALLS.append((tag, inner(tag)))
 
 
+@pk.register
 async def arecord(tag: str, idempotency_key: str) -> None:
     await asyncio.sleep(0)
     CALLS.append((tag, idempotency_key))
@@ -83,7 +88,9 @@ def test_a_lambda_a_closure_a_bound_method_and_a_partial_are_refused(local_store
             (Client().post, "bound method"),
             (functools.partial(record, "x"), "functools.partial cannot be stored"),
             (42, "takes a function"),
-            (print, "not allowlisted"),  # resumed elsewhere, it could not be called: refused now
+            (print, "not a Python function of your code"),  # a builtin: never called by name
+            (shutil.rmtree, "standard library"),  # a store writer could call it with any path
+            (mine, "not registered"),  # resumed elsewhere, it could not be called: refused now
         ]:
             with pytest.raises(pk.ConfigurationError, match=words):
                 register(fn)
@@ -118,16 +125,21 @@ def test_a_replaced_name_is_refused() -> None:
         ob.effect_name(impostor)
 
 
-def test_a_stored_name_resolves_only_from_allowlisted_modules() -> None:
+def test_a_stored_name_resolves_only_to_a_registered_function() -> None:
     codec = pk.connect("memory://").codec
-    with pytest.raises(pk.EffectError, match="not allowed in this process"):
+    with pytest.raises(pk.EffectError, match="standard library") as refused:
         ob.resolve("os:system", codec, "here")
-    with pytest.raises(pk.EffectError, match="not allowed"):
+    assert "may be forged" in str(refused.value) and "allow_modules" not in str(refused.value)
+    with pytest.raises(pk.EffectError, match="may be forged"):
         ob.resolve("os:<lambda>", codec, "here")
-    allowed = pk.connect("memory://", allow_modules=["json"]).codec
-    assert ob.resolve("json:dumps", allowed, "here") is json.dumps
+    with pytest.raises(pk.ConfigurationError, match="standard library cannot be allowlisted"):
+        pk.connect("memory://", allow_modules=["json"])
+    assert ob.resolve(f"{__name__}:record", codec, "here") is record
+    # defined in this (allowlisted) module, but not registered: a stored record never calls it
+    with pytest.raises(pk.EffectError, match=r"put @pk\.register on it"):
+        ob.resolve(f"{__name__}:mine", codec, "here")
     with pytest.raises(pk.EffectError, match="no function"):
-        ob.resolve("json:nothing_here", allowed, "here")
+        ob.resolve(f"{__name__}:nothing_here", codec, "here")
 
 
 # -- running ------------------------------------------------------------------------------
@@ -270,6 +282,7 @@ class _Crash(BaseException):
     pass
 
 
+@pk.register
 def crash_once(t: str) -> None:
     if FAILS.get(t) == -1:
         FAILS[t] = 0
@@ -295,10 +308,12 @@ def test_the_cli_lists_and_drains(tmp_path: Any, capsys: pytest.CaptureFixture[s
     assert "0 effect(s) run" in capsys.readouterr().out
 
 
+@pk.register
 def broken(tag: str) -> None:
     raise pk.NotFoundError(f"{tag}: the channel is gone")
 
 
+@pk.register
 async def abroken(tag: str) -> None:
     raise RuntimeError(f"{tag}: down")
 
@@ -349,6 +364,7 @@ def test_keys_differ_between_namespaces(local_store: pk.Store) -> None:
 KEYS_SEEN: list[str] = []
 
 
+@pk.register
 def _key_effect(*, idempotency_key: str) -> None:
     KEYS_SEEN.append(idempotency_key)
 

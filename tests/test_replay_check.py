@@ -16,6 +16,7 @@ from conftest import uid
 
 import persistkit as pk
 from persistkit._cli import main
+from persistkit.codec import _functions
 from persistkit.testing.patch_suite import store_bytes
 
 BODIES: list[str] = []
@@ -356,11 +357,13 @@ class _Die(BaseException):
     pass
 
 
+@pk.register
 def rc_undo(x: str) -> None:
     if x == "die":
         raise _Die
 
 
+@pk.register
 def rc_effect(x: str) -> None:
     raise _Die  # the process dies inside the effect: it stays pending
 
@@ -399,6 +402,7 @@ def test_a_rollback_whose_compensation_is_gone_would_stop(store: pk.Store, monke
     ok = store.check_replay(_rc_entry, threads=[t])
     assert [(r.thread_id, r.outcome) for r in ok.runs if r.thread_id == t] == [(t, "continues")]
     monkeypatch.delattr(sys.modules[__name__], "rc_undo")
+    monkeypatch.delitem(_functions._FUNCTIONS, f"{__name__}:rc_undo")  # as in the new code's process
     report = store.check_replay(_rc_entry, threads=[t])
     [run] = [r for r in report.runs if r.thread_id == t]
     assert (run.outcome, run.position, run.step) == ("stops", "c/0", "rc.book") and "rc_undo" in (run.error or "")
@@ -409,15 +413,14 @@ def test_a_pending_effect_whose_function_is_gone_would_stop(store: pk.Store, mon
     t = uid("rc")
     with pytest.raises(_Die), pk.resume(t, store=store, run_id="r1"):
         rc_reply("a")
-    from persistkit.coordination import _outbox
-
     monkeypatch.delattr(sys.modules[__name__], "rc_effect")
-    monkeypatch.setattr(_outbox, "_EFFECTS", {})  # as in the new code's process: nothing registered yet
+    monkeypatch.delitem(_functions._FUNCTIONS, f"{__name__}:rc_effect")  # as in the new code's process
     report = store.check_replay(_rc_entry, threads=[t])
     [run] = [r for r in report.runs if r.thread_id == t]
     assert (run.outcome, run.position, run.step) == ("stops", "0", "rc.reply") and "rc_effect" in (run.error or "")
 
 
+@pk.register
 def rc_undo_ask(x: str) -> None:
     pk.suspend({"release?": x})
 

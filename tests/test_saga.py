@@ -7,6 +7,7 @@ import asyncio
 import functools
 import os
 import pickle
+import shutil
 import threading
 import uuid
 from typing import Annotated, Any
@@ -20,12 +21,14 @@ CALLS: list[Any] = []
 SECRET = "sk-live-" + "9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 
 
+@pk.register
 def undo(*args: Any, **kwargs: Any) -> None:
     step = pk.current_step()
     assert step is not None
     CALLS.append(("undo", args, kwargs, step.position))
 
 
+@pk.register
 async def aundo(*args: Any, **kwargs: Any) -> None:
     await asyncio.sleep(0)
     undo(*args, **kwargs)
@@ -35,6 +38,7 @@ def undo_booking(result: dict[str, Any]) -> None:
     CALLS.append(("undo_booking", result["id"]))
 
 
+@pk.register
 def undo_with_a_nested_step(name: str) -> None:
     nested(name)
 
@@ -45,6 +49,7 @@ def nested(name: str) -> str:
     return name
 
 
+@pk.register
 def undo_checking_the_lease(thread: str) -> None:
     run = pk.current_run()
     assert run is not None
@@ -158,6 +163,7 @@ class _Crash(BaseException):
 CRASH: set[str] = set()
 
 
+@pk.register
 async def acrash_once(name: str) -> None:
     if name in CRASH:
         CRASH.discard(name)
@@ -206,6 +212,7 @@ def test_async_crash_mid_rollback_finished_by_an_async_resume(store_url: str) ->
             asyncio.run(second())
 
 
+@pk.register
 def undo_while_another_holder_takes_over(thread: str) -> None:
     """Another run takes the thread's lease over (as after an expiry) while this undo runs."""
     run = pk.current_run()
@@ -293,6 +300,7 @@ class Trip(pk.State, name="tests.test_saga.Trip"):
     total: int = 0
 
 
+@pk.register
 def crash_on_b(name: str) -> None:
     if name in CRASH:
         CRASH.discard(name)
@@ -346,6 +354,9 @@ class _Holder:
     def method(self) -> None: ...
 
 
+def _unregistered(name: str) -> None: ...
+
+
 @pytest.mark.parametrize(
     "fn, says",
     [
@@ -353,10 +364,12 @@ class _Holder:
         (_closure(), "inside another function"),
         (_Holder().method, "bound method"),
         (functools.partial(undo, 1), "functools.partial"),
-        (os.getcwd, "allow_modules"),
+        (os.getcwd, "not a Python function of your code"),
+        (shutil.rmtree, "standard library"),
+        (_unregistered, "not registered"),
         ("undo", "expected a function"),
     ],
-    ids=["lambda", "closure", "bound-method", "partial", "not-allowlisted", "not-callable"],
+    ids=["lambda", "closure", "bound-method", "partial", "builtin", "stdlib", "unregistered", "not-callable"],
 )
 def test_functions_that_cannot_be_stored_are_refused(local_store: pk.Store, fn: Any, says: str) -> None:
     with pytest.raises(pk.ConfigurationError, match=says), pk.resume(_thread(), store=local_store):
@@ -406,16 +419,19 @@ def test_records_with_malformed_saga_keys_are_refused() -> None:
 _ASKED: list[str] = []
 
 
+@pk.register
 def _undo_ask(x: str) -> None:
     _ASKED.append(f"ask {x}")
     if pk.suspend({"refund?": x}, answer_type=bool):
         _ASKED.append(f"refunded {x}")
 
 
+@pk.register
 def _undo_notify(x: str) -> None:
     pk.after_commit(_notify, f"undone {x}")
 
 
+@pk.register
 def _notify(text: str) -> None:
     _ASKED.append(text)
 

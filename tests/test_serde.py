@@ -561,7 +561,12 @@ def test_builtin_exceptions_revive_with_args_and_notes() -> None:
     assert revive(KeyError(("a", 1))).args == (("a", 1),)
 
 
-def test_module_level_custom_exception_revives() -> None:
+def test_module_level_custom_exception_revives_when_registered(registry: None) -> None:
+    # Not registered, and its module is not allowlisted: data, never a constructor call
+    back = revive(Boom("x"))
+    assert type(back) is StepFailedError and back.type_name == "test_serde.Boom"
+    assert back.original_message == "x"
+    register(Boom)
     back = revive(Boom("x"))
     assert type(back) is Boom and str(back) == "x"
 

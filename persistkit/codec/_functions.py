@@ -4,11 +4,15 @@ A record may name a function another process calls later (after a crash, a rollb
 drain). It is stored as ``module:qualname``, and only a module-level function (or a
 class's static method) can be: a lambda, a closure, a bound method, a ``functools.partial``
 or a decorated stand-in could not be found again, so :func:`stored_name` refuses them
-when they are registered, not when a crash has already stranded them. :func:`find` looks
-a stored name up again, importing only from the modules class revival trusts
-(``_registry``: the modules of ``@checkpointed`` functions and ``State`` classes,
-``pk.connect(allow_modules=...)``): a stored record never makes persistkit import
-anything else. Each layer wraps :class:`NotFound` in its own error.
+when they are registered, not when a crash has already stranded them.
+
+Whoever can write the store can write such a name, with arguments of their choosing, so a
+stored name calls only a function *registered* for it (:func:`register_function`:
+``@pk.register`` on the function, or ``@checkpointed(compensate=fn)``): never any other
+function of a module, however trusted the module is (an agent's module holds its tools,
+and a tool may run code). :func:`find` may import an allowlisted module so that its
+registrations run (``_names.trusted``), and imports nothing else. Each layer wraps
+:class:`NotFound` in its own error (the refusal's wording: ``_names.refusal``).
 """
 
 from __future__ import annotations
@@ -16,32 +20,35 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import re
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigurationError
-from ._registry import _MODULE_RE, _MODULES
+from . import _names
+from ._registry import _MODULES
 
-__all__ = ["NotFound", "allowed", "find", "stored_name", "walk"]
+__all__ = ["NotFound", "allowed", "find", "register_function", "registered", "stored_name"]
 
-_QUALNAME_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+#: "module:qualname" -> the function a stored record may call under that name.
+_FUNCTIONS: dict[str, Callable[..., Any]] = {}
 
 
 class NotFound(Exception):
-    """A stored name this process cannot call: ``kind`` is ``not allowed`` (its module is not
-    allowlisted), ``no import`` (the module fails to import) or ``gone`` (no such function)."""
+    """A stored name this process cannot call: ``kind`` is ``not allowed`` (not registered, and
+    its module is not allowlisted), ``no import`` (the module fails to import),
+    ``unregistered`` (its module defines such a function, but it is not registered) or
+    ``gone`` (no such function)."""
 
     def __init__(self, kind: str, name: str, detail: str = "") -> None:
         self.kind, self.name, self.detail = kind, name, detail
         super().__init__(f"{kind}: {name} {detail}".strip())
 
 
-def stored_name(fn: Any, what: str, later: str) -> str:
+def stored_name(fn: Any, what: str, later: str, *, bound: bool = True) -> str:
     """``module:qualname`` of ``fn``, checked to name exactly this function, or a
     ``ConfigurationError`` that starts with ``what`` and says why ``later`` (the process that
-    calls it after a crash) could not find it."""
+    calls it after a crash) could not find it. ``bound=False`` (a decorator, which runs
+    before its module binds the name) skips the check that the module holds ``fn`` there."""
     target = fn.__func__ if isinstance(fn, staticmethod) else fn
     if not callable(target) or inspect.isclass(target):
         raise ConfigurationError(f"{what}: expected a function, got {fn!r}")
@@ -51,18 +58,24 @@ def stored_name(fn: Any, what: str, later: str) -> str:
             "rebuild its object). Pass a module-level function and the data it needs as arguments"
         )
     module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str):
+    if not isinstance(module, str) or not isinstance(qualname, str) or not inspect.isfunction(target):
         raise ConfigurationError(
-            f"{what}: {fn!r} has no module and qualified name (a callable object?); pass a "
-            "module-level function and the data it needs as arguments"
+            f"{what}: {fn!r} is not a Python function of your code (a builtin, or a callable "
+            "object?); pass a module-level function and the data it needs as arguments"
         )
-    if "<" in qualname or not _QUALNAME_RE.match(qualname) or not _MODULE_RE.match(module):
+    if "<" in qualname or _names.parse(f"{module}:{qualname}") is None:
         kind = "a lambda" if "<lambda>" in qualname else "a function defined inside another function"
         raise ConfigurationError(
             f"{what}: {module}.{qualname} is {kind}: {later} must find it by its module and name. "
             "Define it at the top level of a module and pass what it captured as arguments"
         )
-    if walk(sys.modules.get(module), qualname) is not target:
+    if _names.is_stdlib(module):
+        raise ConfigurationError(
+            f"{what}: {module}.{qualname} is a function of Python's standard library, which a "
+            "stored record may not name (whoever can write the store could call it with any "
+            "arguments). Wrap it in a function of your own module that does only what you mean"
+        )
+    if bound and _names.defined(module, qualname, load=False) is not target:
         raise ConfigurationError(
             f"{what}: {module}:{qualname} does not name this function in its module (it is decorated "
             f"or replaced there), so {later} would call something else. Pass the function its module defines"
@@ -70,32 +83,47 @@ def stored_name(fn: Any, what: str, later: str) -> str:
     return f"{module}:{qualname}"
 
 
+def register_function(fn: Any, what: str = "persistkit.register()") -> str:
+    """Let a stored record call ``fn`` (``@pk.register`` on a function): its stored name,
+    checked as :func:`stored_name` checks it."""
+    name = stored_name(fn, what, "a process that runs it after a crash", bound=False)
+    _FUNCTIONS[name] = fn.__func__ if isinstance(fn, staticmethod) else fn
+    return name
+
+
+def registered(fn: Any) -> str | None:
+    """``fn``'s stored name if it is registered, else None."""
+    target = fn.__func__ if isinstance(fn, staticmethod) else fn
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    name = f"{module}:{qualname}"
+    return name if _FUNCTIONS.get(name) is target else None
+
+
 def find(name: str, allow_modules: tuple[str, ...]) -> Callable[..., Any]:
-    """The function stored as ``name``, imported only from an allowlisted module (``allow_modules``
-    of the store's codec, plus the modules trusted in this process); :class:`NotFound` otherwise."""
-    module, _, qualname = name.partition(":")
-    if not allowed(module, allow_modules) or not _QUALNAME_RE.match(qualname):
+    """The function registered as ``name``; an allowlisted module not imported yet is imported
+    first (its ``@pk.register`` lines run). :class:`NotFound` otherwise: ``not allowed`` (not
+    registered, and no trusted module would register it), ``no import`` or ``gone``."""
+    fn = _FUNCTIONS.get(name)
+    if fn is not None:
+        return fn
+    parsed = _names.parse(name)
+    if parsed is None:
+        raise NotFound("not allowed", name)
+    module = parsed[0]
+    if not allowed(module, allow_modules):
         raise NotFound("not allowed", name)
     try:
-        fn = walk(importlib.import_module(module), qualname)
+        importlib.import_module(module)
     except Exception as exc:
         raise NotFound("no import", name, f"({type(exc).__name__}: {exc})") from exc
-    if fn is None or not callable(fn) or inspect.isclass(fn):
-        raise NotFound("gone", name)
-    return fn  # type: ignore[no-any-return]
+    fn = _FUNCTIONS.get(name)
+    if fn is None:
+        there = _names.defined(*parsed, load=False)
+        raise NotFound("unregistered" if inspect.isfunction(there) else "gone", name)
+    return fn
 
 
 def allowed(module: str, allow_modules: tuple[str, ...]) -> bool:
-    """Whether code of ``module`` may be imported for a stored name (see the module docstring)."""
-    trusted = tuple(allow_modules) + tuple(_MODULES)
-    return bool(_MODULE_RE.match(module)) and any(module == m or module.startswith(m + ".") for m in trusted)
-
-
-def walk(obj: Any, qualname: str) -> Any:
-    """``qualname`` looked up in ``obj`` (a module) through ``vars``, or None."""
-    for part in qualname.split("."):
-        try:
-            obj = vars(obj)[part]  # vars(), not getattr(): no module __getattr__ hooks
-        except (TypeError, KeyError):
-            return None
-    return obj.__func__ if isinstance(obj, staticmethod) else obj
+    """Whether code of ``module`` may be imported for a stored name (``_names.trusted`` over
+    ``allow_modules`` and the modules trusted in this process)."""
+    return _names.trusted(module, tuple(allow_modules) + tuple(_MODULES))

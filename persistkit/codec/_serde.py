@@ -46,8 +46,8 @@ import base64
 import copy
 import dataclasses
 import functools
-import importlib
 import json
+import logging
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -66,8 +66,8 @@ from .._errors import (
     StepFailedError,
 )
 from ..secrets._redact import Redactor, Secret, default_redactor
+from . import _names
 from ._registry import (
-    _MODULE_RE,
     _MODULES,
     _REGISTRY,
     _base_model,
@@ -92,10 +92,15 @@ from ._versions import (
 __all__ = [
     "Serializer",
     "class_name",
+    "exception_class",
     "register",
     "register_module",
     "register_type_hints",
 ]
+
+#: Exception classes already warned about (:meth:`Serializer._enc_exception`): once each.
+_WARNED: set[str] = set()
+_log = logging.getLogger("persistkit")
 
 MAX_DEPTH = 500  # JSON nesting levels; also keeps us well inside Python's recursion limit
 _BIG = 1 << 2000  # ints beyond this could exceed sys.get_int_max_str_digits() (min 640 digits)
@@ -232,8 +237,13 @@ class Serializer:
         if isinstance(allow_modules, str):
             allow_modules = (allow_modules,)
         for m in allow_modules:
-            if not isinstance(m, str) or not _MODULE_RE.match(m):
+            if not isinstance(m, str) or _names.parse(f"{m}:x") is None:
                 raise ConfigurationError(f"allow_modules takes dotted module names, got {m!r}")
+            if _names.is_stdlib(m):
+                raise ConfigurationError(
+                    f"allow_modules={m!r}: a module of Python's standard library cannot be allowlisted "
+                    "(a stored record could then name its code). Allow only your application's modules"
+                )
         self.allow_pickle = bool(allow_pickle)
         self.allow_modules = tuple(allow_modules)
         self._resolved: dict[str, type] = {}
@@ -467,7 +477,17 @@ class Serializer:
         notes = getattr(exc, "__notes__", None)
         if isinstance(notes, list) and notes:
             v["notes"] = [n if type(n) is str else _safe_repr(n) for n in notes]
-        return {TAG: "ex", "c": class_name(type(exc)), "v": v}
+        name = class_name(type(exc))
+        if name not in _WARNED and exception_class(name, self.allow_modules) is not type(exc):
+            _WARNED.add(name)
+            _log.warning(
+                "a step raised %s, which a resumed run in another process replays as "
+                "pk.StepFailedError (class name and message kept as data): a recorded error's class "
+                "is revived only if it is registered or defined in an allowlisted module. Register "
+                "it with pk.register(%s) where it is defined if your code catches it",
+                name.replace(":", "."), name.replace(":", "."),
+            )
+        return {TAG: "ex", "c": name, "v": v}
 
     def _enc_subclass(self, value: Any, depth: int) -> Any:
         # Storing it as the base type would silently change its type on replay.
@@ -570,26 +590,27 @@ class Serializer:
         return cls
 
     def _import_class(self, name: str, kind: str) -> type:
-        module, _, qualname = name.partition(":")
-        allowed = self.allow_modules + tuple(_MODULES)
-        if not any(module == m or module.startswith(m + ".") for m in allowed) or (
-            not _MODULE_RE.match(module) or "<locals>" in qualname
-        ):
-            dotted = f"{module}.{qualname}"
-            raise _Fail(
-                f"cannot revive {kind} class {name}: it is not registered in this process. "
-                f"Register it with persistkit.register({dotted}) or annotate the step's "
-                f"return type, or allow its module with pk.connect(..., allow_modules="
-                f"[{module!r}])"
+        """The class defined under exactly ``name`` in an allowlisted module (``_names``)."""
+        parsed = _names.parse(name)
+        trusted = parsed is not None and _names.trusted(parsed[0], self.allow_modules + tuple(_MODULES))
+        if parsed is None or not trusted:
+            fix = (
+                f"register it with persistkit.register({name.replace(':', '.')}), annotate the step's "
+                f"return type with it, or allow your module with pk.connect(..., allow_modules="
+                f"[{name.partition(':')[0]!r}])"
             )
+            head = f"cannot revive {kind} class {name}: it is not registered in this process"
+            raise _Fail(_names.refusal(name, f"a {kind} class", fix, head=head))
         try:
-            obj: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = vars(obj)[part]  # vars(), not getattr(): no module __getattr__ hooks
+            obj: Any = _names.defined(*parsed)
         except Exception as exc:
             raise _Fail(f"cannot find class {name} ({type(exc).__name__}: {exc})") from exc
         if not isinstance(obj, type):
-            raise _Fail(f"{name} is not a class")
+            raise _Fail(
+                f"cannot revive {kind} class: {name} is no class defined under that name in its "
+                "module (renamed or removed? a stored name never reaches what a module imported "
+                "from elsewhere; if your code did not write it, the record may be forged)"
+            )
         self._resolved[name] = obj
         return obj
 
@@ -674,21 +695,35 @@ def _safe_repr(obj: Any) -> str:
         return f"<{type(obj).__qualname__} object>"
 
 
+def exception_class(name: str, allow_modules: tuple[str, ...]) -> type[BaseException] | None:
+    """The exception class a record names, or None: registered (``pk.register``), built in,
+    defined under that name in a standard-library module this process already imported, or
+    defined under that name in an allowlisted module (``_names``). Never through another
+    module's globals; imports only an allowlisted module."""
+    cls: Any = _REGISTRY.get(name)
+    parsed = _names.parse(name)
+    if cls is None and parsed is not None:
+        module, qualname = parsed
+        if _names.is_stdlib(module) or module == "persistkit._errors":  # constructors keep their arguments
+            cls = _names.defined(module, qualname, load=False)
+        elif _names.trusted(module, tuple(allow_modules) + tuple(_MODULES)):
+            try:
+                cls = _names.defined(module, qualname)
+            except Exception:  # an allowlisted module that fails to import: not revivable
+                cls = None
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return cls
+    return None
+
+
 def _find_exception(ser: Serializer, name: str) -> type[BaseException]:
-    """Registry, then allowlist, then (exceptions only) a module already imported; never imports."""
-    cls: Any = _REGISTRY.get(name) or ser._resolved.get(name)
-    module, _, qualname = name.partition(":")
-    if cls is None and "<locals>" not in qualname and module in sys.modules:
-        obj: Any = sys.modules[module]
-        for part in qualname.split("."):
-            obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
-        base = BaseException if module == "builtins" else Exception
-        if isinstance(obj, type) and issubclass(obj, base):
-            cls = obj
-    if cls is None:
-        cls = ser._import_class(name, "exception")
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-        raise _Fail(f"{name} is not an exception class")
+    """A recorded error's class (:func:`exception_class`), or a ``_Fail`` that makes it a
+    ``StepFailedError`` carrying the class name and the message as data."""
+    cls = ser._resolved.get(name) or exception_class(name, ser.allow_modules)
+    if cls is None or not issubclass(cls, BaseException):
+        raise _Fail(f"{name} is not an exception class this process may revive (not registered, "
+                    "built in, or defined in an allowlisted module)")
+    ser._resolved[name] = cls
     return cls
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import threading
 import typing
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from enum import Enum
 from typing import Any
 
 from .._errors import ConfigurationError
+from ._functions import register_function
 from ._registry import _base_model, _is_namedtuple, class_name
 from ._registry import register as _register_class
 
@@ -96,12 +98,22 @@ def versionable(cls: type) -> bool:
 _C = typing.TypeVar("_C", bound=type)
 
 
+_F = typing.TypeVar("_F", bound=Callable[..., Any])
+
+
 @typing.overload
 def register(cls: _C, *, version: int | None = None) -> _C: ...
 @typing.overload
+def register(cls: _F) -> _F: ...
+@typing.overload
 def register(cls: None = None, *, version: int | None = None) -> Callable[[_C], _C]: ...
-def register(cls: _C | None = None, *, version: int | None = None) -> _C | Callable[[_C], _C]:
+def register(cls: Any = None, *, version: int | None = None) -> Any:
     """Make ``cls`` revivable on decode: ``pk.register(Msg)``, ``@pk.register``.
+
+    On a function (``@pk.register`` above ``def post_reply(...)``): let a stored record call
+    it, as an after-commit effect or a compensation. A stored record calls no other function
+    (docs/security.md), so register each where it is defined: the process that runs it
+    after a crash (a resume, a drain, a rollback) registers it by importing that module.
 
     ``version=n`` (pydantic models and dataclasses) stamps ``n`` on every stored
     value of the class; ``@pk.migration(cls, from_version=v)`` upgrades older
@@ -111,6 +123,11 @@ def register(cls: _C | None = None, *, version: int | None = None) -> _C | Calla
     """
     if cls is None:
         return lambda c: register(c, version=version)
+    if not isinstance(cls, type) and (inspect.isfunction(cls) or isinstance(cls, staticmethod)):
+        if version is not None:
+            raise ConfigurationError(f"persistkit.register({cls!r}, version=...): a function has no version")
+        register_function(cls, "persistkit.register()")
+        return cls
     if not isinstance(cls, type):
         raise ConfigurationError(f"persistkit.register() takes a class, got {cls!r}")
     if version is not None:

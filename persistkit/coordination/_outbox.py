@@ -31,7 +31,8 @@ from .._errors import ConfigurationError, EffectError
 from .._ids import next_checkpoint_id
 from .._retry import Retry
 from ..backends._protocol import CheckpointRow, new_row
-from ..codec._functions import NotFound, find, stored_name
+from ..codec._functions import NotFound, find, registered, stored_name
+from ..codec._names import refusal
 from ..codec._pipeline import Codec
 from ..state._records import Record
 
@@ -54,10 +55,6 @@ __all__ = [
 
 #: The retry policy of an effect registered without ``retry=``: 3 attempts within 60 s.
 DEFAULT_RETRY = Retry(attempts=3, timeout=60.0)
-
-#: Effect functions registered in this process, by stored name: always resolvable here.
-_EFFECTS: dict[str, Callable[..., Any]] = {}
-
 
 @dataclass(frozen=True, slots=True)
 class EffectInfo:
@@ -104,43 +101,50 @@ def effect_id(checkpoint_id: str, index: int) -> str:
 
 
 def effect_name(fn: Any) -> str:
-    """``module:qualname`` of ``fn``, checked to name exactly this function, or a
-    ``ConfigurationError``: a lambda, a closure or a bound method cannot be found again by
-    another process, so a crash would strand the effect."""
+    """``module:qualname`` of ``fn``, which must be registered (``@pk.register``) so that the
+    process that runs it after a crash (the next resume, a drain) may call it; a
+    ``ConfigurationError`` otherwise, or for a lambda, a closure or a bound method."""
     if not callable(fn):
         raise ConfigurationError(f"after_commit() takes a function, got {fn!r}")
     what = f"after_commit({getattr(fn, '__qualname__', fn)!r})"
     name = stored_name(fn, what, "the next resume or store.drain_outbox(), after a crash,")
-    _EFFECTS[name] = fn
+    if registered(fn) is None:
+        short = name.rpartition(":")[2]
+        raise ConfigurationError(
+            f"{what}: {name} is not registered as a function a stored record may call. Put "
+            f"@pk.register on it where it is defined (def {short}... in {name.partition(':')[0]}), "
+            "so that the process that runs the effect after a crash (the next resume, "
+            "store.drain_outbox(), persistkit drain-outbox --import MODULE) can call it, and "
+            "nothing else can be named in its place"
+        )
     return name
 
 
 def resolve(name: str, codec: Codec, where: str) -> Callable[..., Any]:
-    """The function a stored effect names: registered in this process, or defined in an
-    allowlisted module (``connect(allow_modules=...)``, the modules of ``@checkpointed``
-    functions and ``State`` classes): a stored record never makes us import anything else."""
-    fn = _EFFECTS.get(name)
-    if fn is not None:
-        return fn
+    """The function a stored effect names: registered in this process (``@pk.register``),
+    after importing its module if the module is allowlisted (``connect(allow_modules=...)``,
+    the modules of ``@checkpointed`` functions and ``State`` classes). Nothing else: a
+    stored record never makes us call or import anything more (``codec._functions``)."""
     try:
-        fn = find(name, tuple(codec.serializer.allow_modules))
+        return find(name, tuple(codec.serializer.allow_modules))
     except NotFound as missing:
         module = name.partition(":")[0]
-        if missing.kind == "not allowed":
-            raise EffectError(
-                f"{where}: the effect function {name} is not allowed in this process: its module is "
-                "not allowlisted, so it was not imported. Open the store with "
-                f"pk.connect(url, allow_modules=[{module!r}]) (CLI: persistkit drain-outbox --import "
-                f"{module}); the effect stays pending",
-                function=name,
-            ) from None
         if missing.kind == "no import":
             raise EffectError(f"{where}: cannot import the effect function {name} {missing.detail}; "
                               "it stays pending", function=name) from missing
-        raise EffectError(f"{where}: {name} is no function in this code (renamed or removed?); it stays "
-                          "pending: restore it, or keep a function of that name", function=name) from None
-    _EFFECTS[name] = fn
-    return fn
+        if missing.kind == "gone":
+            raise EffectError(f"{where}: {name} is no function in this code (renamed or removed?); it "
+                              "stays pending: restore it, or keep a function of that name", function=name) from None
+        fix = (
+            f"put @pk.register on it in {module} (effect functions are called only when registered)"
+            if missing.kind == "unregistered"
+            else f"import the module that registers it (@pk.register) before draining (CLI: "
+            f"persistkit drain-outbox --import {module}; or pk.connect(url, allow_modules=[{module!r}]))"
+        )
+        raise EffectError(
+            f"{where}: {refusal(name, 'an after-commit effect function', fix)}; the effect stays pending",
+            function=name,
+        ) from None
 
 
 # -- retry policies as stored ---------------------------------------------------------------

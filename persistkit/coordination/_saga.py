@@ -5,10 +5,11 @@ decorated ``@pk.checkpointed(compensate=undo)``: ``undo(result)`` is called with
 step's recorded result). The registration is recorded with that step's own checkpoint
 (``run._marks``, record key ``cp``), so it exists exactly when the step completed. A
 function is stored as ``module:qualname`` and resolved, in whatever process runs the
-rollback, only from an allowlisted module (the codec's: modules of ``@checkpointed``
-functions and ``State`` classes, ``pk.connect(..., allow_modules=...)``): a stored record
-never names arbitrary code. Arguments are encoded like any value (secrets become handles,
-the row is compressed, encrypted and authenticated with the rest of the record).
+rollback, only to a function registered for it (``@pk.register`` on the function, or
+``@checkpointed(compensate=fn)``; ``codec._functions``): a stored record never names
+arbitrary code, nor any other function of a trusted module. Arguments are encoded like
+any value (secrets become handles, the row is compressed, encrypted and authenticated
+with the rest of the record).
 
 When a run fails for good (an ``Exception`` escaping its block that is not a
 ``pk.RetryableError``, or ``run.abort()``), the rollback (``_rollback``, the two driving
@@ -31,8 +32,6 @@ This module holds the decisions (no I/O): names, registration, the plan, the err
 
 from __future__ import annotations
 
-import builtins
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -47,8 +46,9 @@ from .._errors import (
     SerializationError,
 )
 from .._retry import Retry
-from ..codec._functions import NotFound, allowed, find, stored_name, walk
-from ..codec._registry import register_module
+from ..codec._functions import NotFound, find, register_function, registered, stored_name
+from ..codec._names import refusal
+from ..codec._serde import exception_class
 from ..state._records import Record
 
 #: The run being rolled back (``engine._run.Run``, not named here: the engine's replay
@@ -89,42 +89,34 @@ def function_name(fn: Any, what: str) -> str:
     return stored_name(fn, what, "the process that runs the rollback after a crash")
 
 
-def _allowed(codec: Any, module: str) -> bool:
-    return allowed(module, tuple(getattr(codec.serializer, "allow_modules", ())))
-
-
-def _not_allowed(name: str, what: str) -> ConfigurationError:
-    module = name.partition(":")[0]
-    return ConfigurationError(
-        f"{what}: {name.replace(':', '.')} is in module {module!r}, which is not allowlisted, so a "
-        "process resuming the rollback could not call it (a stored record may only name code of "
-        "allowlisted modules). Move it next to your @pk.checkpointed functions (their modules are "
-        f"allowlisted), or open the store with pk.connect(..., allow_modules=[{module!r}])"
-    )
-
-
 def resolve(codec: Any, name: str, what: str) -> Callable[..., Any]:
-    """The function stored as ``name``, imported only from an allowlisted module."""
+    """The compensation stored as ``name``: a function registered in this process
+    (``@pk.register``, ``@checkpointed(compensate=...)``), after importing its module if
+    that module is allowlisted; nothing else (``codec._functions``)."""
     try:
         return find(name, tuple(getattr(codec.serializer, "allow_modules", ())))
     except NotFound as missing:
-        if missing.kind == "not allowed":
-            raise _not_allowed(name, what) from None
+        module = name.partition(":")[0]
         if missing.kind == "no import":
-            module = name.partition(":")[0]
             raise ConfigurationError(f"{what}: cannot import module {module!r} {missing.detail}") from missing
-        raise ConfigurationError(
-            f"{what}: {name} is not a function of this code (renamed or removed since the run "
-            "registered it?). Restore it under that name, then resume the run again"
-        ) from None
+        if missing.kind == "gone":
+            raise ConfigurationError(
+                f"{what}: {name} is not a function of this code (renamed or removed since the run "
+                "registered it?). Restore it under that name, then resume the run again"
+            ) from None
+        fix = (
+            f"put @pk.register on it in {module} (a compensation is called only when registered)"
+            if missing.kind == "unregistered"
+            else f"import the module that registers it (@pk.register) in the process that resumes "
+            f"the run, or open the store with pk.connect(..., allow_modules=[{module!r}])"
+        )
+        raise ConfigurationError(f"{what}: {refusal(name, 'a compensation function', fix)}") from None
 
 
 def undo_name(fn: Any, step: str) -> str:
-    """``@checkpointed(compensate=fn)``: the stored name of ``fn``, checked at decoration;
-    its module is allowlisted, as the step's own is (a declaration in code, like it)."""
-    name = function_name(fn, f"@checkpointed(compensate=...) of step {step!r}")
-    register_module(name.partition(":")[0])
-    return name
+    """``@checkpointed(compensate=fn)``: the stored name of ``fn``, registered at decoration
+    (a declaration in code, as the step itself is)."""
+    return register_function(fn, f"@checkpointed(compensate=...) of step {step!r}")
 
 
 # -- retry policies as data ----------------------------------------------------------------
@@ -157,14 +149,11 @@ def retry_policy(codec: Any, spec: Any, what: str) -> Retry:
         raise ConfigurationError(f"{what}: its stored retry policy is malformed: {spec!r:.200}")
     types = []
     for name in spec["on"]:
-        module, _, qualname = str(name).partition(":")
-        cls = getattr(builtins, qualname, None) if module == "builtins" else None
+        cls = exception_class(str(name), tuple(getattr(codec.serializer, "allow_modules", ())))
         if cls is None:
-            if not _allowed(codec, module):
-                raise _not_allowed(str(name), what + " (retry on=)")
-            cls = walk(importlib.import_module(module), qualname)
-        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-            raise ConfigurationError(f"{what}: its retry policy names {name}, which is not an exception class")
+            raise ConfigurationError(f"{what} (retry on=): " + refusal(
+                str(name), "an exception class", "register it with pk.register(...) where it is defined"
+            ))
         types.append(cls)
     return Retry(
         attempts=spec["n"], timeout=spec["t"], on=tuple(types),
@@ -185,8 +174,13 @@ def register(
     if position == ROLLBACK or position.startswith(ROLLBACK + "/"):
         raise ConfigurationError(f"{what}: a compensation cannot register compensations of its own")
     name = function_name(fn, what)
-    if not _allowed(run.codec, name.partition(":")[0]):
-        raise _not_allowed(name, what)
+    if registered(fn) is None:
+        raise ConfigurationError(
+            f"{what}: {name} is not registered as a function a stored record may call. Put "
+            f"@pk.register on it where it is defined (in {name.partition(':')[0]}), so that the "
+            "process that runs the rollback after a crash can call it, and nothing else can be "
+            "named in its place"
+        )
     if retry is not None and not isinstance(retry, Retry):
         raise ConfigurationError(f"{what}: retry= expects pk.Retry(...), got {retry!r}")
     entry: dict[str, Any] = {"f": name, "at": attempt}

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import importlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from .._errors import (
     SchemaVersionError,
     SerializationError,
 )
+from ..codec import _names
 from ..codec._registry import _MODULES, _REGISTRY, class_name
 
 if TYPE_CHECKING:
@@ -389,22 +389,23 @@ def resolve_type(name: str, given: Any, allow: Sequence[str], thread_id: str, qi
     cls = _REGISTRY.get(name)
     if cls is not None:
         return cls
-    allowed = tuple(allow) + tuple(_MODULES)
-    if any(module == m or module.startswith(m + ".") for m in allowed):
+    parsed = _names.parse(name)
+    if parsed is not None and _names.trusted(module, tuple(allow) + tuple(_MODULES)):
         try:
-            obj: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = vars(obj)[part]
-            if isinstance(obj, type):
-                return obj
+            obj: Any = _names.defined(module, qualname)
         except Exception as exc:
             raise ConfigurationError(f"cannot load answer type {name} for question {qid}: {exc}") from exc
+        if isinstance(obj, type):
+            return obj
     dotted = f"{module}.{qualname}"
+    fix = (
+        f"import it and pass it: store.answer(..., answer_type={qualname.rpartition('.')[2]}), or "
+        f"pk.register({dotted}), or open the store with pk.connect(..., allow_modules=[{module!r}]) "
+        f"(CLI: --allow-module {module})"
+    )
     raise ConfigurationError(
         f"thread {thread_id!r} question {qid}: its answer must be a {dotted}, which this process "
-        f"cannot resolve (it is not registered here). Import it and pass it: store.answer(..., "
-        f"answer_type={qualname.rpartition('.')[2]}), or pk.register({dotted}), or open the store "
-        f"with pk.connect(..., allow_modules=[{module!r}]) (CLI: --allow-module {module})"
+        f"cannot resolve: {_names.refusal(name, 'an answer type', fix)}"
     )
 
 

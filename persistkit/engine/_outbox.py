@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigurationError, ConflictError
 from .._retry import Retry
 from ..backends._protocol import CheckpointRow
-from ..codec._functions import allowed
 from ..coordination import _outbox as ob
 from ._context import CURRENT as _CURRENT
 
@@ -49,9 +48,10 @@ def after_commit(fn: Callable[..., Any], /, *args: Any, retry: Retry | None = No
     """Run ``fn(*args, **kwargs)`` once the checkpoint of the current step is durable, exactly
     once per committed checkpoint across crashes (docs/long-runs.md, "Effects after commit").
 
-    Call it inside a ``@pk.checkpointed`` step. ``fn`` must be a module-level function (it is
-    stored by ``module:qualname``; ``async def`` in async runs) and the arguments storable
-    values. ``fn`` receives its idempotency key as ``idempotency_key=`` if it declares that
+    Call it inside a ``@pk.checkpointed`` step. ``fn`` must be a module-level function
+    registered with ``@pk.register`` (it is stored by ``module:qualname``, and a stored record
+    may call only registered functions; ``async def`` in async runs) and the arguments
+    storable values. ``fn`` receives its idempotency key as ``idempotency_key=`` if it declares that
     parameter (and ``pk.current_effect().key`` tells it). ``retry``: the policy of the effect
     (default: 3 attempts within 60 s); once it failed for good the step's call raises
     ``pk.EffectError`` and the effect stays pending.
@@ -78,15 +78,6 @@ def register(
 ) -> None:
     """Record ``fn(*args, **kwargs)`` with the checkpoint of the step ``frame`` runs."""
     name = ob.effect_name(fn)
-    module = name.partition(":")[0]
-    if not allowed(module, tuple(run.codec.serializer.allow_modules)):
-        raise ConfigurationError(
-            f"after_commit({name.replace(':', '.')}): its module {module!r} is not allowlisted, so the "
-            "process that runs the effect after a crash (the next resume, store.drain_outbox()) could "
-            "not call it: a stored record may only name code of allowlisted modules. Move it next to "
-            "your @pk.checkpointed functions (their modules are allowlisted), or open the store with "
-            f"pk.connect(..., allow_modules=[{module!r}])"
-        )
     if frame is None or frame.run is not run or frame.name is None:
         where = "outside any step" if frame is None or frame.run is run else "in a step of another run"
         raise ConfigurationError(

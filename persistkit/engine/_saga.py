@@ -22,7 +22,8 @@ def compensate(fn: Callable[..., Any], /, *args: Any, retry: Retry | None = None
     (an exception escapes its block, or ``run.abort()``), the compensations of its completed
     steps run in reverse order, each once, as a recorded step: the rollback a crash
     interrupts is finished by the next resume of the run. ``fn`` must be a module-level
-    function of an allowlisted module (it is stored by name); the arguments are stored like
+    function registered with ``@pk.register`` (it is stored by name, and a stored record may
+    call only registered functions); the arguments are stored like
     any value. ``retry`` is its policy (default: 5 attempts over up to 5 minutes).
     Outside a ``resume`` block (a step called as a plain function) it does nothing.
     """

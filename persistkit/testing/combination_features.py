@@ -547,6 +547,7 @@ def _long_value(case: Case) -> str:
     return SECRET if "secret" in case.features else MARKER
 
 
+@pk.register
 def matrix_effect(folder: str, i: int, value: str, *, idempotency_key: str) -> None:
     """The after-commit effect of step ``i`` (a module-level function: another process finds it)."""
     with open(os.path.join(folder, "effects-after-commit.log"), "a") as f:
@@ -555,6 +556,7 @@ def matrix_effect(folder: str, i: int, value: str, *, idempotency_key: str) -> N
         os.fsync(f.fileno())
 
 
+@pk.register
 def matrix_undo(folder: str, i: int, value: str) -> None:
     """The undo of step ``i``: registered by every step, run by none (the runs do not fail)."""
     with open(os.path.join(folder, "undone.log"), "a") as f:

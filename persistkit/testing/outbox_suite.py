@@ -19,6 +19,7 @@ import pytest
 
 from .._errors import ConfigurationError, EffectError, ThreadBusyError
 from .._retry import Retry
+from ..codec._versions import register
 from ..coordination._outbox import current_effect
 from ..engine._api import checkpointed, current_run, resume
 from ..engine._outbox import after_commit
@@ -51,6 +52,7 @@ def _seen(thread: str) -> list[str]:
     return [text for t, text, _ in CALLS if t == thread]
 
 
+@register
 def post(thread: str, text: str, *, idempotency_key: str) -> None:
     """The effect: posts ``text``; the receiver keeps the first post of each key."""
     with _LOCK:
@@ -69,6 +71,7 @@ def post(thread: str, text: str, *, idempotency_key: str) -> None:
             raise _Crash
 
 
+@register
 async def apost(thread: str, text: str, *, idempotency_key: str) -> None:
     await asyncio.sleep(0)
     post(thread, text, idempotency_key=idempotency_key)
@@ -78,6 +81,7 @@ async def apost(thread: str, text: str, *, idempotency_key: str) -> None:
 _PROBE: dict[str, Any] = {}
 
 
+@register
 def probe(thread: str, position: str) -> None:
     """An effect that reads the store through another connection: is its step committed?"""
     other: Store = _PROBE["store"]

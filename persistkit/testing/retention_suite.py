@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import pytest
 
 from .._errors import ConfigurationError
+from ..codec._versions import register
 from ..engine._api import checkpointed, current_run, resume
 from ..engine._outbox import after_commit
 from ..engine._store import Store
@@ -42,6 +43,7 @@ CRASH_AT: dict[str, int] = {}
 CRASH_EFFECT: set[str] = set()
 
 
+@register
 def note(text: str) -> None:
     if text in CRASH_EFFECT:
         CRASH_EFFECT.discard(text)

@@ -29,6 +29,7 @@ import pytest
 
 from .._errors import CompensationError, RunAbortedError, RunCompensatedError, ThreadBusyError
 from .._retry import Retry
+from ..codec._versions import register
 from ..engine._api import checkpointed, current_run, current_step, resume
 from ..engine._saga import compensate
 from ..engine._store import Store
@@ -56,6 +57,7 @@ class Declined(Exception):
 _QUICK = Retry(attempts=2, wait_initial=0.0, wait_max=0.0, wait_jitter=0.0)
 
 
+@register
 def undo(name: str) -> str:
     """A compensation: logs itself; fails or "crashes" when told to."""
     if name in CRASHING:
@@ -71,6 +73,7 @@ def undo(name: str) -> str:
     return name
 
 
+@register
 async def aundo(name: str) -> str:
     await asyncio.sleep(0)
     return undo(name)

@@ -1,0 +1,136 @@
+"""Names of code in stored records, and the one rule that turns a name back into code.
+
+A record names a class (a step's result, a state field, a recorded error, a question's
+answer type) or a function (an after-commit effect, a compensation) as ``module:qualname``,
+for another process to revive or call later. Whoever can write the store can write such a
+name (docs/security.md, "Who can write the store"), so a name is never looked up *through*
+anything. It resolves only to
+
+* a class or function registered in this process under exactly that name (``pk.register``,
+  ``@checkpointed(compensate=...)``, a step's annotations, a ``State``'s fields); or
+* a class *defined* under exactly that name in a trusted module (:func:`trusted`): the
+  module is allowlisted, and the object's own ``__module__`` and ``__qualname__`` are the
+  stored ones, each enclosing part a class defined there too (:func:`defined`).
+
+So ``app:os.system`` (another module's globals), ``app:Helper`` where ``app`` imported
+``Helper`` from elsewhere (a re-export), ``app:sub.Thing`` through a module attribute that
+is a module, and ``app:pk._ids.os.system`` are refused: nothing in a stored record walks
+from a trusted module into an untrusted one. Functions are never found by module at all
+(``_functions``: only registered ones are called); recorded errors add the built-in and
+standard-library exception classes (``_serde._find_exception``).
+
+The standard library and ``builtins`` are never trusted modules, whatever a caller passes,
+and no refusal advises allowlisting one (:func:`refusal`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+from typing import Any
+
+__all__ = ["defined", "is_stdlib", "origin", "parse", "refusal", "trusted"]
+
+_MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+_QUALNAME_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+_STDLIB = frozenset(sys.stdlib_module_names) | {"builtins", "__future__"}
+
+
+def parse(name: object) -> tuple[str, str] | None:
+    """``(module, qualname)`` of a well-formed stored name, else None."""
+    if type(name) is not str:
+        return None
+    module, sep, qualname = name.partition(":")
+    if not sep or not _MODULE_RE.match(module) or not _QUALNAME_RE.match(qualname):
+        return None
+    return module, qualname
+
+
+def is_stdlib(module: str) -> bool:
+    """Whether ``module`` belongs to Python's standard library (or is ``builtins``)."""
+    return module.partition(".")[0] in _STDLIB
+
+
+def trusted(module: str, allow: tuple[str, ...] | list[str] | set[str]) -> bool:
+    """Whether code of ``module`` may be imported to revive a stored name: it is ``allow``'s
+    entry or below one (``app`` trusts ``app.models``), and not of the standard library."""
+    return (
+        bool(_MODULE_RE.match(module))
+        and not is_stdlib(module)
+        and any(module == m or module.startswith(m + ".") for m in allow)
+    )
+
+
+def defined(module: str, qualname: str, *, load: bool = True) -> Any:
+    """The object defined in ``module`` under exactly ``qualname``, or None.
+
+    Each part is read from ``vars()`` (no ``__getattr__`` hook runs), every enclosing part
+    must be a class defined there under its own qualname, and the object's ``__module__``
+    and ``__qualname__`` must be the stored ones: a name never reaches what a module merely
+    imported. ``load=False`` looks only at an already imported module (never imports).
+    The caller decides whether ``module`` may be imported (:func:`trusted`)."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        if not load:
+            return None
+        mod = importlib.import_module(module)  # the caller checked that it is trusted
+    obj: Any = mod
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        try:
+            obj = vars(obj)[part]
+        except (TypeError, KeyError):
+            return None
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__
+        here = ".".join(parts[: i + 1])
+        if i < len(parts) - 1 and not isinstance(obj, type):
+            return None  # only a class encloses a name: never a module, a function or an object
+        if getattr(obj, "__module__", None) != module or getattr(obj, "__qualname__", None) != here:
+            return None
+    return obj
+
+
+def origin(module: str) -> str:
+    """``"stdlib"``, ``"installed"`` (a third-party package in site-packages) or ``"app"``,
+    found without importing ``module`` (only its top-level package's location is looked up)."""
+    if is_stdlib(module):
+        return "stdlib"
+    top = module.partition(".")[0]
+    found = sys.modules.get(top)
+    where: str | None = getattr(found, "__file__", None) if found is not None else None
+    if where is None and found is None:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        where = spec.origin if spec is not None else None
+    if where and ("site-packages" in where or "dist-packages" in where) and top != "persistkit":
+        return "installed"
+    return "app"
+
+
+def refusal(name: str, what: str, fix: str, *, head: str | None = None) -> str:
+    """The message for a stored ``name`` (of ``what``: "an effect function", "a result class",
+    ...) this process will not revive. It says the record may be forged, and offers ``fix``
+    (how a developer makes a name of their own code resolvable) only for a module that can
+    be the application's own: never allowlisting the standard library or an installed package."""
+    head = head or f"the stored name {name!r} ({what}) is not one this process may revive"
+    forged = (
+        "If your code did not write it, the record may be forged by someone who can write the "
+        "store: see docs/security.md (integrity= refuses such records before any name is read)"
+    )
+    parsed = parse(name)
+    if parsed is None:
+        return f"{head}: it is not a module:qualname name. {forged}"
+    kind = origin(parsed[0])
+    if kind != "app":
+        where = "Python's standard library" if kind == "stdlib" else "an installed package"
+        return (
+            f"{head}: {parsed[0]!r} is a module of {where}, and a stored record may name only "
+            f"code of your application. {forged}. If your code stored it, wrap it in a function "
+            "or class of your own module"
+        )
+    return f"{head}: {fix}. {forged}"

@@ -386,7 +386,7 @@ def test_history_of_an_unknown_run_is_not_found(agent_store: str, tmp_path: Path
     assert "run 'no-such-run' not found on thread 'thread-42'" in out.stderr, out.stderr
     # A run id copied from the table (cut to 12 characters) is matched to the whole one.
     runs = json.loads(cli("history", "--url", agent_store, "thread-42", "--json", cwd=tmp_path).stdout)
-    whole = runs[0]["run"]
+    whole = runs[0]["run_id"]
     short = cli("history", "--url", agent_store, "thread-42", "--run", whole[:12], cwd=tmp_path)
     assert short.returncode == NOT_FOUND and f"--run {whole}" in short.stderr, short.stderr
     found = cli("history", "--url", agent_store, "thread-42", "--run", whole, cwd=tmp_path)

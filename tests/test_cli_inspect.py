@@ -94,7 +94,7 @@ def history(url: str, thread: str, cwd: Path) -> list[dict[str, Any]]:
 
 
 def step(rows: list[dict[str, Any]], name: str, pos: str) -> str:
-    return next(r["checkpoint"] for r in rows if r["step"] == name and r["position"] == pos)
+    return next(r["checkpoint_id"] for r in rows if r["step"] == name and r["position"] == pos)
 
 
 def test_show_tells_one_checkpoint_with_its_result_error_and_state(chat: str, tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_show_tells_one_checkpoint_with_its_result_error_and_state(chat: str, tm
     assert one.returncode == 0, one.stderr
     shown = json.loads(one.stdout)
     assert shown["kind"] == "step" and shown["step"].endswith("reply") and shown["position"] == "1"
-    assert shown["status"] == "completed" and shown["run"] == rows[0]["run"] and shown["run_status"] == "running"
+    assert shown["status"] == "completed" and shown["run_id"] == rows[0]["run_id"] and shown["run_status"] == "running"
     assert shown["result"] == {"role": "ai", "text": "HI 1"} and shown["args_digest"].startswith(("x:", "r:"))
     # a step's checkpoint holds the state as the step returned (before the caller appended it)
     assert [m["text"] for m in shown["state"]["messages"]] == ["HI 0"]
@@ -112,14 +112,14 @@ def test_show_tells_one_checkpoint_with_its_result_error_and_state(chat: str, tm
     big = json.loads(cli("show", "--url", chat, "--json", "chat", step(rows, "report", "3"), cwd=tmp_path).stdout)
     assert big["result"] == "y" * 70_000  # read from the result's blob
 
-    failed = next(r["checkpoint"] for r in rows if r["status"] == "failed")
+    failed = next(r["checkpoint_id"] for r in rows if r["status"] == "failed")
     table = cli("show", "--url", chat, "chat", failed, cwd=tmp_path)
     assert table.returncode == 0 and SECRET not in table.stdout
     assert "ValueError: rejected $CRED{inspect_key}" in table.stdout
     assert "status       failed" in table.stdout and "\nstate:\n{" in table.stdout
 
     head = json.loads(cli("show", "--url", chat, "--json", "chat", cwd=tmp_path).stdout)
-    assert head["checkpoint"] == rows[-1]["checkpoint"] and head["kind"] == "end" and head["run_status"] == "failed"
+    assert head["checkpoint_id"] == rows[-1]["checkpoint_id"] and head["kind"] == "end" and head["run_status"] == "failed"
 
 
 def test_show_of_what_is_not_there(chat: str, tmp_path: Path) -> None:
@@ -151,13 +151,13 @@ def test_diff_shows_appends_as_appends_and_nested_paths(chat: str, tmp_path: Pat
     assert by_name["messages"]["changes"][0] == {"op": "append", "path": [1], "new": {"role": "ai", "text": "HI 1"}}
     assert by_name["user"]["changes"] == [{"op": "change", "path": ["prefs", "lang"], "old": "en", "new": "fr"}]
     assert "notes" not in by_name  # unchanged channels are left out
-    end = json.loads(cli("diff", "--url", chat, "--json", "chat", b, rows[-1]["checkpoint"], cwd=tmp_path).stdout)
+    end = json.loads(cli("diff", "--url", chat, "--json", "chat", b, rows[-1]["checkpoint_id"], cwd=tmp_path).stdout)
     assert {"op": "change", "path": [], "old": None, "new": "yyy"} in end["channels"][0]["changes"]
 
     same = cli("diff", "--url", chat, "chat", a, a, cwd=tmp_path)
     assert same.returncode == 0 and same.stdout.splitlines()[2] == "no differences"
     to_head = json.loads(cli("diff", "--url", chat, "--json", "chat", a, cwd=tmp_path).stdout)
-    assert to_head["to"] == rows[-1]["checkpoint"]
+    assert to_head["to"] == rows[-1]["checkpoint_id"]
 
 
 def test_fork_copies_the_state_as_stored_and_the_agent_goes_on_there(chat: str, tmp_path: Path) -> None:
@@ -167,10 +167,10 @@ def test_fork_copies_the_state_as_stored_and_the_agent_goes_on_there(chat: str, 
                "--metadata", '{"why": "retry from here"}', "--json", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     fork = json.loads(made.stdout)
-    assert fork["thread"] == "chat-b" and fork["forked_from"] == {"thread": "chat", "checkpoint": at}
+    assert fork["thread_id"] == "chat-b" and fork["forked_from"] == {"thread_id": "chat", "checkpoint_id": at}
     shown = json.loads(cli("show", "--url", chat, "--json", "chat-b", cwd=tmp_path).stdout)
     assert shown["kind"] == "fork" and shown["metadata"] == {"why": "retry from here"}
-    assert shown["forked_from"] == {"thread": "chat", "checkpoint": at} and shown["state"]["notes"] == "edited"
+    assert shown["forked_from"] == {"thread_id": "chat", "checkpoint_id": at} and shown["state"]["notes"] == "edited"
 
     # the models of the agent's __main__ were copied as stored: the agent revives them on the fork
     went_on = json.loads(agent(chat, "resume", "chat-b", cwd=tmp_path).stdout)
@@ -198,7 +198,7 @@ def test_a_table_fits_the_terminal_and_a_pipe_gets_whole_rows(chat: str, tmp_pat
     code, text = on_a_terminal("history", "--url", chat, "chat", cwd=tmp_path, columns=70)
     assert code == 0 and all(len(line) <= 70 for line in text.splitlines())
     assert ELLIPSIS in text
-    ids = {r["checkpoint"] for r in history(chat, "chat", tmp_path)}
+    ids = {r["checkpoint_id"] for r in history(chat, "chat", tmp_path)}
     assert {line.split()[0] for line in text.splitlines()[1:]} == ids  # ids are never cut
     code, text = on_a_terminal("show", "--url", chat, "chat", step(history(chat, "chat", tmp_path), "report", "3"),
                                cwd=tmp_path, columns=50)
@@ -307,3 +307,29 @@ def test_a_list_that_grew_is_only_appends(old: dict[str, Any], items: list[Any])
     new = {**old, "messages": [*old["messages"], *items]}
     (ch,) = state_diff(old, new)
     assert [(c.op, c.path) for c in ch.changes] == [("append", (2 + i,)) for i in range(len(items))]
+
+
+def test_options_between_positionals_and_json_keys_named_as_in_the_api(chat: str, tmp_path: Path) -> None:
+    """``show THREAD --url URL CKPT`` said "unrecognized arguments"; ``history --json`` and
+    ``show --json`` named fields ``checkpoint``, ``run``, ``created`` where pk.Checkpoint
+    has ``checkpoint_id``, ``run_id``, ``created_at`` (issue #34)."""
+    import dataclasses
+
+    import persistkit as pk
+
+    api = {f.name for f in dataclasses.fields(pk.Checkpoint)}
+    rows = history(chat, "chat", tmp_path)
+    assert set(rows[0]) == {"thread_id", "checkpoint_id", "run_id", "kind", "position", "step", "status",
+                            "run_status", "created_at"} and set(rows[0]) <= api
+    at = step(rows, "reply", "1")
+    one = cli("show", "chat", "--url", chat, at, "--json", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    shown = json.loads(one.stdout)
+    assert shown["checkpoint_id"] == at and shown["run_id"] == rows[0]["run_id"]
+    assert {"thread_id", "checkpoint_id", "parent_id", "run_id", "created_at"} <= set(shown) and "run" not in shown
+    table = cli("show", "chat", "--namespace", "", at, "--url", chat, cwd=tmp_path)
+    assert table.returncode == 0 and f"checkpoint   {at}" in table.stdout  # a table keeps short labels
+    both = cli("diff", "chat", "--url", chat, at, "--json", rows[-1]["checkpoint_id"], cwd=tmp_path)
+    assert both.returncode == 0 and json.loads(both.stdout)["to"] == rows[-1]["checkpoint_id"]
+    extra = cli("show", "chat", "--url", chat, at, "surplus", cwd=tmp_path)
+    assert extra.returncode == 2 and "unrecognized arguments: surplus" in extra.stderr

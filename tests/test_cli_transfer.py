@@ -268,3 +268,19 @@ def test_an_export_cut_by_its_reader_fails_and_a_summary_is_json(keys: None, tmp
     assert summary.returncode == 0, summary.stderr
     (done,) = json.loads(summary.stdout)
     assert done["thread"] == "cut" and done["rows"] == rows and done["replaced"] is False
+
+
+def test_two_exports_of_the_same_data_are_byte_equal(keys: None, tmp_path: Path) -> None:
+    """The header carried the time of the export, so a file could never be compared or
+    checksummed against another export of the same threads (issue #34)."""
+    source = _source(tmp_path, "same")
+    first, second, stamped = tmp_path / "1.jsonl", tmp_path / "2.jsonl", tmp_path / "3.jsonl"
+    assert main(["export", "--url", source, "--all", "-o", str(first)]) == 0
+    assert main(["export", "--url", source, "--all", "-o", str(second)]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    assert "created" not in json.loads(first.read_text(encoding="utf-8").splitlines()[0])
+    assert main(["export", "--url", source, "--all", "--timestamp", "-o", str(stamped)]) == 0
+    header = json.loads(stamped.read_text(encoding="utf-8").splitlines()[0])
+    assert header["created"].endswith("+00:00") and header["threads"] == ["same", "same-fork"]
+    target = f"sqlite:///{tmp_path}/prod.db"
+    assert main(["import", "--url", target, str(stamped)]) == 0  # either header imports

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from .._errors import ConfigurationError, NotFoundError, PersistkitError, StoreOptionsError
 from ..engine._store import check_namespace, check_thread_id
@@ -77,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
         "2 usage error, 3 no such store, thread or checkpoint. A closed pipe on stdout "
         "(`| head`) ends threads, history, state, show and diff with 0, other verbs with 1.",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="VERB")
+    sub = p.add_subparsers(dest="command", required=True, metavar="VERB", parser_class=_VerbParser)
     groups = (_threads, _inspect, _transfer, _schema, _dynamodb, _keys, _leases, _suspend, _replay, _outbox, _prune,
               _timeline)
     for group in groups:
@@ -85,6 +86,25 @@ def parser() -> argparse.ArgumentParser:
     for verb in sub.choices.values():
         verb.set_defaults(parser=verb)  # for errors a verb finds after parsing (parser.error)
     return p
+
+
+class _VerbParser(argparse.ArgumentParser):
+    """A verb's parser: its options may stand between its positionals
+    (``persistkit show THREAD --url URL CKPT``), as argparse's intermixed parsing allows;
+    plain parsing would take THREAD alone and call CKPT an unrecognized argument."""
+
+    _inner = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._inner:  # parse_known_intermixed_args calls back here for each of its two passes
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return super().parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
 
 
 def main(argv: list[str] | None = None) -> int:

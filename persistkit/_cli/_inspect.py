@@ -125,14 +125,15 @@ def _show(ns: argparse.Namespace, out: Output) -> int:
         rec = _record(store, ns.thread, ns.checkpoint, ns.namespace)
         cp = rec.public(store.codec)
         data: dict[str, Any] = {
-            "thread": cp.thread_id, "namespace": cp.namespace, "checkpoint": cp.checkpoint_id,
-            "parent": cp.parent_id, "run": cp.run_id, "run_status": cp.run_status, "kind": cp.kind,
+            # pk.Checkpoint's field names (`history --json` uses the same)
+            "thread_id": cp.thread_id, "namespace": cp.namespace, "checkpoint_id": cp.checkpoint_id,
+            "parent_id": cp.parent_id, "run_id": cp.run_id, "run_status": cp.run_status, "kind": cp.kind,
             "step": cp.step, "position": cp.position, "status": cp.status,
-            "created": cp.created_at.isoformat(timespec="milliseconds"),
+            "created_at": cp.created_at.isoformat(timespec="milliseconds"),
             "args_digest": rec.body.get("a"), "result": _result(store, rec),
             "error": None if cp.error is None else scrub(cp.error),
             "metadata": cp.metadata,
-            "forked_from": None if cp.forked_from is None else {"thread": cp.forked_from[0], "checkpoint": cp.forked_from[1]},
+            "forked_from": None if cp.forked_from is None else _source(*cp.forked_from),
             # a suspended step's question(s), as stored (payload, deadline, answer so far)
             "question": _question(rec.body["q"]) if "q" in rec.body else None,
             "state": store.get_state(ns.thread, rec.id, namespace=ns.namespace),
@@ -143,13 +144,22 @@ def _show(ns: argparse.Namespace, out: Output) -> int:
     shown = {k: v for k, v in data.items()
              if k != "state" and (v is not None or k in ("result", "error")) and (k != "namespace" or v)}
     if "forked_from" in shown:
-        shown["forked_from"] = f"{data['forked_from']['thread']} at {data['forked_from']['checkpoint']}"
-    rows = [(k, v if isinstance(v, str) and k not in ("result", "error") else Shown(_compact(v)))
+        shown["forked_from"] = f"{data['forked_from']['thread_id']} at {data['forked_from']['checkpoint_id']}"
+    rows = [(_LABELS.get(k, k), v if isinstance(v, str) and k not in ("result", "error") else Shown(_compact(v)))
             for k, v in shown.items()]
     out.table(("field", "value"), rows, widths=(max(len(k) for k, _ in rows),), header=False)
     out.line("state:")
     out.value(data["state"])
     return 0
+
+
+#: The table's shorter labels of ``show``'s fields (for people; --json keeps the API's names).
+_LABELS = {"thread_id": "thread", "checkpoint_id": "checkpoint", "parent_id": "parent", "run_id": "run",
+           "created_at": "created"}
+
+
+def _source(thread_id: str, checkpoint_id: str) -> dict[str, str]:
+    return {"thread_id": thread_id, "checkpoint_id": checkpoint_id}
 
 
 def _compact(value: Any) -> str:
@@ -299,8 +309,8 @@ def _fork(ns: argparse.Namespace, out: Output) -> int:
                         namespace=ns.namespace)
     source = cp.forked_from or (ns.thread, "")
     if out.as_json:
-        out.value({"thread": cp.thread_id, "namespace": cp.namespace, "checkpoint": cp.checkpoint_id,
-                   "forked_from": {"thread": source[0], "checkpoint": source[1]}})
+        out.value({"thread_id": cp.thread_id, "namespace": cp.namespace, "checkpoint_id": cp.checkpoint_id,
+                   "forked_from": _source(*source)})
     else:
         out.line(f"forked {source[0]} at {source[1]} into {cp.thread_id} (checkpoint {cp.checkpoint_id})")
     return 0

@@ -107,8 +107,11 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
     widths: tuple[int, ...] = (max(len(cell(t)) for t in threads), 24, 12, 6, 7, 24, 9, 10)
     if len(threads) == 1 and not out.as_json:  # one thread: no thread column
         columns, widths, rows = columns[1:], widths[1:], [r[1:] for r in rows]
-    keys: tuple[str, ...] = ("thread", "checkpoint", "run", "kind", "position", "step", "status", "run_status", "created")
-    keys = keys[len(keys) - len(columns):]  # as `show --json` names them
+    # --json: pk.Checkpoint's field names, as `show --json` and the Python API name them
+    keys: tuple[str, ...] = (
+        "thread_id", "checkpoint_id", "run_id", "kind", "position", "step", "status", "run_status", "created_at",
+    )
+    keys = keys[len(keys) - len(columns):]
     out.table(columns, rows, widths=widths, keep=(columns.index("checkpoint"),), keys=keys)  # ids for show, diff, fork
     return 0
 

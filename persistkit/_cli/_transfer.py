@@ -12,7 +12,9 @@ records and the store's handle key are not part of a thread and stay behind.
 
 The file (format 1), one JSON object a line::
 
-    {"persistkit": "export", "format": 1, "source": URL, "created": ISO, "threads": [ids]}
+    {"persistkit": "export", "format": 1, "source": URL, "threads": [ids]}
+    (with ``--timestamp``, also ``"created": ISO``: without it, two exports of the same
+    data are byte-equal, so a file can be compared or checksummed)
     {"type": "thread", "thread": T, "rows": N, "blobs": M}
     {"type": "blob", "thread": T, "key": K, "body": <stored tree>}             (M lines)
     {"type": "row", "thread": T, "namespace": NS, "checkpoint": C, "parent": P,
@@ -68,6 +70,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     e.add_argument("threads", nargs="*", metavar="THREAD", help="thread id(s)")
     e.add_argument("--all", action="store_true", help="every thread of the store")
     e.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout); written whole or not at all")
+    e.add_argument("--timestamp", action="store_true", help="put the time of the export in its header (then "
+                   "two exports of the same data differ)")
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
     e.set_defaults(func=_export)
 
@@ -101,11 +105,13 @@ def _tree(codec: Codec, data: bytes, where: str) -> Any:
     return Codec.load_tree(codec.open(data, where), where)
 
 
-def export_lines(store: Store, threads: list[str]) -> Iterator[tuple[str, str]]:
+def export_lines(store: Store, threads: list[str], *, timestamp: bool = False) -> Iterator[tuple[str, str]]:
     """The export of ``threads`` (which exist) line by line, each with its type; a thread is
-    read when its lines are due."""
-    yield "header", _line({"persistkit": "export", "format": FORMAT, "source": mask_url(store.url),
-                 "created": datetime.now(UTC).isoformat(timespec="seconds"), "threads": threads})
+    read when its lines are due. The same data gives the same bytes unless ``timestamp``."""
+    header: dict[str, Any] = {"persistkit": "export", "format": FORMAT, "source": mask_url(store.url)}
+    if timestamp:
+        header["created"] = datetime.now(UTC).isoformat(timespec="seconds")
+    yield "header", _line({**header, "threads": threads})
     for tid in threads:
         copy = read_thread(store.backend, tid)
         yield "thread", _line({"type": "thread", "thread": tid, "rows": copy.count, "blobs": len(copy.blobs)})
@@ -131,11 +137,11 @@ def _export(ns: argparse.Namespace, out: Output) -> int:
                 raise thread_not_found(store, tid)
         counts = {"threads": len(threads), "rows": 0, "blobs": 0}
         if ns.output is None:
-            _write(export_lines(store, threads), sys.stdout, counts)
+            _write(export_lines(store, threads, timestamp=ns.timestamp), sys.stdout, counts)
         else:
             try:
                 with whole_file(ns.output, "w") as f:
-                    _write(export_lines(store, threads), f, counts)
+                    _write(export_lines(store, threads, timestamp=ns.timestamp), f, counts)
             except OSError as exc:
                 raise ConfigurationError(f"cannot write the export to {ns.output!r}: {exc.strerror}") from exc
     summary = (f"exported {counts['threads']} thread(s), {counts['rows']} checkpoint(s), "

@@ -21,6 +21,8 @@ __all__ = ["crash_matrix", "pytest_addoption"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """The plugin's options: ``--crash-matrix-url`` (the store the fixture runs agents on) and
+    ``--crash-matrix-seed`` (repeat a ``positions=N`` sample a failure printed)."""
     group = parser.getgroup("persistkit", "persistkit crash matrix")
     group.addoption(
         "--crash-matrix-url",

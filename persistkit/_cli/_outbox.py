@@ -19,8 +19,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "drain-outbox", parents=[common], help="run after-commit effects a crashed process left pending",
         description="Find the after-commit effects (run.after_commit) whose step committed but that "
         "no process ran or recorded done, run them (each with its idempotency key, under its retry "
-        "policy, holding the thread's lease; a thread a live run holds is skipped: that run runs "
-        "them) and record them done. Effect functions are found by module and name, only in "
+        "policy, holding the thread's lease; a thread whose lease a live run or another drain holds "
+        "is waited for about 2 s, then skipped: that run or drain runs them) and record them done. Effect functions are found by module and name, only in "
         "modules you allow: --import the modules that define them (or add "
         "?allow_modules=myapp.effects to the URL). Reads every row of each thread it looks at: "
         "narrow it with --prefix or --thread. Exit status 1 when an effect failed for good (it "

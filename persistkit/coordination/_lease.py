@@ -71,6 +71,7 @@ __all__ = [
     "check_unfinished",
     "freeing",
     "give_back",
+    "holder_words",
     "info",
     "release",
     "renew",
@@ -147,11 +148,27 @@ def _self() -> tuple[str, str, str, list[Any] | None]:
     return found
 
 
-def new_owner() -> tuple[str, list[Any] | None]:
+def new_owner(role: str = "") -> tuple[str, list[Any] | None]:
     """A new holder's id (host, PID and a random tag: readable in ``store.leases()``) and
-    its process probe ``[boot id, PID namespace, pid, start time]`` (None off Linux)."""
+    its process probe ``[boot id, PID namespace, pid, start time]`` (None off Linux).
+    ``role``: a holder that is no run (``"drain"``, ``"prune"``) says so, ``drain@host:…``,
+    so that whoever finds the lease held names what holds it (:func:`holder_words`)."""
     host, _, _, probe = _self()
-    return f"{host}:{os.getpid()}:{random.getrandbits(32):08x}.{next(_SERIAL)}", probe
+    tag = f"{role}@" if role else ""
+    return f"{tag}{host}:{os.getpid()}:{random.getrandbits(32):08x}.{next(_SERIAL)}", probe
+
+
+#: What holds a lease, by the role its owner id starts with (``new_owner(role)``).
+_ROLES = {"drain": "a drain of the outbox (store.drain_outbox)", "prune": "a prune (store.prune)"}
+
+
+def holder_words(holder: str | None) -> str:
+    """Who holds a lease, for a message: "a live run of HOST:PID:TAG", or the maintenance
+    task its owner id names ("a drain of the outbox (store.drain_outbox) in drain@HOST…")."""
+    role = holder.partition("@")[0] if holder and "@" in holder else ""
+    if role in _ROLES:
+        return f"{_ROLES[role]} in {holder}"
+    return f"a live run of {holder or 'nobody'}"
 
 
 def _gone(probe: Any) -> bool:
@@ -328,7 +345,7 @@ def _busy(thread_id: str, st: _State, owner: str, why: str, now: float) -> Threa
     if st.reserved is not None and not st.held(now):
         return unfinished_error(thread_id, st.reserved, f"{queue.lstrip('; ')}. {why}" if queue else why, ahead)
     return ThreadBusyError(
-        f"thread {thread_id!r} is busy: a live run of {holder or 'nobody'} holds its lease until {_when(st.expires)}"
+        f"thread {thread_id!r} is busy: {holder_words(holder)} holds its lease until {_when(st.expires)}"
         f"{queue}. {why}",
         thread_id=thread_id,
         holder=holder,

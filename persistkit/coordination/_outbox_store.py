@@ -5,7 +5,8 @@ or one ``thread_id``) and namespace it reads the thread's rows (newest first, pa
 500) and finds the effects registered by committed steps (``ac``) that no later row marks
 done (``ad``). A thread with none is left alone, without touching its lease. Otherwise it
 takes the thread's lease the way ``store.abandon`` does (ahead of the queue, within
-``_PATIENCE`` seconds; a live holder: the thread is skipped and reported), reads the
+``_PATIENCE`` = 2 seconds; a live holder, a run or another drain: the thread is skipped and
+reported, naming which), reads the
 thread again under it, runs the pending effects oldest first (each under its retry policy,
 with its idempotency key; the first that fails for good stops the thread's drain and is
 reported, it and those after it stay pending), and records the ones that ran in one
@@ -28,7 +29,7 @@ from .._io import Plan, call, run_async, run_sync
 from ..state._records import Record, read_rows, targets
 from . import _outbox as ob
 from ._fence import write_under
-from ._lease import DEFAULT_TTL, Lease, acquire, give_back
+from ._lease import DEFAULT_TTL, Lease, acquire, give_back, holder_words, new_owner
 
 if TYPE_CHECKING:
     from ..backends._protocol import Backend, Head
@@ -130,7 +131,17 @@ def _check(prefix: str, thread_id: str | None, namespace: str | None, dry_run: b
 
 
 def _lease_plan(t: str, ns: str, top: Record) -> Plan[Lease]:
-    return acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True)
+    # a drain's owner id says it is one (drain@…): another drain, a run or a prune that finds
+    # the lease held names it as a drain, not as a live run
+    return acquire(t, ns, "wait", DEFAULT_TTL, _PATIENCE, top.row.run_id, ahead=True, me=new_owner("drain"))
+
+
+def _skipped(exc: ThreadBusyError) -> str:
+    """Why a drain passed a thread by (after waiting ``_PATIENCE`` for its lease)."""
+    if exc.holder is None and exc.unfinished_run:
+        return f"its lease is kept for its unfinished run {exc.unfinished_run}, which runs the effects"
+    then = "drain again once it is done" if (exc.holder or "").startswith("prune@") else "it runs the effects"
+    return f"{holder_words(exc.holder)} holds its lease (waited {_PATIENCE:g} s): {then}"
 
 
 def _call_of(codec: Codec, p: ob.Pending) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
@@ -160,9 +171,10 @@ class OutboxStore:
 
         Looks at the threads starting with ``prefix`` (or the one ``thread_id``), in every
         namespace (or ``namespace``; a third-party store without the optional ``namespaces()``
-        primitive lists only the default namespace: pass ``namespace=`` for the others). A thread whose lease a live run holds is skipped (that run
-        runs them). ``dry_run``: list the pending effects, run nothing. Reads every row of
-        each thread it looks at."""
+        primitive lists only the default namespace: pass ``namespace=`` for the others). A thread whose
+        lease is held (a live run, another drain) is waited for about 2 s, then skipped and reported
+        in ``skipped``, naming the holder (that run or drain runs them). ``dry_run``: list the
+        pending effects, run nothing. Reads every row of each thread it looks at."""
         from ._drive import Heartbeat  # imports asyncio: not on `import persistkit`
 
         _check(prefix, thread_id, namespace, dry_run)
@@ -181,7 +193,7 @@ class OutboxStore:
                 try:
                     lease = run_sync(self.backend, _lease_plan(t, ns, top))
                 except ThreadBusyError as exc:
-                    drain.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
+                    drain.skipped.append((t, ns, _skipped(exc)))
                     continue
             beat = Heartbeat(self.backend, lease) if lease is not None else None
             try:
@@ -235,7 +247,7 @@ class OutboxStore:
                 try:
                     lease = await run_async(self.backend, _lease_plan(t, ns, top))
                 except ThreadBusyError as exc:
-                    drain.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
+                    drain.skipped.append((t, ns, _skipped(exc)))
                     continue
             beat = AsyncHeartbeat(self.backend, lease) if lease is not None else None
             try:

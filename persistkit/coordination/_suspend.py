@@ -515,6 +515,11 @@ def pick(rec: Record, question: str | None, thread_id: str, at: float) -> tuple[
     return k, q
 
 
+#: What a record of each kind is, in a sentence ("its newest checkpoint … is the end of a run").
+_KIND_WORDS = {"step": "a step's record", "end": "the end of a run", "fork": "the first record of a fork",
+               "update": "a state update (store.update_state)"}
+
+
 def not_suspended(thread_id: str, head: Record, question: str | None) -> PersistkitError:
     """The error for answering a thread whose head is no open suspension."""
     if is_answered(head):
@@ -524,8 +529,9 @@ def not_suspended(thread_id: str, head: Record, question: str | None) -> Persist
             f"pk.resume({thread_id!r}, run_id={head.row.run_id!r})"
         )
     else:
-        status = head.run_status or head.kind
-        why = f"it is not suspended (its newest checkpoint {head.id} is a {head.kind} record, run status {status})"
+        what = _KIND_WORDS.get(head.kind, f"a {head.kind!r} record")
+        status = f", run status {head.run_status}" if head.run_status else ""
+        why = f"it is not suspended (its newest checkpoint {head.id} is {what}{status})"
     return AnswerError(
         f"cannot answer thread {thread_id!r}: {why}. Nothing was stored", thread_id=thread_id, question=question
     )

@@ -54,7 +54,7 @@ from ..backends import Backend
 from ..backends._capabilities import require
 from ..backends._protocol import RESERVED_THREAD
 from ..codec._pipeline import Codec
-from ..coordination._lease import DEFAULT_TTL, Lease, acquire, give_back
+from ..coordination._lease import DEFAULT_TTL, Lease, acquire, give_back, holder_words, new_owner
 from ..secrets._redact import scrub
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
@@ -463,9 +463,11 @@ class RetentionStore:
                 continue
             top = work.chains[ns][-1]
             try:
-                lease = run_sync(self.backend, acquire(t, ns, "reject", DEFAULT_TTL, None, top.row.run_id, ahead=True))
+                lease = run_sync(self.backend, acquire(
+                    t, ns, "reject", DEFAULT_TTL, None, top.row.run_id, ahead=True, me=new_owner("prune")
+                ))
             except ThreadBusyError as exc:
-                report.skipped.append((t, ns, f"a live run holds its lease ({exc.holder})"))
+                report.skipped.append((t, ns, f"{holder_words(exc.holder)} holds its lease"))
                 for held, held_top in taken.values():
                     run_sync(self.backend, give_back(held, held_top))
                 return None

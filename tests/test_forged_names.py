@@ -187,7 +187,7 @@ def test_forged_classes_are_refused_by_get_state_and_replay(store: pk.Store, mar
             app.booking(2)
             raise _Crash("the process dies")
         _forge(store, t, lambda body, tag=tag, name=name: _retag(body, tag, name, only="forged_app:Safe"))
-        with pytest.raises(pk.SerializationError, match="not registered|may be forged|no class"):
+        with pytest.raises(pk.SerializationError, match=r"not registered|may be forged|no class"):
             store.get_state(t)
         with pytest.raises(pk.SerializationError), pk.resume(t, store=store, run_id="r", state=app.St):
             app.booking(1)

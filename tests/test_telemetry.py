@@ -224,6 +224,41 @@ def test_a_failed_step_has_status_error_and_its_exception_scrubbed(
     assert SECRET not in caplog.text and STATE_VALUE not in caplog.text
 
 
+#: The planted secrets of issue #33: a bare AWS secret beside its key id (redacted in the
+#: stored error by the pair rule), an OpenAI key and a Bearer token.
+AWS_ID, AWS_SECRET = "AKIAQ3EGRSNV6XKZ4T2M", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq9Lm3Tv8X"
+OPENAI_KEY = "sk-proj-" + "Zq8vN3xT5kLm2Wp9Rb7Yc4Hd6Fg1Js0A"
+BEARER = "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0ZWxlbWV0cnkifQ.c2lnbmF0dXJlLWhlcmUtMTIzNDU2"
+
+
+def test_telemetry_and_logs_carry_no_secret_the_store_would_redact(
+    otel: Otel, store: pk.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same planted secrets in an exception message and in a step's name: the stored
+    error redacts them, and so must the spans (event, stack trace, status), the metrics and
+    the DEBUG and INFO lines."""
+    caplog.set_level(logging.DEBUG, logger="persistkit")
+    planted = (AWS_SECRET, OPENAI_KEY, BEARER.partition(" ")[2])
+
+    @pk.checkpointed(name=f"call-{OPENAI_KEY}")
+    def call(n: int) -> int:
+        raise RuntimeError(f"upstream refused {AWS_ID} {AWS_SECRET} with {BEARER} (key {OPENAI_KEY})")
+
+    with pytest.raises(RuntimeError), pk.resume("t-planted", store=store, run_id="r"):
+        call(1)
+    stored = store.history("t-planted")[0]
+    assert stored.error is not None
+    for secret in planted:
+        assert secret not in str(stored.error) and secret not in str(stored.step)
+    exported = otel.everything()
+    for secret in planted:
+        assert secret not in exported, secret
+        assert secret not in caplog.text, secret
+    (step,) = otel.steps()
+    assert attrs(step)["persistkit.step.name"].startswith("call-$CRED{")
+    assert step.status.description is not None and "$CRED{" in step.status.description
+
+
 def test_a_retried_step_reports_each_retry(
     otel: Otel, store: pk.Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

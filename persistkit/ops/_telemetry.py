@@ -18,7 +18,9 @@ write latency (histograms), replays, retries and conflicts (counters).
 Nothing of a state value, an argument or a result goes into a span, a metric or a log
 line: identifiers (thread, run, namespace, position, step name), statuses, counts and
 sizes only. An exception is recorded by its type and its message and stack trace
-passed through :func:`persistkit.secrets._redact.scrub`, never as raised.
+passed through :func:`persistkit.secrets._redact.scrub_error` (what a recorded error's
+record would hold of them), never as raised; a step's name through ``scrub_name`` (a name
+may carry a key: ``name=f"call-{key}"``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from ..coordination._suspend import Suspended
-from ..secrets._redact import scrub
+from ..secrets._redact import scrub_error, scrub_name
 
 __all__ = ["Observer", "conflicted", "opened", "retrying"]
 
@@ -264,7 +266,7 @@ class Observer:
         if self.tracer is not None:
             from opentelemetry import context, trace
 
-            c.span = self.tracer.start_span("persistkit.step", attributes={**self.ids, STEP: name})
+            c.span = self.tracer.start_span("persistkit.step", attributes={**self.ids, STEP: scrub_name(name)})
             attached = context.attach(trace.set_span_in_context(c.span))
         return c, (_CALL.set(c), attached)
 
@@ -273,7 +275,7 @@ class Observer:
         if self.debug:
             how = "replayed" if c.replayed else "ran"
             log.debug(
-                "persistkit: thread %r run %s step %r at %s %s: %s%s", self.ids[THREAD], self.ids[RUN], c.name,
+                "persistkit: thread %r run %s step %r at %s %s: %s%s", self.ids[THREAD], self.ids[RUN], scrub_name(c.name),
                 c.position or "(nothing recorded)", how, c.status or _unrecorded(exc),
                 f", {c.bytes} bytes written" if c.bytes else "",
             )
@@ -297,7 +299,7 @@ class Observer:
     def replayed(self, position: str, name: str, failed: bool) -> None:
         """The record at ``position`` replayed (its recorded result or error is returned)."""
         if self.instruments is not None:
-            self.instruments.replays.add(1, {STEP: name})
+            self.instruments.replays.add(1, {STEP: scrub_name(name)})
         c = _CALL.get()
         if c is not None and c.owns(self, position, name):
             c.position, c.replayed, c.status = position, True, "failed" if failed else "completed"
@@ -313,7 +315,7 @@ class Observer:
             self.instruments.latency.record(seconds, _KINDS[kind])
         if kind != "step":
             if suspended:
-                self._event("persistkit.suspended", {POSITION: str(body.get("p")), STEP: str(body.get("n"))})
+                self._event("persistkit.suspended", {POSITION: str(body.get("p")), STEP: scrub_name(str(body.get("n")))})
                 c = _CALL.get()  # a pk.suspend inside a step: that step's position is its parent's
                 step_at = str(body.get("p")).rpartition("/")[0]
                 if c is not None and c.obs is self and c.position is None and step_at and step_at.rpartition("/")[0] == c.parent:
@@ -342,13 +344,13 @@ def retrying(run: Any, position: str, name: str, state: Any) -> None:
     if log.isEnabledFor(logging.INFO):
         log.info(
             "persistkit: thread %r run %s step %r at %s: attempt %d failed (%s); pk.Retry tries again",
-            run.thread_id, run.run_id, name, position, attempt, _describe(exc),
+            run.thread_id, run.run_id, scrub_name(name), position, attempt, _describe(exc),
         )
     obs = _observing(run)
     if obs is None:
         return
     if obs.instruments is not None:
-        obs.instruments.retries.add(1, {STEP: name})
+        obs.instruments.retries.add(1, {STEP: scrub_name(name)})
     c = _CALL.get()
     if c is not None and c.obs is obs:
         c.attempt = attempt + 1
@@ -357,7 +359,7 @@ def retrying(run: Any, position: str, name: str, state: Any) -> None:
 
 def conflicted(run: Any, body: Mapping[str, Any], error: BaseException) -> None:
     """A checkpoint of ``run`` was refused: another writer moved the thread's head."""
-    what = f"step {body.get('n')!r} at {body.get('p')}" if body["k"] == "step" else "the run's end record"
+    what = f"step {scrub_name(str(body.get('n')))!r} at {body.get('p')}" if body["k"] == "step" else "the run's end record"
     if log.isEnabledFor(logging.INFO):
         log.info(
             "persistkit: thread %r%s run %s: %s was not written, the thread's head moved (ConflictError)",
@@ -399,7 +401,7 @@ def _unrecorded(exc: BaseException | None) -> str:
 
 
 def _describe(exc: BaseException | None) -> str:
-    return "no exception" if exc is None else f"{_type_name(exc)}: {scrub(str(exc))}"
+    return "no exception" if exc is None else f"{_type_name(exc)}: {scrub_error(str(exc))}"
 
 
 def _type_name(exc: BaseException) -> str:
@@ -414,8 +416,8 @@ def _exception_attrs(exc: BaseException | None) -> dict[str, str]:
     stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return {
         "exception.type": _type_name(exc),
-        "exception.message": scrub(str(exc)),
-        "exception.stacktrace": scrub(stack),
+        "exception.message": scrub_error(str(exc)),
+        "exception.stacktrace": scrub_error(stack),
     }
 
 
@@ -430,6 +432,6 @@ def _outcome(span: Any, exc: BaseException | None, *, failed: bool) -> None:
 
     if exc is not None:
         span.add_event("exception", _exception_attrs(exc))
-        span.set_status(Status(StatusCode.ERROR, f"{_type_name(exc)}: {scrub(str(exc))}"))
+        span.set_status(Status(StatusCode.ERROR, f"{_type_name(exc)}: {scrub_error(str(exc))}"))
     else:
         span.set_status(Status(StatusCode.ERROR, "the run failed"))

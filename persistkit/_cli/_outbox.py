@@ -20,9 +20,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Find the after-commit effects (run.after_commit) whose step committed but that "
         "no process ran or recorded done, run them (each with its idempotency key, under its retry "
         "policy, holding the thread's lease; a thread whose lease a live run or another drain holds "
-        "is waited for about 2 s, then skipped: that run or drain runs them) and record them done. Effect functions are found by module and name, only in "
-        "modules you allow: --import the modules that define them (or add "
-        "?allow_modules=myapp.effects to the URL). Reads every row of each thread it looks at: "
+        "is waited for about 2 s, then skipped: that run or drain runs them) and record them done. Effect functions are called only if "
+        "registered (@pk.register where they are defined): --import the modules that define them "
+        "(or add ?allow_modules=myapp.effects to the URL). Reads every row of each thread it looks at: "
         "narrow it with --prefix or --thread. Exit status 1 when an effect failed for good (it "
         "stays pending) (docs/long-runs.md).",
     )
@@ -30,7 +30,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--thread", default=None, help="only this thread")
     p.add_argument("--namespace", default=None, help="only this namespace (default: every one)")
     p.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
-                   help="import MODULE and allow its effect functions (repeatable)")
+                   help="import MODULE (its @pk.register effect functions) and allowlist it (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="list the pending effects, run nothing")
     p.add_argument("--json", action="store_true", help="print JSON instead of lines")
     p.set_defaults(func=_drain)

@@ -2,7 +2,7 @@
 InMemoryStore on random operation sequences, namespaces and TTL, a real graph, async twins.
 
 Every test takes the ``store`` fixture (one per backend) and skips a store without the
-``kv`` capability, so it runs on each store as its kv lands: ``-k memory`` today.
+``kv`` capability (every shipped store has it; docs/adapters-langgraph.md says so).
 """
 
 from __future__ import annotations

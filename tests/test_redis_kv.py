@@ -344,3 +344,38 @@ def test_user_supplied_clients_watch_on_their_own_connection(redis_url: str, pre
     finally:
         b.kv_drop(scope)
         sync_client.close()
+
+
+def test_the_urls_client_name_names_the_watch_connection(redis_url: str, prefix: str, admin: Any) -> None:
+    """``?client_name=`` named every connection of the store but the watch's, which was always
+    ``persistkit:watch:<scope>`` (issue #34; PostgreSQL's application_name reaches LISTEN)."""
+    scope, name = _scope(), f"myapp-{uuid.uuid4().hex[:8]}"
+    b = RedisBackend.from_url(f"{redis_url}?volatile=true&prefix={prefix}&client_name={name}")
+
+    def subscribed() -> list[str]:
+        return [c["name"] for c in admin.client_list() if c.get("name") == name and c.get("cmd") == "subscribe"]
+
+    try:
+        watch = b.watch_open(scope)
+        try:
+            assert subscribed() == [name] and _watch_client_ids(admin, scope) == []
+        finally:
+            watch.close()
+
+        async def go() -> list[str]:
+            awatch = await b.awatch_open(scope)
+            try:
+                return subscribed()
+            finally:
+                await awatch.aclose()
+
+        assert asyncio.run(go()) == [name]
+    finally:
+        b.close()
+    plain = RedisBackend.from_url(f"{redis_url}?volatile=true&prefix={prefix}")
+    try:
+        watch = plain.watch_open(scope)  # no name given: the watch's own, by its scope
+        assert len(_watch_client_ids(admin, scope)) == 1
+        watch.close()
+    finally:
+        plain.close()

@@ -240,8 +240,16 @@ def _dedicated_kwargs(client: Any, scope: str, retry: Any) -> tuple[Any, dict[st
     pool = client.connection_pool
     kwargs = dict(pool.connection_kwargs)
     kwargs["retry"] = retry
-    kwargs["client_name"] = f"persistkit:watch:{scope}"
+    _name(kwargs, scope)
     return pool.connection_class, kwargs
+
+
+def _name(kwargs: dict[str, Any], scope: str) -> None:
+    """A watch connection's name (``CLIENT LIST``): the URL's ``client_name=`` when given,
+    as every other connection of the store has it (PostgreSQL's ``application_name``
+    reaches its LISTEN connection the same way), else ``persistkit:watch:<scope>``."""
+    if not kwargs.get("client_name"):
+        kwargs["client_name"] = f"persistkit:watch:{scope}"
 
 
 class _Pending:
@@ -510,7 +518,7 @@ class RedisKv:
             def make() -> Any:
                 # A fresh client (no connection made yet): its own pool is the watch's.
                 client = factory()
-                client.connection_pool.connection_kwargs["client_name"] = f"persistkit:watch:{scope}"
+                _name(client.connection_pool.connection_kwargs, scope)
                 return client
 
         else:  # a sync client only: the blocking watch, waited on in a worker thread

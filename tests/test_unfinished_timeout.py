@@ -61,6 +61,19 @@ def test_a_turn_waiting_for_a_crashed_run_gives_its_place_back_then_runs_after_i
     assert [c.run_id for c in store.history(t) if c.kind == "end"] == ["turn-1", "turn-0"]
 
 
+def test_a_bound_longer_than_the_first_in_lines_rechecks_still_ends_its_wait(local_store: pk.Store) -> None:
+    """The first in line looks at a reserved thread every second (_RECHECK); each look used to
+    start its wait again, so a bound above a second never ran out (found in the Celery test)."""
+    t = uid("recheck")
+    _crash(local_store, t, "turn-0")
+    bound = _lease._RECHECK * 1.5
+    with pytest.raises(pk.ThreadBusyError) as gave, pk.resume(
+        t, store=local_store, run_id="turn-1", unfinished_timeout=bound, busy_timeout=bound * 6
+    ):
+        pass
+    assert gave.value.retry_after is not None, gave.value  # gave way, not busy_timeout
+
+
 def test_without_it_a_turn_waits_for_the_crashed_run_up_to_busy_timeout(local_store: pk.Store) -> None:
     t = uid("wait")
     _crash(local_store, t, "turn-0")

@@ -451,12 +451,15 @@ def acquire(
             reserved_at = None
         elif run_id is None or run_id == st.reserved:
             take = free  # the unfinished run's own redelivery goes ahead of the turns after it
-        else:  # the first in line looks again now and then (was it finished some other way?)
+        elif unfinished is None:  # the first in line looks again now and then (was it finished some other way?)
             take = free and first and time.monotonic() >= recheck_at
+        else:  # bounded: past the bound the first in line looks once (unless it just did), then goes
             reserved_at = time.monotonic() if reserved_at is None else reserved_at
-            if unfinished is not None and not take and time.monotonic() - reserved_at >= unfinished:
-                take = free and first and not looked  # a last look at the thread before going
+            if time.monotonic() - reserved_at >= unfinished:
+                take = free and first and not looked
                 gave_way = not take
+            else:
+                take = False
         if take:
             token = (rec.token if rec else 0) + 1
             if st.reserved is None or run_id is None or run_id == st.reserved:

@@ -62,9 +62,9 @@ RULES: list[Rule] = [
             # The sync core's module sorts after the SQL modules (isort order).
             (
                 "from ._postgres_async import AsyncCore, Cur, _fetch\n"
-                "from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of\n"
+                "from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, covers, glob_of, hint_of\n"
                 "from ._postgres_sql import log, map_error\n",
-                "from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of\n"
+                "from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, covers, glob_of, hint_of\n"
                 "from ._postgres_sql import log, map_error\n"
                 "from ._postgres_sync import Core, Cur, _fetch\n",
             ),

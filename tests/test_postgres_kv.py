@@ -294,6 +294,55 @@ def test_row_level_security_enforces_grants_for_an_agent_role(
     store.kv_drop(board)
 
 
+def test_a_board_delete_or_claim_outside_the_role_grants_is_refused_not_silent(url: str, role: str) -> None:
+    """issue 34: put outside the grants raised AccessDeniedError, but delete returned False
+    and claim None (rows outside the grants are invisible to the role): both raise now, and
+    a key or item that is simply not there (inside the grants) still gives False / None."""
+    import persistkit as pk
+
+    board_name = f"b_{_tag()}"
+    with pk.connect(url) as owner:
+        owner_board = owner.board(board_name)
+        owner_board.put("secret/x", "s")
+        owner_board.put("tasks/open/1", "t")
+    grant_board_access(url, role, board=board_name, read=["research/*"], write=["output/*", "mine/*"])
+    with pk.connect(_as_role(url, role)) as agent:
+        board = agent.board(board_name)
+        with pytest.raises(AccessDeniedError) as info:
+            board.delete("secret/x")
+        assert (info.value.key, info.value.operation) == ("secret/x", "delete")
+        assert "'output/*'" in str(info.value) and "grant_board_access" in str(info.value)
+        with pytest.raises(AccessDeniedError) as info:
+            board.claim("tasks/", "worker-1")
+        assert (info.value.key, info.value.operation) == ("tasks/*", "claim")
+        assert board.delete("output/never-written") is False  # inside its grants: simply absent
+        assert board.claim("mine/", "worker-1") is None
+        assert board.claim("m", "worker-1") is None  # a prefix some granted keys start with
+
+        async def async_side() -> None:
+            with pytest.raises(AccessDeniedError):
+                await board.adelete("secret/x")
+            with pytest.raises(AccessDeniedError):
+                await board.aclaim("tasks/", "worker-1")
+
+        asyncio.run(async_side())
+    with pk.connect(url) as owner:
+        assert owner.board(board_name).value("secret/x") == "s"  # untouched
+        owner.board(board_name).clear()
+
+
+@pytest.mark.parametrize(
+    ("glob", "key", "prefix", "covered"),
+    [("output/*", "output/a", False, True), ("output/*", "secret", False, False), ("output/*", "out", True, True),
+     ("output/*", "output/x/y", True, True), ("a*z", "abc", True, True), ("a*z", "b", True, False),
+     ("one/key", "one/", True, True), ("one/key", "one/key2", True, False), ("50%_off/*", "50%_off/x", False, True)],
+)
+def test_covers_is_the_grant_glob_match(glob: str, key: str, prefix: bool, covered: bool) -> None:
+    from persistkit.backends._postgres_kv_sql import covers
+
+    assert covers(like_pattern(glob), key, prefix=prefix) is covered
+
+
 def test_grant_refuses_bad_input(url: str) -> None:
     with pytest.raises(ConfigurationError, match="board"):
         grant_board_access(url, "someone", board="no spaces", read=["a/*"])

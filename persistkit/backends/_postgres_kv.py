@@ -40,7 +40,7 @@ import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._errors import AccessDeniedError, ConfigurationError
 from ._postgres_async import AsyncCore
 from ._postgres_kv_async import AsyncKvCore, AsyncWatchCore
 from ._postgres_kv_sync import KvCore, WatchCore
@@ -145,6 +145,15 @@ class PostgresKv(Backend):
 
     def watch_open(self, scope: str) -> KvWatch:
         return PgWatch(self._kv_sync().watch(scope))
+
+    def kv_denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        return self._kv_sync().denied(scope, key, operation, prefix=prefix)
+
+    async def akv_denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        core = self._kv_async()
+        if core is None:
+            return await asyncio.to_thread(self.kv_denied, scope, key, operation, prefix=prefix)
+        return await core.denied(scope, key, operation, prefix=prefix)
 
     async def akv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
         core = self._kv_async()

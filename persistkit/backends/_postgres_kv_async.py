@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 
 from .._errors import AccessDeniedError, ConflictError, StoreClosedError
 from ._postgres_async import AsyncCore, Cur, _fetch
-from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, glob_of, hint_of
+from ._postgres_kv_sql import NOT_ALL_MOVED, KvQueries, channel, covers, glob_of, hint_of
 from ._postgres_sql import log, map_error
 from ._protocol import KvEntry, KvHint, KvOp
 
@@ -127,6 +127,22 @@ class AsyncKvCore:
         key = rows[0][0] if rows else keys[0]
         return _denial(self._shared.url, scope, key, "write", grants, exc)
 
+    async def denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        """After a delete found no key (or a claim no item under ``key``, a prefix): the
+        AccessDeniedError when row-level security limits this connection's role and no write
+        grant of the scope covers the key (or any key under the prefix); None otherwise."""
+
+        async def op(cur: Cur) -> AccessDeniedError | None:
+            [(limited,)] = await _fetch(cur, self._q.limited, {"table": self._q.kv_keys})
+            if not limited:
+                return None
+            grants = await _fetch(cur, self._q.grants, {"scope": scope})
+            if any(mode == "write" and covers(pattern, key, prefix=prefix) for mode, pattern in grants):
+                return None
+            return _denial(self._shared.url, scope, key + ("*" if prefix else ""), operation, grants, None)
+
+        return await self._core._run(f"kv grants of scope {scope!r}", None, op, read=True)
+
     async def drop(self, scope: str) -> bool:
         async def op(cur: Cur) -> bool:
             try:
@@ -158,10 +174,13 @@ async def _read(
 
 
 def _denial(
-    url: str, scope: str, key: str, operation: str, grants: Sequence[tuple[Any, ...]], exc: psycopg.Error
+    url: str, scope: str, key: str, operation: str, grants: Sequence[tuple[Any, ...]], exc: psycopg.Error | None
 ) -> AccessDeniedError:
     shown = ", ".join(f"{mode} {glob_of(pattern)!r}" for mode, pattern in grants) or "none readable"
-    detail = " ".join(str(exc).split()) or type(exc).__name__
+    detail = (
+        "row-level security hides the keys outside its write grants" if exc is None
+        else " ".join(str(exc).split()) or type(exc).__name__
+    )
     return AccessDeniedError(
         f"PostgreSQL store {url}: the database refused the {operation} of key {key!r} in scope {scope!r} for this "
         f"connection's role ({detail}); its grants in the scope: {shown}. "

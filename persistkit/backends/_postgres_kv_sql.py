@@ -27,6 +27,7 @@ alone, which the listener reads as "re-list" (``KvHint(None)``).
 from __future__ import annotations
 
 import hashlib
+import re
 
 from ._protocol import KvHint
 
@@ -100,6 +101,9 @@ _SQL = {
     ORDER BY o.ord LIMIT 1""",
     "grants": """SELECT mode, pattern FROM {s}.kv_grants
     WHERE role = current_user AND scope = %(scope)s::text ORDER BY mode, pattern""",
+    # Whether row-level security limits this connection's role on the kv tables (the
+    # schema's owner and BYPASSRLS roles see every row).
+    "limited": "SELECT row_security_active(%(table)s::text::regclass)",
 }
 
 
@@ -120,6 +124,8 @@ class KvQueries:
         self.drop = render(_SQL["drop"])
         self.ungranted = render(_SQL["ungranted"])
         self.grants = render(_SQL["grants"])
+        self.limited = render(_SQL["limited"])
+        self.kv_keys = f"{quoted_schema}.kv_keys"
         # Two static variants rather than "(after IS NULL OR ...)", so each gets a plan
         # that bounds the index scan.
         self.list = {
@@ -153,6 +159,14 @@ def like_pattern(glob: str) -> str:
     literal) as a ``LIKE`` pattern (backslash escapes ``%``, ``_`` and ``\\``)."""
     escaped = glob.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return escaped.replace("*", "%")
+
+
+def covers(pattern: str, key: str, *, prefix: bool = False) -> bool:
+    """Whether a grant's ``LIKE`` pattern matches ``key`` or, with ``prefix``, some key that
+    starts with ``key`` (it matches a leading part of the pattern: a cut may fall in a ``*``)."""
+    glob = glob_of(pattern)
+    cuts = range(len(glob) + 1) if prefix else (len(glob),)
+    return any(re.fullmatch(".*".join(map(re.escape, glob[:cut].split("*"))), key, re.DOTALL) for cut in cuts)
 
 
 def glob_of(pattern: str) -> str:

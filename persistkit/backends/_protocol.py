@@ -76,7 +76,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, ParamSpec, TypeVar
 
-from .._errors import ConfigurationError
+from .._errors import AccessDeniedError, ConfigurationError
 from ._prune import PrunePrimitives
 
 __all__ = [
@@ -478,6 +478,15 @@ class Backend(PrunePrimitives, abc.ABC):
         committed after this call, in this process and in others (see ``KvWatch``)."""
         raise _missing(self, "watch_open", _KV)
 
+    def kv_denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        """Asked after a delete found no ``key`` (or a claim no item under the prefix ``key``):
+        the ``AccessDeniedError`` to raise when the store's own access rules hide it from this
+        connection (PostgreSQL row-level security), None when it is simply not there (the default)."""
+        return None
+
+    async def akv_denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        return self.kv_denied(scope, key, operation, prefix=prefix)
+
     async def akv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
         return await _in_thread(self.kv_get, scope, key, version)
 
@@ -755,6 +764,12 @@ class ForwardKv(Backend):
 
     def watch_open(self, scope: str) -> KvWatch:
         return self.kv_inner().watch_open(scope)
+
+    def kv_denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        return self.kv_inner().kv_denied(scope, key, operation, prefix=prefix)
+
+    async def akv_denied(self, scope: str, key: str, operation: str, *, prefix: bool = False) -> AccessDeniedError | None:
+        return await self.kv_inner().akv_denied(scope, key, operation, prefix=prefix)
 
     async def akv_get(self, scope: str, key: str, version: int | None = None) -> KvEntry | None:
         return await self.kv_inner().akv_get(scope, key, version)

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigurationError, ConflictError
+from .._errors import AccessDeniedError, ConfigurationError, ConflictError
 from .._io import Plan, Sleep, call
 from ..backends._capabilities import require
 from ..backends._protocol import KvEntry, KvOp
@@ -92,6 +92,14 @@ class BoardCore:
         if entry is None:
             return None
         return Stored.load(self.store.codec, entry.key, entry.version, entry.value, self.name)
+
+    def _absent(self, key: str, operation: str, *, prefix: bool = False) -> Plan[bool]:
+        """False for a key (or prefix) that is not there, but raise the store's AccessDeniedError
+        when its access rules hide it from this connection (PostgreSQL row-level security)."""
+        denied: AccessDeniedError | None = yield call("kv_denied", self.name, key, operation, prefix=prefix)
+        if denied is not None:
+            raise denied
+        return False
 
     def _read(self, key: str, version: int | None = None) -> Plan[Stored | None]:
         entry: KvEntry | None = yield call("kv_get", self.name, key, version)
@@ -286,7 +294,7 @@ class BoardCore:
         ``expected_version``: only if it is at that version (``ConflictError`` otherwise)."""
         exp = _ANY if expected_version is None else _expected(expected_version, zero=False)
         written: dict[str, Stored] = self.store.run_sync(self._write([_Intent(key, None, exp, delete=True)]))
-        return bool(written)
+        return bool(written) or self.store.run_sync(self._absent(key, "delete"))
 
     def list(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         """Live entries whose key starts with ``prefix``, in key order (code points), only keys
@@ -353,7 +361,7 @@ class BoardCore:
     async def adelete(self, key: str, *, expected_version: int | None = None) -> bool:
         exp = _ANY if expected_version is None else _expected(expected_version, zero=False)
         written: dict[str, Stored] = await self.store.run_async(self._write([_Intent(key, None, exp, delete=True)]))
-        return bool(written)
+        return bool(written) or await self.store.run_async(self._absent(key, "delete"))
 
     async def alist(self, prefix: str = "", *, after: str | None = None, limit: int = 100) -> builtins.list[BoardEntry]:
         result: builtins.list[BoardEntry] = await self.store.run_async(self._list(prefix, after, limit))

@@ -161,5 +161,7 @@ def claim_plan(
             value = codec.decode(s.tree, f"board {board.name!r} key {s.key!r}")
             return Claim(board, s.key, value, owner, s.version + 1, until, ttl, s.tree, s.expires_at, guard)
         if len(page) < _PAGE:
+            # nothing claimable: raise if the store's access rules hide the prefix (PostgreSQL)
+            yield from board._absent(prefix, "claim", prefix=True)
             return None
         after = page[-1].key

@@ -55,7 +55,7 @@ from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
 from .secrets._redact import Secret
-from .state._records import Checkpoint
+from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
 from .wrappers._keys import KeyRing, generate_key
 
@@ -114,6 +114,7 @@ __all__ = [
     "Question",
     "Reducer",
     "ReplayReport",
+    "ResumeInfo",
     "Retention",
     "Retry",
     "RetryableError",

@@ -320,7 +320,7 @@ def test_options_between_positionals_and_json_keys_named_as_in_the_api(chat: str
     api = {f.name for f in dataclasses.fields(pk.Checkpoint)}
     rows = history(chat, "chat", tmp_path)
     assert set(rows[0]) == {"thread_id", "checkpoint_id", "run_id", "kind", "position", "step", "status",
-                            "run_status", "created_at"} and set(rows[0]) <= api
+                            "run_status", "created_at", "resumed"} and set(rows[0]) <= api
     at = step(rows, "reply", "1")
     one = cli("show", "chat", "--url", chat, at, "--json", cwd=tmp_path)
     assert one.returncode == 0, one.stderr

@@ -25,6 +25,7 @@ from ..ops._diff import ChannelDiff, format_path, state_diff
 from ..secrets._redact import hold_text, scrub
 from ._open import open_store, plain, require_thread, resolve_url
 from ._output import Output, Shown, clip, dumps
+from ._threads import resumed_json
 
 __all__ = ["add_parsers"]
 
@@ -134,6 +135,8 @@ def _show(ns: argparse.Namespace, out: Output) -> int:
             "error": None if cp.error is None else scrub(cp.error),
             "metadata": cp.metadata,
             "forked_from": None if cp.forked_from is None else _source(*cp.forked_from),
+            # a block that continued the unfinished run wrote this checkpoint first (`history` too)
+            "resumed": resumed_json(cp.resumed),
             # a suspended step's question(s), as stored (payload, deadline, answer so far)
             "question": _question(rec.body["q"]) if "q" in rec.body else None,
             "state": store.get_state(ns.thread, rec.id, namespace=ns.namespace),

@@ -9,10 +9,11 @@ from .._errors import NotFoundError
 from .._ids import is_checkpoint_id
 from ..backends import mask_url
 from ..engine._store import check_thread_id
+from ..state._records import ResumeInfo
 from ._open import namespaces, open_store, require_thread, resolve_url, split_url, thread_not_found
 from ._output import Output, Shown, cell
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "resumed_json"]
 
 _RUN_SCAN = 10_000  # checkpoints read per thread to match a run id given cut short
 
@@ -99,10 +100,12 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
                 created = cp.created_at.isoformat(timespec="milliseconds")
                 if out.as_json:
                     rows.append((tid, cp.checkpoint_id, cp.run_id, cp.kind, cp.position, cp.step,
-                                 cp.status, cp.run_status, created))
-                else:
-                    rows.append((tid, cp.checkpoint_id, (cp.run_id or "")[:12], cp.kind, cp.position,
-                                 _tail(cp.step or "", 24), cp.status, cp.run_status, created))
+                                 cp.status, cp.run_status, created, resumed_json(cp.resumed)))
+                    continue
+                rows.append((tid, cp.checkpoint_id, (cp.run_id or "")[:12], cp.kind, cp.position,
+                             _tail(cp.step or "", 24), cp.status, cp.run_status, created))
+                if cp.resumed is not None:  # newest first: the resume came before this checkpoint
+                    rows.append(_resumed_row(tid, cp.run_id, cp.resumed))
     columns: tuple[str, ...] = ("thread", "checkpoint", "run", "kind", "pos", "step", "status", "run status", "created")
     widths: tuple[int, ...] = (max(len(cell(t)) for t in threads), 24, 12, 6, 7, 24, 9, 10)
     if len(threads) == 1 and not out.as_json:  # one thread: no thread column
@@ -112,8 +115,26 @@ def _history(ns: argparse.Namespace, out: Output) -> int:
         "thread_id", "checkpoint_id", "run_id", "kind", "position", "step", "status", "run_status", "created_at",
     )
     keys = keys[len(keys) - len(columns):]
+    if out.as_json:
+        columns, keys = (*columns, "resumed"), (*keys, "resumed")
     out.table(columns, rows, widths=widths, keep=(columns.index("checkpoint"),), keys=keys)  # ids for show, diff, fork
     return 0
+
+
+def _resumed_row(tid: str, run_id: str | None, r: ResumeInfo) -> tuple[Any, ...]:
+    """The table's line for a block that continued an unfinished run (``Checkpoint.resumed``):
+    kind ``resumed``, where (host:pid) and how many steps it replayed, and how the run had
+    stopped (``died``: its process was seen gone; ``expired``: its lease ran out; else ``stopped``)."""
+    how = "stopped" if r.took_over is None else "died" if r.holder_gone else "expired"
+    return (tid, "", (run_id or "")[:12], "resumed", "", _tail(f"{r.replayed} replayed in {r.host}", 24), how, "",
+            r.at.isoformat(timespec="milliseconds"))
+
+
+def resumed_json(r: ResumeInfo | None) -> dict[str, Any] | None:
+    if r is None:
+        return None
+    return {"host": r.host, "at": r.at.isoformat(timespec="milliseconds"), "replayed": r.replayed,
+            "after": r.after, "took_over": r.took_over, "holder_gone": r.holder_gone}
 
 
 def _tail(text: str, width: int) -> str:

@@ -158,6 +158,16 @@ def new_owner(role: str = "") -> tuple[str, list[Any] | None]:
     return f"{tag}{host}:{os.getpid()}:{random.getrandbits(32):08x}.{next(_SERIAL)}", probe
 
 
+def here() -> str:
+    """``"host:pid"`` of this process, as an owner id names it (``new_owner``)."""
+    return f"{_self()[0]}:{os.getpid()}"
+
+
+def host_pid(owner: str) -> str:
+    """The ``"host:pid"`` an owner id names (``new_owner``: ``host:pid:tag.serial``)."""
+    return owner.rpartition(":")[0] or owner
+
+
 #: What holds a lease, by the role its owner id starts with (``new_owner(role)``).
 _ROLES = {"drain": "a drain of the outbox (store.drain_outbox)", "prune": "a prune (store.prune)"}
 
@@ -275,7 +285,8 @@ class Lease:
     """
 
     __slots__ = (
-        "__weakref__", "known", "lost", "namespace", "owner", "probe", "released", "thread_id", "token", "ttl",
+        "__weakref__", "known", "lost", "namespace", "owner", "probe", "released", "thread_id", "token",
+        "took_over", "ttl",
     )
 
     def __init__(self, thread_id: str, namespace: str, owner: str, probe: list[Any] | None, token: int, ttl: float) -> None:
@@ -292,6 +303,9 @@ class Lease:
         self.known: tuple[int, _State] | None = None
         #: Set when the run's end record gave the lease up with it (``freeing``): nothing to release.
         self.released = False
+        #: The holder this lease was taken from without being given up (its owner id, and
+        #: whether its process is known to be gone), or None: what a resume records (``rz``).
+        self.took_over: tuple[str, bool] | None = None
 
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
@@ -464,11 +478,14 @@ def acquire(
             token = (rec.token if rec else 0) + 1
             if st.reserved is None or run_id is None or run_id == st.reserved:
                 st.since = None  # the run waited for is continued (a recheck keeps when it began)
+            # a holder that never gave the lease up (it died, or hung past its expiry)
+            dropped = (str(st.owner), _gone(st.probe)) if st.owner is not None and st.owner != owner else None
             st.owner, st.expires, st.probe, st.reserved = owner, now + ttl, probe, None
             st.queue = [w for w in st.queue if w[0] != owner]
             if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
                 lease = Lease(thread_id, namespace, owner, probe, token, ttl)
                 lease.known = (version + 1, st)
+                lease.took_over = dropped
                 return lease
             continue  # the record changed under us: look again
         if finished is not None:

@@ -220,11 +220,11 @@ def done_mark(
     the thread's head record (``head_id``, ``head_body``) — the same kind, run, status, state refs and result, so
     every reader treats it as the head it copies (a crashed run continues, a suspended one
     waits, a finished one stays finished) — without the effects the head registered (they
-    are its own) or its list segments (the copied refs name the rows that hold them). Written
-    right after a run's effects ran (``engine/_outbox``), or by a drain. ``stored``: ``head_body``
+    are its own), its resume mark (``rz``: the run resumed once) or its list segments (the
+    copied refs name the rows that hold them). Written right after a run's effects ran (``engine/_outbox``), or by a drain. ``stored``: ``head_body``
     was read back from the store (its secrets are handles already: packed as it is, see
     ``Codec.pack_stored``), not the body this process committed (live values)."""
-    body = {k: v for k, v in head_body.items() if k not in ("ac", "ad", "sg")}
+    body = {k: v for k, v in head_body.items() if k not in ("ac", "ad", "sg", "rz")}  # rz: the head's own
     body["ad"] = done
     body["dm"] = 1  # a done mark: replay keeps the record it copies (it has the args digest)
     body["t"] = time.time()

@@ -10,6 +10,7 @@ attempt (:meth:`~ReplayCursor._ended_attempt`, :meth:`~ReplayCursor.mark_escaped
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .._errors import (
@@ -24,6 +25,7 @@ from .._ids import new_run_id
 from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._versions import migrations_ran
+from ..coordination._lease import here, host_pid
 from ..coordination._outbox import pending_in
 from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
 from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
@@ -126,6 +128,24 @@ class ReplayCursor(StateRestore):
                 self._patches.update(dict.fromkeys(rec.body["pt"], True))
         if rows and not self.replay_only:  # after-commit effects a crash left undone (coordination/_outbox)
             self._pending = pending_in(rows)
+            newest = rows[-1]
+            if (
+                head_rec is not None and head_rec.id == newest.id and newest.run_status in (RUNNING, COMPENSATING)
+                and not _answered(rows)
+            ):
+                self._attach["rz"] = self._resume_mark(newest)
+
+    def _resume_mark(self, newest: Record) -> dict[str, Any]:
+        """The resume mark (``rz``, ``state/_records``) of a block that continues this unfinished
+        run: it rides on the block's first record (no write of its own, nothing per step)."""
+        replays = sum(1 for rec in self._index.values() if rec.body.get("s") != "failed")
+        mark: dict[str, Any] = {"t": time.time(), "h": here(), "n": replays, "c": newest.id}
+        took = self.lease.took_over if self.lease is not None else None
+        if took is not None:  # its holder never gave the lease up: it died, or hung
+            mark["w"] = host_pid(took[0])
+            if took[1]:
+                mark["g"] = 1
+        return mark
 
     def ended(self, run_id: str) -> Plan[str | None]:
         """The status of ``run_id``'s end record on this thread (``completed``, ``failed``,
@@ -342,6 +362,14 @@ class ReplayCursor(StateRestore):
             thread_id=t, namespace=self.namespace, expected=0,
             found=head.version if head else 0, found_checkpoint=head.checkpoint_id if head else None,
         )
+
+
+def _answered(rows: list[Record]) -> bool:
+    """Whether the run's newest record is ``store.answer``'s (the step at a suspended position,
+    completed): a run that goes on after its answer is no crashed one."""
+    newest = rows[-1]
+    pos = newest.body.get("p")
+    return pos is not None and any(r.body.get("p") == pos and r.body.get("s") == SUSPENDED for r in rows[:-1])
 
 
 def pruned_error(thread_id: str, run_id: str, status: str | None) -> RunPrunedError:

@@ -43,9 +43,18 @@ it is written on every step:
        ``{"f": "module:qualname", "a": arguments tree, "rt": retry}`` (``rt``
        optional); effect ``i``'s id is ``<checkpoint id>.<i>`` (coordination/_outbox)
 ``ad`` any record: ids of effects run since the run's previous checkpoint (done marks)
-``dm`` 1 on a done mark: a copy of the run's newest record (no ``ac``/``sg``) written to
+``dm`` 1 on a done mark: a copy of the run's newest record (no ``ac``/``sg``/``rz``) written to
        carry ``ad`` right after the effects ran, or by ``store.drain_outbox``; replay
        keeps the record it copies
+``rz`` the resume mark, on the first record a block writes after it continued an unfinished
+       run (the run's newest record said ``running`` or ``compensating``: its process died,
+       was interrupted, or its block ended with a ``pk.RetryableError``): ``t`` when the block
+       opened, ``h`` ``"host:pid"`` of the process that resumed, ``n`` the recorded steps it
+       replays, ``c`` the run's newest checkpoint as it found it, ``w`` the lease holder it took
+       over (``"host:pid"``: a holder that never gave the lease up) and ``g`` 1 when that
+       process was seen gone. It rides on a record the block writes anyway (``Run._attach``):
+       no write of its own, not a step (replay never looks at it), an unknown key to an older
+       reader; a block that writes nothing before it stops leaves none (``ops/_timeline``)
 ====  =====================================================================
 """
 
@@ -65,7 +74,7 @@ from .._io import Plan, call
 from ..backends import CheckpointRow
 from ..codec._pipeline import Codec
 
-__all__ = ["Checkpoint", "Record", "fork_key", "fork_link_blob", "fork_links", "read_rows", "run_pruned", "targets", "tombstone_key"]
+__all__ = ["Checkpoint", "Record", "ResumeInfo", "fork_key", "fork_link_blob", "fork_links", "read_rows", "run_pruned", "targets", "tombstone_key"]
 
 KINDS = frozenset({"step", "end", "fork", "update"})
 
@@ -151,6 +160,7 @@ class Record:
             error=error,
             forked_from=(str(f[0]), str(f[1])) if f else None,
             channels=tuple(sorted(self.refs)),
+            resumed=ResumeInfo.of(b.get("rz"), self.row),
         )
 
 
@@ -205,6 +215,8 @@ _FIELDS: dict[str, Any] = {
     "ad": lambda v: type(v) is list and all(_is_str(i) for i in v),
     "dm": lambda v: v == 1,
     "ru": lambda v: v == 1,
+    "rz": lambda v: type(v) is dict and _is_str(v.get("h")) and type(v.get("n")) is int
+    and (type(v.get("t")) is float or type(v.get("t")) is int),
 }
 
 
@@ -369,6 +381,41 @@ def _created(t: Any, row: CheckpointRow) -> datetime:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumeInfo:
+    """A block that continued an unfinished run (``Checkpoint.resumed``): its process had
+    died, been interrupted, or its block ended with a ``pk.RetryableError``.
+
+    ``host`` is ``"host:pid"`` of the process that resumed, ``at`` when its block opened,
+    ``replayed`` how many recorded steps it replays, ``after`` the run's newest checkpoint as
+    it found it; ``took_over`` is ``"host:pid"`` of the lease holder it took the thread from
+    (one that never gave its lease up: it died or hung), or None, and ``holder_gone`` says
+    that process was seen gone (same machine) rather than its lease expired.
+    """
+
+    host: str
+    at: datetime
+    replayed: int
+    after: str | None = None
+    took_over: str | None = None
+    holder_gone: bool = False
+
+    @classmethod
+    def of(cls, rz: Any, row: CheckpointRow) -> ResumeInfo | None:
+        """The resume mark ``rz`` of a record (checked by ``Record.decode``), or None."""
+        if not isinstance(rz, dict):
+            return None
+        after, took = rz.get("c"), rz.get("w")
+        return cls(
+            host=str(rz["h"]),
+            at=_created(rz["t"], row),
+            replayed=int(rz["n"]),
+            after=after if isinstance(after, str) else None,
+            took_over=took if isinstance(took, str) else None,
+            holder_gone=rz.get("g") == 1,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """One entry of a thread's history (``store.history(...)``).
 
@@ -377,7 +424,9 @@ class Checkpoint:
     (the first checkpoint of a forked thread; ``forked_from`` names the source)
     or ``update`` (state edited with ``store.update_state``), or ``mark``: the done mark of
     after-commit effects (``pk.after_commit``), a copy of the run's record before it (same
-    step, status and state) written as the effects ran.
+    step, status and state) written as the effects ran. ``resumed`` is set on the first
+    checkpoint a block wrote after it continued an unfinished run (a crash, an interrupt, a
+    ``pk.RetryableError``): who resumed it, when, and how many steps it replayed.
     """
 
     thread_id: str
@@ -396,3 +445,4 @@ class Checkpoint:
     error: str | None = None
     forked_from: tuple[str, str] | None = None
     channels: tuple[str, ...] = ()
+    resumed: ResumeInfo | None = None

@@ -22,10 +22,21 @@ Why this is safe with a queue that redelivers:
 * A turn whose worker died keeps its place: the thread's next turns wait for
   its redelivery to finish it (``busy="queue"``), so turns of one thread finish
   in the order they took the lease, each one's messages together.
+* ...but they do not wait in a pool process: the redelivery needs one, and the
+  turns waiting for it could take them all (nothing moved until
+  ``busy_timeout``). With ``unfinished_timeout=2`` a turn that has waited 2 s
+  for another turn's unfinished run raises ``pk.ThreadBusyError`` with
+  ``retry_after`` and gives its place back; the task retries it with that
+  countdown, and the freed process takes the next message: the redelivery.
 * persistkit's retryable errors (``pk.RetryableError``: ``ThreadBusyError``
   after ``busy_timeout``, ``LeaseLostError``, ``BackendUnavailableError``) are
   retried, never acked as failed: ``autoretry_for=(pk.RetryableError,)`` with an
-  exponential backoff and ``max_retries=None``. Celery's retry publishes a copy
+  exponential backoff and ``max_retries=None`` (``err.retry_after``, when set, is
+  the countdown). The store is opened in the task, not at import: a worker that
+  starts while PostgreSQL is down (or restarting) gets ``BackendUnavailableError``
+  from ``pk.connect`` in the task, which retries like any other, and a store that
+  could not be opened is not kept (the next attempt connects again); a store
+  opened before the outage reconnects by itself. Celery's retry publishes a copy
   of the message (with a countdown) and then acks the original, so the turn is
   never lost (a worker dying in between delivers it twice: ``run_id`` makes
   that harmless). The copy goes to the back of the queue: a retried turn that
@@ -55,7 +66,7 @@ import sys
 import time
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery, Task, signals
 
 import persistkit as pk
 
@@ -72,7 +83,9 @@ _store: pk.Store | None = None
 
 
 def store() -> pk.Store:
-    """One store per worker process (opened after the fork of Celery's pool)."""
+    """One store per worker process, opened by the first task (after the fork of Celery's
+    pool). Called in the task: while the store is unreachable it raises
+    ``pk.BackendUnavailableError`` there, which the task retries, and nothing is kept."""
     global _store
     if _store is None:
         _store = pk.connect(os.environ.get("PERSISTKIT_URL", "postgresql://127.0.0.1:5432/test"))
@@ -112,7 +125,9 @@ def _failed(task_id: str, exception: BaseException, args: tuple[Any, ...], **_: 
 
 @signals.task_retry.connect
 def _retried(request: Any, reason: BaseException, **_: Any) -> None:
-    _effect(request.args[2], "retry", type(reason).__name__)
+    exc = getattr(reason, "exc", None) or reason  # reason: Celery's Retry, exc: the error retried
+    after = exc.retry_after if isinstance(exc, pk.RetryableError) else None
+    _effect(request.args[2], "retry", type(exc).__name__, "gave-way" if after is not None else "backoff")
 
 
 # -- the agent --------------------------------------------------------------------------------
@@ -128,15 +143,26 @@ def think(turn_id: str, n: int, message: str) -> str:
 
 @app.task(
     name="agent_turn",
+    bind=True,
     autoretry_for=(pk.RetryableError,),  # a busy thread, a lost lease, a store briefly down: retry
     retry_backoff=True,  # 1 s, 2 s, 4 s, ... (with jitter)
     retry_backoff_max=60,
     max_retries=None,  # never ack a turn as failed for a retryable error
 )
-def agent_turn(thread_id: str, message: str, turn_id: str, steps: int = 4) -> list[str]:
+def agent_turn(self: Task, thread_id: str, message: str, turn_id: str, steps: int = 4) -> list[str]:
     """One turn of the agent: ``steps`` checkpointed steps; idempotent per ``turn_id``."""
+    try:
+        return _turn(thread_id, message, turn_id, steps)
+    except pk.RetryableError as exc:
+        if exc.retry_after is None:
+            raise  # autoretry_for: the exponential backoff
+        # it gave its pool process back to the crashed turn it waited for: retry after that long
+        raise self.retry(exc=exc, countdown=exc.retry_after) from exc
+
+
+def _turn(thread_id: str, message: str, turn_id: str, steps: int) -> list[str]:
     with pk.resume(thread_id, store=store(), state=Conversation, run_id=turn_id, busy="queue",
-                   lease_ttl=10, busy_timeout=120) as run:
+                   lease_ttl=10, busy_timeout=120, unfinished_timeout=2) as run:
         if run.lease is not None:
             _effect(turn_id, "holding", run.lease.token)
         run.state.messages.append({"role": "user", "turn": turn_id, "content": message})

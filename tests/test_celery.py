@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SESSION_TAG
@@ -177,11 +178,55 @@ def test_the_recipe_retries_a_retryable_error_and_fails_any_other(tmp_path: Path
     assert result.successful(), result.traceback
     assert len(calls) == 4 and not refusals
     assert calls[-1] == dict(store=store, state=recipe.Conversation, run_id="turn-1", busy="queue", lease_ttl=10,
-                             busy_timeout=120)
+                             busy_timeout=120, unfinished_timeout=2)
     assert [c.kind for c in store.history("t")].count("end") == 1
 
     refusals.append(pk.ConflictError(thread_id="t"))  # not retryable: the turn fails for good, once
     calls.clear()
     result = recipe.agent_turn.apply(args=["t", "again", "turn-2"])
     assert result.failed() and isinstance(result.result, pk.ConflictError) and len(calls) == 1
+    store.close()
+
+
+def test_the_recipe_retries_a_turn_that_gave_way_after_its_retry_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn that gave its pool process back to a crashed turn (``ThreadBusyError.retry_after``,
+    ``unfinished_timeout``) is retried with that countdown; other retryable errors keep the backoff;
+    and a store that cannot be opened (a worker started during an outage) is retried, not kept."""
+    sys.path.insert(0, str(ROOT))
+    from examples import celery_worker as recipe
+
+    store = pk.connect(f"sqlite:///{tmp_path}/turns.db")
+    countdowns: list[float | None] = []
+    real_retry = recipe.agent_turn.retry
+
+    def retry(*args: Any, **kwargs: Any) -> Any:
+        countdowns.append(kwargs.get("countdown"))
+        return real_retry(*args, **kwargs)
+
+    monkeypatch.setattr(recipe.agent_turn, "retry", retry)
+    opened: list[str] = []
+
+    def connect(url: str, **_: Any) -> pk.Store:  # PostgreSQL down at first: what pk.connect raises then
+        opened.append(url)
+        if len(opened) == 1:
+            raise pk.BackendUnavailableError("cannot connect: nothing accepts connections there (yet)")
+        return store
+
+    monkeypatch.setattr(recipe, "_store", None)
+    monkeypatch.setattr(pk, "connect", connect)
+    real_resume = pk.resume
+    refusals = [pk.ThreadBusyError("gave way", thread_id="t", unfinished_run="turn-0", retry_after=1.5)]
+
+    def resume(thread_id: str, **options: object) -> object:
+        if refusals:
+            raise refusals.pop(0)
+        return real_resume(thread_id, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pk, "resume", resume)
+    result = recipe.agent_turn.apply(args=["t", "hello", "turn-1"])
+    assert result.successful(), result.traceback
+    assert len(opened) == 2 and recipe._store is store  # the failed open was not kept
+    assert len(countdowns) == 2 and countdowns[1] == 1.5  # the backoff (autoretry), then retry_after
+    assert countdowns[0] != 1.5
     store.close()

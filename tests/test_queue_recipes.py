@@ -92,7 +92,8 @@ def enqueue_turn(queue: Any, thread_id: str, message: str, turn_id: str, attempt
 
 def rq_agent_turn(thread_id: str, message: str, turn_id: str, attempt: int = 0) -> None:
     try:
-        with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT):
+        with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT,
+                       unfinished_timeout=2):
             for n in range(STEPS):
                 think(turn_id, n)
     except pk.RetryableError as exc:  # not a failure: the same turn again, later
@@ -100,7 +101,7 @@ def rq_agent_turn(thread_id: str, message: str, turn_id: str, attempt: int = 0) 
         job = get_current_job()
         assert job is not None
         enqueue_turn(Queue(job.origin, connection=job.connection), thread_id, message, turn_id,
-                     attempt + 1, delay=min(2**attempt, 60))
+                     attempt + 1, delay=exc.retry_after or min(2**attempt, 60))
         return
     _effect(turn_id, "done")
 
@@ -113,9 +114,11 @@ def turn_failed(job: Any, connection: Any, type: Any, value: BaseException, trac
 
 
 def retry_turn(retries: int, exc: BaseException) -> bool:
-    """Dramatiq's ``retry_when``: a retryable error always, any other error 3 times."""
-    if isinstance(exc, pk.RetryableError):
-        _effect(exc.thread_id if isinstance(exc, pk.ThreadBusyError) else "?", "retry", type(exc).__name__)
+    """Dramatiq's ``retry_when``: a retryable error always (raised, or as the ``dramatiq.Retry``
+    of a turn that gave its worker back after ``retry_after``), any other error 3 times."""
+    cause = exc.__cause__ if dramatiq is not None and isinstance(exc, dramatiq.Retry) else exc
+    if isinstance(cause, pk.RetryableError):
+        _effect(cause.thread_id if isinstance(cause, pk.ThreadBusyError) else "?", "retry", type(cause).__name__)
         return True
     return retries < 3
 
@@ -126,9 +129,15 @@ if dramatiq is not None:
     @dramatiq.actor(queue_name=QUEUE, retry_when=retry_turn, throws=(pk.RunAbandonedError,),
                     min_backoff=1_000, max_backoff=60_000)
     def dramatiq_agent_turn(thread_id: str, message: str, turn_id: str) -> None:
-        with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT):
-            for n in range(STEPS):
-                think(turn_id, n)
+        try:
+            with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT,
+                           unfinished_timeout=2):
+                for n in range(STEPS):
+                    think(turn_id, n)
+        except pk.RetryableError as exc:
+            if exc.retry_after is None:
+                raise  # retry_when: the backoff
+            raise dramatiq.Retry(str(exc), delay=int(exc.retry_after * 1000)) from exc  # gave its worker back
         _effect(turn_id, "done")
 
 
@@ -137,12 +146,13 @@ if dramatiq is not None:
 
 async def arq_agent_turn(ctx: dict[str, Any], thread_id: str, message: str, turn_id: str) -> None:
     try:
-        async with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT):
+        async with pk.resume(thread_id, store=_store(), run_id=turn_id, busy="queue", busy_timeout=BUSY_TIMEOUT,
+                             unfinished_timeout=2):
             for n in range(STEPS):
                 await athink(turn_id, n)
     except pk.RetryableError as exc:
         _effect(turn_id, "retry", type(exc).__name__)
-        raise arq.Retry(defer=min(2 ** ctx["job_try"], 60)) from exc
+        raise arq.Retry(defer=exc.retry_after or min(2 ** ctx["job_try"], 60)) from exc
     _effect(turn_id, "done")
 
 
@@ -312,3 +322,10 @@ def test_the_dramatiq_predicate_retries_retryable_errors_forever_and_others_thre
     conflict = pk.ConflictError(thread_id="t")
     assert not conflict.retryable
     assert [retry_when(n, conflict) for n in range(5)] == [True, True, True, False, False]
+    if dramatiq is not None:  # a turn that gave its worker back: retried after its retry_after, for ever
+        gave = pk.ThreadBusyError("gave way", thread_id="t", unfinished_run="r", retry_after=1.5)
+        try:
+            raise dramatiq.Retry(str(gave), delay=1500) from gave
+        except dramatiq.Retry as retry:
+            assert retry_when(10_000, retry) and retry.delay == 1500
+        assert not retry_when(10_000, dramatiq.Retry("not ours"))

@@ -132,6 +132,12 @@ class Boom(Exception):
     pass
 
 
+class Constructed(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class NeedsTwo(Exception):
     def __init__(self, a: int, b: int) -> None:
         super().__init__(f"{a}/{b}")
@@ -561,14 +567,21 @@ def test_builtin_exceptions_revive_with_args_and_notes() -> None:
     assert revive(KeyError(("a", 1))).args == (("a", 1),)
 
 
-def test_module_level_custom_exception_revives_when_registered(registry: None) -> None:
-    # Not registered, and its module is not allowlisted: data, never a constructor call
-    back = revive(Boom("x"))
-    assert type(back) is StepFailedError and back.type_name == "test_serde.Boom"
-    assert back.original_message == "x"
-    register(Boom)
+def test_module_level_custom_exception_revives() -> None:
+    # No code of its own runs when it is made: it revives from an imported module
     back = revive(Boom("x"))
     assert type(back) is Boom and str(back) == "x"
+
+
+def test_an_exception_with_its_own_constructor_revives_only_when_registered(registry: None) -> None:
+    # Not registered, its module not allowlisted, and making it would run its __init__:
+    # data (class name and message), never a constructor call
+    back = revive(Constructed("x"))
+    assert type(back) is StepFailedError and back.type_name == "test_serde.Constructed"
+    assert back.original_message == "x"
+    register(Constructed)
+    back = revive(Constructed("x"))
+    assert type(back) is Constructed and str(back) == "x"
 
 
 def test_local_exception_becomes_step_failed() -> None:

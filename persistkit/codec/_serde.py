@@ -697,23 +697,41 @@ def _safe_repr(obj: Any) -> str:
 
 def exception_class(name: str, allow_modules: tuple[str, ...]) -> type[BaseException] | None:
     """The exception class a record names, or None: registered (``pk.register``), built in,
-    defined under that name in a standard-library module this process already imported, or
-    defined under that name in an allowlisted module (``_names``). Never through another
-    module's globals; imports only an allowlisted module."""
+    persistkit's own, defined in a standard-library module already imported, defined in an
+    allowlisted module, or defined in any module already imported when reviving it runs no
+    code of its own (:func:`_inert`). Each under exactly its name (``_names.defined``): never
+    through another module's globals. Imports only an allowlisted module."""
     cls: Any = _REGISTRY.get(name)
     parsed = _names.parse(name)
     if cls is None and parsed is not None:
         module, qualname = parsed
-        if _names.is_stdlib(module) or module == "persistkit._errors":  # constructors keep their arguments
-            cls = _names.defined(module, qualname, load=False)
-        elif _names.trusted(module, tuple(allow_modules) + tuple(_MODULES)):
+        if _names.trusted(module, tuple(allow_modules) + tuple(_MODULES)):
             try:
                 cls = _names.defined(module, qualname)
             except Exception:  # an allowlisted module that fails to import: not revivable
                 cls = None
+        else:
+            cls = _names.defined(module, qualname, load=False)
+            if not (_names.is_stdlib(module) or module == "persistkit._errors" or _inert(cls)):
+                cls = None
     if isinstance(cls, type) and issubclass(cls, BaseException):
         return cls
     return None
+
+
+def _inert(cls: Any) -> bool:
+    """Whether ``cls(*args)`` runs no code but the built-in exception's: no ``__init__`` or
+    ``__new__`` of its own or of a base outside the standard library, and no metaclass. Such
+    a class (``class Declined(Exception): pass``) revives from any imported module: a
+    forged record can name it, but constructing it executes nothing."""
+    if not (isinstance(cls, type) and issubclass(cls, Exception) and type(cls) is type):
+        return False
+    for base in cls.__mro__:
+        if _names.is_stdlib(base.__module__):
+            continue
+        if "__init__" in vars(base) or "__new__" in vars(base):
+            return False
+    return True
 
 
 def _find_exception(ser: Serializer, name: str) -> type[BaseException]:

@@ -183,3 +183,20 @@ def test_a_bad_unfinished_timeout_is_a_configuration_error(options: dict[str, ob
     with pytest.raises(pk.ConfigurationError, match=r"unfinished_timeout=") as bad:
         pk.resume("t", **options)  # type: ignore[arg-type]
     assert says in str(bad.value)
+
+
+def test_a_thread_lease_gives_way_too(local_store: pk.Store) -> None:
+    """pk.ThreadLease (an adapter's turn, e.g. LangGraph's durable_invoke) takes the same option."""
+    t = uid("tlease")
+    _crash(local_store, t, "turn-0")
+    lease = pk.ThreadLease(local_store, t, run_id="turn-1", unfinished_timeout=0.2, busy_timeout=60)
+    lease.acquire()
+    started = time.monotonic()
+    with pytest.raises(pk.ThreadBusyError) as gave:
+        lease.wait_for("turn-0", "the adapter's records say turn-0 did not finish")
+    assert time.monotonic() - started < 30
+    assert gave.value.unfinished_run == "turn-0" and gave.value.retry_after is not None
+    assert not lease.held and _lease_of(local_store, t).waiting == ()
+    lease.release()  # nothing held: nothing to do
+    with pytest.raises(pk.ConfigurationError, match="unfinished_timeout"):
+        pk.ThreadLease(local_store, t, busy="reject", unfinished_timeout=1)

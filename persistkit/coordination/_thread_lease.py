@@ -28,6 +28,7 @@ from ._lease import (
     Lease,
     acquire,
     check_options,
+    check_unfinished,
     step_aside,
     unfinished_error,
 )
@@ -42,7 +43,9 @@ class ThreadLease:
     """The lease of ``(thread_id, namespace)`` for one turn ``run_id`` (None: a turn that
     continues whatever the thread left unfinished). ``busy``, ``lease_ttl`` and
     ``busy_timeout`` are ``pk.resume``'s; ``busy_timeout`` counts the whole wait, including
-    :meth:`wait_for`. A store without lease primitives holds nothing under the default
+    :meth:`wait_for`. ``unfinished_timeout`` too: past it, a wait for another turn's unfinished
+    run raises ``ThreadBusyError`` with ``retry_after`` (a job queue's worker goes back to the
+    pool, where that run's redelivery needs one). A store without lease primitives holds nothing under the default
     policy (``held`` stays False); asking for a policy there is a ``ConfigurationError``.
 
     One object is one holding: :meth:`acquire` while it holds (or until :meth:`release`)
@@ -62,14 +65,17 @@ class ThreadLease:
     def __init__(
         self, store: Store, thread_id: str, namespace: str = "", *, run_id: str | None = None,
         busy: str | None = DEFAULT_BUSY, lease_ttl: float = DEFAULT_TTL, busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
+        unfinished_timeout: float | None = None,
     ) -> None:
         check_options(busy, lease_ttl, busy_timeout)
+        check_unfinished(busy, unfinished_timeout)
         if not isinstance(thread_id, str) or not thread_id:
             raise ConfigurationError(f"ThreadLease: thread_id must be a non-empty str, got {thread_id!r}")
         if not isinstance(namespace, str):
             raise ConfigurationError(f"ThreadLease: namespace must be a str ('' for none), got {namespace!r}")
         self.store, self.thread_id, self.namespace, self.run_id = store, thread_id, namespace, run_id
         self.busy, self.ttl, self.timeout = busy, float(lease_ttl), busy_timeout
+        self.unfinished = unfinished_timeout
         self._explicit = busy is not DEFAULT_BUSY
         self._holding: Holding | None = None
         self._acquired = False  # between acquire() and release(), even on a store without leases
@@ -79,9 +85,11 @@ class ThreadLease:
     def held(self) -> bool:
         return self._holding is not None
 
-    def _args(self) -> tuple[Store, str, str, str | None, bool, float, float | None, None, str | None]:
+    def _args(
+        self,
+    ) -> tuple[Store, str, str, str | None, bool, float, float | None, None, str | None, None, float | None]:
         return (self.store, self.thread_id, self.namespace, self.busy, self._explicit, self.ttl, self.timeout,
-                None, self.run_id)
+                None, self.run_id, None, self.unfinished)
 
     def _not_twice(self) -> None:
         if self._acquired:
@@ -192,4 +200,7 @@ class ThreadLease:
     def _again(self, lease: Lease) -> Plan[Lease]:
         assert self.busy is not None
         me = (lease.owner, lease.probe)  # the same waiter: step_aside kept its place in the queue
-        return acquire(self.thread_id, self.namespace, self.busy, self.ttl, self.timeout, self.run_id, me=me, since=self._since)
+        return acquire(
+            self.thread_id, self.namespace, self.busy, self.ttl, self.timeout, self.run_id, me=me, since=self._since,
+            unfinished=self.unfinished, looked=True,
+        )

@@ -362,11 +362,11 @@ def test_no_module_is_oversized(name: str) -> None:
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, (
         f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}): split it along a "
-        "seam into its own module (docs/architecture.md, Layout)"
+        "seam into its own module (docs/design-source-map.md, Layout)"
     )
 
 
-# -- docs/architecture.md's folder map is the tree -----------------------------------------
+# -- docs/design-source-map.md's folder map is the tree -------------------------------------
 
 
 def folder_map(text: str) -> dict[str, set[str]]:
@@ -401,7 +401,7 @@ def folder_map(text: str) -> dict[str, set[str]]:
 
 
 def test_the_folder_map_lists_exactly_the_tree() -> None:
-    listed = folder_map((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    listed = folder_map((ROOT / "docs" / "design-source-map.md").read_text(encoding="utf-8"))
     tree: dict[str, set[str]] = {}
     for path in sorted((ROOT / "persistkit").rglob("*.py")):
         tree.setdefault(path.parent.relative_to(ROOT).as_posix(), set()).add(path.name)
@@ -410,7 +410,7 @@ def test_the_folder_map_lists_exactly_the_tree() -> None:
     for p in sorted(tree.keys() & listed.keys()):
         problems += [f"{p}/{m} is not in the map" for m in sorted(tree[p] - listed[p])]
         problems += [f"{p}/{m} is in the map but not in the tree" for m in sorted(listed[p] - tree[p])]
-    assert not problems, "docs/architecture.md's folder map (Layout) is not the tree:\n" + "\n".join(problems)
+    assert not problems, "docs/design-source-map.md's folder map (Layout) is not the tree:\n" + "\n".join(problems)
 
 
 def test_the_folder_map_reader_nests_and_skips_what_is_planned() -> None:

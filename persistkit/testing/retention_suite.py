@@ -371,6 +371,7 @@ class RetentionConformance(TwoStores):
         def run(plan: list[tuple[str, int, bool]]) -> None:
             t = _thread()
             forks: list[str] = []
+            sources: dict[str, str] = {}  # fork -> the checkpoint of t it came from
             step = 0
             crashed: tuple[range, bool] | None = None  # a crashed run resumes with the same calls
             try:
@@ -390,6 +391,7 @@ class RetentionConformance(TwoStores):
                         if history:
                             src = history[min(n, len(history) - 1)]
                             forks.append(store.fork(t, src.checkpoint_id, new_thread_id=_thread()).thread_id)
+                            sources[forks[-1]] = src.checkpoint_id
                             if flag and forks:
                                 store.delete_thread(forks.pop(0))
                     elif store.history(t):  # pruning a thread that does not exist: NotFoundError
@@ -399,6 +401,12 @@ class RetentionConformance(TwoStores):
                         self._check(store, t, before)
                         for f in forks:
                             assert store.get_state(f) is not None
+                            # pruning the fork (its first record too) keeps its source alive
+                            _turn(store, f, range(100, 101))
+                            store.prune(Retention(keep_last=1), thread_id=f)
+                        store.prune(policy, thread_id=t)
+                        kept = {c.checkpoint_id for c in store.history(t)}
+                        assert all(sources[f] in kept for f in forks), "a live fork's source checkpoint was pruned"
                 CRASH_AT.pop(t, None)
                 steps, results = crashed or (range(step, step + 1), True)
                 _turn(store, t, steps, append_result=results)  # whatever happened, the thread goes on

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self
 
+import pydantic_ai.exceptions
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -396,6 +397,13 @@ class DeferredAnswer(BaseModel):
 # names it; an answering process that imports the adapter knows it.
 DeferredAnswer.__module__ = "persistkit_pydantic_ai"
 pk.register(DeferredAnswer)
+
+# A tool's ModelRetry (and the framework's other exceptions) recorded as a step's error replay
+# as themselves in a resumed process, where the agent loop catches them: a recorded error's
+# class with a constructor of its own revives only when registered (docs/security.md).
+for _error in vars(pydantic_ai.exceptions).values():
+    if isinstance(_error, type) and issubclass(_error, Exception) and _error.__module__ == "pydantic_ai.exceptions":
+        pk.register(_error)
 
 
 def pending_requests(question: pk.Question) -> DeferredToolRequests | None:

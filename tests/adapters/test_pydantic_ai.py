@@ -685,3 +685,17 @@ async def test_durable_run_refuses_a_message_history(store: Any) -> None:
         await durable_run(
             agent, "x", thread_id=uid("t"), store=store, message_history=[ModelResponse(parts=[])]
         )
+
+
+def test_a_recorded_model_retry_replays_as_itself() -> None:
+    """A tool's ModelRetry recorded as its step's error comes back as a ModelRetry in a
+    resumed process (the agent loop catches it), not as pk.StepFailedError: the adapter
+    registers the framework's exceptions (a class with its own constructor revives only
+    when registered: docs/security.md)."""
+    from pydantic_ai.exceptions import ModelRetry
+
+    from persistkit.codec._serde import Serializer
+
+    ser = Serializer()
+    back = ser.decode_exception(ser.encode_exception(ModelRetry("ask again with a date")))
+    assert type(back) is ModelRetry and back.message == "ask again with a date"

@@ -215,3 +215,28 @@ def test_no_refusal_advises_allowlisting_the_standard_library() -> None:
         pk.connect("memory://", allow_modules=["os"])
     with pytest.raises(pk.ConfigurationError, match="standard library cannot be allowlisted"):
         pk.connect("memory://?allow_modules=subprocess")
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite"])
+def test_with_integrity_a_forged_name_is_refused_before_it_is_read(url: str, tmp_path: Path, marker: Path) -> None:
+    """integrity= is what protects against a store writer: the same forgery written to the
+    store under the integrity layer (the writer has no key) fails its tag before any name
+    in it is read."""
+    url = f"sqlite:///{tmp_path}/sealed.db" if url == "sqlite" else f"memory://sealed-{uuid.uuid4().hex[:8]}"
+    store = pk.connect(url, integrity=bytes(range(32)))
+    t = f"{_prefix()}sealed"
+    with pytest.raises(pk.EffectError), pk.resume(t, store=store, run_id="r"):
+        app.effect_step(1)
+    inner = store.backend.inner  # what someone who writes the store, but holds no key, reaches
+    rows = []
+    for row in inner.list(t, ""):
+        text = row.payload.replace(b"forged_app:failing_effect", b"forged_app:os.system    ")
+        if text != row.payload:
+            rows.append(new_row(row.thread_id, row.namespace, row.checkpoint_id, row.parent_id, row.run_id, text))
+    assert rows, "the effect's name is not in the sealed bytes"
+    inner.rewrite(t, rows, {})
+    with pytest.raises(pk.IntegrityError):
+        store.drain_outbox(prefix=t)
+    with pytest.raises(pk.IntegrityError), pk.resume(t, store=store, run_id="r"):
+        app.effect_step(1)
+    store.close()

@@ -387,8 +387,11 @@ def _check_outage(url: str, threads: list[str], turns: list[tuple[str, str]], li
                   killed: set[int], in_flight: set[tuple[str, int]]) -> None:
     """Every turn ran once and ended once, completed; each thread holds each turn's messages once,
     together and in step order, turns in the order they started; no step body ran twice except the
-    one in flight in a killed process or when the store went away (``in_flight``)."""
+    one in flight in a killed process or when the store went away (``in_flight``); no turn waited
+    until busy_timeout (each one waiting for a crashed turn gave its process back instead)."""
     assert not [w for w in lines if w[1] == "failed"]
+    expired = [w for w in lines if w[1] == "retry" and w[2] == "ThreadBusyError" and w[3] != "gave-way"]
+    assert not expired, f"turns waited until busy_timeout: {expired}"
     ran = Counter(w[0] for w in lines if w[1] == "done" and w[2] == "ran")
     assert max(ran.values()) == 1, f"turns that ran more than once: {ran.most_common(3)}"
     runs: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -500,7 +503,5 @@ def test_turns_waiting_for_a_crashed_turn_give_its_redelivery_a_pool_process(
         lines = _until(effects, workers, "every turn done", _all_done(turns), bound=SETTLE / 2)
     finally:
         workers.stop()
-    expired = [w for w in lines if w[1] == "retry" and w[2] == "ThreadBusyError" and w[3] != "gave-way"]
-    assert not expired, f"turns waited until busy_timeout: {expired}"
     assert [w for w in lines if w[1:3] == ["retry", "ThreadBusyError"]], f"no turn gave its process back: {lines}"
     _check_outage(env["PERSISTKIT_URL"], [thread], turns, lines, workers.killed, set())

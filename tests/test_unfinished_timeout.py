@@ -135,6 +135,16 @@ def test_the_redelivery_itself_and_a_free_thread_are_not_affected(local_store: p
     assert len(run.replayed) == 1
 
 
+def test_busy_wait_gives_way_too(local_store: pk.Store) -> None:
+    t = uid("waitpolicy")
+    _crash(local_store, t, "turn-0")
+    with pytest.raises(pk.ThreadBusyError) as gave, pk.resume(
+        t, store=local_store, run_id="turn-1", busy="wait", unfinished_timeout=0.1, busy_timeout=60
+    ):
+        pass
+    assert gave.value.unfinished_run == "turn-0" and gave.value.retry_after is not None
+
+
 def test_the_async_block_gives_way_too(local_store: pk.Store) -> None:
     t = uid("async")
     _crash(local_store, t, "turn-0")

@@ -32,9 +32,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "policy lets go: --keep-last N newest per thread, --max-age (with both, a checkpoint goes "
         "only when both let it go), --final-only (finished runs keep their last checkpoint), "
         "--thread-ttl (whole threads idle that long, with nothing unfinished). Never deleted: a "
-        "thread's newest checkpoint, every checkpoint of an unfinished, failed or suspended run and "
+        "thread's newest checkpoint (unless --thread-ttl deletes the whole thread), every checkpoint of an unfinished, failed or suspended run and "
         "the one it started from, a pending after-commit effect, a checkpoint another thread was "
-        "forked from. A thread a live run holds (or one these options cannot read) is skipped, "
+        "forked from, while that thread exists. A thread a live run holds (or one these options cannot read) is skipped, "
         "and the exit status is 1. Safe to interrupt and run again; try "
         "--dry-run first (docs/operations.md, Retention). Durations: 90, 45s, 30m, 12h, 7d, 2w.",
     )
@@ -46,7 +46,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", default="", help="only threads whose id starts with this")
     p.add_argument("--thread", default=None, help="only this thread")
     p.add_argument("--namespace", default=None, help="only this namespace (default: every one)")
-    p.add_argument("--dry-run", action="store_true", help="report what would go, delete nothing")
+    p.add_argument("--dry-run", action="store_true", help="report what would go now, delete nothing (ages "
+                   "count from the moment it runs: a later run may delete more)")
     p.add_argument("--json", action="store_true", help="print JSON instead of lines")
     p.set_defaults(func=_prune)
 

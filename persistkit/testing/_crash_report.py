@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "FAILED",
     "Finding",
     "Outcome",
     "began",
     "cause_of",
     "clock_like",
+    "compared",
     "describe_diff",
     "first_difference",
     "same",
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 #: Kinds of finding, and which assertion reports them.
-EXACTLY_ONCE = ("ran-twice", "resume-failed", "reference-failed", "unstorable", "no-steps")
+EXACTLY_ONCE = ("ran-twice", "effect", "resume-failed", "reference-failed", "unstorable", "no-steps")
 SAME_OUTCOME = (
     "state",
     "value",
@@ -57,14 +59,17 @@ class Finding:
     kind: str
     message: str
     points: tuple[str, ...] = ()
+    #: the differences seen at those points that follow from this finding (grouped under it)
+    consequences: tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        text = self.message + "".join(f"\n    follows from it: {c}" for c in self.consequences)
         if not self.points:
-            return self.message
+            return text
         shown = ", ".join(self.points[:3]) + (
             f" and {len(self.points) - 3} more" if len(self.points) > 3 else ""
         )
-        return f"{self.message}\n    seen at: {shown}"
+        return f"{text}\n    seen at: {shown}"
 
 
 @dataclass(slots=True)
@@ -75,11 +80,13 @@ class Outcome:
     value: Any = None
     error: BaseException | None = None
     states: dict[tuple[str, str], Any] = field(default_factory=dict)
-    sequences: dict[tuple[str, str], list[tuple[str, str]]] = field(default_factory=dict)
+    # per chain: its step checkpoints (position, name, run ordinal) in the order they landed
+    sequences: dict[tuple[str, str], list[tuple[str, str, str]]] = field(default_factory=dict)
     counts: Mapping[tuple[str, str, str, str], int] = field(default_factory=dict)
     plain: Mapping[str, int] = field(default_factory=dict)
     results: dict[tuple[str, str, str, str], Any] = field(default_factory=dict)
     digests: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    names: dict[tuple[str, str, str, str], str] = field(default_factory=dict)  # step key -> name
 
 
 def short(value: Any, limit: int = 120) -> str:
@@ -288,3 +295,46 @@ def cause_of(
 
 
 same = _same
+
+#: How a step checkpoint that records a failure shows in a recorded step sequence.
+FAILED = " (failed)"
+
+
+def _order(position: str) -> tuple[tuple[int, int | str], ...]:
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in position.split("/"))
+
+
+def compared(sequence: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """A recorded step sequence as the replay contract sees it: in position order within
+    each run (position is given by call order; steps run side by side land in any order),
+    without the failures a retry ran again — the same step recorded later in the run, by its
+    ``retry=`` at the same position or by the agent's own loop at the next: how often a
+    transient error struck is no outcome. Positions are then renumbered by what is left (a
+    retry loop's next call lands one position further per failure)."""
+    ordered = sorted(sequence, key=lambda s: (int(s[2]) if s[2].isdigit() else 0, _order(s[0])))
+    kept = [
+        s
+        for i, s in enumerate(ordered)
+        if not (
+            s[1].endswith(FAILED)
+            and any(
+                t[2] == s[2] and t[1] == s[1].removesuffix(FAILED) and _parent(t[0]) == _parent(s[0])
+                for t in ordered[i + 1 :]
+            )
+        )
+    ]
+    # renumber each run's positions by the order of what is left, parent by parent
+    out, seen, renamed = [], {}, {}  # type: ignore[var-annotated]
+    for pos, name, run in kept:
+        parent = _parent(pos)
+        parent = renamed.get((run, parent), parent)
+        n = seen.get((run, parent), 0)
+        seen[(run, parent)] = n + 1
+        new = f"{parent}/{n}" if parent else str(n)
+        renamed[(run, pos)] = new
+        out.append((new, name, run))
+    return out
+
+
+def _parent(position: str) -> str:
+    return position.rpartition("/")[0]

@@ -38,13 +38,17 @@ from typing import Any
 from ..backends import CheckpointRow, Head
 from ..engine import _context
 from ..engine._store import Store
+from ._crash_effects import AFTER, IN_STEP, arg_prints, mutated
+from ._crash_report import FAILED
 
 __all__ = [
     "FAILED",
     "UNCARRIED",
     "Crash",
     "Point",
+    "Raised",
     "RecordingStore",
+    "Series",
     "Snapshot",
     "StepCall",
     "Watch",
@@ -55,9 +59,10 @@ __all__ = [
 # thread, namespace, position, run (its ordinal on the thread, "0" for the first)
 Key = tuple[str, str, str, str]
 
+#: A step checkpoint as the matrix compares it: its position, its name (+ FAILED), its run's ordinal.
+Landed = tuple[str, str, str]
+
 WHENS = ("before", "inside", "after")
-#: How a step checkpoint that records a failure shows in a recorded step sequence.
-FAILED = " (failed)"
 
 #: The step whose checkpoint is the next write in this context (see ``Watch._wrote_next``).
 _AFTER: ContextVar[tuple[Watch, int, Key, str] | None] = ContextVar(
@@ -105,6 +110,24 @@ class StepCall:
     kwargs: dict[str, Any]
     result: Any = None
     returned: bool = False
+    error: BaseException | None = None
+    mutated: tuple[str, ...] = ()  # the arguments its body changed in place (the uncrashed run)
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """A forced outcome that is an error: the step raises it (the run it is forced from
+    recorded that error, and a replay gives it back)."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """Forced outcomes of one step key called more than once (a ``retry=`` step's attempts),
+    in call order; the last repeats."""
+
+    items: tuple[Any, ...]
 
 
 #: A step result the killed child could not pickle (process mode's event log).
@@ -147,12 +170,15 @@ class Watch:
         self.end_states: dict[tuple[str, str], Any] = {}
         self.cuts: dict[tuple[str, str], str] = {}  # per chain: the last checkpoint that landed
         # per chain, in the order they landed: each checkpoint id and, for a step's, (position, name)
-        self.log: dict[tuple[str, str], list[tuple[str, tuple[str, str] | None]]] = {}
+        self.log: dict[tuple[str, str], list[tuple[str, Landed | None]]] = {}
         self.index = 0
         # per chain: its run ids, oldest first
         self.run_order: dict[tuple[str, str], list[str]] = {}
         self.attempts: dict[Key, int] = {}  # per step key: the attempts its retry= allows
         self._wrapped: dict[int, tuple[Any, Any]] = {}  # id(step) -> (step, its wrapped copy)
+        self._served: Counter[Key] = Counter()  # forced outcomes given, per key
+        self.checks = False  # the uncrashed run: effects between steps, arguments changed in place
+        self.effects: list[tuple[str, str]] = []  # (what, where) made outside any step
 
     def seed(self, store: Store, chains: Any) -> Watch:
         """Number the runs ``store`` already holds, as the run they came from did."""
@@ -221,24 +247,59 @@ class Watch:
             watch.point(index, "before", key, name)
             watch.counts[key] += 1
             watch._event(f"run\t{key[0]}\t{key[1]}\t{key[2]}\t{key[3]}\t{name}\n")
+            prints = arg_prints(a, k) if watch.checks else None
+            token = IN_STEP.set(True)
             try:
                 result = fn(*a, **k)
-            except Exception:
-                watch._wrote_next(index, key, name)  # its failure's checkpoint is the next write
-                raise
+            except Exception as exc:
+                return watch._ended(call, index, fn, prints, None, exc)
+            finally:
+                IN_STEP.reset(token)
             if _awaitable(result):
-                return _finish_async(watch, call, index, result)
-            return watch._returned(call, index, result)
+                return _finish_async(watch, call, index, result, fn, prints)
+            return watch._ended(call, index, fn, prints, result, None)
 
         copy = replace(step, fn=wrapped)
         self._wrapped[id(step)] = (step, copy)
         return copy
 
+    def _ended(
+        self,
+        call: StepCall,
+        index: int,
+        fn: Any,
+        prints: list[bytes | None] | None,
+        result: Any,
+        error: BaseException | None,
+    ) -> Any:
+        """The body of ``call`` returned ``result`` or raised ``error``: what the step gives
+        the engine (a forced outcome replaces it)."""
+        if prints is not None:
+            call.mutated = tuple(mutated(fn, call.args, call.kwargs, prints))
+        AFTER.set(f"after step `{call.step}` at position {call.key[2]}")
+        forced = self._forced(call)
+        if forced is not None:
+            result, error = (None, forced.error) if isinstance(forced, Raised) else (_kept(forced), None)
+        if error is not None:
+            call.error = error
+            self._wrote_next(index, call.key, call.step)  # its failure's checkpoint is the next write
+            raise error
+        return self._returned(call, index, result)
+
+    def _forced(self, call: StepCall) -> Any:
+        if self.forced is None:
+            return None
+        given = self.forced.get(call.key)
+        if given is None or given[0] != call.step:
+            return None
+        value = given[1]
+        if isinstance(value, Series):
+            n = self._served[call.key]
+            self._served[call.key] += 1
+            value = value.items[min(n, len(value.items) - 1)]
+        return value
+
     def _returned(self, call: StepCall, index: int, result: Any) -> Any:
-        if self.forced is not None:
-            given = self.forced.get(call.key)
-            if given is not None and given[0] == call.step:
-                result = _kept(given[1])
         call.result, call.returned = _kept(result), True
         if self.events_fd is not None:  # process mode: what the killed run's step returned
             try:
@@ -267,13 +328,14 @@ class Watch:
         chain = (run.thread_id, run.namespace)
         step = None
         if body.get("k") == "step" and "dm" not in body and body.get("p") is not None:
-            step = (str(body["p"]), str(body.get("n")) + (FAILED if body.get("s") == "failed" else ""))
-            self.committed.add((*chain, step[0], self.ordinal(*chain, run.run_id)))
+            ordinal = self.ordinal(*chain, run.run_id)
+            step = (str(body["p"]), str(body.get("n")) + (FAILED if body.get("s") == "failed" else ""), ordinal)
+            self.committed.add((*chain, step[0], ordinal))
         if run.checkpoint_id is not None:
             self.cuts[chain] = run.checkpoint_id
             self.log.setdefault(chain, []).append((run.checkpoint_id, step))
 
-    def steps(self, chain: tuple[str, str], cut: str | None = None) -> list[tuple[str, str]]:
+    def steps(self, chain: tuple[str, str], cut: str | None = None) -> list[Landed]:
         """The step checkpoints of ``chain`` that landed (up to ``cut``, if given), in order."""
         out = []
         for cid, step in self.log.get(chain, ()):
@@ -290,13 +352,17 @@ def _awaitable(value: Any) -> bool:
     return inspect.isawaitable(value)
 
 
-async def _finish_async(watch: Watch, call: StepCall, index: int, pending: Any) -> Any:
+async def _finish_async(
+    watch: Watch, call: StepCall, index: int, pending: Any, fn: Any, prints: list[bytes | None] | None
+) -> Any:
+    token = IN_STEP.set(True)
     try:
         result = await pending
-    except Exception:
-        watch._wrote_next(index, call.key, call.step)
-        raise
-    return watch._returned(call, index, result)
+    except Exception as exc:
+        return watch._ended(call, index, fn, prints, None, exc)
+    finally:
+        IN_STEP.reset(token)
+    return watch._ended(call, index, fn, prints, result, None)
 
 
 class _Observer:

@@ -49,19 +49,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ConfigurationError, NonDeterminismError, SerializationError
+from .._errors import ConfigurationError, SerializationError
 from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
+from ._crash_effects import WATCHED, install
 from ._crash_fork import RAN_HERE, Zygote, load, memory_note, read_events, save, save_given
+from ._crash_judge import Judge
 from ._crash_report import (
     EXACTLY_ONCE,
     SAME_OUTCOME,
     Finding,
     Outcome,
     began,
-    cause_of,
-    describe_diff,
     differs_by_clock,
     first_difference,
     same,
@@ -73,8 +73,11 @@ from ._crash_watch import (
     UNCARRIED,
     WHENS,
     Key,
+    Landed,
     Point,
+    Raised,
     RecordingStore,
+    Series,
     Snapshot,
     StepCall,
     Watch,
@@ -203,7 +206,7 @@ def call_agent(
     takes_store: bool,
     store: Store,
     watch: Watch,
-    before: Mapping[Chain, list[tuple[str, str]]] | None = None,
+    before: Mapping[Chain, list[Landed]] | None = None,
 ) -> Outcome:
     """One agent call on ``store`` under ``watch``; a planned :class:`Crash` propagates.
 
@@ -214,6 +217,9 @@ def call_agent(
     saved = _context.MATRIX, _stores._default
     _context.MATRIX, _stores._default = watch, rec
     out = Outcome()
+    if watch.checks:
+        install()
+    token = WATCHED.set(watch.effects if watch.checks else None)
     try:
         value = agent(rec) if takes_store else agent()
         if inspect.iscoroutine(value):
@@ -222,6 +228,7 @@ def call_agent(
     except Exception as exc:
         out.error = exc
     finally:
+        WATCHED.reset(token)
         _context.MATRIX, _stores._default = saved
         RAN_HERE.update(c.step for c in watch.calls)
         RAN_HERE.update(watch.plain_counts)
@@ -230,7 +237,7 @@ def call_agent(
 
 
 def _read(
-    store: Store, watch: Watch, out: Outcome, before: Mapping[Chain, list[tuple[str, str]]]
+    store: Store, watch: Watch, out: Outcome, before: Mapping[Chain, list[Landed]]
 ) -> None:
     for chain in watch.runs:
         thread, ns = chain
@@ -249,9 +256,10 @@ def _read(
     out.counts, out.plain = dict(watch.counts), dict(watch.plain_counts)
     out.results = {c.key: c.result for c in watch.calls if c.returned}
     out.digests = {c.key: c.digest for c in watch.calls}
+    out.names = {c.key: c.step for c in watch.calls}
 
 
-class _Matrix:
+class _Matrix(Judge):
     def __init__(
         self,
         agent: Callable[..., Any],
@@ -276,16 +284,9 @@ class _Matrix:
         self.zygote: Zygote | None = None
         self.ran_before: set[str] = set()  # process mode: steps this process ran before the zygote
         self.last: tuple[Outcome | None, tuple[Outcome, dict[Key, Any]]] = (None, (Outcome(), {}))
-
-    def note(
-        self, kind: str, message: str, point: str | None = None, group: str | None = None
-    ) -> None:
-        """Record a finding; findings of one ``group`` (default: the message) are one, at many points."""
-        key = (kind, group or message)
-        self.texts.setdefault(key, message)
-        seen = self.found.setdefault(key, [])
-        if point is not None and point not in seen:
-            seen.append(point)
+        self.under: dict[tuple[str, str], list[str]] = {}  # finding -> what follows from it
+        self.order: dict[Key, int] = {}  # step key -> its first call's index in the uncrashed run
+        self.mutated: dict[Key, str] = {}  # step key -> the arguments its body changed in place
 
     def run(self) -> CrashMatrixResult:
         if self.mode == "process":  # forked before any run fills a global (_crash_fork)
@@ -301,6 +302,7 @@ class _Matrix:
         points: list[Point] = []
         store_a = self.pool.fresh()
         watch_a = Watch(points.append)
+        watch_a.checks = True
         began = time.monotonic()
         ref = call_agent(self.agent, self.takes_store, store_a, watch_a)
         # process mode: how long a child may take to reach its crash point before it counts as stuck
@@ -323,10 +325,11 @@ class _Matrix:
             )
             return self._result(ref, total, [])
         self._unstorable(store_a, watch_a)
+        self._between(watch_a)
         chosen = self._sample(chosen)
         snapshot = Snapshot(store_a, set(watch_a.runs)) if self.mode == "inline" else None
         # its steps return what the first run's did: arguments that still differ come from code between steps
-        watch_b = Watch(forced=self._given({c.key: c.result for c in watch_a.calls if c.returned}))
+        watch_b = Watch(forced=self._given(_outcomes(watch_a.calls)))
         second = call_agent(self.agent, self.takes_store, self.pool.fresh(), watch_b)
         self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
         if self.mode == "inline":
@@ -340,7 +343,10 @@ class _Matrix:
         return self._result(ref, total, [p.label() for p in chosen])
 
     def _result(self, ref: Outcome, total: int, tried: list[str]) -> CrashMatrixResult:
-        findings = [Finding(key[0], self.texts[key], tuple(pts)) for key, pts in self.found.items()]
+        findings = [
+            Finding(key[0], self.texts[key], tuple(pts), tuple(self.under.get(key, ())))
+            for key, pts in self.found.items()
+        ]
         sampled = (
             self.seed if self.positions is not None and not _explicit(self.positions) else None
         )
@@ -517,7 +523,7 @@ class _Matrix:
             for cp in store.history(chain[0], namespace=chain[1]):
                 if cp.kind == "step":
                     committed.add(
-                        (*chain, str(cp.position), watch.ordinal(*chain, cp.run_id or ""))
+                        (*chain, str(cp.position), watch.ordinal(chain[0], chain[1], cp.run_id or ""))
                     )
         store.close()
         # what the resume replays: the results the killed run's steps committed, with their arguments
@@ -572,57 +578,19 @@ class _Matrix:
         _, url, path, chains = command
         store = connect(url)
         chains = [tuple(c) for c in chains]
+        watch = Watch().seed(store, chains)
         landed = {  # the step checkpoints the killed run left, oldest first
-            chain: [(str(cp.position), str(cp.step) + (FAILED if cp.status == "failed" else "")) for cp in reversed(store.history(chain[0], namespace=chain[1])) if cp.kind == "step"]
+            chain: [
+                (str(cp.position), str(cp.step) + (FAILED if cp.status == "failed" else ""), watch.ordinal(chain[0], chain[1], cp.run_id or ""))
+                for cp in reversed(store.history(chain[0], namespace=chain[1]))
+                if cp.kind == "step"
+            ]
             for chain in chains
         }
-        save(call_agent(self.agent, self.takes_store, store, Watch().seed(store, chains), landed), path)
+        save(call_agent(self.agent, self.takes_store, store, watch, landed), path)
         store.close()
 
     # -- judging one resume -------------------------------------------------------------------
-
-    def _judge(self, p: Point, ref: Outcome, got: Outcome) -> None:
-        label = p.label()
-        self._counts(p, ref, got, label)
-        if got.error is not None:
-            self._resume_error(got.error, label)
-            return
-        ref, changed = self._expected(p, ref, got)
-        for key, digest in got.digests.items():
-            if key in ref.digests and digest != ref.digests[key]:
-                self._arguments(self.names.get(key, "?"), key[2], label)
-        cause, tag = cause_of(self.names, ref, got, changed)
-        if not same(ref.value, got.value):
-            what, why = (
-                describe_diff("the return value", ref.value, got.value),
-                cause(ref.value, got.value),
-            )
-            self.note("value", f"{what}: {why}", label, group=f"value {tag or why}")
-        for chain in sorted(set(ref.states) | set(got.states)):
-            a, b = ref.states.get(chain), got.states.get(chain)
-            if not same(a, b):
-                what, why = describe_diff(f"thread {chain[0]!r}: state", a, b), cause(a, b)
-                where = first_difference(a, b)
-                self.note(
-                    "state",
-                    f"{what}: {why}",
-                    label,
-                    group=f"{chain} {where[0] if where else ''} {tag or why}",
-                )
-            sa, sb = _retried_out(ref.sequences.get(chain, [])), _retried_out(got.sequences.get(chain, []))
-            if sa != sb:
-                i = next(
-                    (i for i, (x, y) in enumerate(zip(sa, sb, strict=False)) if x != y),
-                    min(len(sa), len(sb)),
-                )
-                one = sa[i] if i < len(sa) else ("-", "nothing")
-                two = sb[i] if i < len(sb) else ("-", "nothing")
-                self.note(
-                    "sequence",
-                    f"thread {chain[0]!r}: the recorded steps differ from checkpoint {i} on: uncrashed `{one[1]}` at {one[0]}, "
-                    f"after the crash `{two[1]}` at {two[0]} ({len(sa)} and {len(sb)} step checkpoints)",
-                    label,
-                )
 
     def _expected(self, p: Point, ref: Outcome, got: Outcome) -> tuple[Outcome, dict[Key, Any]]:
         """The outcome the resume ``got`` should have ended with, and the step results it
@@ -682,100 +650,18 @@ class _Matrix:
     def _given(self, results: Mapping[Key, Any]) -> dict[Key, tuple[str, Any]]:
         return {k: (self.names[k], r) for k, r in results.items() if k in self.names}
 
-    def _counts(self, p: Point, ref: Outcome, got: Outcome, label: str) -> None:
-        retried = any(a > 1 for a in self.attempts.values())  # else no parent allows attempts
-        for key in sorted(set(ref.counts) | set(got.counts) | set(p.counts)):
-            total = p.counts.get(key, 0) + got.counts.get(key, 0)
-            in_flight = p.counts.get(key, 0) > 0 and key not in p.committed
-            # the step in flight at the crash may run again on resume: each attempt its retry= allows
-            again = self.attempts.get(key, 1) if in_flight else 0
-            # a step under a retry= parent in flight at the crash: the resumed parent may run it on each attempt
-            if retried:
-                again = max(again, self._parent_attempts(p, key) * self.attempts.get(key, 1))
-            allowed = ref.counts.get(key, 0) + again
-            if total > allowed:
-                name, at = self.names.get(key, "?"), _at(key)
-                if key in p.committed:
-                    msg = f"step `{name}` at {at} ran again after its checkpoint had committed ({total} times in all)"
-                else:
-                    msg = f"step `{name}` at {at} ran {total} times, {allowed} allowed"
-                self.note("ran-twice", msg, label)
-        for name in sorted(set(ref.plain) | set(got.plain) | set(p.plain)):
-            total, once = p.plain.get(name, 0) + got.plain.get(name, 0), ref.plain.get(name, 0)
-            if total > once:
-                self.note(
-                    "ran-twice",
-                    f"step `{name}` ran {_times(total)} ({_times(once)} in the uncrashed run): it was called where no "
-                    "pk.resume run was current (in another thread the context did not follow, or before or after the "
-                    "block), so nothing records it and every resume runs it again. "
-                    "Call it inside the block, in the block's thread (contextvars.copy_context().run for a pool)",
-                    label,
-                )
-
-    def _parent_attempts(self, p: Point, key: Key) -> int:
-        """The most attempts a retry= step ``key`` is nested in allows, when it was in flight
-        at ``p`` (its body ran, its checkpoint had not landed); 0 if none was."""
-        parts = key[2].split("/")
-        up = [(key[0], key[1], "/".join(parts[:i]), key[3]) for i in range(1, len(parts))]
-        return max(
-            (self.attempts.get(a, 1) for a in up if p.counts.get(a, 0) > 0 and a not in p.committed and self.attempts.get(a, 1) > 1),
-            default=0,
-        )
-
-    def _resume_error(self, error: BaseException, label: str) -> None:
-        if isinstance(error, NonDeterminismError) and "different arguments" in str(error):
-            self._arguments(str(error.step), str(error.position), label)
-            return
-        if isinstance(error, NonDeterminismError):
-            self.note(
-                "sequence",
-                f"on replay another step was called at position {error.position} than the run recorded "
-                f"(`{error.step}`): the code between steps chose another path, it depends on something that is not in the state",
-                label,
-            )
-            return
-        first = str(error).splitlines()[0] if str(error) else ""
-        self.note(
-            "resume-failed",
-            f"the resumed run raised {type(error).__name__}: {short(first, 300)}",
-            label,
-        )
-
-    def _arguments(self, step: str, position: str, label: str) -> None:
-        key = next((k for k, n in self.names.items() if k[2] == position and n == step), None)
-        cause = (self.shaky.get(key) if key else None) or (
-            "they depend on something that is not in the state (a global, a cache, or a variable a step's body "
-            "sets: a replayed step does not run its body). Build them from run.state or from step results"
-        )
-        self.note(
-            "arguments",
-            f"the arguments of step `{step}` at position {position} differ on replay: {cause}",
-            label,
-        )
-
-
 def _explicit(positions: int | Iterable[int] | None) -> bool:
     return positions is not None and not isinstance(positions, int)
 
 
-def _retried_out(sequence: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """A recorded step sequence without the failures a retry ran again (the same step recorded
-    later at the same position): how often a transient error struck is no outcome."""
-    return [
-        (pos, name)
-        for i, (pos, name) in enumerate(sequence)
-        if not (name.endswith(FAILED) and (pos, name.removesuffix(FAILED)) in sequence[i + 1 :])
-    ]
-
-
-def _at(key: Key) -> str:
-    """Where a step key is, for a person: its position, and its run when not the thread's first."""
-    run = f" of run {int(key[3]) + 1} on thread {key[0]!r}" if key[3] != "0" else ""
-    return f"position {key[2]}{run}"
-
-
-def _times(n: int) -> str:
-    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+def _outcomes(calls: Sequence[StepCall]) -> dict[Key, Any]:
+    """What each step key's body gave back in an uncrashed run (a result, or the error it
+    raised), to force on another run: a replay gives back recorded errors too."""
+    per: dict[Key, list[Any]] = {}
+    for c in calls:
+        if c.returned or c.error is not None:
+            per.setdefault(c.key, []).append(c.result if c.returned else Raised(c.error))  # type: ignore[arg-type]
+    return {k: v[0] if len(v) == 1 else Series(tuple(v)) for k, v in per.items()}
 
 
 def _fields(state: Any) -> Any:

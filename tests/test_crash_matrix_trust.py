@@ -1,0 +1,178 @@
+"""The crash matrix on agents its authors had not seen (issue #34 §1): correct agents it
+must pass (steps gathered with asyncio.gather and random latency; a hand-written retry
+loop), defects it must name (a file written between steps, a step that changes its own
+argument in place, the order of a set), and consequences grouped under their cause."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import uid
+
+import persistkit as pk
+from persistkit.testing import CrashMatrixResult, crash_matrix
+
+MODES = ["inline", "process"]
+
+
+def matrix(agent: Any, mode: str, tmp_path: Path) -> CrashMatrixResult:
+    return crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path), echo=None)
+
+
+@pk.checkpointed
+async def lookup(what: str) -> str:
+    await asyncio.sleep(random.random() * 0.003)  # the three land in any order
+    return f"{what}: found"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_async_agent_that_gathers_steps_passes(mode: str, tmp_path: Path) -> None:
+    thread = uid("cm-gather")
+
+    async def agent() -> str:
+        async with pk.resume(thread) as run:
+            found = await asyncio.gather(lookup("customer"), lookup("order"), lookup("history"))
+            run.state["facts"] = list(found)
+            return " | ".join(found)
+
+    result = matrix(agent, mode, tmp_path)
+    assert result.ok and len(result.points) == 9, str(result)
+
+
+class RateLimited(Exception):
+    pass
+
+
+ASKED: dict[str, int] = {}  # the fake model's memory: the first call for a prompt fails
+
+
+@pk.checkpointed
+def ask(prompt: str) -> str:
+    ASKED[prompt] = ASKED.get(prompt, 0) + 1
+    if ASKED[prompt] == 1:
+        raise RateLimited(f"slow down on {prompt!r}")
+    return f"answer to {prompt}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hand_written_retry_loop_passes(mode: str, tmp_path: Path) -> None:
+    """The second uncrashed run gives back the recorded error (it used to run 1 body
+    against 2), a resume whose fresh process fails once more calls `ask` one position
+    further (it used to say "step `?` at position 2 ran 1 times, 0 allowed")."""
+    thread = uid("cm-retry")
+    ASKED.clear()
+
+    def agent() -> str:
+        with pk.resume(thread) as run:
+            for _ in range(3):
+                try:
+                    run.state["answer"] = ask("refund?")
+                    break
+                except RateLimited:
+                    continue
+            return str(run.state["answer"])
+
+    result = matrix(agent, mode, tmp_path)
+    assert result.ok, str(result)
+    assert len(result.points) == 5  # a failed body has no `inside` point
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_file_written_between_steps_is_an_effect_outside_a_step(mode: str, tmp_path: Path) -> None:
+    thread, log = uid("cm-effect"), tmp_path / "audit.log"
+
+    @pk.checkpointed(name="charge")
+    def charge(amount: int) -> str:
+        return f"charged {amount}"
+
+    def agent() -> str:
+        with pk.resume(thread):
+            first = charge(10)
+            with open(log, "a") as f:  # the defect: runs again on every resume
+                f.write(first + "\n")
+            return charge(20)
+
+    result = matrix(agent, mode, tmp_path)
+    (finding,) = result.findings
+    assert finding.kind == "effect", str(result)
+    assert finding.message.startswith(
+        "an effect outside a step, it will run again on every resume: a file opened for writing"
+    )
+    assert "audit.log" in finding.message and "test_crash_matrix_trust.py" in finding.message
+    assert "after step `charge` at position 0" in finding.message
+    with pytest.raises(AssertionError, match="an effect outside a step"):
+        result.assert_exactly_once()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_that_changes_its_argument_in_place_is_named(mode: str, tmp_path: Path) -> None:
+    thread = uid("cm-mutate")
+
+    @pk.checkpointed(name="tidy")
+    def tidy(items: list[str]) -> int:
+        items.append("done")  # the defect: a replay does not run it
+        return len(items)
+
+    @pk.checkpointed(name="report")
+    def report(text: str) -> str:
+        return f"report: {text}"
+
+    @pk.checkpointed(name="send")
+    def send(text: str) -> str:
+        return f"sent {text}"
+
+    def agent() -> str:
+        with pk.resume(thread):
+            items = ["a"]
+            tidy(items)
+            return send(report(",".join(items)))
+
+    result = matrix(agent, mode, tmp_path)
+    (finding,) = result.findings  # the downstream differences are grouped under it
+    assert finding.message.startswith("step `tidy` at position 0 changes its own argument `items` in place")
+    assert "follows from it: the arguments of step `report` at position 1 differ on replay" in str(result)
+    assert "follows from it: the arguments of step `send` at position 2 differ in turn" in str(result)
+    with pytest.raises(AssertionError, match="changes its own argument `items`"):
+        result.assert_same_outcome()
+
+
+def test_state_changed_in_place_by_a_step_is_no_finding(tmp_path: Path) -> None:
+    """A step that appends to a list the state holds changes its argument in place too, but
+    the state is committed with the step and restored on replay: not a defect."""
+    thread = uid("cm-state")
+
+    @pk.checkpointed
+    def note(notes: list[str], text: str) -> int:
+        notes.append(text)
+        return len(notes)
+
+    def agent() -> list[str]:
+        with pk.resume(thread) as run:
+            run.state.setdefault("notes", [])
+            note(run.state["notes"], "a")
+            note(run.state["notes"], "b")
+            return list(run.state["notes"])
+
+    result = matrix(agent, "inline", tmp_path)
+    assert result.ok, str(result)
+
+
+def test_persistkit_own_writes_are_not_effects(tmp_path: Path) -> None:
+    thread, url = uid("cm-own"), f"sqlite:///{tmp_path / 'own.db'}"
+
+    @pk.checkpointed
+    def step(x: int) -> int:
+        return x + 1
+
+    def agent() -> int:
+        with pk.connect(url) as store, pk.resume(thread, store=store):  # the agent opens its store
+            return step(step(1))
+
+    result = matrix(agent, "inline", tmp_path)
+    assert "effect" not in {f.kind for f in result.findings}, str(result)
+    assert os.path.exists(tmp_path / "own.db")

@@ -68,7 +68,11 @@ def ensure_core() -> None:
     if not PY.exists():
         sh(sys.executable, "-m", "venv", VENV)
     sh(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    sh(PY, "-m", "pip", "install", "--quiet", "-e", ".")
+    # PYTHONWARNINGS reaches the build backend: setuptools prints an information box for an
+    # editable install of a package-dir mapping (the adapters/ packages), with nothing to act on.
+    print("+", PY, "-m pip install --quiet -e .", flush=True)
+    subprocess.run([str(PY), "-m", "pip", "install", "--quiet", "-e", "."], cwd=ROOT, check=True,
+                   env={**os.environ, "PYTHONWARNINGS": "ignore"})
     stamp.write_text(want)
 
 

@@ -2,6 +2,7 @@
 
     pip install persistkit                                    # no extra: SQLite, a fake Slack
     python examples/slack_thread.py                           # the demo: prints what happens
+    python examples/slack_thread.py --chaos                   # the faults, in real processes, and the proof
     python examples/slack_thread.py handle event.json         # handle one Events API envelope (- : stdin)
     python examples/slack_thread.py pending                   # refunds waiting for a person
     python examples/slack_thread.py answer THREAD_TS yes      # approve (or no) and finish the turn
@@ -32,6 +33,18 @@ is one turn, ``pk.resume(thread, run_id=<event_id>, busy="queue")``:
   died between the commit and the post leaves it to the next resume of the turn, or
   to ``drain``), with the effect's idempotency key passed to Slack.
 
+``--chaos`` runs one thread's events through the faults above, each worker its own
+process (this script's ``handle``, ``answer`` and ``drain``), each kill a SIGKILL: two
+events at the same instant (one takes the thread, the other waits); the first killed
+mid-turn, hung in the shop's order lookup; its redelivery killed between the reply's
+commit and its post; Slack down for the next redelivery (the post stays pending); a
+``drain``; a refund a person declines; every finished event redelivered. It prints each
+step, the posts and the proof that each reply was posted once, in the order the turns
+ran (exit 0), or says which check failed (exit 1). The faults are the fake
+world's own, switched by files in the fake dir: ``slack-down`` (every post fails) and
+``stall-lookup`` / ``stall-post`` (the next such call hangs, in the one process that
+renames the file to ``stalled-<point>.<pid>``: the one to kill).
+
 Exit codes: 0 done (each command prints one JSON line: ``completed``, ``suspended`` or
 ``ignored`` for ``handle``); 1 a persistkit error, said in one line; 2 an unreadable
 envelope; 3 the thread stayed busy past ``--busy-timeout`` (retry the event later); 4 the
@@ -50,9 +63,12 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -101,12 +117,33 @@ def _read(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
+# The world's faults, switched by files in the fake dir (so every process sees them; --chaos
+# uses them): ``slack-down`` makes every post fail; ``stall-<point>`` makes the next call at
+# that point (``lookup``: the shop's order lookup, ``post``: Slack's chat.postMessage) hang,
+# as a stuck API call does, in the one process that takes the file (renamed, atomically, to
+# ``stalled-<point>.<pid>``): the chaos run kills that process there.
+STALL_LIMIT = 120.0  # a hung call nobody killed gives up (TimeoutError), as a client timeout would
+
+
+def _stall(point: str) -> None:
+    work = fake_dir()
+    try:
+        os.rename(work / f"stall-{point}", work / f"stalled-{point}.{os.getpid()}")
+    except FileNotFoundError:
+        return  # no stall asked, or another process took it
+    threading.Event().wait(STALL_LIMIT)
+    raise TimeoutError(f"the fake {point} call hung {STALL_LIMIT:.0f} s and no one killed process {os.getpid()}")
+
+
 class FakeSlack:
     """Records every ``chat.postMessage`` call it receives, duplicates included (no dedup:
     the test must see a post made twice)."""
 
     def chat_postMessage(self, *, channel: str, thread_ts: str, text: str,
                          metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        _stall("post")
+        if (fake_dir() / "slack-down").exists():
+            raise ConnectionError("the fake Slack is down (slack-down is in the fake dir)")
         _append("posts.jsonl", {"channel": channel, "thread_ts": thread_ts, "text": text,
                                 "metadata": metadata, "pid": os.getpid()})
         return {"ok": True, "channel": channel}
@@ -119,6 +156,7 @@ class FakeSlack:
 class Shop:
     @staticmethod
     def lookup(order_id: str) -> dict[str, Any] | None:
+        _stall("lookup")
         order = ORDERS.get(order_id)
         return {"order_id": order_id, **order} if order else None
 
@@ -383,10 +421,245 @@ def demo(url: str | None) -> None:
         sys.exit("demo: unexpected outcome")
 
 
+# -- the chaos run: the faults, in real processes ---------------------------------------------
+
+CHAOS_LIMIT = 60.0  # seconds any one wait of the chaos run may take (a hang, not a timing)
+CHAOS_EVENTS = {  # event id: (the customer's message, the reply the bot must post for it, once)
+    "Ev01ORDER": ("Where is my order #1042?", "Order #1042 (espresso machine): delivered on Nov 20."),
+    "Ev02ORDER": ("And where is order #1043?", "Order #1043 (milk frother): shipped, arriving Nov 28."),
+    "Ev03REFUND": ("The machine arrived broken: please refund $80 on order #1042.",
+                   "Sorry, the refund of $80.00 on order #1042 was not approved."),
+}
+
+
+class ChaosFailed(Exception):
+    """A chaos run's step did not go as the example promises (the run exits 1)."""
+
+
+class Chaos:
+    """The chaos run's processes: each a ``handle``, ``answer`` or ``drain`` of this script."""
+
+    def __init__(self, url: str | None, store: pk.Store, channel: str, thread_ts: str) -> None:
+        self.me = [sys.executable, __file__, *(["--url", url] if url else [])]
+        self.store, self.channel, self.ts, self.work = store, channel, thread_ts, fake_dir()
+        self.thread = thread_of(channel, thread_ts)
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen([*self.me, *args], text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def handle(self, event_id: str) -> subprocess.Popen[str]:
+        return self.start("handle", str(self.work / f"{event_id}.json"))
+
+    def what(self, p: subprocess.Popen[str]) -> str:
+        return f"process {p.pid} ({' '.join(map(str, p.args[len(self.me):]))})"  # type: ignore[index]
+
+    def finish(self, p: subprocess.Popen[str], *codes: int) -> dict[str, Any]:
+        """Wait for ``p`` to exit with one of ``codes`` (default 0); the JSON line it printed last."""
+        try:
+            out, _ = p.communicate(timeout=CHAOS_LIMIT)
+        except subprocess.TimeoutExpired:
+            raise ChaosFailed(f"{self.what(p)} still runs after {CHAOS_LIMIT:.0f} s") from None
+        lines = out.strip().splitlines()
+        if p.returncode not in (codes or (0,)) or not lines:
+            raise ChaosFailed(f"{self.what(p)} exited {p.returncode}:\n{out}")
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+
+    def until(self, what: str, check: Callable[[], Any], *running: subprocess.Popen[str]) -> Any:
+        """Poll ``check()`` until it returns something true; fail past CHAOS_LIMIT or if one
+        of ``running`` exited meanwhile."""
+        give_up = time.monotonic() + CHAOS_LIMIT
+        while not (found := check()):
+            for p in running:
+                if p.poll() is not None:
+                    raise ChaosFailed(f"waiting for {what}: {self.what(p)} exited {p.returncode}:\n"
+                                      f"{p.communicate()[0]}")
+            if time.monotonic() > give_up:
+                raise ChaosFailed(f"waited {CHAOS_LIMIT:.0f} s for {what}")
+            time.sleep(0.02)
+        return found
+
+    def arm(self, point: str) -> None:
+        """The next call at ``point`` (``lookup`` or ``post``), in whichever process gets there, hangs."""
+        (self.work / f"stall-{point}").touch()
+
+    def stalled(self, point: str, *running: subprocess.Popen[str]) -> subprocess.Popen[str]:
+        """Wait until one of ``running`` hangs at ``point`` (:meth:`arm`); that process."""
+        by_pid = {p.pid: p for p in running}
+        found: list[Path] = self.until(f"a worker hung at {point}",
+                                       lambda: list(self.work.glob(f"stalled-{point}.*")), *running)
+        stuck = by_pid.get(int(found[0].name.rsplit(".", 1)[1]))
+        if stuck is None:
+            raise ChaosFailed(f"{found[0].name}: a process this run did not start hung at {point}")
+        found[0].unlink()
+        return stuck
+
+    def kill(self, p: subprocess.Popen[str]) -> None:
+        os.kill(p.pid, signal.SIGKILL)
+        if p.wait(CHAOS_LIMIT) != -signal.SIGKILL:
+            raise ChaosFailed(f"process {p.pid} exited {p.returncode} before the SIGKILL")
+
+    def lease(self) -> pk.LeaseInfo | None:
+        found = [i for i in self.store.leases(prefix=self.thread) if i.thread_id == self.thread]
+        return found[0] if found else None
+
+    def head(self) -> tuple[str | None, str | None]:
+        """The run and step of the thread's newest checkpoint."""
+        last = self.store.history(self.thread, limit=1)
+        return (last[0].run_id, last[0].step) if last else (None, None)
+
+    def posts(self) -> list[dict[str, Any]]:
+        """The posts made in this run's thread (a drain may post other threads' leftovers too)."""
+        return [p for p in FakeSlack.posts() if (p["channel"], p["thread_ts"]) == (self.channel, self.ts)]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+def chaos(url: str | None) -> int:
+    """``--chaos``: one thread's events through every fault the example claims to survive, each
+    worker its own process, each kill a SIGKILL; prints what happens, the posts and the proof
+    that each reply was posted once, in the order the turns ran. 0 if all of it holds, else 1."""
+    channel, thread_ts = "C0SUPPORT", f"{time.time():.6f}"
+    work = fake_dir()
+    work.mkdir(parents=True, exist_ok=True)
+    for old in [*work.glob("stall*-*"), *(work / n for n in ("slack-down", "posts.jsonl", "refunds.jsonl", "model.jsonl"))]:
+        old.unlink(missing_ok=True)
+    for i, (event_id, (text, _)) in enumerate(CHAOS_EVENTS.items()):
+        envelope = envelope_for(channel, thread_ts, f"{float(thread_ts) + i:.6f}", event_id, text)
+        (work / f"{event_id}.json").write_text(json.dumps(envelope))
+    try:
+        store = pk.connect(url)
+    except pk.PersistkitError as exc:
+        print(f"slack_thread: {exc}", file=sys.stderr)
+        return 1
+    world = Chaos(url, store, channel, thread_ts)
+    say(f"persistkit chaos run: Slack thread {world.thread} on {store.url}\n"
+        f"(every worker is its own process; the fake Slack and shop write under {work})\n")
+    try:
+        turns = _chaos_steps(world)
+        return _chaos_proof(world, turns)
+    except (ChaosFailed, pk.PersistkitError) as exc:
+        print(f"\nchaos: FAILED: {exc}", flush=True)
+        return 1
+    finally:
+        world.close()
+        store.close()
+
+
+def say(text: str) -> None:
+    print(text, flush=True)  # the reader watches the run as it goes, not at its end
+
+
+def _chaos_steps(world: Chaos) -> list[str]:
+    """The faults, one after the other; returns the event ids in the order their turns ran."""
+    say("1. Ev01ORDER and Ev02ORDER (two messages of one thread) reach two workers at the same instant.")
+    world.arm("lookup")  # whichever turn gets the thread hangs in its order lookup
+    workers = {e: world.handle(e) for e in ("Ev01ORDER", "Ev02ORDER")}
+    stuck = world.stalled("lookup", *workers.values())
+    first = next(e for e, p in workers.items() if p is stuck)
+    second = next(e for e in workers if e != first)
+    info = world.until(f"{second} waiting behind {first}", lambda: (i := world.lease()) and i.waiting and i, workers[second])
+    if world.head() != (first, "think"):
+        raise ChaosFailed(f"{first} hangs in its lookup, but the thread's newest checkpoint is {world.head()}")
+    say(f"   {first} took the thread (pid {stuck.pid}); its model step committed, it hangs in the shop's "
+        f"order lookup.\n   {second} (pid {workers[second].pid}) waits behind it ({len(info.waiting)} turn waiting).")
+
+    say(f"\n2. SIGKILL {first}'s worker mid-turn.")
+    world.kill(stuck)
+    world.until(f"the thread reserved for {first}'s unfinished turn",
+                lambda: (i := world.lease()) is not None and i.reserved_for == first)
+    say(f"   the thread stays reserved for {first}'s unfinished turn; {second} still waits; "
+        f"posts so far: {len(world.posts())}.")
+
+    say(f"\n3. Slack redelivers {first} (no 200 from the dead worker): the turn goes on from its last committed step.")
+    world.arm("post")
+    again = world.handle(first)
+    hung = world.stalled("post", again)
+    if world.head() != (first, "reply") or world.posts():
+        raise ChaosFailed(f"before the post: head {world.head()}, posts {world.posts()}")
+    world.kill(hung)
+    say(f"   its reply step committed; SIGKILL the worker (pid {hung.pid}) between the commit and the post: "
+        f"posts so far: {len(world.posts())}.")
+
+    say(f"\n4. Slack goes down; {first} is redelivered again.")
+    (world.work / "slack-down").touch()
+    failed = world.finish(world.handle(first), 4)
+    if failed.get("status") != "post pending" or world.posts() or workers[second].poll() not in (None, 3):
+        raise ChaosFailed(f"with Slack down: {failed}, posts {world.posts()}")
+    say(f"   every attempt to post is refused: exit 4, {failed['status']} (key {failed['key']}); "
+        f"the reply stays committed and {second} still waits, so replies stay in order.")
+
+    say("\n5. Slack is back. A sweeper runs `drain`.")
+    (world.work / "slack-down").unlink()
+    drained = world.finish(world.start("drain"))
+    if [p["metadata"]["event_payload"]["event_id"] for p in world.posts()] != [first]:
+        raise ChaosFailed(f"drain: {drained}, posts {world.posts()}")
+    say(f"   {json.dumps(drained)}: the pending post went out, once.")
+
+    say(f"\n6. Slack's last redelivery of {first} ends its turn; {second}'s worker, waiting since step 1, goes on.")
+    say(f"   {first}: {json.dumps(world.finish(world.handle(first)))} (nothing posted again)")
+    outcome = world.finish(workers[second], 0, 3)
+    if outcome.get("status") == "busy":  # it gave its worker slot back: the queue retries the event
+        say(f"   {second} gave its worker slot back ({json.dumps(outcome)}); the queue retries it.")
+        outcome = world.finish(world.handle(second))
+    say(f"   {second}: {json.dumps(outcome)}")
+
+    say("\n7. Ev03REFUND asks for a refund: a person must decide.")
+    say(f"   {json.dumps(world.finish(world.handle('Ev03REFUND')))}")
+    say(f"   a person declines, from another process (answer {world.ts} no): "
+        f"{json.dumps(world.finish(world.start('answer', world.ts, 'no', '--channel', world.channel)))}")
+
+    say("\n8. Slack redelivers all three finished events at once.")
+    redelivered = [world.handle(e) for e in CHAOS_EVENTS]
+    say("   " + ", ".join(f"{e}: {world.finish(p)['status']}" for e, p in zip(CHAOS_EVENTS, redelivered, strict=True)))
+    return [first, second, "Ev03REFUND"]
+
+
+def _chaos_proof(world: Chaos, turns: list[str]) -> int:
+    """Print the posts and check them against the thread's own record; 0 if every check holds."""
+    posts = world.posts()
+    say("\nPosts the fake Slack client received in the thread (every call, duplicates included):")
+    for p in posts:
+        say(f"   [{p['metadata']['event_payload']['event_id']}] {p['text']}")
+    posted = [p["metadata"]["event_payload"]["event_id"] for p in posts]
+    ran = [m["event_id"] for m in world.store.get_state(world.thread)["messages"] if m["role"] == "user"]
+    keys = {p["metadata"]["event_payload"]["key"] for p in posts}
+    texts = [p["text"] for p in posts]
+    expected = [CHAOS_EVENTS[e][1] for e in turns]
+    calls = len(_read("model.jsonl"))
+    checks = [
+        (len(posts) == len(set(posted)) == len(keys) == len(CHAOS_EVENTS),
+         f"each event posted once: {len(posts)} posts for {len(CHAOS_EVENTS)} events, {len(keys)} idempotency keys"),
+        (posted == ran == turns, f"posted in the order the turns ran: {' -> '.join(posted)} (the thread's turns: {' -> '.join(ran)})"),
+        (texts == expected, "each post is its turn's reply"),
+        (Shop.refunds() == [], f"the declined refund was not made: {len(Shop.refunds())} refunds"),
+        (calls == 7, f"{calls} model calls for 7 decisions (2, 2 and 3 per turn): none made twice"),
+    ]
+    say("\nProof:")
+    for ok, what in checks:
+        say(f"   {'ok  ' if ok else 'FAIL'} {what}")
+    if all(ok for ok, _ in checks):
+        say("chaos: every reply posted once, in order")
+        return 0
+    say("chaos: FAILED")
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("PERSISTKIT_URL"), help="store URL")
     parser.add_argument("--fake-dir", help="where the fake Slack client and shop write (default $SLACK_FAKE_DIR)")
+    parser.add_argument("--chaos", action="store_true",
+                        help="run the faults (two workers at once, SIGKILLs, Slack down, a redelivery) and prove the posts")
     sub = parser.add_subparsers(dest="command")
     h = sub.add_parser("handle", help="handle one event envelope")
     h.add_argument("envelope", help="a JSON file, or - for stdin")
@@ -401,6 +674,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fake_dir:
         os.environ["SLACK_FAKE_DIR"] = args.fake_dir  # read by the effects, in this process
+    if args.chaos:
+        if args.command is not None:
+            parser.error(f"--chaos runs on its own, not with {args.command!r}")
+        return chaos(args.url)
     if args.command is None:
         demo(args.url)
         return 0

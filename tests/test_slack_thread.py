@@ -265,3 +265,48 @@ def test_the_demo_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[Ev01REFUND] Done: $80.00 refunded on order #1042." in out.stdout
     assert "[Ev02STATUS] Order #1043" in out.stdout
+
+
+def test_the_chaos_run_proves_each_post_once_in_order(tmp_path: Path) -> None:
+    """``slack_thread.py --chaos``: its own faults in its own processes (no patch from here)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PERSISTKIT_URL", "SLACK_FAKE_DIR")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "slack_thread.py"), "--chaos"], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    steps, rest = out.stdout.split("\nPosts the fake Slack client received in the thread", 1)
+    posts, proof = rest.split("\nProof:\n", 1)
+    assert steps.count("SIGKILL the worker") == 1 and "SIGKILL Ev0" in steps  # mid-turn, then before the post
+    assert "exit 4, post pending" in steps and '{"posted": 1,' in steps
+    assert "Ev01ORDER: completed, Ev02ORDER: completed, Ev03REFUND: completed" in steps
+    made = [line.strip() for line in posts.splitlines()[1:] if line.strip()]
+    assert sorted(made[:2]) == ["[Ev01ORDER] Order #1042 (espresso machine): delivered on Nov 20.",
+                                "[Ev02ORDER] Order #1043 (milk frother): shipped, arriving Nov 28."]
+    assert made[2:] == ["[Ev03REFUND] Sorry, the refund of $80.00 on order #1042 was not approved."]
+    lines = proof.splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == ["ok"] * 5, proof
+    assert lines[-1] == "chaos: every reply posted once, in order"
+
+
+def test_the_chaos_proof_fails_on_a_post_made_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The proof the chaos run prints can fail: a reply posted twice is caught (exit 1)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.setenv("SLACK_FAKE_DIR", str(tmp_path))
+    from examples import slack_thread as example
+
+    store, ts = pk.connect("memory://"), "1700000000.000100"
+    thread = example.thread_of(CHANNEL, ts)
+    for i, (event_id, (text, answer)) in enumerate(example.CHAOS_EVENTS.items()):
+        with pk.resume(thread, run_id=event_id, store=store, state=example.Conversation):
+            example.receive(example.envelope_for(CHANNEL, ts, f"{float(ts) + i:.6f}", event_id, text))
+        for _ in range(2 if event_id == "Ev02ORDER" else 1):  # the same reply, with the same key, twice
+            example.post_reply(CHANNEL, ts, answer, event_id, idempotency_key=f"key-{event_id}")
+    with (tmp_path / "model.jsonl").open("w") as f:
+        f.write("{}\n" * 7)
+    world = example.Chaos(None, store, CHANNEL, ts)
+    assert example._chaos_proof(world, list(example.CHAOS_EVENTS)) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL each event posted once: 4 posts for 3 events, 3 idempotency keys" in printed
+    assert "FAIL posted in the order the turns ran: Ev01ORDER -> Ev02ORDER -> Ev02ORDER" in printed
+    assert printed.rstrip().endswith("chaos: FAILED")

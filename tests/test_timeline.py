@@ -231,3 +231,78 @@ def test_fork_links_of_long_threads_and_the_bounds_of_the_fork_scan(
     monkeypatch.setattr(_timeline, "FORK_ROWS", 20_000)
     monkeypatch.setattr(_timeline, "FORK_SCAN", 1)
     assert model(local_store, src)["forks_limited"]
+
+
+def crashed_thread(url: str, tmp_path: Path, tid: str) -> tuple[str, str]:
+    """The quickstart's crash: a 20-step run SIGKILLed inside step 14 (position 13), resumed
+    by a second process. Returns the two processes' ``host:pid``."""
+    import socket
+
+    from test_resume_mark import crash_and_resume
+
+    dead, resumer = crash_and_resume(url, tmp_path, tid, 13)
+    host = socket.gethostname()
+    return f"{host}:{dead}", f"{host}:{resumer}"
+
+
+def test_a_sigkilled_and_resumed_run_shows_the_crash(tmp_path: Path) -> None:
+    """The demo thread said "1 attempt" with 20 green bars: the kill and the 13 replayed steps
+    were invisible (issue #34 §4). The resume mark splits the run where the process died."""
+    url, tid = f"sqlite:///{tmp_path}/crash.db", uid("timeline-crash")
+    dead, resumer = crashed_thread(url, tmp_path, tid)
+    with pk.connect(url) as store:
+        m = model(store, tid)
+        page = render(store, tid)
+    [run] = m["runs"]
+    assert run["status"] == "completed" and len(run["attempts"]) == 2
+    first, second = run["attempts"]
+    assert first["ended"] == "process died" and first["resumed"] is None
+    assert [b["status"] for b in first["bars"]] == ["ran"] * 13
+    words = f"process {dead} died after step 13 (work at 12) · resumed in {resumer}, 13 replayed"
+    assert second["resumed"]["text"] == words
+    assert [b["status"] for b in second["bars"]] == ["replayed"] * 13 + ["ran"] * 7 + ["run completed"]
+    resumed_step = second["bars"][13]  # timed from the resume, not from the dead process's last step
+    assert resumed_step["dur"] == pytest.approx(resumed_step["t"] - second["resumed"]["t"])
+    assert html.escape(words) in page and "2 attempts" in page
+    assert f"attempt 2 · completed · resumed in {resumer}" in page
+
+
+@pk.register
+def _notify(text: str) -> None:
+    """An after-commit effect (registered: a stored record may name it)."""
+
+
+def test_after_commit_effects_and_a_turn_waiting_behind_another(local_store: pk.Store) -> None:
+    import threading
+    import time
+
+    tid = uid("timeline-lease")
+
+    @pk.checkpointed(name="reply")
+    def reply(text: str) -> str:
+        pk.after_commit(_notify, text)
+        return text
+
+    with pk.resume(tid, store=local_store, run_id="turn-1"):
+        reply("hello")
+        waiter = threading.Thread(target=_second_turn, args=(local_store, tid))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while not local_store.leases(prefix=tid)[0].waiting:  # the second turn queued behind this one
+            assert time.monotonic() < deadline, "the second turn never queued"
+            waiter.join(0.01)
+        m = model(local_store, tid)
+        page = render(local_store, tid)
+    waiter.join(30)
+    lease = m["lease"]
+    assert lease["holder"] and len(lease["waiting"]) == 1 and lease["reserved_for"] is None
+    assert "1 turn waiting behind it" in page and 'id="lease"' in page
+    [bar] = [b for b in bars_of(m) if b["name"] == "reply"]
+    assert bar["effects"] == {"n": 1, "done": 1, "names": [f"{__name__}:_notify"]}
+    assert "1 after-commit · done" in page
+    assert model(local_store, tid)["lease"] is None  # both turns ended: nothing holds or waits
+
+
+def _second_turn(store: pk.Store, tid: str) -> None:
+    with pk.resume(tid, store=store, run_id="turn-2", busy="queue", busy_timeout=60):
+        pass

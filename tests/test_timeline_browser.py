@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_timeline import SECRET, XSS, build_thread
+from test_timeline import SECRET, XSS, build_thread, crashed_thread
 
 import persistkit as pk
 from persistkit.ops._timeline import render
 
 _WAIT = 60.0  # seconds any one browser answer may take on a loaded machine
+_WIDTH = 1440  # the viewport's width in CSS pixels: a laptop's browser window (issue #34 §4)
 
 
 class Page:
@@ -58,7 +59,7 @@ class Page:
                 self.events.remove(seen)
                 return seen
         while True:
-            msg = json.loads(self.ws.recv(timeout=_WAIT))
+            msg: dict[str, Any] = json.loads(self.ws.recv(timeout=_WAIT))
             if msg.get("method") == event:
                 return msg
             self.events.append(msg)
@@ -85,7 +86,7 @@ class Page:
 @pytest.fixture
 def browser(chromium: str, tmp_path: Path) -> Iterator[Page]:
     args = [chromium, "--headless", "--disable-gpu", "--remote-debugging-port=0", "--no-first-run",
-            "--no-default-browser-check", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900"]
+            "--no-default-browser-check", f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={_WIDTH},900"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--no-sandbox")  # Chromium's sandbox refuses root (CI containers)
     proc = subprocess.Popen([*args, "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -127,6 +128,36 @@ _VISIBLE = """(e) => { const r = e.getBoundingClientRect(), s = getComputedStyle
     return r.width > 0 && r.height > 0 && s.visibility !== "hidden" && s.display !== "none"; }"""
 
 
+# Each element matching a selector, scrolled into view vertically: is it inside the viewport's
+# width, and is it what a person sees at its middle (not clipped by a scrolling row, not
+# covered)? Returns what is not, as [text, left, right, viewport width]; and whether the page
+# had to scroll sideways for any of them.
+_OUTSIDE = """(sel) => { const out = []; let sideways = false;
+    for (const e of document.querySelectorAll(sel)) {
+        e.scrollIntoView({block: "center", inline: "nearest"});
+        if (window.scrollX !== 0) sideways = true;
+        const r = e.getBoundingClientRect(), w = document.documentElement.clientWidth;
+        const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+        if (r.left < 0 || r.right > w || !(hit && (hit === e || e.contains(hit))))
+            out.push([e.innerText.slice(0, 40), Math.round(r.left), Math.round(r.right), w]);
+    }
+    return {outside: out, sideways: sideways, wide: document.documentElement.scrollWidth > innerWidth}; }"""
+
+
+def _open(browser: Page, page: Path) -> None:
+    browser.send("Page.enable")
+    browser.send("Runtime.enable")
+    browser.send("Emulation.setDeviceMetricsOverride", width=_WIDTH, height=900, deviceScaleFactor=1, mobile=False)
+    browser.send("Page.navigate", url=page.as_uri())
+    browser.wait_for("Page.loadEventFired")
+    assert browser.js("window.innerWidth") == _WIDTH
+
+
+def _all_visible(browser: Page, selector: str) -> None:
+    seen = browser.js(f"({_OUTSIDE})({json.dumps(selector)})")
+    assert seen == {"outside": [], "sideways": False, "wide": False}, seen
+
+
 def test_the_page_in_a_browser(browser: Page, tmp_path: Path) -> None:
     tid = "timeline-browser"
     with pk.connect(f"sqlite:///{tmp_path}/store.db") as store:
@@ -134,10 +165,8 @@ def test_the_page_in_a_browser(browser: Page, tmp_path: Path) -> None:
         page = tmp_path / f"{tid}.html"
         page.write_text(render(store, tid))
 
-    browser.send("Page.enable")
-    browser.send("Runtime.enable")
-    browser.send("Page.navigate", url=page.as_uri())
-    browser.wait_for("Page.loadEventFired")
+    _open(browser, page)
+    _all_visible(browser, ".bar")  # every step of every run inside the window, nothing scrolls sideways
 
     # The steps, each a visible bar with its name and status, lanes in the order they ran.
     bars = browser.js(f"""[...document.querySelectorAll(".bar")].filter({_VISIBLE})
@@ -178,3 +207,35 @@ def test_the_page_in_a_browser(browser: Page, tmp_path: Path) -> None:
     assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and shot.stat().st_size > 10_000
     if os.environ.get("PERSISTKIT_KEEP_SCREENSHOT"):  # to look at it: a path to copy it to
         Path(os.environ["PERSISTKIT_KEEP_SCREENSHOT"]).write_bytes(shot.read_bytes())
+
+
+def test_a_sigkilled_and_resumed_run_fits_the_window(browser: Page, tmp_path: Path) -> None:
+    """The quickstart's crash (SIGKILL inside step 14 of 20, resumed by another process): at
+    1,440 px a row showed 8 of its 21 bars, the rest behind a scrollbar, and nothing said the
+    process died (issue #34 §4). Now the run's 34 bars (13 ran; 13 replayed, 7 ran and the
+    end) and the line saying where it died and who resumed it are all in the window."""
+    url, tid = f"sqlite:///{tmp_path}/crash.db", "timeline-crash"
+    dead, resumer = crashed_thread(url, tmp_path, tid)
+    with pk.connect(url) as store:
+        page = tmp_path / f"{tid}.html"
+        page.write_text(render(store, tid))
+
+    _open(browser, page)
+    statuses = browser.js('[...document.querySelectorAll(".bar")].map(b => b.dataset.status)')
+    assert statuses == ["ran"] * 13 + ["replayed"] * 13 + ["ran"] * 7 + ["run completed"]
+    _all_visible(browser, ".bar")
+    _all_visible(browser, ".resume")
+    note = browser.js('document.querySelector(".resume").innerText')
+    assert f"process {dead} died after step 13 (work at 12) · resumed in {resumer}, 13 replayed" in note
+    labels = browser.js('[...document.querySelectorAll(".attempt .label")].map(e => e.innerText)')
+    assert labels[0].startswith("attempt 1 · process died") and f"attempt 2 · completed · resumed in {resumer}" in labels[1]
+    assert "2 attempts" in browser.js('document.querySelector(".run h2").innerText')
+    # the resumed step is clicked like any other: its details say it ran
+    resumed_step = browser.js('document.querySelectorAll(".bar")[26].dataset.c')
+    browser.click(f'.bar[data-c="{resumed_step}"]')
+    assert "work · 13 · ran" in browser.js("document.getElementById('details').innerText")
+    assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
+    shot = tmp_path / "crash.png"
+    shot.write_bytes(base64.b64decode(browser.send("Page.captureScreenshot", format="png")["data"]))
+    if os.environ.get("PERSISTKIT_KEEP_SCREENSHOT"):
+        Path(os.environ["PERSISTKIT_KEEP_SCREENSHOT"]).with_suffix(".crash.png").write_bytes(shot.read_bytes())

@@ -14,9 +14,18 @@ HTML file. What the records allow, and what the page therefore shows:
 * a **replayed** step writes nothing: the bars of a later attempt marked ``replayed`` are
   the steps recorded in its earlier attempts that it replays (every step recorded there
   but the failures that ended an attempt), inferred from the records, not observed;
+* a block that continued an unfinished run (its process died, was interrupted, or its
+  block ended with a ``pk.RetryableError``) left a **resume mark** (``rz``) on the first
+  record it wrote: the attempt before it ends there ("process HOST:PID died after step 13"),
+  and the next one starts with what it replayed ("resumed in HOST:PID, 13 replayed");
+  a block that stopped again before it wrote anything left no mark;
 * a step's **duration** is the time from the previous record of the same attempt to its
   own record (the ``t`` field, the writer's clock); the first record of an attempt has
-  none, as nothing records when an attempt started.
+  none, as nothing records when an attempt started, except after a resume mark (its time);
+* a step that registered **after-commit effects** (``ac``) says how many, and how many of
+  them a later record marked done (``ad``);
+* the thread's **lease** as it is when the page is written: a run holding it, and the turns
+  waiting behind it (or for an unfinished run's redelivery).
 
 Values are shown as stored (``codec/_plain.py``): a secret is its handle, never resolved;
 each value embedded is cut to :data:`VALUE_CAP` characters (a list keeps its newest
@@ -32,11 +41,12 @@ import json
 import time
 from typing import Any, Protocol
 
-from .._errors import NotFoundError
+from .._errors import ConfigurationError, NotFoundError
 from .._io import Plan, call
 from ..backends import mask_url
 from ..codec._pipeline import Codec
 from ..codec._plain import PlainCodec, plain
+from ..coordination._lease import host_pid, info
 from ..state._channels import Loader
 from ..state._records import Record
 from ._timeline_html import page
@@ -99,6 +109,7 @@ def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]
     if first.kind == "fork" and "f" in first.body:
         forked_from = {"thread": first.body["f"][0], "checkpoint": first.body["f"][1]}
     forks, scanned, limited = yield from _forks(codec, thread_id, namespace, first.id)
+    lease = yield from _lease(thread_id, namespace)
     return {
         "thread": thread_id,
         "namespace": namespace,
@@ -112,6 +123,7 @@ def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]
         "forks_limited": limited,
         "runs": runs,
         "outside": outside,
+        "lease": lease,
         "checkpoints": details,
         "values": values.texts,
     }
@@ -179,6 +191,26 @@ def _forks(codec: Codec, thread_id: str, namespace: str, first_id: str) -> Plan[
     return found, len(others), limited
 
 
+def _lease(thread_id: str, namespace: str) -> Plan[dict[str, Any] | None]:
+    """The thread's lease as it is now: who holds it, who waits, and for which unfinished run
+    the thread waits; None when nobody holds it and nobody waits (or the store has no leases)."""
+    try:
+        rec = yield call("lease_get", thread_id, namespace)
+    except (ConfigurationError, NotImplementedError):  # a store without lease primitives
+        return None
+    if rec is None:
+        return None
+    found = info(thread_id, namespace, rec)
+    if found.holder is None and not found.waiting and found.reserved_for is None:
+        return None
+    return {
+        "holder": found.holder and host_pid(found.holder),
+        "expires": found.expires_at if found.holder else None,
+        "waiting": [host_pid(w) for w in found.waiting],
+        "reserved_for": found.reserved_for,
+    }
+
+
 # -- runs, attempts, bars -------------------------------------------------------------------
 
 
@@ -204,23 +236,35 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
     suspended_at: set[str] = set()
     prev: Record | None = None
     this_attempt: dict[str, Record] = {}
+    resumed: dict[str, Any] | None = None  # the resume mark that opened the attempt being built
+    done = {i for r in recs for i in r.body.get("ad") or ()}  # after-commit effects marked done
 
     def close(ended: str) -> None:
-        nonlocal bars, prev, this_attempt
-        attempts.append({"n": len(attempts) + 1, "ended": ended, "bars": bars})
+        nonlocal bars, prev, this_attempt, resumed
+        attempts.append({"n": len(attempts) + 1, "ended": ended, "bars": bars, "resumed": resumed})
         recorded.update(this_attempt)
-        bars, prev, this_attempt = [], None, {}
+        bars, prev, this_attempt, resumed = [], None, {}, None
 
     for rec in recs:
         if rec.body.get("dm"):  # an outbox done mark: a copy of the record before it
             continue
+        mark = rec.body.get("rz")
+        if mark is not None:  # a block continued the run here: the attempt before it stopped
+            steps = len(recorded.keys() | this_attempt.keys())
+            words = _resume_words(mark, prev, steps)
+            if bars:
+                close(words["ended"])
+            resumed = words
         if not bars and attempts:  # a later attempt: what it replays comes first
             bars.extend(
                 {**_bar(r, "replayed", None), "from": r.id}
                 for r in sorted(recorded.values(), key=lambda r: r.id)
                 if r.id not in escaped and r.body.get("s") != "suspended"
             )
-        duration = None if prev is None else max(0.0, _time(rec) - _time(prev))
+        if prev is not None:
+            duration: float | None = max(0.0, _time(rec) - _time(prev))
+        else:  # an attempt's first record: timed from its resume mark, if it has one
+            duration = max(0.0, _time(rec) - float(mark["t"])) if mark is not None else None
         if rec.kind == "step":
             pos, status = str(rec.body["p"]), str(rec.body["s"])
             shown = {"failed": "failed", "suspended": "suspended"}.get(status, "ran")
@@ -230,6 +274,11 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
                 shown = "retried"
             bar = _bar(rec, shown, duration)
             bar["retries"] = failures.get(pos, 0)
+            effects = rec.body.get("ac")
+            if effects and status == "completed":
+                ids = [f"{rec.id}.{i}" for i in range(len(effects))]
+                bar["effects"] = {"n": len(ids), "done": sum(1 for i in ids if i in done),
+                                  "names": [str(e.get("f")) for e in effects]}
             bars.append(bar)
             if status == "failed":
                 failures[pos] = failures.get(pos, 0) + 1
@@ -253,6 +302,28 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
     if status == "running":
         status = "unfinished"
     return {"run": run_id, "status": status, "attempts": attempts, "first": recs[0].id}
+
+
+def _resume_words(mark: dict[str, Any], last: Record | None, steps: int) -> dict[str, Any]:
+    """What a resume mark (``rz``) says, for people: how the attempt before it ended (the
+    process died, its lease expired, a retryable error, or it stopped) and what resumed it."""
+    holder = mark.get("w")
+    if isinstance(holder, str):
+        how = f"process {holder} died" if mark.get("g") == 1 else f"process {holder} stopped renewing its lease"
+        ended = "process died" if mark.get("g") == 1 else "lease expired"
+    elif last is not None and last.body.get("ru"):
+        how, ended = "stopped by a retryable error", "retryable error"
+    else:
+        how, ended = "process stopped", "stopped"
+    after = ""
+    if last is not None and last.kind == "step":
+        after = f" after step {steps} ({last.body.get('n')} at {last.body.get('p')})"
+    elif steps:
+        after = f" after step {steps}"
+    n = int(mark["n"])
+    text = f"{how}{after} · resumed in {mark['h']}, {n} replayed"
+    return {"text": text, "ended": ended, "host": str(mark["h"]), "replayed": n, "t": float(mark["t"]),
+            "holder": holder if isinstance(holder, str) else None}
 
 
 def _bar(rec: Record, status: str, duration: float | None) -> dict[str, Any]:

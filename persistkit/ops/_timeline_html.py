@@ -117,12 +117,33 @@ def _header(m: dict[str, Any]) -> str:
     if m["forks_limited"]:
         out.append(f"<p class=\"note\">Forks of this thread were looked for in {m['forks_scanned']:,} other "
                    "threads of the store only (the first ones, up to a bound on the rows read).</p>")
+    lease = m.get("lease")
+    if lease:
+        out.append(_lease(lease))
     out.append("<p class=\"legend\">" + "".join(
         f"<span class=\"key st-{k}\">{k}</span>" for k in ("ran", "replayed", "retried", "failed", "suspended", "answered")
-    ) + "<span class=\"hint\">A step's duration is the time since the previous record of its attempt "
-        "(— for an attempt's first step: nothing records when an attempt starts). Replayed steps write "
-        "nothing: they are the steps an attempt replays from its earlier attempts.</span></p></header>")
+    ) + "<span class=\"key resume-key\">resumed after a crash</span><span class=\"key fx-key\">after-commit effects</span>"
+        "<span class=\"hint\">A step's duration is the time since the previous record of its attempt "
+        "(— for an attempt's first step, unless it was resumed: nothing records when an attempt starts). "
+        "Replayed steps write nothing: they are the steps an attempt replays from its earlier attempts.</span></p></header>")
     return "".join(out)
+
+
+def _lease(lease: dict[str, Any]) -> str:
+    """The thread's lease when the page was written: the run holding it, the turns waiting."""
+    parts = []
+    if lease["holder"]:
+        parts.append(f"held by a live run in <code>{_e(lease['holder'])}</code> (until {_e(_when(lease['expires']))})")
+    else:
+        parts.append("free")
+    if lease["reserved_for"]:
+        parts.append(f"reserved for unfinished run <code>{_e(lease['reserved_for'][:12])}</code>: only its "
+                     "redelivery may take it, the turns after it wait")
+    waiting = lease["waiting"]
+    if waiting:
+        who = ", ".join(f"<code>{_e(w)}</code>" for w in waiting)
+        parts.append(f"{len(waiting)} turn{'s' if len(waiting) != 1 else ''} waiting behind it: {who}")
+    return f"<p class=\"lease\" id=\"lease\">Lease (now): {' · '.join(parts)}</p>"
 
 
 def _outside(bars: list[dict[str, Any]], top: float) -> str:
@@ -138,8 +159,18 @@ def _run(r: dict[str, Any], top: float) -> str:
     head = (f"<h2>Run <code title=\"{_e(r['run'])}\">{_e(r['run'][:12])}</code> "
             f"<span class=\"rs rs-{_e(r['status'])}\">{_e(r['status'])}</span>"
             f"<span class=\"sub\">{n} attempt{'s' if n != 1 else ''}</span></h2>")
-    body = "".join(_attempt(f"attempt {a['n']} · {a['ended']}", a["bars"], top) for a in attempts)
+    body = "".join(_resumed(a.get("resumed")) + _attempt(
+        f"attempt {a['n']} · {a['ended']}" + (f" · resumed in {a['resumed']['host']}" if a.get("resumed") else ""),
+        a["bars"], top, a["resumed"]["t"] if a.get("resumed") else None) for a in attempts)
     return f"<div class=\"run\" id=\"run-{_e(r['run'])}\">{head}{body}</div>"
+
+
+def _resumed(mark: dict[str, Any] | None) -> str:
+    """The line between two attempts where a block continued an unfinished run (``rz``)."""
+    if not mark:
+        return ""
+    return (f"<div class=\"resume\" role=\"note\" title=\"{_e(_when(mark['t']))}\">"
+            f"<span class=\"mark\" aria-hidden=\"true\">\u26a1</span> {_e(mark['text'])}</div>")
 
 
 def _timed(b: dict[str, Any]) -> float:
@@ -147,14 +178,14 @@ def _timed(b: dict[str, Any]) -> float:
     return 0.0 if b["dur"] is None or b["status"] == "replayed" else float(b["dur"])
 
 
-def _attempt(label: str, bars: list[dict[str, Any]], top: float) -> str:
+def _attempt(label: str, bars: list[dict[str, Any]], top: float, start: float | None = None) -> str:
     # A step failing ends its attempt with the same error: the end bar need not repeat it.
     failed = {b["error"] for b in bars if b["status"] == "failed"}
     cells = []
     for b in bars:
         shown = {**b, "error": None} if b["status"].startswith("run ") and b["error"] in failed else b
         cells.append(_bar(shown, _ROW * _timed(b) / top))
-    first = bars[0]["t"] if bars else None
+    first = start or (bars[0]["t"] if bars else None)  # a resumed attempt: when it was resumed
     when = f" · {_when(first)}" if first else ""
     lab = f"<div class=\"label\">{_e(label)}{_e(when)}</div>" if label else ""
     return f"<div class=\"attempt\">{lab}<div class=\"bars\">{''.join(cells)}</div></div>"
@@ -175,6 +206,12 @@ def _bar(b: dict[str, Any], width: float) -> str:
         parts.append(f"<span class=\"dur\">{_e(duration(b['dur']))}</span>")
     if b.get("retries"):
         parts.append(f"<span class=\"retries\">retry {b['retries']}</span>")
+    fx = b.get("effects")
+    if fx:
+        left = fx["n"] - fx["done"]
+        state = "done" if not left else f"{left} pending"
+        parts.append(f"<span class=\"fx\">\u21b3 {fx['n']} after-commit · {_e(state)}</span>")
+        tip.append(f"after-commit effects ({state}): {', '.join(fx['names'])}")
     if b.get("error"):
         err = str(b["error"])
         parts.append(f"<span class=\"err\">{_e(err if len(err) <= _BAR_ERROR else err[:_BAR_ERROR] + '…')}</span>")
@@ -198,7 +235,7 @@ main{display:flex;gap:16px;padding:16px 20px;align-items:flex-start}
 .rs{font-size:12px;padding:1px 8px;border-radius:9px;background:#e2e8f0;margin-left:6px}
 .rs-completed{background:#c6f6d5}.rs-failed{background:#fed7d7}.rs-suspended{background:#e9d8fd}.rs-unfinished{background:#feebc8}
 .attempt{margin:6px 0}.label{font-size:12px;color:#718096;margin-bottom:3px}
-.bars{display:flex;gap:3px;align-items:stretch;flex-wrap:nowrap;overflow-x:auto;padding:4px;margin:-4px}
+.bars{display:flex;gap:3px;align-items:stretch;flex-wrap:wrap;padding:4px;margin:-4px}
 .bar{flex:0 0 92px;min-width:92px;text-align:left;border:0;border-radius:5px;padding:5px 7px;color:#fff;cursor:pointer;font:inherit;font-size:12px;display:flex;flex-direction:column;gap:1px;overflow:hidden}
 .bar:focus-visible,.bar.sel{outline:3px solid #2d3748;outline-offset:1px}
 .bar .name{font-weight:600;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.bar .st,.bar .dur,.bar .retries{opacity:.92}
@@ -211,6 +248,9 @@ main{display:flex;gap:16px;padding:16px 20px;align-items:flex-start}
 #details dl{display:grid;grid-template-columns:auto 1fr;gap:2px 10px;margin:0}#details dt{color:#718096}#details dd{margin:0;word-break:break-all}
 #details pre{background:#f7fafc;border:1px solid #edf2f7;border-radius:5px;padding:6px 8px;margin:4px 0;white-space:pre-wrap;word-break:break-word;max-height:320px;overflow:auto}
 #details pre.error{background:#fff5f5;border-color:#fed7d7;color:#9b2c2c}.op{font-weight:600}.op-added,.op-appended{color:#276749}.op-removed{color:#9b2c2c}.op-changed{color:#975a16}
+.resume{margin:8px 0 4px;padding:4px 8px;border-left:4px solid #c05621;background:#fffaf0;color:#7b341e;font-size:12.5px;border-radius:0 5px 5px 0}
+.resume-key{background:#c05621}.fx-key{background:#2c7a7b}.bar .fx{background:rgba(255,255,255,.22);border-radius:3px;padding:0 4px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.lease{margin:4px 0;color:#2c5282}
 .hint{color:#718096}.legend .hint{display:block;margin-top:6px;font-size:12px}.ch{margin:8px 0 2px;font-weight:600}
 """
 

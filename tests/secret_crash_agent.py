@@ -46,7 +46,7 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return f"answer {i} with a key of {len(api_key)} characters"
 
-    store = pk.connect(url, encryption=True if encrypt else None)
+    store = pk.connect(url, encryption=bool(encrypt))  # False: plain, whatever the environment holds
     try:
         with pk.resume(thread, store=store) as run:
             key = setup_key()

@@ -105,7 +105,7 @@ def handles(store: pk.Store, thread: str) -> str:
 
 STORE_ONE = """
 import sys, persistkit as pk
-store = pk.connect(sys.argv[1], encryption=True if sys.argv[4] == "1" else None)
+store = pk.connect(sys.argv[1], encryption=sys.argv[4] == "1")
 with pk.resume(sys.argv[2], store=store) as run:
     run.state["note"] = "use " + sys.argv[3] + " please"
 store.close()
@@ -137,7 +137,7 @@ def test_one_value_has_one_handle_in_every_process(shared_url: str, value: str, 
         )
     os.environ["PERSISTKIT_ENCRYPTION_KEYS"] = ENC_KEYS
     try:
-        store = pk.connect(shared_url, encryption=True if encrypt else None)
+        store = pk.connect(shared_url, encryption=bool(encrypt))  # False: plain, whatever the environment holds
         store.codec.reveal = False
         notes = [store.get_state(t)["note"] for t in threads]
     finally:

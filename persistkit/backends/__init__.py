@@ -166,7 +166,7 @@ def _connect_option(name: str, text: str, url: str) -> Any:
         raise bad("comma-separated module names, e.g. allow_modules=myapp.models,myapp.tools")
     if name in _KEYS:
         if low in _FALSE:
-            return None
+            return False  # off, even with $PERSISTKIT_*_KEYS set (pk.connect reads them otherwise)
         if low in _TRUE:
             return True
         if text.startswith(("env:", "file:")) and len(text) > len("file:"):

@@ -595,6 +595,9 @@ def connect(
     ``KeyRing``) seals every record with a keyed hash chain and refuses tampered
     reads; ``witness`` (``"file:PATH"``, a store URL or Backend, or an object with
     ``record``/``latest``) also refuses a store rolled back to an older copy.
+    Without ``encryption=`` / ``integrity=`` (keyword or URL), a store is sealed when
+    ``$PERSISTKIT_ENCRYPTION_KEYS`` / ``$PERSISTKIT_INTEGRITY_KEYS`` is set (keys from it), as
+    the ``persistkit`` CLI opens it: ``False`` (``?integrity=false``) turns that off.
     ``max_value_bytes`` refuses a step result or state value whose serialized form is
     larger (``pk.ValueTooLargeError``, before any of it is written); without it, a value
     above 1 MiB gets a ``pk.LargeValueWarning`` once per step (none with ``blobs=``).
@@ -617,6 +620,13 @@ def connect(
         for name, value in in_url.items():
             if own[name] == _CONNECT_DEFAULTS[name]:
                 own[name] = value
+    for name, variable in _KEY_VARIABLES.items():
+        # Not given: the environment says, as for the CLI (docs/security.md: one rule for both);
+        # False (or ?integrity=false) is off whatever the environment holds.
+        if own[name] is None and os.environ.get(variable):
+            own[name] = True
+        elif own[name] is False:
+            own[name] = None
     backend = url if isinstance(url, Backend) else open_backend(url, **options)
     if isinstance(url, Backend) and options:
         raise ConfigurationError(f"backend options {sorted(options)} only apply when connecting by URL")
@@ -648,6 +658,9 @@ def connect(
     codec.max_value_bytes, codec.value_alarm = limit, alarm(limit, warn=own["blobs"] is None)
     return Store(backend, codec=codec)
 
+
+#: The variables whose keys seal a store opened without encryption= / integrity= (CLI likewise).
+_KEY_VARIABLES = {"encryption": "PERSISTKIT_ENCRYPTION_KEYS", "integrity": "PERSISTKIT_INTEGRITY_KEYS"}
 
 #: connect()'s keyword defaults: an option in the URL applies where its keyword was left at these.
 _CONNECT_DEFAULTS: dict[str, Any] = {

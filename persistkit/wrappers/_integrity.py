@@ -86,7 +86,7 @@ from ..backends._protocol import Backend, CheckpointRow, ForwardLeases, Head, Kv
 from ..backends._prune import ForwardPrune
 from ._integrity_prune import ANCHOR, check_gap, prune_op
 from ._keys import KeyRing
-from ._kv import ValueKv, open_kv_tagged, tag_kv_op
+from ._kv import UNTAGGED, ValueKv, open_kv_tagged, tag_kv_op
 from ._options import ENCRYPTED, MARKER, command_url, offloaded
 from ._witness import Witness, WitnessEntry, coerce_witness
 
@@ -207,11 +207,7 @@ def open_row(row: CheckpointRow, ring: KeyRing) -> Sealed:
     if p[: len(MARKER)] == MARKER:
         raise offloaded(at, "integrity=")
     if not p or p[0] != MAGIC:
-        raise IntegrityError(
-            f"{at}: the record carries no integrity tag (written without integrity=, or forged). "
-            "An integrity store accepts only sealed records; to adopt an older store, copy its "
-            f"threads into a fresh store opened with integrity=. {_FIX}"
-        )
+        raise IntegrityError(f"{at}: the record carries no integrity tag. {UNTAGGED}")
     try:
         if p[1] != FORMAT:
             raise IntegrityError(f"{at}: integrity header format {p[1]} is unknown (newer persistkit?)")
@@ -271,7 +267,7 @@ def open_blob(thread_id: str, blob_key: str, value: bytes, ring: KeyRing) -> byt
     if value[: len(MARKER)] == MARKER:
         raise offloaded(at, "integrity=")
     if not value or value[0] != MAGIC:
-        raise IntegrityError(f"{at}: the stored value carries no integrity tag. {_FIX}")
+        raise IntegrityError(f"{at}: the stored value carries no integrity tag. {UNTAGGED}")
     try:
         if value[1] != FORMAT:
             raise ValueError("format")

@@ -37,7 +37,7 @@ from ..backends._protocol import ForwardKv, KvEntry, KvOp
 from ._keys import KeyRing
 from ._options import MARKER, offloaded
 
-__all__ = ["ValueKv", "kv_where", "open_kv_tagged", "tag_kv_op"]
+__all__ = ["UNTAGGED", "ValueKv", "kv_where", "open_kv_tagged", "tag_kv_op"]
 
 
 def kv_where(scope: str, key: str, version: int) -> str:
@@ -133,6 +133,19 @@ _TAG = 32
 _PERSON = b"pk-int-kv-v1"
 _VALUE, _DELETE = 0, 1
 _U32 = struct.Struct(">I")
+#: Why a record carries no tag, the likely cause first (issue 34: it read as tampering).
+UNTAGGED = (
+    "Most likely it was written by a store opened without integrity (before integrity was "
+    "turned on for this store, or by a process without $PERSISTKIT_INTEGRITY_KEYS), and this "
+    "store was opened with integrity on: by integrity= or ?integrity=, or by "
+    "$PERSISTKIT_INTEGRITY_KEYS being set, which pk.connect and the persistkit CLI both read. "
+    "If so, open it without integrity (integrity=False, ?integrity=false, or unset the "
+    "variable), or adopt it: copy its threads into a fresh store opened with integrity= "
+    "(store.copy_from(old_url)), which seals them. If every record of this store was always "
+    "sealed, this one was written around persistkit (forged, or restored from an unsealed "
+    "copy): `persistkit verify --url URL` lists every such record."
+)
+
 _FIX = (
     "The store was edited outside persistkit, restored from an older copy, or written without "
     "the integrity key. Write the key again through the board (or drop the scope) once the "
@@ -176,7 +189,7 @@ def open_kv_tagged(scope: str, entry: KvEntry, ring: KeyRing) -> KvEntry:
     if data[: len(MARKER)] == MARKER:  # offload sits below: the store was opened without blobs=
         raise offloaded(at, "integrity=")
     if not data or data[0] != _MAGIC:
-        raise IntegrityError(f"{at}: the value carries no integrity tag (written without integrity=, or forged). {_FIX}")
+        raise IntegrityError(f"{at}: the value carries no integrity tag. {UNTAGGED}")
     try:
         if data[1] != _FORMAT:
             raise ValueError("format")

@@ -16,8 +16,8 @@ So ``app:os.system`` (another module's globals), ``app:Helper`` where ``app`` im
 ``Helper`` from elsewhere (a re-export), ``app:sub.Thing`` through a module attribute that
 is a module, and ``app:pk._ids.os.system`` are refused: nothing in a stored record walks
 from a trusted module into an untrusted one. Functions are never found by module at all
-(``_functions``: only registered ones are called); recorded errors add the built-in and
-standard-library exception classes (``_serde._find_exception``).
+(``_functions``: only registered ones are called); recorded errors add the built-in,
+standard-library and constructor-less exception classes (:func:`exception_class`).
 
 The standard library and ``builtins`` are never trusted modules, whatever a caller passes,
 and no refusal advises allowlisting one (:func:`refusal`).
@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import re
 import sys
 from typing import Any
 
-__all__ = ["defined", "is_stdlib", "origin", "parse", "refusal", "trusted"]
+from . import _registry
+
+__all__ = ["defined", "exception_class", "is_stdlib", "origin", "parse", "refusal", "trusted", "warn_unrevivable"]
 
 _MODULE_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 _QUALNAME_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
@@ -134,3 +137,66 @@ def refusal(name: str, what: str, fix: str, *, head: str | None = None) -> str:
             "or class of your own module"
         )
     return f"{head}: {fix}. {forged}"
+
+
+# -- recorded errors -------------------------------------------------------------------------
+
+
+def exception_class(name: str, allow: tuple[str, ...]) -> type[BaseException] | None:
+    """The exception class a record names, or None: registered (``pk.register``), built in,
+    persistkit's own, defined in a standard-library module already imported, defined in an
+    allowlisted module, or defined in any module already imported when reviving it runs no
+    code of its own (:func:`_inert`). Each under exactly its name (``defined``): never
+    through another module's globals. Imports only a module of ``allow`` (the allowlist: the
+    codec's and this process's)."""
+    cls: Any = _registry._REGISTRY.get(name)
+    parsed = parse(name)
+    if cls is None and parsed is not None:
+        module, qualname = parsed
+        if trusted(module, allow):
+            try:
+                cls = defined(module, qualname)
+            except Exception:  # an allowlisted module that fails to import: not revivable
+                cls = None
+        else:
+            cls = defined(module, qualname, load=False)
+            if not (is_stdlib(module) or module == "persistkit._errors" or _inert(cls)):
+                cls = None
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return cls
+    return None
+
+
+def _inert(cls: Any) -> bool:
+    """Whether ``cls(*args)`` runs no code but the built-in exception's: no ``__init__`` or
+    ``__new__`` of its own or of a base outside the standard library, and no metaclass. Such
+    a class (``class Declined(Exception): pass``) revives from any imported module: a
+    forged record can name it, but constructing it executes nothing."""
+    if not (isinstance(cls, type) and issubclass(cls, Exception) and type(cls) is type):
+        return False
+    for base in cls.__mro__:
+        if is_stdlib(base.__module__):
+            continue
+        if "__init__" in vars(base) or "__new__" in vars(base):
+            return False
+    return True
+
+
+#: Exception classes already warned about (:func:`warn_unrevivable`): once each.
+_WARNED: set[str] = set()
+_log = logging.getLogger("persistkit")
+
+
+def warn_unrevivable(name: str, cls: type, allow: tuple[str, ...]) -> None:
+    """Log once per class that a step raised ``cls``, which a resumed run in another process
+    would replay as ``pk.StepFailedError`` (not registered, not revivable by the rules above)."""
+    if name in _WARNED or exception_class(name, allow) is cls:
+        return
+    _WARNED.add(name)
+    _log.warning(
+        "a step raised %s, which a resumed run in another process replays as "
+        "pk.StepFailedError (class name and message kept as data): a recorded error's class "
+        "with a constructor of its own is revived only if it is registered or defined in an "
+        "allowlisted module. Register it with pk.register(%s) where it is defined if your code "
+        "catches it", name.replace(":", "."), name.replace(":", "."),
+    )

@@ -47,7 +47,6 @@ import copy
 import dataclasses
 import functools
 import json
-import logging
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -92,15 +91,10 @@ from ._versions import (
 __all__ = [
     "Serializer",
     "class_name",
-    "exception_class",
     "register",
     "register_module",
     "register_type_hints",
 ]
-
-#: Exception classes already warned about (:meth:`Serializer._enc_exception`): once each.
-_WARNED: set[str] = set()
-_log = logging.getLogger("persistkit")
 
 MAX_DEPTH = 500  # JSON nesting levels; also keeps us well inside Python's recursion limit
 _BIG = 1 << 2000  # ints beyond this could exceed sys.get_int_max_str_digits() (min 640 digits)
@@ -478,15 +472,7 @@ class Serializer:
         if isinstance(notes, list) and notes:
             v["notes"] = [n if type(n) is str else _safe_repr(n) for n in notes]
         name = class_name(type(exc))
-        if name not in _WARNED and exception_class(name, self.allow_modules) is not type(exc):
-            _WARNED.add(name)
-            _log.warning(
-                "a step raised %s, which a resumed run in another process replays as "
-                "pk.StepFailedError (class name and message kept as data): a recorded error's class "
-                "is revived only if it is registered or defined in an allowlisted module. Register "
-                "it with pk.register(%s) where it is defined if your code catches it",
-                name.replace(":", "."), name.replace(":", "."),
-            )
+        _names.warn_unrevivable(name, type(exc), self.allow_modules + tuple(_MODULES))
         return {TAG: "ex", "c": name, "v": v}
 
     def _enc_subclass(self, value: Any, depth: int) -> Any:
@@ -695,49 +681,10 @@ def _safe_repr(obj: Any) -> str:
         return f"<{type(obj).__qualname__} object>"
 
 
-def exception_class(name: str, allow_modules: tuple[str, ...]) -> type[BaseException] | None:
-    """The exception class a record names, or None: registered (``pk.register``), built in,
-    persistkit's own, defined in a standard-library module already imported, defined in an
-    allowlisted module, or defined in any module already imported when reviving it runs no
-    code of its own (:func:`_inert`). Each under exactly its name (``_names.defined``): never
-    through another module's globals. Imports only an allowlisted module."""
-    cls: Any = _REGISTRY.get(name)
-    parsed = _names.parse(name)
-    if cls is None and parsed is not None:
-        module, qualname = parsed
-        if _names.trusted(module, tuple(allow_modules) + tuple(_MODULES)):
-            try:
-                cls = _names.defined(module, qualname)
-            except Exception:  # an allowlisted module that fails to import: not revivable
-                cls = None
-        else:
-            cls = _names.defined(module, qualname, load=False)
-            if not (_names.is_stdlib(module) or module == "persistkit._errors" or _inert(cls)):
-                cls = None
-    if isinstance(cls, type) and issubclass(cls, BaseException):
-        return cls
-    return None
-
-
-def _inert(cls: Any) -> bool:
-    """Whether ``cls(*args)`` runs no code but the built-in exception's: no ``__init__`` or
-    ``__new__`` of its own or of a base outside the standard library, and no metaclass. Such
-    a class (``class Declined(Exception): pass``) revives from any imported module: a
-    forged record can name it, but constructing it executes nothing."""
-    if not (isinstance(cls, type) and issubclass(cls, Exception) and type(cls) is type):
-        return False
-    for base in cls.__mro__:
-        if _names.is_stdlib(base.__module__):
-            continue
-        if "__init__" in vars(base) or "__new__" in vars(base):
-            return False
-    return True
-
-
 def _find_exception(ser: Serializer, name: str) -> type[BaseException]:
     """A recorded error's class (:func:`exception_class`), or a ``_Fail`` that makes it a
     ``StepFailedError`` carrying the class name and the message as data."""
-    cls = ser._resolved.get(name) or exception_class(name, ser.allow_modules)
+    cls = ser._resolved.get(name) or _names.exception_class(name, ser.allow_modules + tuple(_MODULES))
     if cls is None or not issubclass(cls, BaseException):
         raise _Fail(f"{name} is not an exception class this process may revive (not registered, "
                     "built in, or defined in an allowlisted module)")

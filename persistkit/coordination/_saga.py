@@ -47,8 +47,8 @@ from .._errors import (
 )
 from .._retry import Retry
 from ..codec._functions import NotFound, find, register_function, registered, stored_name
-from ..codec._names import refusal
-from ..codec._serde import exception_class
+from ..codec._names import exception_class, refusal
+from ..codec._registry import _MODULES
 from ..state._records import Record
 
 #: The run being rolled back (``engine._run.Run``, not named here: the engine's replay
@@ -149,7 +149,7 @@ def retry_policy(codec: Any, spec: Any, what: str) -> Retry:
         raise ConfigurationError(f"{what}: its stored retry policy is malformed: {spec!r:.200}")
     types = []
     for name in spec["on"]:
-        cls = exception_class(str(name), tuple(getattr(codec.serializer, "allow_modules", ())))
+        cls = exception_class(str(name), tuple(getattr(codec.serializer, "allow_modules", ())) + tuple(_MODULES))
         if cls is None:
             raise ConfigurationError(f"{what} (retry on=): " + refusal(
                 str(name), "an exception class", "register it with pk.register(...) where it is defined"

@@ -18,7 +18,7 @@ write latency (histograms), replays, retries and conflicts (counters).
 Nothing of a state value, an argument or a result goes into a span, a metric or a log
 line: identifiers (thread, run, namespace, position, step name), statuses, counts and
 sizes only. An exception is recorded by its type and its message and stack trace
-passed through :func:`persistkit.secrets._redact.scrub_error` (what a recorded error's
+passed through :func:`persistkit.secrets._scrub.scrub_error` (what a recorded error's
 record would hold of them), never as raised; a step's name through ``scrub_name`` (a name
 may carry a key: ``name=f"call-{key}"``).
 """
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from ..coordination._suspend import Suspended
-from ..secrets._redact import scrub_error, scrub_name
+from ..secrets._scrub import scrub_error, scrub_name
 
 __all__ = ["Observer", "conflicted", "opened", "retrying"]
 

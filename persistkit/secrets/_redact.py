@@ -35,7 +35,6 @@ that is one handle and nothing else, which raises ``SecretResolutionError``. ``S
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import os
@@ -301,27 +300,6 @@ def scrub(text: str) -> str:
     """
     _env_sync()
     return default_redactor().redact_text(text, stable=True, escape=False)
-
-
-def scrub_error(text: str) -> str:
-    """``text`` of an exception (its message, its traceback) scrubbed as a recorded error is
-    stored: :func:`scrub`, plus random-looking tokens and, beside an AWS access key id, a bare
-    AWS secret key. For what leaves the process beside the store (telemetry, logs)."""
-    _env_sync()
-    pair = _has_access_key_id(text.encode("utf-8", "surrogatepass"))
-    return default_redactor().redact_text(text, stable=True, escape=False, people=True, pair=pair)
-
-
-def scrub_name(name: str) -> str:
-    """A step's name as telemetry and logs show it: :func:`scrub`, remembered per name (a
-    name repeats every turn; what redaction does changes rarely)."""
-    _env_sync()
-    return _scrub_name(name, _generation[0])
-
-
-@functools.lru_cache(maxsize=1024)
-def _scrub_name(name: str, generation: int) -> str:
-    return default_redactor().redact_text(name, stable=True, escape=False)
 
 
 # -- the redactor ---------------------------------------------------------------------------

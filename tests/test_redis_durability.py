@@ -162,3 +162,25 @@ def test_an_old_lease_holder_cannot_write_into_a_store_that_lost_its_data(
     assert {c.run_id for c in new.history("t-fence")} == {"new"}  # nothing of the old holder landed
     old.close()
     new.close()
+
+
+def test_a_store_emptied_while_this_process_stayed_connected_is_caught_at_the_next_turn(
+    redis_url: str, admin: Any, prefix: str
+) -> None:
+    """A FLUSHALL drops no connection, so the connect hook cannot see it: the lease take
+    that starts each turn reads the identity in its own round trip."""
+    store = pk.connect(f"{redis_url}?volatile=true&prefix={prefix}")
+    ran: list[int] = []
+
+    @pk.checkpointed
+    def step(n: int) -> int:
+        ran.append(n)
+        return n
+
+    with pk.resume("t-flush", store=store, run_id="r1"):
+        step(1)
+    _wipe(admin, prefix)  # what FLUSHALL does to this store, its connections left open
+    with pytest.raises(pk.StoreLostError), pk.resume("t-flush", store=store, run_id="r1"):
+        step(1)
+    assert ran == [1]
+    store.close()

@@ -645,7 +645,7 @@ class RedisBackend(RedisKv, Backend):
         return self._run(op_lease_get(self._keys, thread_id, namespace))
 
     def lease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
-        return self._run(op_lease_swap(self._keys, thread_id, namespace, expected, token, data))
+        return self._run(self._identity_checked(op_lease_swap(self._keys, thread_id, namespace, expected, token, data)))
 
     def lease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
         return self._run(op_lease_list(self._keys, prefix))
@@ -659,7 +659,22 @@ class RedisBackend(RedisKv, Backend):
         return await self._arun(op_lease_get(self._keys, thread_id, namespace))
 
     async def alease_swap(self, thread_id: str, namespace: str, expected: int, token: int, data: bytes) -> bool:
-        return await self._arun(op_lease_swap(self._keys, thread_id, namespace, expected, token, data))
+        op = op_lease_swap(self._keys, thread_id, namespace, expected, token, data)
+        return await self._arun(self._identity_checked(op))
+
+    def _identity_checked(self, op: Op[_T]) -> Op[_T]:
+        """``op`` with the store's identity read in its first round trip: a lease's take and
+        renewals (once a turn, not per step) also catch a store emptied while this process
+        stayed connected (a FLUSHALL), which the connect hook cannot see (_redis_guard.py)."""
+        batch = next(op)
+        replies = yield Batch((*batch.commands, ("GET", self._guard.key)), batch.read_only)
+        self._guard.seen(replies[-1])
+        try:
+            batch = op.send(replies[:-1])
+            while True:
+                batch = op.send((yield batch))
+        except StopIteration as done:
+            return cast(_T, done.value)
 
     async def alease_list(self, *, prefix: str = "") -> builtins.list[tuple[str, str, LeaseRecord]]:
         return await self._arun(op_lease_list(self._keys, prefix))

@@ -73,3 +73,10 @@ def booking(x: int) -> Safe:
 @pk.checkpointed
 def failing(x: int) -> None:
     raise AppError(f"declined {x}")
+
+
+@pk.checkpointed
+def ask(x: int) -> Safe:
+    """Asks a person for a Safe (the question's answer type is stored by name)."""
+    answer: Safe = pk.suspend({"question": f"which x for {x}?"}, answer_type=Safe)
+    return answer

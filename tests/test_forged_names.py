@@ -240,3 +240,33 @@ def test_with_integrity_a_forged_name_is_refused_before_it_is_read(url: str, tmp
     with pytest.raises(pk.IntegrityError), pk.resume(t, store=store, run_id="r"):
         app.effect_step(1)
     store.close()
+
+
+def _set_answer_type(node: Any, name: str) -> bool:
+    changed = False
+    if isinstance(node, dict):
+        if node.get("ty") == "forged_app:Safe":
+            node["ty"] = name
+            changed = True
+        for v in node.values():
+            changed |= _set_answer_type(v, name)
+    elif isinstance(node, list):
+        for v in node:
+            changed |= _set_answer_type(v, name)
+    return changed
+
+
+def test_forged_answer_types_are_refused_by_answer_and_the_cli(
+    store: pk.Store, store_url: str, marker: Path
+) -> None:
+    prefix = _prefix()
+    for i, (_, name) in enumerate(CLASSES):
+        t = f"{prefix}{i}"
+        with pk.resume(t, store=store, run_id="r") as run:
+            app.ask(i)
+        assert run.status == "suspended"
+        _forge(store, t, lambda body, name=name: _set_answer_type(body, name))
+        with pytest.raises(pk.PersistkitError, match="may be forged|cannot resolve|not one this process"):
+            store.answer(t, {"x": 1})
+        if i < 3 and not store_url.startswith("memory"):
+            assert main(["answer", "--url", store_url, "--allow-module", "forged_app", t, '{"x": 1}']) != 0

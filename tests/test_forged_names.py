@@ -266,7 +266,7 @@ def test_forged_answer_types_are_refused_by_answer_and_the_cli(
             app.ask(i)
         assert run.status == "suspended"
         _forge(store, t, lambda body, name=name: _set_answer_type(body, name))
-        with pytest.raises(pk.PersistkitError, match="may be forged|cannot resolve|not one this process"):
+        with pytest.raises(pk.PersistkitError, match=r"may be forged|cannot resolve|not one this process"):
             store.answer(t, {"x": 1})
         if i < 3 and not store_url.startswith("memory"):
             assert main(["answer", "--url", store_url, "--allow-module", "forged_app", t, '{"x": 1}']) != 0

@@ -20,8 +20,12 @@ from persistkit.testing import CrashMatrixResult, crash_matrix
 MODES = ["inline", "process"]
 
 
-def matrix(agent: Any, mode: str, tmp_path: Path) -> CrashMatrixResult:
-    return crash_matrix(agent, mode=mode, url="sqlite", directory=str(tmp_path), echo=None)
+def matrix(agent: Any, mode: str, tmp_path: Path, other_hash_seed: bool = False) -> CrashMatrixResult:
+    """The matrix on SQLite; the look under another hash seed only where a test is about it
+    (it starts the test again: about a pytest start-up)."""
+    return crash_matrix(
+        agent, mode=mode, url="sqlite", directory=str(tmp_path), echo=None, other_hash_seed=other_hash_seed
+    )
 
 
 @pk.checkpointed
@@ -176,3 +180,77 @@ def test_persistkit_own_writes_are_not_effects(tmp_path: Path) -> None:
     result = matrix(agent, "inline", tmp_path)
     assert "effect" not in {f.kind for f in result.findings}, str(result)
     assert os.path.exists(tmp_path / "own.db")
+
+
+@pk.checkpointed(name="greet")
+def greet(name: str) -> str:
+    return f"hello {name}"
+
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
+
+
+def greet_everyone(thread: str) -> list[str]:
+    with pk.resume(thread) as run:
+        run.state["said"] = [greet(n) for n in set(NAMES)]  # the defect: a set's order
+        return list(run.state["said"])
+
+
+def test_iterating_a_set_between_steps_is_named_in_process_mode(tmp_path: Path) -> None:
+    """Process mode starts this test again under another PYTHONHASHSEED, where the set of
+    ten names iterates in another order (the chance that it does not is below 1e-6)."""
+    thread = uid("cm-set")
+    result = matrix(lambda: greet_everyone(thread), "process", tmp_path, other_hash_seed=True)
+    if os.environ.get("PERSISTKIT_CRASH_MATRIX_PROBE"):
+        return  # this is that run: the matrix ran the agent once, uncrashed
+    assert [f.kind for f in result.findings] == ["order"], str(result)
+    assert result.findings[0].message.startswith(
+        "the order of the steps changed in a fresh process with another hash seed"
+    )
+    assert "step `greet` at position 0 was called with other arguments" in str(result)
+    with pytest.raises(AssertionError, match="iterates a set"):
+        result.assert_same_outcome()
+
+
+def test_a_sorted_set_passes_in_process_mode(tmp_path: Path) -> None:
+    thread = uid("cm-sorted")
+
+    @pk.checkpointed(name="wave")
+    def wave(name: str) -> str:
+        return f"hello {name}"
+
+    def agent() -> list[str]:
+        with pk.resume(thread):
+            return [wave(n) for n in sorted(set(NAMES[:4]))]
+
+    result = matrix(agent, "process", tmp_path, other_hash_seed=True)
+    assert result.ok and not result.notes, str(result)
+
+
+FIRST_RUN: list[str] = []  # a global: "is this the first run in this process?"
+
+
+@pk.checkpointed(name="welcome")
+def welcome(kind: str) -> str:
+    return f"welcome ({kind})"
+
+
+def test_process_mode_before_inline_leaves_inline_as_strong(tmp_path: Path) -> None:
+    """Process mode's uncrashed runs used to run here and fill the agent's globals, so an
+    inline matrix after it saw a second run where it should see a first: the defect below
+    (a global decides a step's arguments) went unnoticed. Process mode now runs in a child."""
+    thread = uid("cm-first")
+
+    def agent() -> str:
+        with pk.resume(thread):
+            kind = "first" if not FIRST_RUN else "again"  # the defect: not in the state
+            FIRST_RUN.append(kind)
+            return welcome(kind)
+
+    FIRST_RUN.clear()
+    matrix(agent, "process", tmp_path)
+    assert FIRST_RUN == []  # nothing of process mode's runs is left in this process
+    inline = matrix(agent, "inline", tmp_path)
+    assert "nondeterminism" in {f.kind for f in inline.findings}, str(inline)
+    assert "differ between two uncrashed runs" in str(inline)
+    assert not inline.notes, str(inline)

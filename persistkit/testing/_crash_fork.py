@@ -19,6 +19,10 @@ import base64
 import json
 import os
 import pickle
+import select
+import signal
+import sys
+import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -28,7 +32,18 @@ from typing import Any
 from ._crash_report import Outcome, text_of, unaddressed
 from ._crash_watch import UNCARRIED, Key, wait_child
 
-__all__ = ["RAN_HERE", "Opaque", "Zygote", "load", "memory_note", "read_events", "save", "save_given"]
+__all__ = [
+    "RAN_HERE",
+    "Opaque",
+    "Zygote",
+    "apart",
+    "carried_outcome",
+    "load",
+    "memory_note",
+    "read_events",
+    "save",
+    "save_given",
+]
 
 #: The names of the steps whose bodies ran in this process under a matrix's watch (an inline
 #: matrix, the uncrashed runs of either mode): a zygote forked after them starts with what
@@ -36,9 +51,18 @@ __all__ = ["RAN_HERE", "Opaque", "Zygote", "load", "memory_note", "read_events",
 RAN_HERE: set[str] = set()
 
 
-def memory_note(steps: list[str]) -> str:
-    """What process mode says when this process ran the agent's ``steps`` before it forked."""
+def memory_note(steps: list[str], mode: str = "process") -> str:
+    """What the matrix says when this process ran the agent's ``steps`` before it began."""
     named = ", ".join(f"`{s}`" for s in steps[:5]) + (" ..." if len(steps) > 5 else "")
+    if mode == "inline":
+        return (
+            f"note: this process ran the agent's steps ({named}) before this matrix (an earlier crash_matrix "
+            "call: an inline one, or a process-mode one's uncrashed runs, which run here), so this matrix's "
+            "uncrashed runs started from the globals and caches those runs filled, not from a fresh process's: "
+            "code that behaves otherwise on a first run (a cache miss, a first call that fails) was not tried. "
+            "For a fresh start run each mode in a pytest session of its own (pytest -k inline; pytest -k "
+            "process), or give the agent its own globals per call"
+        )
     return (
         f"note: this process ran the agent's steps ({named}) before this matrix (an earlier crash_matrix "
         "call), and process mode's children start with this process's memory, not a fresh one: a global "
@@ -182,3 +206,69 @@ def read_events(path: str) -> tuple[dict[Key, int], dict[str, int], dict[Key, tu
                     value = UNCARRIED
                 results[(parts[1], parts[2], parts[3], parts[4])] = (parts[5], value)
     return dict(counts), dict(plain), results
+
+
+def carried_outcome(out: Outcome) -> Outcome:
+    """``out`` with what pickle cannot carry between processes replaced (see :class:`Opaque`)."""
+    return replace(out, **{f.name: _carried(getattr(out, f.name)) for f in fields(out)})
+
+
+def apart(work: Callable[[Callable[[str], None], Callable[[], None]], Any], reference_timeout: float) -> tuple[str, Any, list[str]]:
+    """Run ``work(say, ready)`` in a child forked from this process, so that what it runs fills no
+    global here (process mode: an inline matrix after it starts from this process's memory as it
+    was). ``work`` calls ``ready()`` once its uncrashed runs are done: a child that has not by
+    ``reference_timeout`` seconds waits for something ``os.fork`` did not copy (a framework's
+    thread) and is killed. Returns ``("ok", value, said)``, ``("raised", error, said)`` or
+    ``("stuck", None, [])``; ``said`` is what it passed to ``say``, for the caller to echo."""
+    fd, path = tempfile.mkstemp(prefix="pk-crash-matrix-result-")
+    os.close(fd)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run the work, leave what it returned (or raised) in the file
+        os.close(ready_r)
+        code, said = 0, []  # type: ignore[var-annotated]
+        try:
+            try:
+                out: tuple[str, Any, list[str]] = ("ok", work(said.append, lambda: _ready(ready_w)), said)
+            except BaseException as exc:  # the parent raises it
+                out = ("raised", exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"), said)
+            with open(path, "wb") as f:
+                pickle.dump(out, f)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(ready_w)
+    try:
+        ready, _, _ = select.select([ready_r], [], [], reference_timeout)
+        if not ready:  # neither ready nor ended (an end closes the pipe: readable)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "stuck", None, []
+        os.waitpid(pid, 0)
+        try:
+            with open(path, "rb") as f:
+                found: tuple[str, Any, list[str]] = pickle.load(f)
+            return found
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            raise RuntimeError(
+                "crash_matrix(mode='process'): the process it ran in died before it finished (see its output)"
+            ) from exc
+    finally:
+        os.close(ready_r)
+        os.unlink(path)
+
+
+def _ready(fd: int) -> None:
+    os.write(fd, b"1")
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.loads(pickle.dumps(value))
+        return True
+    except Exception:
+        return False

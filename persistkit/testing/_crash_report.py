@@ -37,6 +37,7 @@ __all__ = [
 #: Kinds of finding, and which assertion reports them.
 EXACTLY_ONCE = ("ran-twice", "effect", "resume-failed", "reference-failed", "unstorable", "no-steps")
 SAME_OUTCOME = (
+    "order",
     "state",
     "value",
     "sequence",

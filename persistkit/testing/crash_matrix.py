@@ -54,7 +54,17 @@ from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
 from ._crash_effects import WATCHED, install
-from ._crash_fork import RAN_HERE, Zygote, load, memory_note, read_events, save, save_given
+from ._crash_fork import (
+    RAN_HERE,
+    Zygote,
+    apart,
+    carried_outcome,
+    load,
+    memory_note,
+    read_events,
+    save,
+    save_given,
+)
 from ._crash_judge import Judge
 from ._crash_report import (
     EXACTLY_ONCE,
@@ -67,6 +77,7 @@ from ._crash_report import (
     same,
     short,
 )
+from ._crash_seed import call_index, normalized, order_changed, probe, probing, save_calls
 from ._crash_stores import Stores, takes_store
 from ._crash_watch import (
     FAILED,
@@ -153,6 +164,7 @@ def crash_matrix(
     seed: int | None = None,
     directory: str | None = None,
     echo: Callable[[str], None] | None = print,
+    other_hash_seed: bool = True,
 ) -> CrashMatrixResult:
     """Crash ``agent`` at every step (see the module docstring) and report what differs.
 
@@ -161,6 +173,9 @@ def crash_matrix(
     and removed at the end; process mode's default) or a server URL (its
     threads the agent uses are deleted before each store is used, and at the end).
     ``crash``: which points of each step (``"before"``, ``"inside"``, ``"after"``).
+    ``other_hash_seed``: process mode also runs this pytest test again in a fresh interpreter
+    under another ``PYTHONHASHSEED`` and names a set's order between steps (``_crash_seed``;
+    about one pytest start-up, beside the matrix); ``False`` leaves that out.
     """
     if mode not in MODES:
         raise ConfigurationError(f"crash_matrix(mode={mode!r}): expected 'inline' or 'process'")
@@ -178,6 +193,8 @@ def crash_matrix(
             f"crash_matrix(seed={seed}, positions={positions!r}): seed= only chooses which crash points "
             "positions=N samples; give positions=N with it, or leave seed= out"
         )
+    if not isinstance(other_hash_seed, bool):
+        raise ConfigurationError(f"crash_matrix(other_hash_seed={other_hash_seed!r}): True or False")
     if isinstance(positions, str | bytes):
         raise ConfigurationError(
             f"crash_matrix(positions={positions!r}): a positive int, or the step indexes to crash at"
@@ -194,11 +211,62 @@ def crash_matrix(
             )
     passes_store = takes_store(agent)
     began()  # a monotonic clock read from now on is this matrix's (its findings name it)
-    pool = Stores(url, directory)
-    try:
-        return _Matrix(agent, passes_store, pool, mode, whens, positions, seed, echo).run()
-    finally:
-        pool.close()
+    index = call_index()
+
+    def work(say: Callable[[str], None] | None, ready: Callable[[], None]) -> tuple[CrashMatrixResult, list[Any]]:
+        pool = Stores(url, directory)
+        try:
+            if probing():  # this process is process mode's look under another hash seed: one run
+                watch = Watch()
+                ref = call_agent(agent, passes_store, pool.fresh(), watch)
+                save_calls(index, watch.calls)
+                return CrashMatrixResult(mode, None, 0, [], [], ref, ["a probe under another hash seed"]), []
+            matrix = _Matrix(agent, passes_store, pool, mode, whens, positions, seed, say)
+            matrix.ready = ready
+            result = matrix.run()
+            return result, matrix.calls
+        finally:
+            pool.close()
+
+    if mode == "inline" or probing():
+        return work(echo, lambda: None)[0]
+    # process mode runs in a child of its own: its uncrashed runs fill no global of this process
+    looked = probe(index) if other_hash_seed else None  # beside the matrix: under another hash seed
+    how, value, said = apart(lambda say, ready: _carried_result(work(say, ready)), CHILD_TIMEOUT)
+    for line in said:
+        if echo is not None:
+            echo(line)
+    if how == "raised":
+        raise value
+    if how == "stuck":
+        stuck = Finding("resume-failed", _stuck_text("running the agent uncrashed", CHILD_TIMEOUT))
+        return CrashMatrixResult(mode, None, 0, [], [stuck], Outcome())
+    result: CrashMatrixResult = value[0]
+    calls: list[Any] = value[1]
+    if looked is not None:
+        theirs = looked.calls(max(120.0, CHILD_TIMEOUT))
+        # a later call the test started again did not reach: it stopped where the test's
+        # assertions failed on the probe's results (empty): only the first call is sure to be seen
+        if theirs is None and index == looked.first:
+            result.notes.append(f"the order of sets between steps (another PYTHONHASHSEED): {looked.why_not}")
+        elif theirs is not None and (found := order_changed(calls, theirs, looked.seed)) is not None:
+            result.findings.append(Finding("order", found))
+    return result
+
+
+def _carried_result(done: tuple[CrashMatrixResult, list[Any]]) -> tuple[CrashMatrixResult, list[Any]]:
+    result, calls = done
+    result.reference = carried_outcome(result.reference)
+    return result, calls
+
+
+def _stuck_text(doing: str, seconds: float) -> str:
+    return (
+        f"the child process {doing} was still running after {seconds:.0f} s, killed: "
+        "it waits for something os.fork did not copy (a thread the agent's framework started "
+        "before the matrix began), so process mode cannot run this agent; use mode='inline' "
+        "(the remaining points were not tried)"
+    )
 
 
 def call_agent(
@@ -287,10 +355,13 @@ class _Matrix(Judge):
         self.under: dict[tuple[str, str], list[str]] = {}  # finding -> what follows from it
         self.order: dict[Key, int] = {}  # step key -> its first call's index in the uncrashed run
         self.mutated: dict[Key, str] = {}  # step key -> the arguments its body changed in place
+        self.notes: list[str] = []
+        self.ready: Callable[[], None] = lambda: None  # the uncrashed runs are done (process mode: ``apart``)
+        self.calls: list[Any] = []  # the uncrashed run's steps, as the probe compares them
 
     def run(self) -> CrashMatrixResult:
+        self.ran_before = set(RAN_HERE)  # what this process ran before: its globals are not fresh
         if self.mode == "process":  # forked before any run fills a global (_crash_fork)
-            self.ran_before = set(RAN_HERE)
             self.zygote = Zygote(self._child)
         try:
             return self._run()
@@ -332,6 +403,8 @@ class _Matrix(Judge):
         watch_b = Watch(forced=self._given(_outcomes(watch_a.calls)))
         second = call_agent(self.agent, self.takes_store, self.pool.fresh(), watch_b)
         self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
+        self.calls = normalized(watch_a.calls)
+        self.ready()
         if self.mode == "inline":
             assert snapshot is not None
             self._inline(chosen, snapshot, watch_a, ref, second)
@@ -350,9 +423,9 @@ class _Matrix(Judge):
         sampled = (
             self.seed if self.positions is not None and not _explicit(self.positions) else None
         )
-        notes = []
-        if self.mode == "process" and (ran := sorted(set(self.names.values()) & self.ran_before)):
-            notes.append(memory_note(ran))
+        notes = list(self.notes)
+        if ran := sorted(set(self.names.values()) & self.ran_before):
+            notes.append(memory_note(ran, self.mode))
             if self.echo is not None:
                 self.echo(f"crash_matrix: {notes[-1]}")
         return CrashMatrixResult(self.mode, sampled, total, tried, findings, ref, notes)
@@ -546,14 +619,7 @@ class _Matrix(Judge):
         return True
 
     def _stuck(self, doing: str, p: Point) -> None:
-        self.note(
-            "resume-failed",
-            f"the child process {doing} was still running after {self.child_timeout:.0f} s, killed: "
-            "it waits for something os.fork did not copy (a thread the agent's framework started "
-            "before the matrix began), so process mode cannot run this agent; use mode='inline' "
-            "(the remaining points were not tried)",
-            p.label(),
-        )
+        self.note("resume-failed", _stuck_text(doing, self.child_timeout), p.label())
 
     def _child(self, command: list[Any]) -> None:
         """Process mode, in a fresh child of the zygote: ``crash`` runs the agent on a fresh

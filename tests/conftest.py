@@ -8,6 +8,18 @@ is skipped (and listed in the summary by ``-ra``), unless it is named in
 ``PERSISTKIT_REQUIRE`` (comma-separated), in which case the test fails.
 Tests isolate themselves with unique thread ids and prefixes; they never
 flush a shared database.
+
+Parallel runs (pytest-xdist, ``-n 3``: what ``python3 dev.py test`` does): each worker is
+its own process, so it imports this module once and draws its own ``SESSION_TAG``, and with
+it its own PostgreSQL schema ``pktest_<tag>``, Redis key prefix ``pktest:<tag>:``, DynamoDB
+tables, moto server (session fixtures are per worker) and temporary directory (pytest's
+per-worker basetemp). The end-of-run leak check runs in each worker on its own tag and the
+controller fails the run on what any worker found.
+
+The quick tier (``PERSISTKIT_TIER=quick``, ``python3 dev.py test --quick``): the memory
+and SQLite stores only, no service, no framework adapter, no browser, nothing marked slow,
+no process-mode crash matrix and none of the files in ``QUICK_LEAVES_OUT`` (see
+docs/testing.md).
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,14 +41,38 @@ POSTGRES_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.
 REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RABBITMQ_URL = os.environ.get("PERSISTKIT_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 REQUIRED = {s.strip() for s in os.environ.get("PERSISTKIT_REQUIRE", "").split(",") if s.strip()}
-BACKENDS = ["memory", "sqlite", "postgres", "redis", "s3", "dynamodb"]
+#: ``PERSISTKIT_TIER=quick``: see the module docstring.
+QUICK = os.environ.get("PERSISTKIT_TIER", "") == "quick"
+SERVER_BACKENDS = ["postgres", "redis", "s3", "dynamodb"]
+BACKENDS = ["memory", "sqlite"] + ([] if QUICK else SERVER_BACKENDS)
+#: One per process, so one per xdist worker (the controller's is used by nothing).
 SESSION_TAG = uuid.uuid4().hex[:8]
+_TESTS = Path(__file__).resolve().parent
+#: The fixtures of a service: a test that asks for one is not in the quick tier.
+SERVICE_FIXTURES = frozenset({"postgres_url", "redis_url", "s3_endpoint", "dynamodb_endpoint", "rabbitmq_url", "chromium"})
+#: Files (or folders) under tests/ that the quick tier does not collect, each for a reason:
+#: a framework extra, a service of its own, a child process per case or a build.
+QUICK_LEAVES_OUT = frozenset({
+    "adapters",  # one folder per framework extra
+    "test_langgraph_store.py", "test_telemetry.py",  # langgraph / opentelemetry-sdk
+    "test_celery.py", "test_celery_beat.py", "test_celery_stress.py", "test_queue_recipes.py",  # job queues
+    "test_timeline_browser.py",  # chromium
+    "test_postgres.py", "test_postgres_kv.py", "test_postgres_prune.py", "test_postgres_schema3.py",
+    "test_redis.py", "test_redis_kv.py", "test_redis_prune.py", "test_redis_ttl_index.py",
+    "test_s3.py", "test_s3_kv.py", "test_s3_prune.py", "test_dynamodb.py", "test_dynamodb_kv.py",
+    "test_connect_errors.py", "test_faults.py",  # the server stores' drivers: closed ports, killed connections
+    "test_long_runs_memory.py", "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
+    "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
+    "test_packaging.py", "test_bench_imports.py", "test_docs_examples.py", "test_crash_matrix_examples.py",
+})
 
 pk.set_testing(True)
 
 
 def unavailable(service: str, why: str) -> None:
     """Skip, or fail when the run requires ``service``."""
+    if QUICK:
+        pytest.skip(f"{service}: the quick tier uses no service")
     if service in REQUIRED:
         pytest.fail(f"{service} is required (PERSISTKIT_REQUIRE) but unavailable: {why}")
     pytest.skip(f"{service} unavailable: {why}")
@@ -62,6 +99,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
+    if QUICK:
+        unavailable("postgres", "")
     try:
         import psycopg
     except ImportError as exc:
@@ -87,6 +126,8 @@ def chromium() -> str:
     """The headless browser of the timeline page's test (Debian's ``chromium`` package,
     which ``python3 dev.py test`` installs when missing); ``chromium`` in PERSISTKIT_REQUIRE
     makes it required. The test drives it over the DevTools protocol with ``websockets``."""
+    if QUICK:
+        unavailable("chromium", "")
     import shutil
 
     path = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -101,6 +142,8 @@ def chromium() -> str:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    if QUICK:
+        unavailable("redis", "")
     try:
         import redis
     except ImportError as exc:
@@ -146,14 +189,63 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             leaks.append(f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}")
     except Exception:  # as above
         pass
+    leaks += _WORKER_LEAKS  # what the xdist workers found (empty in a run without -n)
     if leaks:
         print(f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url.")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: its exit status is not the run's
+            workeroutput["persistkit_leaks"] = leaks
+
+
+#: The leaks xdist workers reported (filled by pytest_testnodedown in the controller).
+_WORKER_LEAKS: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistLeaks(), "persistkit-xdist-leaks")
+
+
+class _XdistLeaks:
+    """Carries each worker's leak report to the controller (a worker's own exit status
+    does not fail an xdist run: only its test reports do)."""
+
+    def pytest_testnodedown(self, node: object, error: object) -> None:
+        _WORKER_LEAKS.extend(getattr(node, "workeroutput", {}).get("persistkit_leaks", []))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick tier leaves out QUICK_LEAVES_OUT (it might not even import them)."""
+    if QUICK and collection_path.name in QUICK_LEAVES_OUT and collection_path.parent == _TESTS:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The quick tier deselects slow tests and tests of a service (a service fixture, or a
+    server store among their parameters)."""
+    if not QUICK:
+        return
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        server = any(isinstance(v, str) and v.split("-")[0] in SERVER_BACKENDS for v in params.values())
+        forks = params.get("mode") == "process"  # the crash matrix's process mode (inline mode stays)
+        if server or forks or item.get_closest_marker("slow") or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
 def rabbitmq_url() -> str:
     """RabbitMQ for the job-queue tests (Celery); ``rabbitmq`` in PERSISTKIT_REQUIRE makes it required."""
+    if QUICK:
+        unavailable("rabbitmq", "")
     try:
         import celery  # noqa: F401
         import kombu
@@ -170,6 +262,8 @@ def rabbitmq_url() -> str:
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server in its own process, on a free loopback port."""
+    if QUICK:
+        unavailable("s3", "")
     try:
         import boto3
         import moto.server  # noqa: F401
@@ -207,6 +301,8 @@ def s3_endpoint() -> Iterator[str]:
 def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
     """moto's server (the ``s3_endpoint`` one, which speaks DynamoDB too) checked able to
     create a DynamoDB table; a store URL adds ``dynamodb://<table>?...&create=1``."""
+    if QUICK:
+        unavailable("dynamodb", "")
     try:
         endpoint = request.getfixturevalue("s3_endpoint")
     except pytest.skip.Exception as exc:

@@ -82,6 +82,8 @@ __all__ = [
     "Feature",
     "Stored",
     "design",
+    "design_per_level",
+    "full_design",
     "register_feature",
     "registered_features",
     "run_agent",
@@ -285,6 +287,46 @@ def design(names: Sequence[str]) -> list[tuple[str, ...]]:
             ):  # pragma: no cover - the construction's promise
                 raise AssertionError(f"design() does not cover {a}={want[0]}, {b}={want[1]}")
     return combos
+
+
+def full_design(names: Sequence[str]) -> list[tuple[str, ...]]:
+    """Every combination of ``names`` (the power set: 2**k), for a run that can afford it."""
+    names = list(dict.fromkeys(names))
+    return [tuple(n for n, on in zip(names, bits, strict=True) if on)
+            for bits in itertools.product((False, True), repeat=len(names))]
+
+
+def design_per_level(names: Sequence[str], levels: Sequence[str]) -> dict[str, list[tuple[str, ...]]]:
+    """``design(names)`` spread over the levels of one more factor (the stores): a covering
+    array of strength 2 over the features and that factor together.
+
+    Every combination of ``design(names)`` runs on at least one level (so every pair of
+    features in all four on/off settings is covered somewhere), and each level gets the
+    combinations that put every feature both on and off there (every (feature, level) pair),
+    chosen greedily from ``design(names)``. Deterministic, like ``design``. What it does not
+    cover: a pair of features together on one *given* level (a strength-3 interaction).
+    """
+    combos = design(names)
+    names = list(dict.fromkeys(names))
+    levels = list(dict.fromkeys(levels))
+    if not levels:
+        return {}
+    chosen: dict[str, list[tuple[str, ...]]] = {lv: [] for lv in levels}
+    for i, combo in enumerate(combos):
+        chosen[levels[i % len(levels)]].append(combo)
+    for level in levels:
+        def missing(rows: list[tuple[str, ...]]) -> set[tuple[str, bool]]:
+            return {(n, v) for n in names for v in (False, True) if not any((n in r) == v for r in rows)}
+
+        while gap := missing(chosen[level]):
+            best = max(combos, key=lambda c: sum((n in c) == v for n, v in gap))
+            chosen[level].append(best)
+        chosen[level].sort(key=combos.index)
+    for a, b in itertools.combinations(names, 2):
+        for want in itertools.product((False, True), repeat=2):
+            if not any(((a in c), (b in c)) == want for rows in chosen.values() for c in rows):  # pragma: no cover
+                raise AssertionError(f"design_per_level() does not cover {a}={want[0]}, {b}={want[1]}")
+    return chosen
 
 
 # -- the scenario ------------------------------------------------------------------------

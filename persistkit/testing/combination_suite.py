@@ -26,6 +26,13 @@ store whose cost grows with what it holds.
 
 ``PERSISTKIT_MATRIX_ONLY=c2,c5`` (combination ids, as a failure report names
 them) runs only those combinations, to reproduce one failure quickly.
+
+Which combinations run on a store is ``combination_design(names, url)``: ``design(names)``
+(every pair of features both ways), unless a subclass parametrized over several stores
+spreads them (``design_per_level``: every pair somewhere, every feature on and off on each
+store). ``PERSISTKIT_MATRIX=every-store`` runs ``design(names)`` on every store whatever the
+subclass says; ``PERSISTKIT_MATRIX=full`` runs every combination (the power set, 2**k: a
+nightly-style run, hours).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from typing import Any, ClassVar
 import pytest
 
 from . import combination_features  # noqa: F401 - registers the built-in features
-from .combination import Case, case_to_json, design, registered_features
+from .combination import Case, case_to_json, design, full_design, registered_features
 
 __all__ = ["CombinationConformance"]
 
@@ -199,6 +206,21 @@ class CombinationConformance:
         unless a subclass gives each combination its own store."""
         return url
 
+    def combination_design(self, names: list[str], url: str) -> list[tuple[str, ...]]:
+        """The combinations run on ``url`` (default ``design(names)``); see the module docstring."""
+        return design(names)
+
+    def _combinations(self, url: str) -> list[tuple[str, ...]]:
+        names = self.combination_names()
+        mode = os.environ.get("PERSISTKIT_MATRIX", "")
+        if mode == "full":
+            return full_design(names)
+        if mode == "every-store":
+            return design(names)
+        if mode:
+            raise AssertionError(f"PERSISTKIT_MATRIX={mode!r}: expected 'every-store', 'full' or nothing")
+        return self.combination_design(names, url)
+
     def combination_names(self) -> list[str]:
         import importlib
         import importlib.util
@@ -223,7 +245,7 @@ class CombinationConformance:
         tmp_path: Path,
         _combination_server: _Server | None,
     ) -> None:
-        combos = design(self.combination_names())
+        combos = self._combinations(persistkit_url)
         cases = _cases(
             persistkit_url, persistkit_blob_url, tmp_path / "matrix", combos, self.combination_steps,
             inline=not persistkit_crosses_processes, combo_url=self.combination_url,

@@ -135,6 +135,11 @@ def main() -> None:
     for cp in store.history(THREAD):
         print(f"  {cp.checkpoint_id}  {(cp.run_id or '')[:8]:<8}  {cp.kind:<4}  {cp.position or '':>3}  "
               f"{cp.step or '':<9}  {cp.status or '':<9}  {cp.run_status or ''}")
+        if cp.resumed:  # the first checkpoint written after the resume says who resumed, and what it found
+            how = f"process {cp.resumed.took_over} died" if cp.resumed.holder_gone else "the run stopped"
+            print(f"  {'':<24}  {(cp.run_id or '')[:8]:<8}  {how}; resumed in {cp.resumed.host}, "
+                  f"{cp.resumed.replayed} steps replayed")
+    print(f"\nSee it drawn: persistkit timeline {THREAD}  (writes {THREAD}.html)")
     store.close()
     if not died or stats["replayed"] != 13 or run2_calls != 7:
         sys.exit("demo: unexpected outcome")

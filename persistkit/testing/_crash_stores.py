@@ -50,13 +50,21 @@ class Stores:
         self.own_dir = url == "sqlite"
         self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-", dir=directory) if self.own_dir else directory
         self.n = 0
+        self.template: str | None = None
         self.threads: set[str] = set()
         self.open: list[Store] = []
 
     def fresh_url(self) -> str:
         if self.url == "sqlite":
             self.n += 1
-            return f"sqlite:///{os.path.join(self.dir or '.', f'matrix-{os.getpid()}-{self.n}.db')}"
+            path = os.path.join(self.dir or ".", f"matrix-{os.getpid()}-{self.n}.db")
+            # a copy of an empty store made once: creating its schema costs tens of ms (a
+            # few synced transactions), which the matrix paid once per crash point
+            if self.template is None:
+                self.template = os.path.join(self.dir or ".", f"empty-{os.getpid()}.db")
+                connect(f"sqlite:///{self.template}").close()
+            shutil.copyfile(self.template, path)
+            return f"sqlite:///{path}"
         if self.shared:
             self.reset()
         return self.url

@@ -409,9 +409,13 @@ class _Matrix(Judge):
             assert snapshot is not None
             self._inline(chosen, snapshot, watch_a, ref, second)
         else:
-            for i, p in enumerate(chosen):
-                if not self._process(p, ref):
-                    chosen = chosen[: i + 1]  # a child stuck at one point is stuck at every one
+            groups: dict[frozenset[tuple[tuple[str, str], str]], list[Point]] = {}
+            for p in chosen:  # the points that leave one store share a crash run and a resume
+                groups.setdefault(frozenset(p.cuts.items()), []).append(p)
+            for group in groups.values():
+                if not self._process(group, ref):
+                    # a child stuck at one point is stuck at every one
+                    chosen = [p for p in chosen if p.index <= group[-1].index]
                     break
         return self._result(ref, total, [p.label() for p in chosen])
 
@@ -567,9 +571,13 @@ class _Matrix(Judge):
             for p in group:
                 self._judge(p, ref, resumed)
 
-    def _process(self, p: Point, ref: Outcome) -> bool:
-        """Crash a child at ``p`` and judge the resume; False if the child got stuck."""
+    def _process(self, group: list[Point], ref: Outcome) -> bool:
+        """Crash a child at the last point of ``group`` (points that leave the same store: the
+        crash points of one step) and judge the resume at each; False if a child got stuck.
+        What the killed run had done at an earlier point of the group is what it had done at
+        the last less what the uncrashed run did between the two (its bodies' runs)."""
         assert self.zygote is not None
+        p = group[-1]
         url = self.pool.fresh_url()
         base = os.path.join(
             self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}"
@@ -583,11 +591,12 @@ class _Matrix(Judge):
             return False
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             how = "ended" if os.WIFEXITED(status) else f"died by signal {os.WTERMSIG(status)}"
-            self.note(
-                "resume-failed",
-                f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
-                p.label(),
-            )
+            for q in group:
+                self.note(
+                    "resume-failed",
+                    f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
+                    q.label(),
+                )
             return True
         store = connect(url)
         watch = Watch().seed(store, ref.states)
@@ -601,21 +610,26 @@ class _Matrix(Judge):
         store.close()
         # what the resume replays: the results the killed run's steps committed, with their arguments
         kept = {k: results[k] for k in committed if k in results}
-        at = Point(p.index, p.when, p.key, p.step, {}, counts, plain, frozenset(committed), kept)
         status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]], self.child_timeout)
         if status < 0:
             self._stuck("resuming the run", p)
             return False
         if not os.path.exists(outcome):
-            self.note(
-                "resume-failed",
-                f"the process that resumed the run died (wait status {status})",
-                p.label(),
-            )
+            for q in group:
+                self.note(
+                    "resume-failed",
+                    f"the process that resumed the run died (wait status {status})",
+                    q.label(),
+                )
             return True
         resumed = load(outcome)
         os.unlink(outcome)
-        self._judge(at, ref, resumed)
+        for q in group:
+            at = Point(
+                q.index, q.when, q.key, q.step, {}, _less(counts, p.counts, q.counts),
+                _less(plain, p.plain, q.plain), frozenset(committed), kept,
+            )
+            self._judge(at, ref, resumed)
         return True
 
     def _stuck(self, doing: str, p: Point) -> None:
@@ -674,7 +688,7 @@ class _Matrix(Judge):
             k in results and not same(results[k], r) for k, (_, r) in p.results.items()
         ):
             return ref, {}  # the common case: every step returned what it did uncrashed
-        if not p.results and self.last[0] is got:  # inline: the points of one step share a resume
+        if self.last[0] is got:  # the points of one step share a resume (and what it rests on)
             return self.last[1]
         self.last = (got, self._rebased(p, ref, got))
         return self.last[1]
@@ -715,6 +729,13 @@ class _Matrix(Judge):
 
     def _given(self, results: Mapping[Key, Any]) -> dict[Key, tuple[str, Any]]:
         return {k: (self.names[k], r) for k, r in results.items() if k in self.names}
+
+def _less(got: Mapping[Any, int], at_last: Mapping[Any, int], at: Mapping[Any, int]) -> dict[Any, int]:
+    """Counts the killed run had at an earlier point: at the last, less what the uncrashed run
+    counted between the two."""
+    out = {k: n - (at_last.get(k, 0) - at.get(k, 0)) for k, n in got.items()}
+    return {k: n for k, n in out.items() if n > 0}
+
 
 def _explicit(positions: int | Iterable[int] | None) -> bool:
     return positions is not None and not isinstance(positions, int)

@@ -224,10 +224,12 @@ def _lanes(records: list[Record]) -> tuple[list[dict[str, Any]], list[dict[str, 
             runs.setdefault(rec.row.run_id, []).append(rec)
         elif rec.kind in ("fork", "update"):
             outside.append(_bar(rec, rec.kind, None))
-    return [_run(run_id, recs) for run_id, recs in runs.items()], outside
+    done = {i for r in records for i in r.body.get("ad") or ()}  # after-commit effects marked done (a drain
+    # marks them on whatever record is the thread's head then, maybe another run's)
+    return [_run(run_id, recs, done) for run_id, recs in runs.items()], outside
 
 
-def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
+def _run(run_id: str, recs: list[Record], done: set[str]) -> dict[str, Any]:
     attempts: list[dict[str, Any]] = []
     bars: list[dict[str, Any]] = []
     recorded: dict[str, Record] = {}  # position -> its newest step record in earlier attempts
@@ -237,7 +239,6 @@ def _run(run_id: str, recs: list[Record]) -> dict[str, Any]:
     prev: Record | None = None
     this_attempt: dict[str, Record] = {}
     resumed: dict[str, Any] | None = None  # the resume mark that opened the attempt being built
-    done = {i for r in recs for i in r.body.get("ad") or ()}  # after-commit effects marked done
 
     def close(ended: str) -> None:
         nonlocal bars, prev, this_attempt, resumed

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import importlib.util
 import inspect
+import logging
 import statistics
 import sys
 import time
@@ -76,6 +77,7 @@ def langgraph() -> Callable[[], Any]:
 
 
 def crewai() -> Callable[[], Any]:
+    logging.getLogger("crewai").setLevel(logging.ERROR)  # its fake model's token-count warning, per call
     m = _example("test_crewai_crew")
     thread = f"report-{uuid.uuid4().hex[:8]}"
     return lambda: m.report(thread, "durable agents")

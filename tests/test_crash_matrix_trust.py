@@ -196,6 +196,7 @@ def greet_everyone(thread: str) -> list[str]:
         return list(run.state["said"])
 
 
+@pytest.mark.slow  # process mode (the quick tier leaves it out)
 def test_iterating_a_set_between_steps_is_named_in_process_mode(tmp_path: Path) -> None:
     """Process mode starts this test again under another PYTHONHASHSEED, where the set of
     ten names iterates in another order (the chance that it does not is below 1e-6)."""
@@ -212,6 +213,7 @@ def test_iterating_a_set_between_steps_is_named_in_process_mode(tmp_path: Path) 
         result.assert_same_outcome()
 
 
+@pytest.mark.slow  # process mode (the quick tier leaves it out)
 def test_a_sorted_set_passes_in_process_mode(tmp_path: Path) -> None:
     thread = uid("cm-sorted")
 
@@ -235,6 +237,7 @@ def welcome(kind: str) -> str:
     return f"welcome ({kind})"
 
 
+@pytest.mark.slow  # process mode (the quick tier leaves it out)
 def test_process_mode_before_inline_leaves_inline_as_strong(tmp_path: Path) -> None:
     """Process mode's uncrashed runs used to run here and fill the agent's globals, so an
     inline matrix after it saw a second run where it should see a first: the defect below

@@ -257,3 +257,32 @@ def test_process_mode_before_inline_leaves_inline_as_strong(tmp_path: Path) -> N
     assert "nondeterminism" in {f.kind for f in inline.findings}, str(inline)
     assert "differ between two uncrashed runs" in str(inline)
     assert not inline.notes, str(inline)
+
+
+def test_a_connection_and_a_process_between_steps_are_effects(tmp_path: Path) -> None:
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+
+    thread = uid("cm-net")
+
+    @pk.checkpointed(name="fetch")
+    def fetch(x: int) -> int:
+        return x + 1
+
+    def agent() -> int:
+        with pk.resume(thread):
+            a = fetch(1)
+            # a webhook posted between steps (nothing listens: the attempt is the effect)
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", 9), timeout=0.2).close()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            return fetch(a)
+
+    result = matrix(agent, "inline", tmp_path)
+    text = str(result)
+    assert {f.kind for f in result.findings} == {"effect"}, text
+    assert "a network connection (('127.0.0.1', 9))" in text
+    assert "a process started (subprocess.Popen" in text
+    assert text.count("after step `fetch` at position 0") == 2

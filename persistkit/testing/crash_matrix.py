@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import pickle
 import random
 import re
 import signal
@@ -598,18 +599,6 @@ class _Matrix(Judge):
                     q.label(),
                 )
             return True
-        store = connect(url)
-        watch = Watch().seed(store, ref.states)
-        committed = set()
-        for chain in ref.states:
-            for cp in store.history(chain[0], namespace=chain[1]):
-                if cp.kind == "step":
-                    committed.add(
-                        (*chain, str(cp.position), watch.ordinal(chain[0], chain[1], cp.run_id or ""))
-                    )
-        store.close()
-        # what the resume replays: the results the killed run's steps committed, with their arguments
-        kept = {k: results[k] for k in committed if k in results}
         status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]], self.child_timeout)
         if status < 0:
             self._stuck("resuming the run", p)
@@ -623,7 +612,11 @@ class _Matrix(Judge):
                 )
             return True
         resumed = load(outcome)
+        committed = {tuple(k) for k in load(outcome + ".committed")}  # what the killed run left
         os.unlink(outcome)
+        os.unlink(outcome + ".committed")
+        # what the resume replays: the results the killed run's steps committed, with their arguments
+        kept = {k: results[k] for k in committed if k in results}
         for q in group:
             at = Point(
                 q.index, q.when, q.key, q.step, {}, _less(counts, p.counts, q.counts),
@@ -667,8 +660,12 @@ class _Matrix(Judge):
             ]
             for chain in chains
         }
+        committed = [(*chain, pos, run) for chain, steps in landed.items() for pos, _, run in steps]
+        with open(path + ".committed", "wb") as f:
+            pickle.dump(committed, f)
         save(call_agent(self.agent, self.takes_store, store, watch, landed), path)
-        store.close()
+        # no store.close(): the child ends now (os._exit), and closing SQLite's last connection
+        # checkpoints its WAL into the file, which cost more than the resume itself
 
     # -- judging one resume -------------------------------------------------------------------
 

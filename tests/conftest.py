@@ -64,6 +64,7 @@ QUICK_LEAVES_OUT = frozenset({
     "test_long_runs_memory.py", "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
     "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
     "test_packaging.py", "test_bench_imports.py", "test_docs_examples.py", "test_crash_matrix_examples.py",
+    "test_docs_site.py",  # the docs extra (mkdocs)
 })
 
 pk.set_testing(True)
@@ -231,7 +232,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         server = any(isinstance(v, str) and v.split("-")[0] in SERVER_BACKENDS for v in params.values())
-        forks = params.get("mode") == "process"  # the crash matrix's process mode (inline mode stays)
+        # the crash matrix's process mode, a fork per crash point (its inline mode stays)
+        forks = params.get("mode") == "process" or (item.path.name.startswith("test_crash_matrix") and "process" in item.name)
         if server or forks or item.get_closest_marker("slow") or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             drop.append(item)
         else:

@@ -10,6 +10,8 @@
                              the quick tier: memory and SQLite stores, no service, no
                              framework, no browser, no lint (docs/testing.md); prints its time
     python3 dev.py bench     the benchmarks under bench/ (installs the peers they compare with)
+    python3 dev.py mutants   past defects (CHANGELOG) planted one at a time in a scratch copy,
+                             and which test tier catches each (scripts/mutants.py)
 
 Extra arguments after ``test`` go to pytest (``python3 dev.py test -k sqlite``; ``-n 3`` runs
 on three pytest-xdist workers).
@@ -224,7 +226,7 @@ def bench(args: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "bench"}:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"demo", "test", "bench", "mutants"}:
         print(__doc__)
         return 2
     task, rest = sys.argv[1], sys.argv[2:]
@@ -232,6 +234,9 @@ def main() -> int:
         return demo()
     if task == "test":
         return test(rest)
+    if task == "mutants":  # past defects planted in a scratch copy: which tier catches each
+        ensure_venv("all,test")
+        return sh(PY, "scripts/mutants.py", *rest, check=False)
     return bench(rest)
 
 

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Plant defects persistkit really had (CHANGELOG.md) one at a time in a scratch copy, and see
+which test tier catches each (docs/testing.md, "Planted defects").
+
+    python3 dev.py mutants                 every defect, both tiers
+    python3 dev.py mutants list            the defects and where each is planted
+    python3 dev.py mutants M1 M3 --tier quick
+
+Each defect is the fix reverted by hand in today's code (the code moved since the fix: the
+revert restores the old behaviour, not the old text). The copy is a ``git worktree`` of
+HEAD under /tmp/mutants-<id> (the checkout is never touched, nor is uncommitted work
+planted); the tests run from the copy with ``PYTHONPATH`` pointing there first, so they
+and every child process they start import the planted code, not the checkout's.
+
+Tiers:
+
+* ``quick``: the whole quick tier (``PERSISTKIT_TIER=quick``, two workers, ``-x``): caught
+  when any test fails.
+* ``ci``: the test files of the CI suite that the fix added or named (``Mutant.ci_tests``),
+  every service required, ``-x``. Running the whole CI suite per defect (12 x 30+ minutes)
+  is what ``--tier ci-full`` does, for a night.
+
+Prints a markdown table; ``--out FILE`` writes it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = ROOT / ".venv" / "bin" / "python"
+REQUIRE = "postgres,redis,s3,dynamodb,rabbitmq,queues,chromium,mcp"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    defect: str  # the CHANGELOG entry, in a line
+    path: str  # the file planted
+    fixed: str | tuple[str, ...]  # the text of the fix in today's code (each must occur exactly once)
+    planted: str | tuple[str, ...]  # what replaces each: the defect again
+    ci_tests: tuple[str, ...]  # the CI suite's tests that the fix added or names
+
+
+MUTANTS = [
+    Mutant(
+        "M1",
+        "a restore replaced a plain list the code had put in an untyped state: "
+        "`run.state['notes'].append(step(i))` appended, after a crash, to a list no longer in the state",
+        "persistkit/engine/_restore.py",
+        ("                if type(live) is list:  # a plain list the code put there (e.g. by setdefault)\n"
+         "                    live[:] = loader.list_items(name, ref)\n"
+         "                    continue\n",
+         "        elif type(live) is list and isinstance(value, list):\n            live[:] = value\n"),
+        ("", ""),
+        ("tests/test_engine.py", "tests/test_crash_matrix.py"),
+    ),
+    Mutant(
+        "M2",
+        "a recorded step failure the caller handled ran again after a crash right after it "
+        "(recorded twice)",
+        "persistkit/engine/_cursor.py",
+        "        if not (body.get(\"ru\") or body.get(\"u\")):\n            return False\n",
+        "",
+        ("tests/test_handled_failure.py",),
+    ),
+    Mutant(
+        "M3",
+        "a resume that could not read a recorded result (opened without blobs=, a wrong key) "
+        "wrote a failed end record, rolling the thread's state back",
+        "persistkit/engine/_cursor.py",
+        "            # so it writes nothing, as for a state that cannot be restored\n"
+        "            self.load_error = error\n            raise\n",
+        "            # so it writes nothing, as for a state that cannot be restored\n            raise\n",
+        ("tests/test_unreadable_replay_writes_nothing.py",),
+    ),
+    Mutant(
+        "M4",
+        "a board watch on Redis ignored the URL's ?client_name= for its SUBSCRIBE connection",
+        "persistkit/backends/_redis_kv.py",
+        "    if not kwargs.get(\"client_name\"):\n        kwargs[\"client_name\"] = f\"persistkit:watch:{scope}\"\n",
+        "    kwargs[\"client_name\"] = f\"persistkit:watch:{scope}\"\n",
+        ("tests/test_redis_kv.py",),
+    ),
+]
+
+
+def plant(m: Mutant) -> Path:
+    """A worktree of HEAD with ``m`` planted; fails if the fix's text is not there once."""
+    where = Path(f"/tmp/mutants-{m.id}")
+    if where.exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
+        shutil.rmtree(where, ignore_errors=True)
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(where), "HEAD"], cwd=ROOT, check=True)
+    target = where / m.path
+    text = target.read_text()
+    fixed = (m.fixed,) if isinstance(m.fixed, str) else m.fixed
+    planted = (m.planted,) if isinstance(m.planted, str) else m.planted
+    for old, new in zip(fixed, planted, strict=True):
+        if text.count(old) != 1:
+            remove(where)
+            raise SystemExit(f"{m.id}: the fix's text occurs {text.count(old)} times in {m.path}, not once: "
+                             "the code moved; update MUTANTS")
+        text = text.replace(old, new)
+    target.write_text(text)
+    return where
+
+
+def remove(where: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
+
+
+def run_tier(where: Path, m: Mutant, tier: str) -> tuple[str, float, str]:
+    """("caught" / "missed" / "error", seconds, the first failure's line)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(where), str(where / "adapters")])}
+    env.pop("PERSISTKIT_TIER", None)
+    args = [str(PY), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers"]
+    if tier == "quick":
+        env["PERSISTKIT_TIER"] = "quick"
+        args += ["-n", "2"]
+    elif tier == "ci":
+        env["PERSISTKIT_REQUIRE"] = REQUIRE
+        args += list(m.ci_tests)
+    else:  # ci-full
+        env["PERSISTKIT_REQUIRE"] = REQUIRE
+        args += ["-n", "3"]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=where, env=env, capture_output=True, text=True, check=False)
+    took = time.monotonic() - start
+    first = next((ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))), "")
+    if proc.returncode == 1:
+        return "caught", took, first
+    if proc.returncode == 0:
+        return "missed", took, ""
+    return "error", took, (first or proc.stdout[-500:] + proc.stderr[-500:]).strip()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ids", nargs="*", help="mutant ids (M1...), or 'list'")
+    parser.add_argument("--tier", choices=["quick", "ci", "ci-full", "both"], default="both")
+    parser.add_argument("--out", type=Path)
+    opts = parser.parse_args(argv)
+    if opts.ids == ["list"]:
+        for m in MUTANTS:
+            print(f"{m.id}  {m.path}\n    {m.defect}\n    CI tests: {', '.join(m.ci_tests)}")
+        return 0
+    chosen = [m for m in MUTANTS if not opts.ids or m.id in opts.ids]
+    tiers = ["quick", "ci"] if opts.tier == "both" else [opts.tier]
+    rows = ["| id | defect | planted in | " + " | ".join(tiers) + " |",
+            "|---|---|---|" + "---|" * len(tiers)]
+    for m in chosen:
+        where = plant(m)
+        cells = []
+        try:
+            for tier in tiers:
+                verdict, took, first = run_tier(where, m, tier)
+                print(f"{m.id} {tier}: {verdict} in {took:.0f} s {first}", flush=True)
+                cells.append(f"{verdict} ({took:.0f} s)")
+        finally:
+            remove(where)
+        rows.append(f"| {m.id} | {m.defect} | `{m.path}` | " + " | ".join(cells) + " |")
+    table = "\n".join(rows)
+    print(table)
+    if opts.out:
+        opts.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

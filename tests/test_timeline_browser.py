@@ -128,19 +128,23 @@ _VISIBLE = """(e) => { const r = e.getBoundingClientRect(), s = getComputedStyle
     return r.width > 0 && r.height > 0 && s.visibility !== "hidden" && s.display !== "none"; }"""
 
 
-# Each element matching a selector, scrolled into view vertically: is it inside the viewport's
-# width, and is it what a person sees at its middle (not clipped by a scrolling row, not
-# covered)? Returns what is not, as [text, left, right, viewport width]; and whether the page
-# had to scroll sideways for any of them.
-_OUTSIDE = """(sel) => { const out = []; let sideways = false;
+# Each element matching a selector, scrolled to the middle of the window vertically only
+# (scrollIntoView would scroll a sideways-scrolling row too, and hide what a person sees):
+# is it inside the viewport's width, and is it what is seen at its middle (not clipped by a
+# scrolling row, not covered)? Returns what is not, as [text, left, right, viewport width],
+# and the elements of the lanes that scroll sideways.
+_OUTSIDE = """(sel) => { const out = [];
     for (const e of document.querySelectorAll(sel)) {
-        e.scrollIntoView({block: "center", inline: "nearest"});
-        if (window.scrollX !== 0) sideways = true;
+        const box = e.getBoundingClientRect();
+        window.scrollTo(0, window.scrollY + box.top + box.height / 2 - innerHeight / 2);
         const r = e.getBoundingClientRect(), w = document.documentElement.clientWidth;
         const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
         if (r.left < 0 || r.right > w || !(hit && (hit === e || e.contains(hit))))
             out.push([e.innerText.slice(0, 40), Math.round(r.left), Math.round(r.right), w]);
     }
+    const sideways = [...document.querySelectorAll("#lanes, #lanes *")].filter(x =>
+        ["auto", "scroll"].includes(getComputedStyle(x).overflowX) && x.scrollWidth > x.clientWidth + 1
+    ).map(x => x.className);
     return {outside: out, sideways: sideways, wide: document.documentElement.scrollWidth > innerWidth}; }"""
 
 
@@ -155,7 +159,7 @@ def _open(browser: Page, page: Path) -> None:
 
 def _all_visible(browser: Page, selector: str) -> None:
     seen = browser.js(f"({_OUTSIDE})({json.dumps(selector)})")
-    assert seen == {"outside": [], "sideways": False, "wide": False}, seen
+    assert seen == {"outside": [], "sideways": [], "wide": False}, seen
 
 
 def test_the_page_in_a_browser(browser: Page, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ the end. :func:`takes_store`: whether the agent takes the store as its one argum
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import shutil
@@ -51,6 +52,7 @@ class Stores:
         self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-", dir=directory) if self.own_dir else directory
         self.n = 0
         self.template: str | None = None
+        self.paths: dict[int, str] = {}  # id of a store of the matrix's own dir -> its file
         self.threads: set[str] = set()
         self.open: list[Store] = []
 
@@ -70,14 +72,27 @@ class Stores:
         return self.url
 
     def fresh(self) -> Store:
-        store = connect(self.fresh_url())
+        url = self.fresh_url()
+        store = connect(url)
         self.open.append(store)
+        if self.own_dir:
+            self.paths[id(store)] = url.removeprefix("sqlite:///")
         return store
 
     def release(self, store: Store) -> None:
         """Close a store :meth:`fresh` opened, before the pool ends."""
-        store.close()
+        self._close(store)
         self.open.remove(store)
+
+    def _close(self, store: Store) -> None:
+        # a file of the matrix's own is removed before it is closed: closing SQLite's last
+        # connection checkpoints the WAL into the file (and syncs it), for nobody
+        path = self.paths.pop(id(store), None)
+        if path is not None:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + suffix)
+        store.close()
 
     def reset(self) -> None:
         if self.threads:
@@ -87,7 +102,7 @@ class Stores:
 
     def close(self) -> None:
         for store in self.open:
-            store.close()
+            self._close(store)
         if self.shared:
             self.reset()
         if self.own_dir and self.dir:

@@ -8,7 +8,7 @@ which test tier catches each (docs/testing.md, "Planted defects").
 
 Each defect is the fix reverted by hand in today's code (the code moved since the fix: the
 revert restores the old behaviour, not the old text). The copy is a ``git worktree`` of
-HEAD under /tmp/mutants-<id> (the checkout is never touched, nor is uncommitted work
+HEAD under /tmp/mutants-<id>-<pid> (the checkout is never touched, nor is uncommitted work
 planted); the tests run from the copy with ``PYTHONPATH`` pointing there first, so they
 and every child process they start import the planted code, not the checkout's.
 
@@ -47,6 +47,7 @@ class Mutant:
     fixed: str | tuple[str, ...]  # the text of the fix in today's code (each must occur exactly once)
     planted: str | tuple[str, ...]  # what replaces each: the defect again
     ci_tests: tuple[str, ...]  # the CI suite's tests that the fix added or names
+    ci_k: str = ""  # a -k expression narrowing them (one store's cases)
 
 
 MUTANTS = [
@@ -89,12 +90,22 @@ MUTANTS = [
         "    kwargs[\"client_name\"] = f\"persistkit:watch:{scope}\"\n",
         ("tests/test_redis_kv.py",),
     ),
+    Mutant(
+        "M5",
+        "DynamoDB: a Query with an empty prefix sent begins_with(s, '') and failed with a "
+        "ValidationException (store.leases(), persistkit leases without --prefix)",
+        "persistkit/backends/_dynamo_items.py",
+        "        if begins:  # \"\" (every key) is no condition: a key value may not be empty\n",
+        "        if begins is not None:\n",
+        ("tests/test_lease_conformance.py",),
+        "dynamodb",
+    ),
 ]
 
 
 def plant(m: Mutant) -> Path:
     """A worktree of HEAD with ``m`` planted; fails if the fix's text is not there once."""
-    where = Path(f"/tmp/mutants-{m.id}")
+    where = Path(f"/tmp/mutants-{m.id}-{os.getpid()}")  # two runs at once do not share one
     if where.exists():
         subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
         shutil.rmtree(where, ignore_errors=True)
@@ -127,7 +138,7 @@ def run_tier(where: Path, m: Mutant, tier: str) -> tuple[str, float, str]:
         args += ["-n", "2"]
     elif tier == "ci":
         env["PERSISTKIT_REQUIRE"] = REQUIRE
-        args += list(m.ci_tests)
+        args += list(m.ci_tests) + (["-k", m.ci_k] if m.ci_k else [])
     else:  # ci-full
         env["PERSISTKIT_REQUIRE"] = REQUIRE
         args += ["-n", "3"]
@@ -135,7 +146,7 @@ def run_tier(where: Path, m: Mutant, tier: str) -> tuple[str, float, str]:
     proc = subprocess.run(args, cwd=where, env=env, capture_output=True, text=True, check=False)
     took = time.monotonic() - start
     first = next((ln for ln in proc.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))), "")
-    if proc.returncode == 1:
+    if proc.returncode == 1 or (proc.returncode == 2 and first.startswith("FAILED")):  # xdist's -x exits 2
         return "caught", took, first
     if proc.returncode == 0:
         return "missed", took, ""

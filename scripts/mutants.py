@@ -100,6 +100,26 @@ MUTANTS = [
         ("tests/test_lease_conformance.py",),
         "dynamodb",
     ),
+    Mutant(
+        "M6",
+        "text that looks like a secret handle (`$CRED{...}` typed by a user) in a tree this process "
+        "committed was decoded as a stored handle, not given back as it was",
+        "persistkit/codec/_pipeline.py",
+        "        if live:\n            return self._verbatim().decode(tree, path=path, plain=plain)\n",
+        "",
+        ("tests/test_secret_lookalike.py",),
+    ),
+    Mutant(
+        "M7",
+        "DynamoDB: a step write whose request landed twice (botocore's retry after a lost "
+        "response) lost to itself, a ConflictError on its own head",
+        "persistkit/backends/dynamodb.py",
+        "            if not _landed_before(exc, item, expected_version):\n"
+        "                raise self._refused(row, expected_version, fence, exc, row_chunks) from exc\n",
+        "            raise self._refused(row, expected_version, fence, exc, row_chunks) from exc\n",
+        ("tests/test_dynamodb.py",),
+        "lands_twice",
+    ),
 ]
 
 

@@ -9,7 +9,7 @@ is skipped (and listed in the summary by ``-ra``), unless it is named in
 Tests isolate themselves with unique thread ids and prefixes; they never
 flush a shared database.
 
-Parallel runs (pytest-xdist, ``-n 3``: what ``python3 dev.py test`` does): each worker is
+Parallel runs (pytest-xdist: ``python3 dev.py test -n 3``): each worker is
 its own process, so it imports this module once and draws its own ``SESSION_TAG``, and with
 it its own PostgreSQL schema ``pktest_<tag>``, Redis key prefix ``pktest:<tag>:``, DynamoDB
 tables, moto server (session fixtures are per worker) and temporary directory (pytest's

@@ -30,7 +30,7 @@ from persistkit._errors import (
     SerializationError,
     StepFailedError,
 )
-from persistkit.codec import _serde
+from persistkit.codec import _registry, _serde
 from persistkit.codec._serde import (
     Serializer,
     class_name,
@@ -45,12 +45,12 @@ SER = Serializer()
 @pytest.fixture
 def registry() -> Iterator[None]:
     """Undo registrations a test makes, so tests do not leak trust into each other."""
-    saved = dict(_serde._REGISTRY), set(_serde._MODULES)
+    saved = dict(_serde._REGISTRY), set(_registry._MODULES)
     yield
     _serde._REGISTRY.clear()
     _serde._REGISTRY.update(saved[0])
-    _serde._MODULES.clear()
-    _serde._MODULES.update(saved[1])
+    _registry._MODULES.clear()
+    _registry._MODULES.update(saved[1])
 
 
 # -- types used by the tests ---------------------------------------------------

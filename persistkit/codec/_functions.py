@@ -25,9 +25,8 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from . import _names
-from ._registry import _MODULES
 
-__all__ = ["NotFound", "allowed", "find", "register_function", "registered", "stored_name"]
+__all__ = ["NotFound", "find", "register_function", "registered", "registered_name", "stored_name"]
 
 #: "module:qualname" -> the function a stored record may call under that name.
 _FUNCTIONS: dict[str, Callable[..., Any]] = {}
@@ -83,6 +82,20 @@ def stored_name(fn: Any, what: str, later: str, *, bound: bool = True) -> str:
     return f"{module}:{qualname}"
 
 
+def registered_name(fn: Any, what: str, later: str) -> str:
+    """:func:`stored_name` of ``fn``, which must be registered (``@pk.register``): ``later``
+    (the process that calls it after a crash) calls nothing else; a ``ConfigurationError``
+    saying so otherwise, when it is registered, not when a crash stranded it."""
+    name = stored_name(fn, what, later)
+    if registered(fn) is None:
+        raise ConfigurationError(
+            f"{what}: {name} is not registered as a function a stored record may call. Put "
+            f"@pk.register on it where it is defined (in {name.partition(':')[0]}), so that {later} "
+            "can call it, and nothing else can be named in its place"
+        )
+    return name
+
+
 def register_function(fn: Any, what: str = "persistkit.register()") -> str:
     """Let a stored record call ``fn`` (``@pk.register`` on a function): its stored name,
     checked as :func:`stored_name` checks it."""
@@ -110,7 +123,7 @@ def find(name: str, allow_modules: tuple[str, ...]) -> Callable[..., Any]:
     if parsed is None:
         raise NotFound("not allowed", name)
     module = parsed[0]
-    if not allowed(module, allow_modules):
+    if not _names.trusted(module, allow_modules):
         raise NotFound("not allowed", name)
     try:
         importlib.import_module(module)
@@ -121,9 +134,3 @@ def find(name: str, allow_modules: tuple[str, ...]) -> Callable[..., Any]:
         there = _names.defined(*parsed, load=False)
         raise NotFound("unregistered" if inspect.isfunction(there) else "gone", name)
     return fn
-
-
-def allowed(module: str, allow_modules: tuple[str, ...]) -> bool:
-    """Whether code of ``module`` may be imported for a stored name (``_names.trusted`` over
-    ``allow_modules`` and the modules trusted in this process)."""
-    return _names.trusted(module, tuple(allow_modules) + tuple(_MODULES))

@@ -57,12 +57,14 @@ def is_stdlib(module: str) -> bool:
 
 
 def trusted(module: str, allow: tuple[str, ...] | list[str] | set[str]) -> bool:
-    """Whether code of ``module`` may be imported to revive a stored name: it is ``allow``'s
-    entry or below one (``app`` trusts ``app.models``), and not of the standard library."""
+    """Whether code of ``module`` may be imported to revive a stored name: it is an entry of
+    ``allow`` (a codec's ``allow_modules``) or of the modules this process trusts
+    (``_registry._MODULES``: of ``@checkpointed`` functions and ``State`` classes), or below
+    one (``app`` trusts ``app.models``), and not of the standard library."""
     return (
         bool(_MODULE_RE.match(module))
         and not is_stdlib(module)
-        and any(module == m or module.startswith(m + ".") for m in allow)
+        and any(module == m or module.startswith(m + ".") for m in (*allow, *_registry._MODULES))
     )
 
 
@@ -147,8 +149,7 @@ def exception_class(name: str, allow: tuple[str, ...]) -> type[BaseException] | 
     persistkit's own, defined in a standard-library module already imported, defined in an
     allowlisted module, or defined in any module already imported when reviving it runs no
     code of its own (:func:`_inert`). Each under exactly its name (``defined``): never
-    through another module's globals. Imports only a module of ``allow`` (the allowlist: the
-    codec's and this process's)."""
+    through another module's globals. Imports only a trusted module (:func:`trusted`)."""
     cls: Any = _registry._REGISTRY.get(name)
     parsed = parse(name)
     if cls is None and parsed is not None:

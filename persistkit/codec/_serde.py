@@ -67,7 +67,6 @@ from .._errors import (
 from ..secrets._redact import Redactor, Secret, default_redactor
 from . import _names
 from ._registry import (
-    _MODULES,
     _REGISTRY,
     _base_model,
     _is_namedtuple,
@@ -472,7 +471,7 @@ class Serializer:
         if isinstance(notes, list) and notes:
             v["notes"] = [n if type(n) is str else _safe_repr(n) for n in notes]
         name = class_name(type(exc))
-        _names.warn_unrevivable(name, type(exc), self.allow_modules + tuple(_MODULES))
+        _names.warn_unrevivable(name, type(exc), self.allow_modules)
         return {TAG: "ex", "c": name, "v": v}
 
     def _enc_subclass(self, value: Any, depth: int) -> Any:
@@ -578,7 +577,7 @@ class Serializer:
     def _import_class(self, name: str, kind: str) -> type:
         """The class defined under exactly ``name`` in an allowlisted module (``_names``)."""
         parsed = _names.parse(name)
-        trusted = parsed is not None and _names.trusted(parsed[0], self.allow_modules + tuple(_MODULES))
+        trusted = parsed is not None and _names.trusted(parsed[0], self.allow_modules)
         if parsed is None or not trusted:
             fix = (
                 f"register it with persistkit.register({name.replace(':', '.')}), annotate the step's "
@@ -684,7 +683,7 @@ def _safe_repr(obj: Any) -> str:
 def _find_exception(ser: Serializer, name: str) -> type[BaseException]:
     """A recorded error's class (:func:`exception_class`), or a ``_Fail`` that makes it a
     ``StepFailedError`` carrying the class name and the message as data."""
-    cls = ser._resolved.get(name) or _names.exception_class(name, ser.allow_modules + tuple(_MODULES))
+    cls = ser._resolved.get(name) or _names.exception_class(name, ser.allow_modules)
     if cls is None or not issubclass(cls, BaseException):
         raise _Fail(f"{name} is not an exception class this process may revive (not registered, "
                     "built in, or defined in an allowlisted module)")

@@ -31,7 +31,7 @@ from .._errors import ConfigurationError, EffectError
 from .._ids import next_checkpoint_id
 from .._retry import Retry
 from ..backends._protocol import CheckpointRow, new_row
-from ..codec._functions import NotFound, find, registered, stored_name
+from ..codec._functions import NotFound, find, registered_name
 from ..codec._names import refusal
 from ..codec._pipeline import Codec
 from ..state._records import Record
@@ -107,17 +107,7 @@ def effect_name(fn: Any) -> str:
     if not callable(fn):
         raise ConfigurationError(f"after_commit() takes a function, got {fn!r}")
     what = f"after_commit({getattr(fn, '__qualname__', fn)!r})"
-    name = stored_name(fn, what, "the next resume or store.drain_outbox(), after a crash,")
-    if registered(fn) is None:
-        short = name.rpartition(":")[2]
-        raise ConfigurationError(
-            f"{what}: {name} is not registered as a function a stored record may call. Put "
-            f"@pk.register on it where it is defined (def {short}... in {name.partition(':')[0]}), "
-            "so that the process that runs the effect after a crash (the next resume, "
-            "store.drain_outbox(), persistkit drain-outbox --import MODULE) can call it, and "
-            "nothing else can be named in its place"
-        )
-    return name
+    return registered_name(fn, what, "the next resume or store.drain_outbox(), after a crash,")
 
 
 def resolve(name: str, codec: Codec, where: str) -> Callable[..., Any]:

@@ -46,9 +46,8 @@ from .._errors import (
     SerializationError,
 )
 from .._retry import Retry
-from ..codec._functions import NotFound, find, register_function, registered, stored_name
+from ..codec._functions import NotFound, find, register_function, registered_name, stored_name
 from ..codec._names import exception_class, refusal
-from ..codec._registry import _MODULES
 from ..state._records import Record
 
 #: The run being rolled back (``engine._run.Run``, not named here: the engine's replay
@@ -149,7 +148,7 @@ def retry_policy(codec: Any, spec: Any, what: str) -> Retry:
         raise ConfigurationError(f"{what}: its stored retry policy is malformed: {spec!r:.200}")
     types = []
     for name in spec["on"]:
-        cls = exception_class(str(name), tuple(getattr(codec.serializer, "allow_modules", ())) + tuple(_MODULES))
+        cls = exception_class(str(name), tuple(getattr(codec.serializer, "allow_modules", ())))
         if cls is None:
             raise ConfigurationError(f"{what} (retry on=): " + refusal(
                 str(name), "an exception class", "register it with pk.register(...) where it is defined"
@@ -173,14 +172,7 @@ def register(
     what = f"pk.compensate() in step at position {position} of thread {run.thread_id!r}"
     if position == ROLLBACK or position.startswith(ROLLBACK + "/"):
         raise ConfigurationError(f"{what}: a compensation cannot register compensations of its own")
-    name = function_name(fn, what)
-    if registered(fn) is None:
-        raise ConfigurationError(
-            f"{what}: {name} is not registered as a function a stored record may call. Put "
-            f"@pk.register on it where it is defined (in {name.partition(':')[0]}), so that the "
-            "process that runs the rollback after a crash can call it, and nothing else can be "
-            "named in its place"
-        )
+    name = registered_name(fn, what, "the process that runs the rollback after a crash")
     if retry is not None and not isinstance(retry, Retry):
         raise ConfigurationError(f"{what}: retry= expects pk.Retry(...), got {retry!r}")
     entry: dict[str, Any] = {"f": name, "at": attempt}

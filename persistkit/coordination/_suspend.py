@@ -46,7 +46,7 @@ from .._errors import (
     SerializationError,
 )
 from ..codec import _names
-from ..codec._registry import _MODULES, _REGISTRY, class_name
+from ..codec._registry import _REGISTRY, class_name
 
 if TYPE_CHECKING:
     from ..codec._pipeline import Codec
@@ -390,7 +390,7 @@ def resolve_type(name: str, given: Any, allow: Sequence[str], thread_id: str, qi
     if cls is not None:
         return cls
     parsed = _names.parse(name)
-    if parsed is not None and _names.trusted(module, tuple(allow) + tuple(_MODULES)):
+    if parsed is not None and _names.trusted(module, tuple(allow)):
         try:
             obj: Any = _names.defined(module, qualname)
         except Exception as exc:

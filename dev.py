@@ -3,9 +3,10 @@
 
     python3 dev.py demo      run the quickstart demo (crash at step 14, resume)
     python3 dev.py test      lint (ruff), types (mypy --strict), the whole test suite (installs
-                             chromium for the timeline page's browser test when missing, as
-                             root); prints its time. PERSISTKIT_TEST_WORKERS=3 (or -n 3) runs
-                             it on pytest-xdist workers
+                             chromium for the timeline page's browser test and valgrind for
+                             the instruction-count gate when missing, as root); prints its
+                             time. PERSISTKIT_TEST_WORKERS=3 (or -n 3) runs it on pytest-xdist
+                             workers
     python3 dev.py test --quick
                              the quick tier: memory and SQLite stores, no service, no
                              framework, no browser, no lint (docs/testing.md); prints its time
@@ -127,25 +128,38 @@ def demo() -> int:
     return subprocess.run([str(PY), "examples/quickstart.py"], cwd=ROOT, check=False).returncode
 
 
-def ensure_chromium() -> None:
-    """Install Debian's ``chromium`` for the timeline page's browser test when it is missing:
-    only as root, on Debian or Ubuntu with apt-get. Otherwise say so; the test then reports
-    the service ``chromium`` unavailable (a failure where PERSISTKIT_REQUIRE names it)."""
-    if shutil.which("chromium") or shutil.which("chromium-browser"):
-        return
+def _apt_install(package: str, test: str, service: str) -> None:
+    """``apt-get install -y package`` (only as root, on Debian or Ubuntu); otherwise, or when it
+    fails, say so: ``test`` then reports ``service`` unavailable (a failure where
+    PERSISTKIT_REQUIRE names it)."""
     apt = shutil.which("apt-get")
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     if apt is None or not root or not Path("/etc/debian_version").exists():
-        print("chromium is not installed and dev.py installs it only as root on Debian/Ubuntu "
-              "(apt-get install -y chromium): tests/test_timeline_browser.py reports it unavailable", flush=True)
+        print(f"{package} is not installed and dev.py installs it only as root on Debian/Ubuntu "
+              f"(apt-get install -y {package}): {test} reports {service} unavailable", flush=True)
         return
-    print("installing chromium for tests/test_timeline_browser.py (the timeline page in a browser)", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in ([apt, "update"], [apt, "install", "-y", "--no-install-recommends", "chromium"]):
+    for cmd in ([apt, "update"], [apt, "install", "-y", "--no-install-recommends", package]):
         print("+", " ".join(cmd), flush=True)
         if subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode:
-            print("chromium could not be installed: tests/test_timeline_browser.py reports it unavailable", flush=True)
+            print(f"{package} could not be installed: {test} reports {service} unavailable", flush=True)
             return
+
+
+def ensure_chromium() -> None:
+    """Install Debian's ``chromium`` for the timeline page's browser test when it is missing."""
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        return
+    print("installing chromium for tests/test_timeline_browser.py (the timeline page in a browser)", flush=True)
+    _apt_install("chromium", "tests/test_timeline_browser.py", "chromium")
+
+
+def ensure_valgrind() -> None:
+    """Install ``valgrind`` for the instruction-count gate (tests/test_instruction_budget.py) when missing."""
+    if shutil.which("valgrind"):
+        return
+    print("installing valgrind for tests/test_instruction_budget.py (the step path's instruction budget)", flush=True)
+    _apt_install("valgrind", "tests/test_instruction_budget.py", "valgrind")
 
 
 #: pytest-xdist workers of the whole suite (``dev.py test``; PERSISTKIT_TEST_WORKERS=3 or ``-n 3``).
@@ -196,6 +210,7 @@ def test_quick(args: list[str]) -> int:
 def test_full(args: list[str]) -> int:
     ensure_venv("all,test")
     ensure_chromium()
+    ensure_valgrind()
     ensure_mcp_target()
     # The coverage-guided fuzzer where a wheel exists; without it the fuzz tests
     # still run on hypothesis and the atheris run is skipped (and says so).

@@ -49,7 +49,8 @@ BACKENDS = ["memory", "sqlite"] + ([] if QUICK else SERVER_BACKENDS)
 SESSION_TAG = uuid.uuid4().hex[:8]
 _TESTS = Path(__file__).resolve().parent
 #: The fixtures of a service: a test that asks for one is not in the quick tier.
-SERVICE_FIXTURES = frozenset({"postgres_url", "redis_url", "s3_endpoint", "dynamodb_endpoint", "rabbitmq_url", "chromium"})
+SERVICE_FIXTURES = frozenset({"postgres_url", "redis_url", "s3_endpoint", "dynamodb_endpoint", "rabbitmq_url", "chromium",
+                              "valgrind"})
 #: Files (or folders) under tests/ that the quick tier does not collect, each for a reason:
 #: a framework extra, a service of its own, a child process per case or a build.
 QUICK_LEAVES_OUT = frozenset({
@@ -120,6 +121,20 @@ def postgres_url() -> Iterator[str]:
         ).fetchall()
         for (name,) in names:
             conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(scope="session")
+def valgrind() -> str:
+    """valgrind, for the instruction-count gate (tests/test_instruction_budget.py; ``python3
+    dev.py test`` installs it as root when missing); ``valgrind`` in PERSISTKIT_REQUIRE makes it required."""
+    if QUICK:
+        unavailable("valgrind", "")
+    import shutil
+
+    path = shutil.which("valgrind")
+    if path is None:
+        unavailable("valgrind", "no valgrind on PATH: `apt-get install valgrind` (python3 dev.py test does it as root)")
+    return str(path)
 
 
 @pytest.fixture(scope="session")

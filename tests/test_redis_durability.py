@@ -90,9 +90,23 @@ def test_the_settings_that_lose_data(
 def test_a_server_that_refuses_config_is_trusted() -> None:
     guard = Guard(b"p:store", "redis://managed:6379/0", volatile=False, ttl=False)
     refused = redis.exceptions.ResponseError("ERR unknown command 'CONFIG'")
-    guard.judge([refused, refused, refused, None])  # no error: the settings cannot be seen
+    guard.judge([refused, refused, refused, None], None)  # no error: the settings cannot be seen
     noperm = redis.exceptions.NoPermissionError("NOPERM this user has no permissions to run the 'config' command")
-    guard.judge([noperm, noperm, noperm, None])
+    guard.judge([noperm, noperm, noperm, None], None)
+
+
+def test_a_look_sent_before_the_first_write_and_judged_after_it_is_no_loss() -> None:
+    # Eight threads open connections while one of them writes first (CI found it): a
+    # connection's GET answered "nothing stored" before the identity was written, and was
+    # judged after another thread recorded the identity.
+    guard = Guard(b"p:store", "redis://h:6379/0", volatile=True, ttl=False)
+    known = guard.identity  # the connection sends its GET now ...
+    guard.written_identity([True, b"id-1"])  # ... another thread's first write lands ...
+    guard.judge([None], known)  # ... and the empty answer is judged: no loss
+    with pytest.raises(pk.StoreLostError, match="is gone"):
+        guard.judge([None], guard.identity)  # a look sent after the write that finds nothing is one
+    with pytest.raises(pk.StoreLostError, match="another one"):
+        guard.judge([b"id-2"], None)
 
 
 def _kill_connections(admin: Any, name: str) -> int:

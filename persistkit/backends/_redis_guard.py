@@ -132,8 +132,9 @@ class Guard:
     def commands(self) -> tuple[tuple[Any, ...], ...]:
         return (*(() if self.volatile else _CONFIG), ("GET", self.key))
 
-    def judge(self, replies: list[Any]) -> None:
-        """Raise for a server that will lose data, or a store that lost its data."""
+    def judge(self, replies: list[Any], known: bytes | None) -> None:
+        """Raise for a server that will lose data, or a store that lost its data. ``known``
+        is :attr:`identity` as it was before the commands were sent (see :meth:`seen`)."""
         *config, stored = replies
         if config:
             appendonly, save, policy = (_config_value(r) for r in config)
@@ -147,10 +148,16 @@ class Guard:
                 )
         if isinstance(stored, Exception):
             raise stored
-        self.seen(stored)
+        self.seen(stored, known)
 
-    def seen(self, stored: bytes | None) -> None:
+    def seen(self, stored: bytes | None, known: bytes | None) -> None:
+        """Compare an identity read from the store with the one this process saw. ``known``
+        is :attr:`identity` as it was when the read was sent: connections race, and a read
+        sent before this process's first write (which stores the identity) may be judged
+        after it; its empty answer is no loss."""
         with self._lock:
+            if stored is None and known is None:
+                return  # nothing written yet when the read was sent
             if self.identity is None:
                 self.identity = stored  # the first look (None: nothing written yet)
                 return
@@ -179,7 +186,7 @@ class Guard:
             if fresh:
                 self.identity = stored
         if not fresh:
-            self.seen(stored)
+            self.seen(stored, stored)
         self.written = True
 
     # -- the connect hooks (redis_connect_func) ----------------------------------------
@@ -187,7 +194,8 @@ class Guard:
     def on_connect(self, conn: Any) -> None:
         conn.on_connect()
         try:
-            self.judge(_ask(conn, self.commands()))
+            known = self.identity
+            self.judge(_ask(conn, self.commands()), known)
         except BaseException:
             conn.disconnect()  # redis-py leaves a connection whose hook raised a non-redis error open
             raise
@@ -195,7 +203,7 @@ class Guard:
     async def aon_connect(self, conn: Any) -> None:
         await conn.on_connect()
         try:
-            commands = self.commands()
+            commands, known = self.commands(), self.identity
             await conn.send_packed_command(conn.pack_commands(commands))
             replies = []
             for _ in commands:
@@ -203,7 +211,7 @@ class Guard:
                     replies.append(await conn.read_response())
                 except rexc.ResponseError as exc:
                     replies.append(exc)
-            self.judge(replies)
+            self.judge(replies, known)
         except BaseException:
             await conn.disconnect()
             raise

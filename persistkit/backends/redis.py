@@ -434,7 +434,8 @@ class RedisBackend(RedisKv, Backend):
         for attempt in range(1, attempts + 1):
             try:
                 if not self._guarded:  # a user's client: no connect hook, checked at first use
-                    self._guard.judge(_send(client, self._guard.commands()))
+                    known = self._guard.identity
+                    self._guard.judge(_send(client, self._guard.commands()), known)
                     self._guarded = True
                 if not batch.read_only and not self._guard.written:
                     self._guard.written_identity(_send(client, self._guard.write_identity()))
@@ -495,7 +496,8 @@ class RedisBackend(RedisKv, Backend):
         for attempt in range(1, attempts + 1):
             try:
                 if not self._guarded and client is self._given_async:
-                    self._guard.judge(await _asend(client, self._guard.commands()))
+                    known = self._guard.identity
+                    self._guard.judge(await _asend(client, self._guard.commands()), known)
                     self._guarded = True
                 if not batch.read_only and not self._guard.written:
                     self._guard.written_identity(await _asend(client, self._guard.write_identity()))
@@ -666,9 +668,9 @@ class RedisBackend(RedisKv, Backend):
         """``op`` with the store's identity read in its first round trip: a lease's take and
         renewals (once a turn, not per step) also catch a store emptied while this process
         stayed connected (a FLUSHALL), which the connect hook cannot see (_redis_guard.py)."""
-        batch = next(op)
+        batch, known = next(op), self._guard.identity
         replies = yield Batch((*batch.commands, ("GET", self._guard.key)), batch.read_only)
-        self._guard.seen(replies[-1])
+        self._guard.seen(replies[-1], known)
         try:
             batch = op.send(replies[:-1])
             while True:

@@ -45,6 +45,7 @@ from .codec._serde import register
 from .codec._sizes import LargeValueWarning
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
+from .coordination._receive import areceive, aset_event, receive, set_event
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._outbox import after_commit
@@ -68,6 +69,7 @@ if _TYPE_CHECKING:
     from .blackboard._validate import instruction_check
     from .blackboard._watch import BoardWatch
     from .coordination import LeaseInfo
+    from .coordination._inbox import Message
     from .coordination._thread_lease import ThreadLease
     from .ops._retention import PruneReport, Retention
     from .state._model import State
@@ -105,6 +107,7 @@ __all__ = [
     "LargeValueWarning",
     "LeaseInfo",
     "LeaseLostError",
+    "Message",
     "NonDeterminismError",
     "NotFoundError",
     "OutboxEffect",
@@ -149,6 +152,8 @@ __all__ = [
     "add",
     "after_commit",
     "append",
+    "areceive",
+    "aset_event",
     "asleep",
     "asuspend",
     "asuspend_all",
@@ -165,10 +170,12 @@ __all__ = [
     "merge",
     "migration",
     "patched",
+    "receive",
     "register",
     "replace",
     "resume",
     "secrets",
+    "set_event",
     "set_testing",
     "sleep",
     "suspend",
@@ -188,6 +195,7 @@ _LAZY = {
     "WitnessEntry": ".wrappers._witness",
     "LeaseInfo": ".coordination",
     "ThreadLease": ".coordination._thread_lease",
+    "Message": ".coordination._inbox",
     "Board": ".blackboard._space",
     "BoardBatch": ".blackboard._board",
     "BoardEntry": ".blackboard._entries",

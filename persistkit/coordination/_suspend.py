@@ -25,6 +25,8 @@ Question objects in ``q`` (short keys, written once per suspension):
 ``w``  1: a timer (``pk.sleep``), no question
 ``a``  the answer given (an encoded tree), in a ``suspend_all`` record
        answered in part
+``tp`` the topic of a ``pk.receive`` that waits for a message (no question):
+       ``store.send`` is what it waits for; ``d`` is its timeout
 ====  ===============================================================
 """
 
@@ -93,7 +95,9 @@ class Question:
     ``question_id`` is what ``store.answer(..., question=...)`` names (the position of the
     ``pk.suspend`` call; ``"<position>.<k>"`` for the k-th question of ``pk.suspend_all``).
     ``deadline`` (aware UTC) is when ``default`` is taken by the next resume, None without
-    one; for a timer (``kind == "timer"``, from ``pk.sleep``) it is the wake time.
+    one; for a timer (``kind == "timer"``, from ``pk.sleep``) it is the wake time. A run
+    waiting for a message (``kind == "message"``, from ``pk.receive``) names its ``topic``
+    and takes no answer: ``store.send`` is what it waits for, ``deadline`` its timeout.
     ``payload`` is decoded as stored (secrets stay handles; a class this process cannot
     revive arrives as a plain dict).
     """
@@ -108,6 +112,7 @@ class Question:
     answer_type: str | None
     asked_at: datetime
     kind: str = "question"
+    topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,13 +349,14 @@ def questions(codec: Codec, rec: Record, open_only: bool = True) -> list[Questio
         if open_only and "a" in q:
             continue
         d = q.get("d")
-        timer = bool(q.get("w"))
+        timer, topic = bool(q.get("w")), q.get("tp")
         out.append(Question(
             thread_id=rec.row.thread_id, namespace=rec.row.namespace, run_id=rec.row.run_id or "",
-            question_id=str(q["i"]), payload=None if timer else _payload(codec, q.get("v"), rec),
+            question_id=str(q["i"]), payload=None if timer or topic is not None else _payload(codec, q.get("v"), rec),
             deadline=None if d is None else datetime.fromtimestamp(float(d), UTC),
             has_default="df" in q, answer_type=q.get("ty"), asked_at=asked,
-            kind="timer" if timer else "question",
+            kind="timer" if timer else "message" if topic is not None else "question",
+            topic=topic if isinstance(topic, str) else None,
         ))
     return out
 
@@ -477,6 +483,12 @@ def pick(rec: Record, question: str | None, thread_id: str, at: float) -> tuple[
         raise AnswerError(
             f"thread {thread_id!r} is waiting on a timer (pk.sleep) until {wake}, not on a question: "
             "there is nothing to answer. store.due() lists it once it is due; resume it then",
+            thread_id=thread_id, question=question,
+        )
+    if qs and "tp" in qs[0]:
+        raise AnswerError(
+            f"thread {thread_id!r} is waiting for a message on topic {qs[0]['tp']!r} (pk.receive), not on a "
+            f"question: send it, store.send({thread_id!r}, message, topic={qs[0]['tp']!r}), then resume the run",
             thread_id=thread_id, question=question,
         )
     open_ = [(k, q) for k, q in enumerate(qs) if "a" not in q]

@@ -74,7 +74,7 @@ def _pending(codec: Codec, prefix: str, namespace: str, at: float) -> Plan[list[
     out: list[S.Question] = []
     for rec in recs:
         for q in S.questions(codec, rec):
-            if q.kind == "question" and (q.deadline is None or q.deadline.timestamp() > at):
+            if q.kind in ("question", "message") and (q.deadline is None or q.deadline.timestamp() > at):
                 out.append(q)
     return out
 
@@ -89,7 +89,7 @@ def _due(codec: Codec, prefix: str, namespace: str, at: float, answered: bool) -
                 due_at=datetime.fromtimestamp(float(rec.body.get("t") or at), UTC), questions=(),
             ))
             continue
-        if S.ready(rec, at) is S.MISSING:
+        if S.ready(rec, at) is S.MISSING and not (yield from _message_came(codec, rec)):
             continue
         qs = S.questions(codec, rec)
         when = max((q.deadline for q in qs if q.deadline is not None), default=None)
@@ -99,6 +99,20 @@ def _due(codec: Codec, prefix: str, namespace: str, at: float, answered: bool) -
         ))
     out.sort(key=lambda d: (d.due_at, d.thread_id))
     return out
+
+
+def _message_came(codec: Codec, rec: Record) -> Plan[bool]:
+    """Whether ``rec`` is a ``pk.receive`` waiting for a message that was sent since (``_inbox``)."""
+    qs = S.items(rec)
+    topic = qs[0].get("tp") if qs else None
+    if not isinstance(topic, str):
+        return False
+    from ._inbox import peek
+
+    came: bool = yield from peek(
+        codec, rec.row.thread_id, rec.row.namespace, topic, rec.row.run_id or "", str(rec.body.get("p"))
+    )
+    return came
 
 
 class SuspendStore:
@@ -140,7 +154,8 @@ class SuspendStore:
 
     def pending(self, *, prefix: str = "", namespace: str = "") -> list[S.Question]:
         """Open questions of suspended runs across threads (under ``prefix``), with payloads
-        and deadlines: what a review UI or a reminder bot reads. A question past its
+        and deadlines: what a review UI or a reminder bot reads. A run waiting for a message
+        (``pk.receive``) is listed with ``kind == "message"`` and its ``topic``. A question past its
         deadline is not listed (it takes its default: ``store.due()``). Reads each thread's
         head: O(threads)."""
         result: list[S.Question] = self.run_sync(_pending(self.codec, prefix, _check(namespace, "namespace"), time.time()))
@@ -156,7 +171,9 @@ class SuspendStore:
         self, now: datetime | float | None = None, *, prefix: str = "", namespace: str = "", answered: bool = False
     ) -> list[S.DueRun]:
         """Suspended runs that a resume now continues: a timer (``pk.sleep``) whose wake time
-        passed, and questions whose deadlines passed (their defaults are taken). With
+        passed, questions whose deadlines passed (their defaults are taken), and a
+        ``pk.receive`` whose message was sent (``store.send``) or whose timeout passed (one
+        more read of the store's kv space for each such run). With
         ``answered=True`` also runs whose questions were answered but that nobody resumed
         since (the answering process died before its resume; ``questions`` is empty for those,
         and one a worker is resuming right now may be listed too: resuming it again waits for

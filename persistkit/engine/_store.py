@@ -23,6 +23,7 @@ from ..backends import Backend, CheckpointRow, Head, open_backend, split_connect
 from ..codec._pipeline import Codec
 from ..codec._serde import Serializer
 from ..codec._sizes import alarm
+from ..coordination._message_store import MessageStore
 from ..coordination._outbox_store import OutboxStore
 from ..coordination._suspend_store import SuspendStore
 from ..ops._prune import RetentionStore
@@ -98,7 +99,7 @@ def _check_limit(limit: object) -> int | None:
     return limit
 
 
-class Store(SuspendStore, ReplayCheckStore, OutboxStore, RetentionStore, StorePlans):
+class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, RetentionStore, StorePlans):
     """A durable store. Open one with :func:`connect`; share it across threads and runs."""
 
     def __init__(self, backend: Backend, *, codec: Codec | None = None) -> None:

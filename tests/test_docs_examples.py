@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
+import json
 import os
 import re
 import subprocess
@@ -85,28 +87,44 @@ def test_a_step_with_its_own_store_parameter_receives_it(local_store: pk.Store) 
 
 # -- every ```python block of README.md and docs/*.md -----------------------------------------
 #
-# A block runs as written (in a fresh directory, in a new process), or its first line is
-#     # fragment: see examples/<file>.py        (or a test file under tests/)
+# The blocks of a page run as written, in order, in one new process in a fresh directory
+# (tests/doc_page.py): a later block uses what an earlier one of its page defined, as a reader
+# pasting them one by one would. A block that needs a service says so on the line before its
+# fence, in a comment the rendered page does not show:
+#     <!-- run: postgres -->      $DATABASE_URL: a PostgreSQL schema of this page's own
+#     <!-- run: redis -->         $REDIS_URL: a Redis key prefix of this page's own
+#     <!-- run: aws -->           $AWS_ENDPOINT_URL: this worker's moto server (S3, DynamoDB),
+#                                 with the bucket "bucket" and test credentials
+#     <!-- run: keys -->          test keys in $PERSISTKIT_ENCRYPTION_KEYS, $PERSISTKIT_INTEGRITY_KEYS,
+#                                 $PK_VAULT_KEY and a fake $OPENAI_API_KEY
+# (several: <!-- run: postgres, keys -->), set for that block only. A block that cannot run at
+# all (it needs a second process, a real model) is a fragment: its first line is
+#     # fragment: see examples/<file>.py (why it cannot run)     (or a test file under tests/)
 # naming a complete file that covers it: the file must use every persistkit name the block
 # uses (names imported from persistkit*, pk.<attr> chains, keyword arguments of those calls).
-# An example named by a fragment is run by test_an_example_covering_a_fragment_runs; a test
-# file is run by the suite itself, and so is a pytest example (examples/testing/test_*.py,
-# by tests/test_crash_matrix_examples.py: run as a script it would test nothing).
+# An example is run by tests/test_examples.py; a test file by the suite itself. A page's blocks
+# after a fragment still run; there are at most MAX_FRAGMENTS fragments in all.
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Also an indented fence (a block inside a list item): its code is dedented.
 FENCE = re.compile(r"^([ \t]*)```[ \t]*(python3?|py)[ \t]*\n(.*?)^\1```[ \t]*$", re.S | re.M)
-FRAGMENT = re.compile(r"#\s*fragment:\s*see\s+(\S+)")
-HOW_TO_FIX = ("Make it run as written (imports, definitions, a local store), or make its first line "
-              "'# fragment: see examples/<file>.py' naming a complete file that does what it shows")
+FRAGMENT = re.compile(r"#\s*fragment:\s*see\s+(\S+)\s*(.*)")
+RUN = re.compile(r"<!--\s*run:\s*(.*?)\s*-->")
+NEEDS = ("postgres", "redis", "aws", "keys")
+MAX_FRAGMENTS = 5
+HOW_TO_FIX = ("Make it run as written, after the blocks above it on its page (imports, definitions; "
+              "'<!-- run: postgres -->' on the line before the fence for a service), or, if it cannot "
+              "run at all, make its first line '# fragment: see examples/<file>.py (why it cannot run)' "
+              "naming a complete file that does what it shows")
 
 
 class Block:
-    def __init__(self, doc: Path, line: int, code: str) -> None:
-        self.doc, self.line, self.code = doc, line, code
+    def __init__(self, doc: Path, line: int, code: str, needs: tuple[str, ...]) -> None:
+        self.doc, self.line, self.code, self.needs = doc, line, code, needs
         first = code.lstrip("\n").splitlines()[0] if code.strip() else ""
         marker = FRAGMENT.match(first.strip())
         self.covered_by = marker.group(1) if marker else None
+        self.why = marker.group(2).strip(" ()—-:") if marker else ""
         self.where = f"{doc.relative_to(ROOT)}:{line} (the ```python block starting '{first.strip()[:60]}')"
 
 
@@ -115,11 +133,15 @@ def python_blocks() -> list[Block]:
     for doc in DOCS:
         text = doc.read_text()
         for m in FENCE.finditer(text):
-            blocks.append(Block(doc, text[: m.start()].count("\n") + 1, textwrap.dedent(m.group(3))))
+            before = text[: m.start()].rstrip().rsplit("\n", 1)[-1].strip()
+            run = RUN.fullmatch(before)
+            needs = tuple(n.strip() for n in run.group(1).split(",") if n.strip()) if run else ()
+            blocks.append(Block(doc, text[: m.start()].count("\n") + 1, textwrap.dedent(m.group(3)), needs))
     return blocks
 
 
 BLOCKS = python_blocks()
+PAGES = sorted({b.doc for b in BLOCKS if b.covered_by is None})
 
 
 def _parse(block: Block) -> ast.Module:
@@ -160,55 +182,105 @@ def persistkit_names(tree: ast.Module) -> set[str]:
     return names
 
 
+def _service_env(need: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 urls: dict[str, str]) -> dict[str, str]:
+    """What a ``<!-- run: need -->`` block gets: one URL per page (``urls``), apart from every
+    other page's and every other xdist worker's (conftest's make_url)."""
+    from conftest import make_url
+
+    if need in ("postgres", "redis"):
+        if need not in urls:
+            urls[need] = make_url(need, request, tmp_path_factory, isolated=True)
+        return {"DATABASE_URL" if need == "postgres" else "REDIS_URL": urls[need]}
+    if need == "aws":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        if need not in urls:
+            import boto3
+
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bucket")
+            urls[need] = endpoint
+        return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1"}
+    if need == "keys":
+        def key() -> str:  # as `python -m persistkit keygen` prints it: key_id:base64
+            return base64.b64encode(os.urandom(32)).decode()
+
+        return {"PERSISTKIT_ENCRYPTION_KEYS": f"docs:{key()}", "PERSISTKIT_INTEGRITY_KEYS": f"docs:{key()}",
+                "PK_VAULT_KEY": key(), "OPENAI_API_KEY": "sk-test-" + "x" * 40}
+    raise AssertionError(need)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where.split(" ")[0] for b in BLOCKS])
-def test_every_python_block_runs_or_is_a_covered_fragment(block: Block, tmp_path: Path) -> None:
+def test_every_python_block_parses_and_says_what_it_needs(block: Block) -> None:
     tree = _parse(block)
-    if block.covered_by is not None:
-        target = ROOT / block.covered_by
-        if not (target.is_file() and target.suffix == ".py"):
-            pytest.fail(f"{block.where} says it is covered by {block.covered_by}, which is not a file of the "
-                        f"repository. {HOW_TO_FIX}", pytrace=False)
-        rel = target.relative_to(ROOT).parts
-        if not (rel[0] == "examples" or (rel[0] == "tests" and target.name.startswith("test_"))):
-            pytest.fail(f"{block.where}: a fragment is covered by an example (examples/*.py, run by this test) "
-                        f"or a test module (tests/**/test_*.py, run by the suite), not by {block.covered_by}",
-                        pytrace=False)
-        text = target.read_text()
-        missing = sorted(n for n in persistkit_names(tree) if not re.search(rf"\b{re.escape(n)}\b", text))
-        if missing:
-            pytest.fail(f"{block.where} is a fragment covered by {block.covered_by}, which never uses {missing}: "
-                        "cover them there, or point the fragment at a file that does", pytrace=False)
+    unknown = [n for n in block.needs if n not in NEEDS]
+    if unknown:
+        pytest.fail(f"{block.where}: '<!-- run: ... -->' names {unknown}; a block may need {list(NEEDS)}",
+                    pytrace=False)
+    if block.covered_by is None:
         return
-    out = subprocess.run([sys.executable, "-c", block.code], cwd=tmp_path, capture_output=True, text=True,
-                         env=_env(), timeout=300)
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.fail(f"{block.where} does not run as written: exit {out.returncode}, {last}. {HOW_TO_FIX}\n"
-                    f"--- stderr ---\n{out.stderr[-3000:]}", pytrace=False)
+    if not block.why:
+        pytest.fail(f"{block.where} is a fragment that does not say why it cannot run: "
+                    f"'# fragment: see {block.covered_by} (why)'. {HOW_TO_FIX}", pytrace=False)
+    target = ROOT / block.covered_by
+    if not (target.is_file() and target.suffix == ".py"):
+        pytest.fail(f"{block.where} says it is covered by {block.covered_by}, which is not a file of the "
+                    f"repository. {HOW_TO_FIX}", pytrace=False)
+    rel = target.relative_to(ROOT).parts
+    if not (rel[0] == "examples" or (rel[0] == "tests" and target.name.startswith("test_"))):
+        pytest.fail(f"{block.where}: a fragment is covered by an example (examples/*.py, run by "
+                    f"tests/test_examples.py) or a test module (tests/**/test_*.py, run by the suite), not by "
+                    f"{block.covered_by}", pytrace=False)
+    text = target.read_text()
+    missing = sorted(n for n in persistkit_names(tree) if not re.search(rf"\b{re.escape(n)}\b", text))
+    if missing:
+        pytest.fail(f"{block.where} is a fragment covered by {block.covered_by}, which never uses {missing}: "
+                    "cover them there, or point the fragment at a file that does", pytrace=False)
 
 
-PYTEST_EXAMPLES = "examples/testing/"
-COVERING_EXAMPLES = sorted({b.covered_by for b in BLOCKS if b.covered_by and b.covered_by.startswith("examples/")
-                            and not b.covered_by.startswith(PYTEST_EXAMPLES)})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("example", COVERING_EXAMPLES)
-def test_an_example_covering_a_fragment_runs(example: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_page_runs_its_blocks_in_order(page: Path, tmp_path: Path, request: pytest.FixtureRequest,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    urls: dict[str, str] = {}
+    blocks = [b for b in BLOCKS if b.doc == page and b.covered_by is None]
+    todo = [{"where": b.where, "code": b.code,
+             "env": {k: v for n in b.needs if n in NEEDS for k, v in _service_env(n, request, tmp_path_factory,
+                                                                                  urls).items()}}
+            for b in blocks]
+    spec = tmp_path / "blocks.json"
+    spec.write_text(json.dumps(todo))
+    work = tmp_path / "work"
+    work.mkdir()
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "adapters")])
-    out = subprocess.run([sys.executable, str(ROOT / example)], cwd=tmp_path, capture_output=True, text=True,
-                         env=env, timeout=600)
-    users = [b.where.split(" ")[0] for b in BLOCKS if b.covered_by == example]
-    assert out.returncode == 0, (
-        f"{example}, which covers the doc fragments {users}, fails: exit {out.returncode}\n"
-        f"--- stdout ---\n{out.stdout[-2000:]}\n--- stderr ---\n{out.stderr[-3000:]}")
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "doc_page.py"), str(spec)], cwd=work,
+                         capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines() or ["(no output)"]
+        failed = lines[-1].removeprefix("FAILED BLOCK: ") if lines[-1].startswith("FAILED BLOCK: ") else page.name
+        error = lines[-2] if len(lines) > 1 else lines[-1]
+        pytest.fail(f"{failed} does not run as written after the blocks above it: {error}. {HOW_TO_FIX}\n"
+                    f"--- stderr ---\n{out.stderr[-4000:]}", pytrace=False)
+
+
+def test_at_most_a_few_fragments() -> None:
+    fragments = [b.where.split(" ")[0] for b in BLOCKS if b.covered_by is not None]
+    assert len(fragments) <= MAX_FRAGMENTS, (
+        f"{len(fragments)} doc blocks are fragments (at most {MAX_FRAGMENTS}): {fragments}. {HOW_TO_FIX}")
 
 
 def test_the_fragment_convention_is_what_the_docs_use() -> None:
-    # A block that looks like a fragment marker but does not match it would silently run as code.
+    # A block that looks like a fragment marker but does not match it would silently run as code;
+    # a run marker that is not on the line right before a fence would silently give nothing.
     for block in BLOCKS:
         first = block.code.lstrip("\n").splitlines()[0] if block.code.strip() else ""
         if "fragment" in first.lower():
             assert block.covered_by is not None, (
-                f"{block.where}: its first line mentions a fragment but is not '# fragment: see <file>'")
+                f"{block.where}: its first line mentions a fragment but is not '# fragment: see <file> (why)'")
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in RUN.finditer(text):
+            after = text[m.end():].lstrip("\n ")
+            assert after.startswith("```"), (
+                f"{doc.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}: '{m.group(0)}' is not on the line "
+                "right before a ```python fence, so it applies to no block")

@@ -183,31 +183,36 @@ def persistkit_names(tree: ast.Module) -> set[str]:
 
 
 def _service_env(need: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                 urls: dict[str, str]) -> dict[str, str]:
-    """What a ``<!-- run: need -->`` block gets: one URL per page (``urls``), apart from every
-    other page's and every other xdist worker's (conftest's make_url)."""
+                 page_env: dict[str, dict[str, str]]) -> dict[str, str]:
+    """What a ``<!-- run: need -->`` block gets: the same for every block of a page
+    (``page_env``), apart from every other page's and every other xdist worker's (conftest's
+    make_url: a PostgreSQL schema, a Redis prefix of the page's own; this worker's moto server)."""
     from conftest import make_url
 
+    if need in page_env:
+        return page_env[need]
     if need in ("postgres", "redis"):
-        if need not in urls:
-            urls[need] = make_url(need, request, tmp_path_factory, isolated=True)
-        return {"DATABASE_URL" if need == "postgres" else "REDIS_URL": urls[need]}
-    if need == "aws":
+        env = {"DATABASE_URL" if need == "postgres" else "REDIS_URL":
+               make_url(need, request, tmp_path_factory, isolated=True)}
+    elif need == "aws":
         endpoint = request.getfixturevalue("s3_endpoint")
-        if need not in urls:
-            import boto3
+        import boto3
 
-            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bucket")
-            urls[need] = endpoint
-        return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_DEFAULT_REGION": "us-east-1"}
-    if need == "keys":
+        client = boto3.client("s3", endpoint_url=endpoint)
+        if "bucket" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+            client.create_bucket(Bucket="bucket")
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+    elif need == "keys":
         def key() -> str:  # as `python -m persistkit keygen` prints it: key_id:base64
             return base64.b64encode(os.urandom(32)).decode()
 
-        return {"PERSISTKIT_ENCRYPTION_KEYS": f"docs:{key()}", "PERSISTKIT_INTEGRITY_KEYS": f"docs:{key()}",
-                "PK_VAULT_KEY": key(), "OPENAI_API_KEY": "sk-test-" + "x" * 40}
-    raise AssertionError(need)
+        env = {"PERSISTKIT_ENCRYPTION_KEYS": f"docs:{key()}", "PERSISTKIT_INTEGRITY_KEYS": f"docs:{key()}",
+               "PK_VAULT_KEY": key(), "OPENAI_API_KEY": "sk-test-" + "x" * 40}
+    else:
+        raise AssertionError(need)
+    page_env[need] = env
+    return env
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where.split(" ")[0] for b in BLOCKS])
@@ -241,11 +246,11 @@ def test_every_python_block_parses_and_says_what_it_needs(block: Block) -> None:
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_page_runs_its_blocks_in_order(page: Path, tmp_path: Path, request: pytest.FixtureRequest,
                                              tmp_path_factory: pytest.TempPathFactory) -> None:
-    urls: dict[str, str] = {}
+    page_env: dict[str, dict[str, str]] = {}
     blocks = [b for b in BLOCKS if b.doc == page and b.covered_by is None]
     todo = [{"where": b.where, "code": b.code,
              "env": {k: v for n in b.needs if n in NEEDS for k, v in _service_env(n, request, tmp_path_factory,
-                                                                                  urls).items()}}
+                                                                                  page_env).items()}}
             for b in blocks]
     spec = tmp_path / "blocks.json"
     spec.write_text(json.dumps(todo))

@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import sys
+import time
 import traceback
 import types
 
@@ -33,6 +34,7 @@ def main(path: str) -> int:
         for block in blocks:
             saved = {name: os.environ.get(name) for name in block["env"]}
             os.environ.update(block["env"])
+            started = time.perf_counter()
             try:
                 code = compile(block["code"], block["where"], "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
                 if code.co_flags & inspect.CO_COROUTINE:
@@ -44,6 +46,8 @@ def main(path: str) -> int:
                 print(f"FAILED BLOCK: {block['where']}", file=sys.stderr)
                 return 1
             finally:
+                if os.environ.get("DOC_PAGE_TIMES"):
+                    print(f"{time.perf_counter() - started:6.2f}s {block['where']}", file=sys.stderr)
                 for name, value in saved.items():
                     if value is None:
                         os.environ.pop(name, None)

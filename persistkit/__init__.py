@@ -45,9 +45,9 @@ from .codec._serde import register
 from .codec._sizes import LargeValueWarning
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
-from .coordination._receive import areceive, aset_event, receive, set_event
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._messages import areceive, aset_event, receive, set_event
 from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
 from .engine._replay_check import ReplayReport, RunReplay

@@ -12,18 +12,20 @@ three (any text fits a key that way)::
     <h>/m/<seq:012d>   message ``seq`` (1, 2, ...): an envelope {"v": tree, "t": sent at, "k": key}
     <h>/k/<key>        an idempotency key: the seq its message got (sent twice, stored once)
     <h>/c              the receive cursor: {"s": seq taken last, "r": run id, "p": position}
+    <h>/r/<d>          a claim: the seq that the receive of one run at one position took
+                       (``d``: a digest of the run id and the position)
 
 A send writes the counter, the message and the idempotency key in ONE atomic ``kv_write``
 (compare-and-swap on each: a concurrent send retries with the next number), so messages
 are numbered in the order their sends committed and a key names exactly one message.
 
-A receive *claims* the next message by moving the cursor (compare-and-swap) to its number
-and naming the run and the position that took it; then the run records the message as
-the step result at that position. A crash between the two leaves the cursor naming that
-run and position: the resumed run, at the same position, takes the same message again
-(:func:`take` looks at the cursor first), and never a second one there. Two receivers of
-one thread and topic (two runs without a lease) never get the same message: the cursor's
-compare-and-swap lets one of them move it. Messages are never deleted here: the inbox is
+A receive *claims* the next message: one atomic ``kv_write`` moves the cursor
+(compare-and-swap) to its number and writes a claim key for the run and the position that
+took it; then the run records the message as the step result at that position. A crash
+between the two leaves the claim: the resumed run, at the same position, finds it and takes
+the same message again (:func:`take` looks at its claim first), never a second one there.
+Two receivers of one thread and topic (two runs without a lease) never get the same
+message: the cursor's compare-and-swap lets one of them move it. Messages are never deleted here: the inbox is
 the record of what was sent (``store.messages`` lists it); a message nobody received stays
 for the thread's next ``pk.receive`` of its topic, in a later turn too.
 """
@@ -177,31 +179,38 @@ def _value(codec: Codec, entry: KvEntry, where: str) -> Any:
     return codec.decode(env["v"], f"message {entry.key} of {where}")
 
 
+def _claim_key(h: str, run_id: str, position: str) -> str:
+    return f"{h}/r/{_digest(run_id, position)}"
+
+
 def take(
     codec: Codec, thread_id: str, namespace: str, topic: str, run_id: str, position: str
 ) -> Plan[Any]:
     """Claim the next message of the topic for the receive of ``run_id`` at ``position`` and
-    return its value (:data:`NOTHING` when there is none yet). If the cursor already names
-    that run and position (it claimed one, then crashed before recording it), the same
-    message again."""
+    return its value (:data:`NOTHING` when there is none yet). If that run and position
+    claimed one already (then crashed before recording it), the same message again."""
     h = prefix(namespace, thread_id, topic)
     where = _where(thread_id, namespace, topic)
+    mark = _claim_key(h, run_id, position)
     while True:
-        entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
-        seq, run, pos = _cursor(codec, entry, where)
-        if run == run_id and pos == position and seq > 0:
+        claimed: KvEntry | None = yield call("kv_get", INBOX, mark)
+        if claimed is not None and claimed.value is not None:
+            seq = int(claimed.value)
             mine: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq))
             if mine is None or mine.value is None:
                 raise SerializationError(f"message {seq} of {where}, claimed by run {run_id} at {position}, is gone")
             return _value(codec, mine, where)
+        entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
+        seq = _cursor(codec, entry, where)[0]
         nxt: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq + 1))
         if nxt is None or nxt.value is None:
             return NOTHING
-        claim = codec.seal(json.dumps({"s": seq + 1, "r": run_id, "p": position}).encode())
+        cursor = codec.seal(json.dumps({"s": seq + 1, "r": run_id, "p": position}).encode())
+        ops = [KvOp(f"{h}/c", entry.version if entry else 0, cursor), KvOp(mark, 0, b"%d" % (seq + 1))]
         try:
-            yield call("kv_write", INBOX, [KvOp(f"{h}/c", entry.version if entry else 0, claim)], keep=1)
+            yield call("kv_write", INBOX, ops, keep=1)
         except ConflictError:
-            continue  # another receiver moved the cursor: look again
+            continue  # another receiver moved the cursor first: look again
         return _value(codec, nxt, where)
 
 
@@ -232,10 +241,11 @@ def wait_plan(
 def peek(codec: Codec, thread_id: str, namespace: str, topic: str, run_id: str, position: str) -> Plan[bool]:
     """Whether the receive of ``run_id`` at ``position`` would get a message now (``store.due``)."""
     h = prefix(namespace, thread_id, topic)
-    entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
-    seq, run, pos = _cursor(codec, entry, _where(thread_id, namespace, topic))
-    if run == run_id and pos == position and seq > 0:
+    claimed: KvEntry | None = yield call("kv_get", INBOX, _claim_key(h, run_id, position))
+    if claimed is not None and claimed.value is not None:
         return True
+    entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
+    seq = _cursor(codec, entry, _where(thread_id, namespace, topic))[0]
     nxt: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq + 1))
     return nxt is not None and nxt.value is not None
 

@@ -18,16 +18,21 @@ if TYPE_CHECKING:
 __all__ = ["MessageStore"]
 
 
-def _thread(value: object) -> str:
-    from ..engine._store import check_thread_id  # not at import time: engine imports this module
+_MAX_ID = 512  # engine/_store.py's MAX_ID_LENGTH (not imported: the engine imports this module)
 
-    return check_thread_id(value)
+
+def _thread(value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or "\x00" in value or len(value) > _MAX_ID:
+        raise ConfigurationError(
+            f"thread_id must be a non-empty str without NUL, at most {_MAX_ID} characters, got {value!r:.80}"
+        )
+    return value
 
 
 def _namespace(value: object) -> str:
-    from ..engine._store import check_namespace
-
-    return check_namespace(value)
+    if not isinstance(value, str) or "\x00" in value or len(value) > _MAX_ID:
+        raise ConfigurationError(f"namespace must be a str without NUL, at most {_MAX_ID} characters, got {value!r:.80}")
+    return value
 
 
 def _seconds(value: object, what: str) -> float:

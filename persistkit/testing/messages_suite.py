@@ -1,0 +1,227 @@
+"""Conformance checks for messages into runs and events out of them (docs/messages.md).
+
+``store.send`` appends to a thread's inbox; ``pk.receive`` in a run of the thread takes the
+next message and records it at its step position; ``pk.set_event`` publishes a value that
+``store.get_event`` reads. Each check uses two ``pk.connect`` instances of the store (the
+run's process and the sender's), and one starts a real process that is killed between
+claiming a message and recording it. Subclass :class:`MessagesConformance` with a
+``persistkit_url`` fixture::
+
+    class TestMyStoreMessages(MessagesConformance):
+        @pytest.fixture
+        def persistkit_url(self) -> str:
+            return "mystore://..."
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+
+from .._errors import ConfigurationError, RetryableError
+from ..engine._api import checkpointed, resume
+from ..engine._messages import areceive, aset_event, receive, set_event
+from ..engine._store import Store
+from ._stores import TwoStores
+
+__all__ = ["MessagesConformance"]
+
+_BODIES: list[str] = []  # every step body that ran
+
+
+@checkpointed
+def _note(name: str) -> str:
+    _BODIES.append(name)
+    return name
+
+
+class _Again(RetryableError):
+    """Ends a block without an end record: the run stays unfinished, as after a crash."""
+
+
+#: The child of the crash check: receives message 1 (recorded), claims message 2 and dies
+#: before recording it (SIGKILL: no end record, the lease never given up).
+_CHILD = """
+import os, signal, sys
+import persistkit as pk
+from persistkit.engine import _run
+
+url, thread, run_id = sys.argv[1:4]
+store = pk.connect(url)
+real = _run.Run.step_sync
+
+def dies(self, position, name, digest, **kw):
+    if name == "pk.receive" and position == "1":
+        os.kill(os.getpid(), signal.SIGKILL)  # the message is claimed, its record never written
+    return real(self, position, name, digest, **kw)
+
+_run.Run.step_sync = dies
+with pk.resume(thread, store=store, run_id=run_id):
+    pk.receive("chat", timeout=5)
+    pk.receive("chat", timeout=5)
+"""
+
+
+def _die_in_process(store: Store, thread: str) -> None:
+    """``_CHILD`` in this process: a KeyboardInterrupt where the child is killed (an interrupt
+    leaves the run unfinished, as a kill does)."""
+    from ..engine import _run
+
+    real = _run.Run.step_sync
+
+    def dies(self: Any, position: str, name: str, digest: Any, **kw: Any) -> None:
+        if name == "pk.receive" and position == "1":
+            raise KeyboardInterrupt
+        real(self, position, name, digest, **kw)
+
+    _run.Run.step_sync = dies  # type: ignore[method-assign]
+    try:
+        with resume(thread, store=store, run_id="r1"):
+            receive("chat", timeout=5)
+            receive("chat", timeout=5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _run.Run.step_sync = real  # type: ignore[method-assign]
+
+
+class MessagesConformance(TwoStores):
+    """Mix into a test class that provides ``persistkit_url``."""
+
+    @staticmethod
+    def thread() -> str:
+        return f"msg-{uuid.uuid4().hex[:12]}"
+
+    def test_sent_before_the_run_received_in_order_once(self, stores: tuple[Store, Store]) -> None:
+        store, sender = stores
+        t = self.thread()
+        assert sender.send(t, {"text": "first"}, topic="chat", key="evt-1") == 1
+        assert sender.send(t, {"text": "second"}, topic="chat") == 2
+        assert sender.send(t, {"text": "first"}, topic="chat", key="evt-1") == 1  # a redelivery: stored once
+        assert sender.send(t, "elsewhere", topic="other") == 1  # topics are numbered apart
+        with resume(t, store=store) as run:
+            got = [receive("chat", timeout=0), receive("chat", timeout=0), receive("chat", timeout=0)]
+        assert run.status == "completed"
+        assert got == [{"text": "first"}, {"text": "second"}, None]  # None: the timeout, recorded
+        inbox = sender.messages(t, topic="chat")
+        assert [(m.seq, m.value, m.key, m.received) for m in inbox] == [
+            (1, {"text": "first"}, "evt-1", True), (2, {"text": "second"}, None, True),
+        ]
+        assert [m.received for m in sender.messages(t, topic="other")] == [False]  # kept for a later receive
+
+    def test_a_resumed_run_receives_the_same_message_at_the_same_place(self, stores: tuple[Store, Store]) -> None:
+        store, sender = stores
+        t = self.thread()
+        for text in ("a", "b", "c"):
+            sender.send(t, text)
+        seen: list[Any] = []
+
+        def agent(fail: bool) -> None:
+            seen.append(receive(timeout=0))
+            _note(f"{t}:{seen[-1]}")
+            seen.append(receive(timeout=0))
+            if fail:
+                raise _Again("the queue retries this turn")
+
+        with pytest.raises(_Again), resume(t, store=store, run_id="r1"):
+            agent(True)
+        with resume(t, store=store, run_id="r1"):
+            agent(False)
+        assert seen == ["a", "b", "a", "b"]  # replayed: no second message taken at those places
+        assert _BODIES.count(f"{t}:a") == 1
+        with resume(t, store=store):
+            assert receive(timeout=0) == "c"  # the next turn takes the next message
+
+    def test_a_timeout_is_recorded_and_a_later_message_waits(self, stores: tuple[Store, Store]) -> None:
+        store, sender = stores
+        t = self.thread()
+        with pytest.raises(_Again), resume(t, store=store, run_id="r1"):
+            assert receive("chat", timeout=0) is None
+            sender.send(t, "late", topic="chat")
+            raise _Again("retried")
+        with resume(t, store=store, run_id="r1"):
+            assert receive("chat", timeout=0) is None  # replayed as it was: the run is deterministic
+            assert receive("chat", timeout=0) == "late"
+
+    def test_a_long_wait_suspends_until_a_message_is_sent(self, stores: tuple[Store, Store]) -> None:
+        store, sender = stores
+        t = self.thread()
+
+        def agent() -> Any:
+            _note(f"{t}:before")
+            got = receive("approval")  # no timeout: the run suspends
+            _note(f"{t}:after:{got}")
+            return got
+
+        with resume(t, store=store) as run:
+            agent()
+        assert run.status == "suspended"
+        waiting = [q for q in sender.pending() if q.thread_id == t]
+        assert [(q.kind, q.topic, q.run_id) for q in waiting] == [("message", "approval", run.run_id)]
+        assert [d for d in sender.due() if d.thread_id == t] == []  # nothing sent yet
+        with pytest.raises(ConfigurationError):
+            sender.send(t, "x", topic="approval", key="")  # an empty key is refused, nothing stored
+        with resume(t, store=store) as again:
+            agent()
+        assert again.status == "suspended" and again.run_id == run.run_id  # still waiting, nothing written
+        sender.send(t, {"ok": True}, topic="approval")
+        assert [d.run_id for d in sender.due() if d.thread_id == t] == [run.run_id]
+        with resume(t, store=store) as done:
+            assert agent() == {"ok": True}
+        assert done.status == "completed" and done.run_id == run.run_id
+        assert _BODIES.count(f"{t}:before") == 1
+        assert [q for q in sender.pending() if q.thread_id == t] == []
+
+    def test_async_receive_and_events(self, stores: tuple[Store, Store]) -> None:
+        store, sender = stores
+        t = self.thread()
+
+        async def main() -> Any:
+            await sender.asend(t, "hello")
+            async with resume(t, store=store) as run:
+                got = await areceive(timeout=1)
+                await aset_event("progress", {"step": 1})
+            assert run.status == "completed"
+            assert await sender.aget_event(t, "progress") == {"step": 1}
+            assert [m.received for m in await sender.amessages(t)] == [True]
+            return got
+
+        assert asyncio.run(main()) == "hello"
+
+    def test_events_are_set_once_per_run(self, stores: tuple[Store, Store]) -> None:
+        store, reader = stores
+        t = self.thread()
+        assert reader.get_event(t, "status", default="none yet") == "none yet"
+        with resume(t, store=store, run_id="r1"):
+            set_event("status", "refund approved")
+        with resume(t, store=store, run_id="r2"):
+            set_event("status", "refund sent")
+        with resume(t, store=store, run_id="r1"):  # a redelivery of r1 replays: it sets nothing
+            set_event("status", "refund approved")
+        assert reader.get_event(t, "status", wait=1) == "refund sent"
+
+    def test_a_process_killed_after_claiming_a_message(self, stores: tuple[Store, Store], persistkit_url: str) -> None:
+        store, sender = stores
+        t = self.thread()
+        for text in ("one", "two", "three"):
+            sender.send(t, text, topic="chat")
+        if persistkit_url.startswith("memory:"):  # one process's store: the same death, in process
+            _die_in_process(store, t)
+        else:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            child = subprocess.run(
+                [sys.executable, "-c", _CHILD, persistkit_url, t, "r1"], env=env, capture_output=True, timeout=120
+            )
+            assert child.returncode == -9, child.stderr.decode()[-2000:]
+        with resume(t, store=store, run_id="r1") as run:
+            got = [receive("chat", timeout=5), receive("chat", timeout=5), receive("chat", timeout=0)]
+        assert run.status == "completed"
+        # "one" replayed, "two" was claimed at position 1 by the killed process: taken again there
+        assert got == ["one", "two", "three"]
+        assert [m.received for m in sender.messages(t, topic="chat")] == [True, True, True]

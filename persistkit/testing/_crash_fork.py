@@ -16,6 +16,8 @@ memory addresses aside).
 from __future__ import annotations
 
 import base64
+import contextlib
+import importlib
 import json
 import os
 import pickle
@@ -23,11 +25,12 @@ import select
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any
+from typing import IO, Any
 
 from ._crash_report import Outcome, text_of, unaddressed
 from ._crash_watch import UNCARRIED, Key, wait_child
@@ -108,6 +111,13 @@ class Zygote:
             raise RuntimeError("crash_matrix(mode='process'): the clean process it forks from died")
         return int(line)
 
+    def warm(self, modules: list[str]) -> bool:
+        """Import ``modules`` (the ones the matrix's uncrashed runs imported) in a process that
+        then forks the children in the zygote's place, so that no child pays for them again;
+        False when that process started a thread while importing (``os.fork`` would not copy
+        it into the children, where a fresh process has it): the zygote goes on unwarmed."""
+        return self.call(["warm", modules], 0.0) == 1
+
     def close(self) -> None:
         self.commands.close()
         self.replies.close()
@@ -116,21 +126,93 @@ class Zygote:
 
 def _serve(child: Callable[[list[Any]], None], cmd_r: int, rep_w: int) -> None:
     with os.fdopen(cmd_r, "r") as commands, os.fdopen(rep_w, "w") as replies:
-        for line in commands:
-            timeout, command = json.loads(line)
-            pid = os.fork()
-            if pid == 0:  # the child: run the command; a kill -9 or os._exit ends it
-                code = 0
-                try:
-                    child(command)
-                except BaseException:  # the parent reports the exit code
-                    traceback.print_exc()
-                    code = 1
-                finally:
-                    os._exit(code)
-            status = wait_child(pid, timeout)
-            replies.write(f"{-1 if status is None else status}\n")
-            replies.flush()
+        _loop(child, commands, replies)
+
+
+def _loop(child: Callable[[list[Any]], None], commands: IO[str], replies: IO[str]) -> None:
+    for line in commands:
+        timeout, command = json.loads(line)
+        if command[0] == "warm":
+            if _warmed(command[1], commands, replies, child):
+                return  # the warm process served every command after this one, and ended
+            continue
+        pid = os.fork()
+        if pid == 0:  # the child: run the command; a kill -9 or os._exit ends it
+            code = 0
+            try:
+                child(command)
+            except BaseException:  # the parent reports the exit code
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        status = wait_child(pid, timeout)
+        replies.write(f"{-1 if status is None else status}\n")
+        replies.flush()
+
+
+#: The exit code of a warm process that declined (it started a thread while importing).
+_DECLINED = 2
+
+
+def _warmed(
+    modules: list[str], commands: IO[str], replies: IO[str], child: Callable[[list[Any]], None]
+) -> bool:
+    """The zygote's side of :meth:`Zygote.warm`: fork a process that imports ``modules`` and
+    then reads the commands in the zygote's place (the parent sends one at a time and waits
+    for its reply, so nothing is left in the inherited read buffer); True when it did and has
+    ended (the parent closed the pipe), False when it declined (the zygote goes on)."""
+    pid = os.fork()
+    if pid == 0:  # the warm process
+        code = 0
+        try:
+            for name in modules:
+                with contextlib.suppress(Exception):  # one not importable by name stays lazy
+                    importlib.import_module(name)
+            _prime()
+            if _threads() > 1:
+                replies.write("0\n")
+                replies.flush()
+                code = _DECLINED
+            else:
+                replies.write("1\n")
+                replies.flush()
+                _loop(child, commands, replies)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _DECLINED:
+        return False
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        # it died between a command and its reply: end here too, so the parent reads the
+        # pipe's end (and says its clean process died) instead of waiting for that reply
+        raise RuntimeError(f"the warm process ended with wait status {status}")
+    return True
+
+
+def _prime() -> None:
+    """Fill persistkit's own lazy caches, which depend on nothing an agent did: the secret
+    detectors' compiled patterns and the environment's secrets (each child compiled and
+    scanned them again, as long as a short resume)."""
+    from ..secrets import _registry
+    from ..secrets._detect import BUILTIN
+
+    for det in BUILTIN:
+        _ = det.regex
+        if det.anchors:
+            _ = det.anchor_regex
+    _registry._env_sync()
+
+
+def _threads() -> int:
+    """This process's threads, those of C libraries included where the OS lists them."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 class Opaque:

@@ -52,6 +52,7 @@ class Stores:
         self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-", dir=directory) if self.own_dir else directory
         self.n = 0
         self.template: str | None = None
+        self.template_store: Store | None = None  # open while the pool is: see fresh_url
         self.paths: dict[int, str] = {}  # id of a store of the matrix's own dir -> its file
         self.threads: set[str] = set()
         self.open: list[Store] = []
@@ -61,11 +62,17 @@ class Stores:
             self.n += 1
             path = os.path.join(self.dir or ".", f"matrix-{os.getpid()}-{self.n}.db")
             # a copy of an empty store made once: creating its schema costs tens of ms (a
-            # few synced transactions), which the matrix paid once per crash point
+            # few synced transactions), which the matrix paid once per crash point. The copy
+            # takes the template's write-ahead log too, which still holds the schema (its
+            # store stays open until the pool ends: closing it would move the log into the
+            # file): a store's first write then appends to a log, where it would start a new
+            # one, whose header SQLite syncs (~10 ms, the most a short resume cost)
             if self.template is None:
                 self.template = os.path.join(self.dir or ".", f"empty-{os.getpid()}.db")
-                connect(f"sqlite:///{self.template}").close()
+                self.template_store = connect(f"sqlite:///{self.template}")
             shutil.copyfile(self.template, path)
+            if os.path.exists(self.template + "-wal"):
+                shutil.copyfile(self.template + "-wal", path + "-wal")
             return f"sqlite:///{path}"
         if self.shared:
             self.reset()
@@ -105,5 +112,8 @@ class Stores:
             self._close(store)
         if self.shared:
             self.reset()
+        if self.template_store is not None:
+            self.paths[id(self.template_store)] = self.template or ""
+            self._close(self.template_store)
         if self.own_dir and self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)

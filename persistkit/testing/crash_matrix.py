@@ -44,6 +44,7 @@ import pickle
 import random
 import re
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -101,6 +102,9 @@ __all__ = ["CrashMatrixResult", "crash_matrix"]
 Chain = tuple[str, str]  # thread, namespace
 
 MODES = ("inline", "process")
+#: Process mode: what a resume of an unfinished run imports that an uncrashed run does not
+#: (the warm process imports them once for every child: ``Zygote.warm``).
+RESUME_IMPORTS = ("persistkit.coordination._rollback",)
 #: Process mode: seconds a child may take to reach its crash point (at least; 20x the
 #: uncrashed run if that is longer) before it counts as stuck and is killed.
 CHILD_TIMEOUT = 60.0
@@ -351,6 +355,7 @@ class _Matrix(Judge):
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
         self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
         self.zygote: Zygote | None = None
+        self.imported: set[str] = set()  # process mode: the modules the zygote was forked with
         self.ran_before: set[str] = set()  # process mode: steps this process ran before the zygote
         self.last: tuple[Outcome | None, tuple[Outcome, dict[Key, Any]]] = (None, (Outcome(), {}))
         self.under: dict[tuple[str, str], list[str]] = {}  # finding -> what follows from it
@@ -364,6 +369,7 @@ class _Matrix(Judge):
         self.ran_before = set(RAN_HERE)  # what this process ran before: its globals are not fresh
         if self.mode == "process":  # forked before any run fills a global (_crash_fork)
             self.zygote = Zygote(self._child)
+            self.imported = set(sys.modules)
         try:
             return self._run()
         finally:
@@ -406,6 +412,13 @@ class _Matrix(Judge):
         self._compare_uncrashed(watch_a.calls, watch_b.calls, second)
         self.calls = normalized(watch_a.calls)
         self.ready()
+        if self.zygote is not None and not self.zygote.warm(
+            [m for m in sys.modules if m not in self.imported] + list(RESUME_IMPORTS)
+        ):
+            self.notes.append(
+                "note: importing what the uncrashed run imported started a thread, so each crash run and resume "
+                "imported it afresh (slower, the same findings)"
+            )
         if self.mode == "inline":
             assert snapshot is not None
             self._inline(chosen, snapshot, watch_a, ref, second)

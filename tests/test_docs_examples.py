@@ -258,6 +258,8 @@ def test_every_page_runs_its_blocks_in_order(page: Path, tmp_path: Path, request
     work.mkdir()
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "adapters")])
+    # offline, as tests/adapters runs CrewAI: no telemetry, no trace upload
+    env.update(CREWAI_DISABLE_TELEMETRY="true", CREWAI_TRACING_ENABLED="false", OTEL_SDK_DISABLED="true")
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "doc_page.py"), str(spec)], cwd=work,
                          capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:

@@ -229,6 +229,30 @@ def test_a_sorted_set_passes_in_process_mode(tmp_path: Path) -> None:
     assert result.ok and not result.notes, str(result)
 
 
+@pk.checkpointed(name="bow")
+def bow(name: str) -> str:
+    return f"bows to {name}"
+
+
+@pytest.mark.slow  # process mode (the quick tier leaves it out)
+def test_the_order_of_a_set_is_checked_at_every_call_of_a_test(tmp_path: Path) -> None:
+    """The test started again under another PYTHONHASHSEED got an empty result from each
+    call, so an assertion on the first call's result stopped it there and the second call,
+    whose agent iterates a set, was never compared. Each call there now returns what it
+    returned here."""
+    first, second = uid("cm-sorted-first"), uid("cm-set-second")
+
+    def sorted_agent() -> list[str]:
+        with pk.resume(first):
+            return [bow(n) for n in sorted(NAMES[:3])]
+
+    before = matrix(sorted_agent, "process", tmp_path, other_hash_seed=True)
+    assert before.ok and len(before.points) == 9 and not before.notes, str(before)
+    result = matrix(lambda: greet_everyone(second), "process", tmp_path, other_hash_seed=True)
+    assert [f.kind for f in result.findings] == ["order"], str(result)
+    assert "step `greet` at position 0 was called with other arguments" in str(result)
+
+
 FIRST_RUN: list[str] = []  # a global: "is this the first run in this process?"
 
 

@@ -8,7 +8,10 @@ a fresh interpreter under another ``PYTHONHASHSEED`` (``python -m pytest <this t
 node id>``: the agent may be a lambda, which cannot be sent to a new process), where each
 ``crash_matrix`` call (:func:`probing`) only runs the agent once, uncrashed, and leaves the
 steps it called in a file; the matrix compares them with its own uncrashed run's
-(:func:`order_changed`). It starts as the matrix begins and runs beside it. Outside pytest
+(:func:`order_changed`). It starts as the matrix begins and runs beside it. Each call in the
+probe then returns what the same call returned here (:func:`hand` here, :func:`handed` there),
+so the test takes the same path in both and reaches every call (it used to return an empty
+result, which failed the test's own assertions: no later call was compared). Outside pytest
 there is no test to start again, and the matrix says the order was not checked.
 """
 
@@ -20,11 +23,22 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ENV", "Probe", "call_index", "order_changed", "probe", "probing", "save_calls"]
+__all__ = [
+    "ENV",
+    "Probe",
+    "call_index",
+    "hand",
+    "handed",
+    "order_changed",
+    "probe",
+    "probing",
+    "save_calls",
+]
 
 #: Set in the probe: the directory its calls leave their steps in.
 ENV = "PERSISTKIT_CRASH_MATRIX_PROBE"
@@ -68,8 +82,73 @@ def normalized(calls: Sequence[Any]) -> list[Call]:
 def save_calls(index: int, calls: Sequence[Any]) -> None:
     directory = probing()
     if directory:
-        with open(os.path.join(directory, f"{index}.pickle"), "wb") as f:
-            pickle.dump(normalized(calls), f)
+        _write(os.path.join(directory, f"{index}.pickle"), pickle.dumps(normalized(calls)))
+
+
+def _write(path: str, data: bytes) -> None:
+    """``data`` in ``path`` at once (the other process polls for the file: never half of it)."""
+    with open(path + ".part", "wb") as f:
+        f.write(data)
+    os.replace(path + ".part", path)
+
+
+#: Here: what each crash_matrix call of the current test returned (pickled), by call index,
+#: for the probe of this test, which may start after the first calls (at the first process-mode one).
+_handed: dict[int, bytes] = {}
+_handed_test: list[str | None] = [None]
+
+
+def hand(index: int, how: str, value: Any) -> None:
+    """Here, at the end of call ``index``: what it returned (``how="ok"``) or raised
+    (``"raised"``), for the probe to give back from the same call."""
+    test = _test()
+    if test is None:
+        return
+    if _handed_test[0] != test:
+        _handed.clear()
+        _handed_test[0] = test
+    if how == "raised" and not _picklable(value):
+        value = RuntimeError(f"{type(value).__name__}: {value}")
+    try:
+        data = pickle.dumps((how, value))
+    except Exception:  # a result pickle cannot carry: the probe gives back its own (empty) one
+        data = pickle.dumps(("none", None))
+    _handed[index] = data
+    if _current and _current[0].test == test and _current[0].dir:
+        _write(os.path.join(_current[0].dir, f"result-{index}.pickle"), data)
+
+
+#: Seconds the probe waits for a call's result here (the matrix runs meanwhile); it stops
+#: sooner when the process that started it is gone.
+HAND_TIMEOUT = 3600.0
+
+
+def handed(index: int, mine: Any) -> Any:
+    """In the probe: what call ``index`` returned in the process that started the probe (or
+    raise what it raised there), once it has; ``mine`` (the probe's own result) if it never
+    came."""
+    directory = probing()
+    if not directory:
+        return mine
+    path = os.path.join(directory, f"result-{index}.pickle")
+    parent, deadline = os.getppid(), time.monotonic() + HAND_TIMEOUT
+    while not os.path.exists(path):
+        if os.getppid() != parent or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.02)  # a poll with a bound: the other process writes the file
+    with open(path, "rb") as f:
+        how, value = pickle.load(f)
+    if how == "raised":
+        raise value
+    return mine if how == "none" else value
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.loads(pickle.dumps(value))
+        return True
+    except Exception:
+        return False
 
 
 _current: list[Probe] = []  # the probe of the current test: one for all its matrix calls
@@ -104,7 +183,7 @@ class Probe:
     """The probe of one test, started by the first process-mode matrix call that wants it."""
 
     def __init__(self, index: int) -> None:
-        self.index = self.first = index
+        self.index = index
         self.test = _test()
         self.seed = ""
         self.why_not: str | None = None
@@ -123,6 +202,9 @@ class Probe:
         if mine == "1":
             self.seed = "2"
         self.dir = tempfile.mkdtemp(prefix="pk-crash-matrix-probe-")
+        if _handed_test[0] == test:  # this test's calls before this one: the probe meets them first
+            for i, data in _handed.items():
+                _write(os.path.join(self.dir, f"result-{i}.pickle"), data)
         env = {**os.environ, "PYTHONHASHSEED": self.seed, ENV: self.dir}
         env.pop("PYTEST_XDIST_WORKER", None)
         env.pop("PYTEST_ADDOPTS", None)
@@ -146,14 +228,16 @@ class Probe:
         """The probe's steps for this call, or None (``why_not`` says why)."""
         if self.proc is None:
             return None
-        try:
-            if self.proc.poll() is None:
-                self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            self.why_not = f"not checked: the test started again was still running after {timeout:.0f} s"
         path = os.path.join(self.dir, f"{self.index}.pickle")
+        deadline = time.monotonic() + timeout
+        # the probe leaves them as its call ends, then waits for this call's result (``hand``)
+        while not os.path.exists(path) and self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                self.why_not = f"not checked: the test started again was still running after {timeout:.0f} s"
+                break
+            time.sleep(0.02)  # a poll with a bound: the probe writes the file
         try:
             with open(path, "rb") as f:
                 found: list[Call] = pickle.load(f)
@@ -161,7 +245,7 @@ class Probe:
         except OSError:
             self.why_not = self.why_not or (
                 "not checked: the test started again under another hash seed did not reach this "
-                "crash_matrix call"
+                "crash_matrix call (it took another path through the test, or failed before it)"
             )
             return None
 

@@ -85,7 +85,7 @@ def test_a_step_with_its_own_store_parameter_receives_it(local_store: pk.Store) 
     assert takes_store(2, store="x") == "2:x"  # outside a block: a plain call
 
 
-# -- every ```python block of README.md and docs/*.md -----------------------------------------
+# -- every ```python block of README.md and docs/**/*.md ---------------------------------------
 #
 # The blocks of a page run as written, in order, in one new process in a fresh directory
 # (tests/doc_page.py): a later block uses what an earlier one of its page defined, as a reader
@@ -105,7 +105,7 @@ def test_a_step_with_its_own_store_parameter_receives_it(local_store: pk.Store) 
 # An example is run by tests/test_examples.py; a test file by the suite itself. A page's blocks
 # after a fragment still run; there are at most MAX_FRAGMENTS fragments in all.
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Also an indented fence (a block inside a list item): its code is dedented.
 FENCE = re.compile(r"^([ \t]*)```[ \t]*(python3?|py)[ \t]*\n(.*?)^\1```[ \t]*$", re.S | re.M)
 FRAGMENT = re.compile(r"#\s*fragment:\s*see\s+(\S+)\s*(.*)")

@@ -110,6 +110,7 @@ def durable_kickoff(
     busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
+    unfinished_timeout: float | None = None,
 ) -> CrewOutput:
     """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
 
@@ -122,12 +123,16 @@ def durable_kickoff(
     ``run_id`` is the turn's identity: pass the id of the message or event the
     kickoff answers. A redelivered kickoff whose run finished returns its recorded
     output without running a task; one whose worker died continues. ``busy``,
-    ``lease_ttl`` and ``busy_timeout`` are ``pk.resume``'s: the kickoff holds the
-    thread's lease, so kickoffs of one thread run one at a time, in arrival order
-    (``"queue"``, the default), across processes (docs/coordination.md).
+    ``lease_ttl``, ``busy_timeout`` and ``unfinished_timeout`` are ``pk.resume``'s: the
+    kickoff holds the thread's lease, so kickoffs of one thread run one at a time, in
+    arrival order (``"queue"``, the default), across processes (docs/coordination.md).
+    ``unfinished_timeout`` (seconds) bounds the wait for another kickoff's unfinished run:
+    past it this one raises ``pk.ThreadBusyError`` with ``retry_after``, so that a job
+    queue's worker is free for that run's redelivery (retry after ``err.retry_after``).
     """
     turn = pk.resume(
-        thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
+        thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
+        unfinished_timeout=unfinished_timeout,
     )
     with _durable_tasks(crew), turn:
         result = crew.kickoff(inputs=inputs)
@@ -146,10 +151,12 @@ async def adurable_kickoff(
     busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
+    unfinished_timeout: float | None = None,
 ) -> CrewOutput:
     """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity and busy policy)."""
     turn = pk.resume(
-        thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
+        thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
+        unfinished_timeout=unfinished_timeout,
     )
     with _durable_tasks(crew):
         async with turn:

@@ -177,7 +177,7 @@ class _Turn:
 
     def __init__(
         self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
-        busy: str | None, lease_ttl: float, busy_timeout: float | None,
+        busy: str | None, lease_ttl: float, busy_timeout: float | None, unfinished_timeout: float | None,
     ) -> None:
         problem = None if run_id is None else run_id_problem(run_id)
         if problem is not None:
@@ -187,17 +187,19 @@ class _Turn:
         self.saver = saver if isinstance(saver, PersistkitSaver) else None
         self.config = _with_channels(graph, config)
         self.run_id = run_id
+        self.unfinished = unfinished_timeout
         self.lease_ns = _CP + self.ns
         pk.ThreadLease.check_options(busy, lease_ttl, busy_timeout)
         self.lease: pk.ThreadLease | None = None
         if self.saver is not None:
             self.lease = pk.ThreadLease(
                 self.saver.store, self.thread_id, self.lease_ns, run_id=run_id, busy=busy,
-                lease_ttl=lease_ttl, busy_timeout=busy_timeout,
+                lease_ttl=lease_ttl, busy_timeout=busy_timeout, unfinished_timeout=unfinished_timeout,
             )
-        elif busy is not _DEFAULT_BUSY and busy is not None:
+        elif (busy is not _DEFAULT_BUSY and busy is not None) or unfinished_timeout is not None:
+            what = f"busy={busy!r}" if unfinished_timeout is None else f"unfinished_timeout={unfinished_timeout!r}"
             raise pk.ConfigurationError(
-                f"busy={busy!r} needs the graph compiled with checkpointer=PersistkitSaver(...): the "
+                f"{what} needs the graph compiled with checkpointer=PersistkitSaver(...): the "
                 f"lease lives in the persistkit store (this graph's checkpointer is {type(saver).__name__})"
             )
 
@@ -269,10 +271,16 @@ class _Turn:
         run = exc.unfinished_run
         if not run:
             return exc
-        how = (
-            "(busy='reject')" if busy == "reject"
-            else f"Waited busy_timeout={busy_timeout} s; raise busy_timeout= in durable_invoke(...) to wait longer"
-        )
+        if exc.retry_after is not None:  # unfinished_timeout ran out: the worker goes back to the pool
+            how = (
+                f"Waited unfinished_timeout={self.unfinished} s and gives its place back, so that its worker is "
+                f"free for that turn's redelivery: retry this turn in about {exc.retry_after} s (err.retry_after)"
+            )
+        else:
+            how = (
+                "(busy='reject')" if busy == "reject"
+                else f"Waited busy_timeout={busy_timeout} s; raise busy_timeout= in durable_invoke(...) to wait longer"
+            )
         t, ns = self.thread_id, self.lease_ns
         if run == _NO_RUN_ID:  # recorded under no run id: nothing to abandon it by
             again = "durable_invoke(graph, None, config) (no run_id)"
@@ -289,7 +297,7 @@ class _Turn:
             f"continued, by its redelivery or by {again} with this thread's config. {how}. If it will "
             f"never be redelivered, {give_up}",
             thread_id=exc.thread_id, holder=exc.holder, expires_at=exc.expires_at, waiting=exc.waiting,
-            unfinished_run=run,
+            unfinished_run=run, retry_after=exc.retry_after,
         )
 
     def _at(self, checkpoint_id: str) -> RunnableConfig:
@@ -305,6 +313,7 @@ def durable_invoke(
     busy: str | None = _DEFAULT_BUSY,
     lease_ttl: float = _DEFAULT_TTL,
     busy_timeout: float | None = _DEFAULT_TIMEOUT,
+    unfinished_timeout: float | None = None,
     **kwargs: Any,
 ) -> Any:
     """``graph.invoke`` for one turn of a thread, safe to call again with the same arguments.
@@ -312,7 +321,11 @@ def durable_invoke(
     The turn holds the thread's lease while it runs (``busy``: ``"queue"``, the default,
     waits in arrival order; ``"wait"`` waits; ``"reject"`` raises ``pk.ThreadBusyError``
     at once; ``None`` takes no lease), renewed every ``lease_ttl / 3`` seconds; waiting
-    ends after ``busy_timeout`` seconds with ``pk.ThreadBusyError``.
+    ends after ``busy_timeout`` seconds with ``pk.ThreadBusyError``. ``unfinished_timeout``
+    (seconds; ``pk.resume``'s) bounds the wait for a crashed turn alone: past it this turn
+    gives its place back and raises ``pk.ThreadBusyError`` with ``retry_after``, so that a
+    job queue's worker is free for the crashed turn's redelivery (retry after
+    ``err.retry_after``). Both need ``PersistkitSaver`` (the lease lives in its store).
 
     ``run_id`` (the event id) names the turn: called again with the same ``run_id``, a
     finished turn returns its result without running a node, a crashed one continues
@@ -330,7 +343,7 @@ def durable_invoke(
     defaults to ``"sync"``; other keyword arguments go to ``graph.invoke``.
     """
     kwargs.setdefault("durability", "sync")
-    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
+    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout)
     lease = turn.lease
     try:
         if lease is not None:
@@ -372,11 +385,12 @@ async def adurable_invoke(
     busy: str | None = _DEFAULT_BUSY,
     lease_ttl: float = _DEFAULT_TTL,
     busy_timeout: float | None = _DEFAULT_TIMEOUT,
+    unfinished_timeout: float | None = None,
     **kwargs: Any,
 ) -> Any:
     """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
     kwargs.setdefault("durability", "sync")
-    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout)
+    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout)
     lease = turn.lease
     try:
         if lease is not None:

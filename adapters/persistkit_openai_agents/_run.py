@@ -83,6 +83,7 @@ async def durable_run(
     busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
+    unfinished_timeout: float | None = None,
     run_config: RunConfig | None = None,
     check_input: bool = True,
     **kwargs: Any,
@@ -92,10 +93,13 @@ async def durable_run(
     ``run_id`` is the turn's identity: pass the id of the message or event the
     turn answers. A redelivered turn that finished returns its recorded result
     without calling the model or a tool; one whose worker died continues from
-    its last finished model turn or tool call. ``busy``, ``lease_ttl`` and
-    ``busy_timeout`` are ``pk.resume``'s: the turn holds the thread's lease, so
-    turns of one thread run one at a time, in arrival order (``"queue"``, the
-    default), across processes (docs/coordination.md).
+    its last finished model turn or tool call. ``busy``, ``lease_ttl``,
+    ``busy_timeout`` and ``unfinished_timeout`` are ``pk.resume``'s: the turn holds the
+    thread's lease, so turns of one thread run one at a time, in arrival order
+    (``"queue"``, the default), across processes (docs/coordination.md).
+    ``unfinished_timeout`` (seconds) bounds the wait for another turn's unfinished run:
+    past it this turn raises ``pk.ThreadBusyError`` with ``retry_after``, so that a job
+    queue's worker is free for that run's redelivery (retry after ``err.retry_after``).
 
     Each model turn and function-tool call is a step. If the process dies, call
     ``durable_run`` again with the same agent and input: finished turns and tool
@@ -117,7 +121,8 @@ async def durable_run(
     token = _CHECK_INPUT.set(check_input)
     try:
         async with pk.resume(
-            thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout
+            thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
+            unfinished_timeout=unfinished_timeout,
         ) as run:
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)

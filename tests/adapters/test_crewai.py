@@ -251,6 +251,36 @@ def test_durable_kickoff_same_run_id_replays_everything(store: pk.Store) -> None
     assert [t.raw for t in again.tasks_output] == [t.raw for t in first.tasks_output] == EXPECTED
 
 
+@pk.checkpointed(name="crew-test.earlier")
+def earlier_turn_step() -> str:
+    return "done"
+
+
+def test_a_kickoff_behind_an_unfinished_one_gives_its_worker_back_after_unfinished_timeout(tmp_path: Path) -> None:
+    """``unfinished_timeout=`` reaches ``pk.resume`` (both twins): past it the kickoff raises
+    ThreadBusyError with ``retry_after`` before any task runs."""
+    store, tid, llm = pk.connect(f"sqlite:///{tmp_path}/crew.db"), uid("crew"), FakeLLM(model="fake", calls=[])
+    with pytest.raises(pk.BackendUnavailableError), pk.resume(tid, store=store, run_id="delivery-0"):
+        earlier_turn_step()
+        raise pk.BackendUnavailableError("the store went away (simulated)")  # delivery-0 stays unfinished
+    for kickoff in (
+        lambda: durable_kickoff(make_crew(llm), {"topic": "x"}, thread_id=tid, store=store, run_id="delivery-1", unfinished_timeout=0),
+        lambda: asyncio.run(adurable_kickoff(
+            make_crew(llm), {"topic": "x"}, thread_id=tid, store=store, run_id="delivery-1", unfinished_timeout=0
+        )),
+    ):
+        with pytest.raises(pk.ThreadBusyError) as gave:
+            kickoff()
+        assert gave.value.unfinished_run == "delivery-0" and gave.value.retry_after is not None
+        assert "unfinished_timeout=0" in str(gave.value)
+    assert llm.calls == []  # it gave its place back before any task
+    with pk.resume(tid, store=store, run_id="delivery-0"):  # the redelivery goes first
+        earlier_turn_step()
+    out = durable_kickoff(make_crew(llm), {"topic": "x"}, thread_id=tid, store=store, run_id="delivery-1", unfinished_timeout=0)
+    assert [t.raw for t in out.tasks_output] == EXPECTED
+    store.close()
+
+
 def test_durable_kickoff_refuses_changed_inputs_on_resume(tmp_path: Path) -> None:
     store, tid = pk.connect(f"sqlite:///{tmp_path}/crew.db"), uid("crew")
     llm = FakeLLM(model="fake", calls=[], fail_on="t1")

@@ -445,6 +445,51 @@ def test_a_turn_cut_off_by_a_plain_invoke_redelivered_is_a_conflict(pg: str) -> 
         assert messages(pg, thread) == ["A:user", *(f"B:{n}" for n in NODES)]
 
 
+class _Died(BaseException):
+    """A turn's process dying mid-way, in process: no node error is recorded, as after a kill."""
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_turn_behind_a_crashed_one_gives_its_worker_back_after_unfinished_timeout(tmp_path: Path, mode: str) -> None:
+    """``unfinished_timeout=`` reaches the turn's lease: past it the turn raises ThreadBusyError
+    with ``retry_after`` and the LangGraph remedies, before any node runs."""
+    import asyncio
+
+    thread, ran = uid("lg"), []
+    config: Any = {"configurable": {"thread_id": thread}}
+    with PersistkitSaver.from_url(f"sqlite:///{tmp_path}/lg.db") as saver:
+
+        def act_dies(state: Chat) -> dict[str, Any]:
+            raise _Died
+
+        builder: StateGraph[Any] = StateGraph(Chat)
+        builder.add_node("think", lambda state: {"messages": ["A:think"]})
+        builder.add_node("act", act_dies)
+        builder.add_edge(START, "think")
+        builder.add_edge("think", "act")
+        builder.add_edge("act", END)
+        with pytest.raises(_Died):
+            durable_invoke(builder.compile(checkpointer=saver), {"messages": ["A:user"]}, config, run_id="A")
+        graph = _counting_graph(saver, ran)
+
+        def turn(**options: Any) -> Any:
+            if mode == "async":
+                return asyncio.run(adurable_invoke(graph, {"messages": ["B:user"]}, config, run_id="B", **options))
+            return durable_invoke(graph, {"messages": ["B:user"]}, config, run_id="B", **options)
+
+        with pytest.raises(pk.ThreadBusyError) as gave:
+            turn(unfinished_timeout=0)
+        err = gave.value
+        assert err.unfinished_run == "A" and err.retry_after is not None and err.retryable
+        assert "unfinished_timeout=0" in str(err) and "err.retry_after" in str(err)
+        assert "durable_invoke(graph, None, config, run_id='A')" in str(err)  # the LangGraph remedy
+        assert ran == []  # it gave its place back before any node
+        durable_invoke(graph, None, config, run_id="A")  # the crashed turn's redelivery goes first
+        assert turn(unfinished_timeout=0)["messages"][-3:] == ["B:think", "B:act", "B:reply"]
+    with pytest.raises(pk.ConfigurationError, match="unfinished_timeout=0 needs the graph compiled with"):
+        durable_invoke(builder.compile(), {"messages": []}, config, unfinished_timeout=0)  # no lease to bound
+
+
 def test_run_ids_the_store_cannot_hold_are_refused(pg: str) -> None:
     with PersistkitSaver.from_url(pg) as saver:
         graph = _worker_graph(saver)

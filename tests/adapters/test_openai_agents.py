@@ -225,6 +225,34 @@ def test_an_unstorable_item_is_a_type_error_and_writes_nothing() -> None:
 # -- durable runs ------------------------------------------------------------------------------
 
 
+@pk.checkpointed(name="openai-test.earlier")
+def earlier_turn_step() -> str:
+    return "done"
+
+
+def test_a_turn_behind_an_unfinished_one_gives_its_worker_back_after_unfinished_timeout(tmp_path: Path) -> None:
+    """``unfinished_timeout=`` reaches ``pk.resume``: past it the turn raises ThreadBusyError
+    with ``retry_after`` before calling the model (a queue's worker goes back to the pool)."""
+    agent = make_agent([[]], tmp_path)
+
+    async def scenario() -> None:
+        async with pk.connect(f"sqlite:///{tmp_path}/agent.db") as store:
+            with pytest.raises(pk.BackendUnavailableError), pk.resume("t", store=store, run_id="r0"):
+                earlier_turn_step()
+                raise pk.BackendUnavailableError("the store went away (simulated)")  # r0 stays unfinished
+            with pytest.raises(pk.ThreadBusyError) as gave:
+                await durable_run(agent, "go", thread_id="t", store=store, run_id="r1", unfinished_timeout=0)
+            assert gave.value.unfinished_run == "r0" and gave.value.retry_after is not None
+            assert "unfinished_timeout=0" in str(gave.value)
+            assert lines(tmp_path / "model.log") == []  # it gave its place back before the model
+            with pk.resume("t", store=store, run_id="r0"):  # r0's redelivery goes first
+                earlier_turn_step()
+            done = await durable_run(agent, "go", thread_id="t", store=store, run_id="r1", unfinished_timeout=0)
+            assert done.final_output == "done after 0 tool calls"
+
+    asyncio.run(scenario())
+
+
 def test_a_finished_run_replays_without_calling_model_or_tools(tmp_path: Path) -> None:
     # Parallel tool calls in one turn take step positions in start order.
     plan = [[("work", {"n": 1}), ("work", {"n": 2}), ("work", {"n": 3})], [("work", {"n": 4})], []]

@@ -27,6 +27,7 @@ from ._errors import (
     RetryableError,
     RunAbandonedError,
     RunAbortedError,
+    RunCancelledError,
     RunCompensatedError,
     RunPrunedError,
     SchemaVersionError,
@@ -47,7 +48,7 @@ from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
-from .engine._messages import areceive, aset_event, receive, set_event
+from .engine._messages import areceive, aset_event, cancelled, receive, set_event
 from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
 from .engine._replay_check import ReplayReport, RunReplay
@@ -125,6 +126,7 @@ __all__ = [
     "Run",
     "RunAbandonedError",
     "RunAbortedError",
+    "RunCancelledError",
     "RunCompensatedError",
     "RunPrunedError",
     "RunReplay",
@@ -157,6 +159,7 @@ __all__ = [
     "asleep",
     "asuspend",
     "asuspend_all",
+    "cancelled",
     "checkpointed",
     "compensate",
     "connect",

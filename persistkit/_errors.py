@@ -23,6 +23,7 @@
     ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry),
     │                             or the thread's newest run is unfinished (``unfinished_run``)
     ├── RunAbandonedError         the run was given up with ``store.abandon``: it never runs again
+    ├── RunCancelledError         ``store.cancel`` (or a second message under busy="interrupt") stopped the run at a step boundary
     ├── AnswerError               store.answer refused an answer (not suspended, answered, unknown question, wrong type): nothing stored
     ├── RunAbortedError           ``run.abort(reason)``: the run fails for good (its compensations run)
     ├── RunCompensatedError       the run failed for good and was rolled back: a redelivery runs nothing
@@ -70,6 +71,7 @@ __all__ = [
     "RetryableError",
     "RunAbandonedError",
     "RunAbortedError",
+    "RunCancelledError",
     "RunCompensatedError",
     "RunPrunedError",
     "SchemaVersionError",
@@ -393,6 +395,27 @@ class RunAbandonedError(PersistkitError):
 
 def _rebuild_abandoned(message: str, thread_id: str, run_id: str) -> RunAbandonedError:
     return RunAbandonedError(message, thread_id=thread_id, run_id=run_id)
+
+
+class RunCancelledError(PersistkitError):
+    """The run was stopped at a step boundary: ``store.cancel(thread_id, run_id)``
+    (``status == "cancelled"``: its compensations run, a redelivery runs nothing) or a second
+    message under ``busy="interrupt"`` (``status == "interrupted"``: its finished steps stay,
+    the new turn runs next). Raised inside the block at the next step; let it escape (a
+    ``finally`` runs). Not retryable: drop the message."""
+
+    def __init__(self, message: str, *, thread_id: str = "", run_id: str = "", status: str = "cancelled") -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.status = status
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_cancelled, (str(self), self.thread_id, self.run_id, self.status))
+
+
+def _rebuild_cancelled(message: str, thread_id: str, run_id: str, status: str) -> RunCancelledError:
+    return RunCancelledError(message, thread_id=thread_id, run_id=run_id, status=status)
 
 
 class RunPrunedError(NotFoundError):

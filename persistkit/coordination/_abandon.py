@@ -50,7 +50,9 @@ __all__ = ["abandon_async", "abandon_sync"]
 _PATIENCE = 2.0
 
 
-def _plan(store: Store, thread_id: str, namespace: str, run_id: str, lease: Lease | None) -> Plan[Checkpoint]:
+def _plan(
+    store: Store, thread_id: str, namespace: str, run_id: str, lease: Lease | None, status: str = ABANDONED
+) -> Plan[Checkpoint]:
     t, ns, codec = thread_id, namespace, store.codec
     where = repr(t) + (f" (namespace {ns!r})" if ns else "")
     mine = yield call("list", t, ns, run_id=run_id, limit=1)
@@ -63,31 +65,32 @@ def _plan(store: Store, thread_id: str, namespace: str, run_id: str, lease: Leas
             "run id in `persistkit history`). A run that committed nothing holds no place: no turn waits for it"
         )
     last = Record.decode(codec, mine[0])
+    verb = "abandon" if status == ABANDONED else "cancel"
     if last.kind == "end":
-        if last.run_status == ABANDONED:
-            return last.public(codec)  # abandoned already: nothing to do
+        if last.run_status == status:
+            return last.public(codec)  # abandoned (cancelled) already: nothing to do
         raise ConfigurationError(
-            f"cannot abandon run {run_id} of thread {where}: it finished ({last.run_status}); only an "
-            "unfinished run (its process died before its end) can be abandoned"
+            f"cannot {verb} run {run_id} of thread {where}: it finished ({last.run_status}); only an "
+            f"unfinished run (live, suspended, or its process died before its end) can be {verb}ed"
         )
     head = yield call("head", t, ns)
     top = yield from store.read_record(t, ns, head.checkpoint_id)
     if top.id != last.id:
         raise ConfigurationError(
-            f"cannot abandon run {run_id} of thread {where}: the thread moved on past it (its head is "
+            f"cannot {verb} run {run_id} of thread {where}: the thread moved on past it (its head is "
             f"checkpoint {top.id}" + (f" of run {top.row.run_id}" if top.row.run_id else "") + "), so "
             "no turn waits for it; a redelivery of it raises ConflictError and runs nothing"
         )
     # The head's state as it is (channel refs copied, nothing decoded): the run's steps stay.
-    body = {"k": "end", "rs": ABANDONED, "ch": top.body.get("ch") or {}, "sc": top.body.get("sc"), "t": time.time()}
+    body = {"k": "end", "rs": status, "ch": top.body.get("ch") or {}, "sc": top.body.get("sc"), "t": time.time()}
     row = new_row(t, ns, next_checkpoint_id(top.id), top.id, run_id, codec.pack_stored(body))  # copied: stored form
     try:
         yield write_under(lease, row, head.version)
     except ConflictError as exc:
         raise ConflictError(
-            f"cannot abandon run {run_id} of thread {where}: another writer moved the thread's head "
-            "while it was being abandoned, so nothing was written. Look at the thread again "
-            "(`persistkit history`) and abandon again if the run is still unfinished",
+            f"cannot {verb} run {run_id} of thread {where}: another writer moved the thread's head "
+            f"meanwhile, so nothing was written. Look at the thread again "
+            f"(`persistkit history`) and {verb} again if the run is still unfinished",
             thread_id=t, namespace=ns, expected=exc.expected, found=exc.found, found_checkpoint=exc.found_checkpoint,
         ) from exc
     return Record(row, body).public(codec)
@@ -108,7 +111,7 @@ def _refused(thread_id: str, run_id: str, exc: ThreadBusyError) -> ThreadBusyErr
     )
 
 
-def abandon_sync(store: Store, thread_id: str, run_id: str, namespace: str) -> Checkpoint:
+def abandon_sync(store: Store, thread_id: str, run_id: str, namespace: str, status: str = ABANDONED) -> Checkpoint:
     store._check_open()
     lease = None
     if store.backend.supports_leases:
@@ -117,14 +120,16 @@ def abandon_sync(store: Store, thread_id: str, run_id: str, namespace: str) -> C
         except ThreadBusyError as exc:
             raise _refused(thread_id, run_id, exc) from exc
     try:
-        result: Checkpoint = store.run_sync(_plan(store, thread_id, namespace, run_id, lease))
+        result: Checkpoint = store.run_sync(_plan(store, thread_id, namespace, run_id, lease, status))
         return result
     finally:
         if lease is not None:
             run_sync(store.backend, release(lease))
 
 
-async def abandon_async(store: Store, thread_id: str, run_id: str, namespace: str) -> Checkpoint:
+async def abandon_async(
+    store: Store, thread_id: str, run_id: str, namespace: str, status: str = ABANDONED
+) -> Checkpoint:
     store._check_open()
     lease = None
     if store.backend.supports_leases:
@@ -135,7 +140,7 @@ async def abandon_async(store: Store, thread_id: str, run_id: str, namespace: st
         except ThreadBusyError as exc:
             raise _refused(thread_id, run_id, exc) from exc
     try:
-        result: Checkpoint = await store.run_async(_plan(store, thread_id, namespace, run_id, lease))
+        result: Checkpoint = await store.run_async(_plan(store, thread_id, namespace, run_id, lease, status))
         return result
     finally:
         if lease is not None:

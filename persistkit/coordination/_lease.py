@@ -13,7 +13,8 @@ The record's ``data`` (JSON)::
     {"o": holder or null, "e": expiry (epoch s), "p": holder's process probe,
      "q": [[waiter, expiry, probe], ...],   # waiters in arrival order ("queue")
      "u": run id or null,                   # reserved for this unfinished run (_turns)
-     "r": [run id, since (epoch s)]}        # since when that run is waited for (kept by rechecks)
+     "r": [run id, since (epoch s)],        # since when that run is waited for (kept by rechecks)
+     "x": [kind, run id or null, token]}    # a stop asked of the holder (_cancel): "cancel", "interrupt"
 
 * The fencing token grows by one with every new holder and is never reset:
   records are never deleted (not even by ``delete_thread``).
@@ -81,7 +82,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-BUSY_POLICIES = ("wait", "reject", "queue")
+BUSY_POLICIES = ("wait", "reject", "queue", "interrupt")
 
 
 class _Default(str):
@@ -99,6 +100,8 @@ DEFAULT_BUSY_TIMEOUT = 300.0
 PROBE_LOCAL_PROCESSES = True
 #: A waiter's entry lives this many TTLs unless refreshed (a dead remote waiter drops out then).
 _WAITER_LIFE = 2.0
+#: The policies that wait in arrival order (``"interrupt"`` queues once it asked the holder to stop).
+_QUEUES = ("queue", "interrupt")
 #: Seconds between two looks of the first in line at a thread reserved for an unfinished run.
 _RECHECK = 1.0
 #: ``retry_after`` of a turn that gave its slot back: a quarter of how long the thread has
@@ -203,6 +206,7 @@ class _State:
     queue: list[list[Any]] = field(default_factory=list)
     reserved: str | None = None
     since: list[Any] | None = None  # [run id, epoch s]: since when the thread waits for that run
+    stop: list[Any] | None = None  # [kind, run id or None, token]: a stop asked of a run (_cancel)
 
     @classmethod
     def load(cls, rec: LeaseRecord | None) -> _State:
@@ -210,11 +214,12 @@ class _State:
             return cls()
         try:
             d = json.loads(rec.data)
-            u, r = d.get("u"), d.get("r")
+            u, r, x = d.get("u"), d.get("r"), d.get("x")
             return cls(
                 d.get("o"), float(d.get("e") or 0.0), d.get("p"), [list(w) for w in d.get("q") or ()],
                 u if isinstance(u, str) else None,
                 r if isinstance(r, list) and len(r) == 2 and isinstance(r[1], int | float) else None,
+                x if isinstance(x, list) and len(x) == 3 else None,
             )
         except (ValueError, TypeError, AttributeError):
             return cls()  # unreadable: treat as free (the token still grows from the record's)
@@ -225,6 +230,8 @@ class _State:
             d["u"] = self.reserved
         if self.since is not None:
             d["r"] = self.since
+        if self.stop is not None:
+            d["x"] = self.stop
         return json.dumps(d).encode()
 
     def waited(self, now: float) -> float:
@@ -285,7 +292,7 @@ class Lease:
     """
 
     __slots__ = (
-        "__weakref__", "known", "lost", "namespace", "owner", "probe", "released", "thread_id", "token",
+        "__weakref__", "known", "lost", "namespace", "on_stop", "owner", "probe", "released", "thread_id", "token",
         "took_over", "ttl",
     )
 
@@ -306,6 +313,9 @@ class Lease:
         #: The holder this lease was taken from without being given up (its owner id, and
         #: whether its process is known to be gone), or None: what a resume records (``rz``).
         self.took_over: tuple[str, bool] | None = None
+        #: Told of a stop asked of this holder (``_cancel``: the record's ``"x"``) when a renewal
+        #: reads it; None when nobody listens (a holder that is no run).
+        self.on_stop: Callable[[list[Any]], None] | None = None
 
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
@@ -315,7 +325,8 @@ def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None
     if busy is not None and busy not in BUSY_POLICIES:
         raise ConfigurationError(
             f"busy={busy!r}: use 'queue' (wait in arrival order, the default), 'wait' (wait for the "
-            "thread to be free), 'reject' (raise pk.ThreadBusyError at once) or None (no lease)"
+            "thread to be free), 'reject' (raise pk.ThreadBusyError at once), 'interrupt' (ask the live "
+            "run to stop at its next step, then go next) or None (no lease)"
         )
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not 0.05 <= lease_ttl <= 86400:
         raise ConfigurationError(f"lease_ttl={lease_ttl!r}: give seconds between 0.05 and 86400")
@@ -339,7 +350,7 @@ def check_unfinished(busy: object, unfinished_timeout: object) -> None:
             f"unfinished_timeout={unfinished_timeout!r}: give seconds >= 0 (how long a turn waits for another "
             "turn's unfinished run before it gives its worker slot back), or None to wait up to busy_timeout"
         )
-    if busy not in ("queue", "wait"):
+    if busy not in ("queue", "wait", "interrupt"):
         raise ConfigurationError(
             f"unfinished_timeout={unfinished_timeout!r} with busy={busy!r}: it bounds a wait for another turn's "
             "unfinished run, and this policy never waits (busy='reject' raises at once, busy=None takes no "
@@ -448,7 +459,8 @@ def acquire(
     start = time.monotonic() if since is None else since
     deadline = None if timeout is None else start + timeout
     recheck_at = time.monotonic() + min(_RECHECK, ttl)
-    queued = me is not None and busy == "queue"  # step_aside put us back at the front
+    queued = me is not None and busy in _QUEUES  # step_aside put us back at the front
+    asked = False  # busy="interrupt": the stop was asked of the holder (once)
     reserved_at: float | None = None  # when this call first found the lease reserved for another run
     while True:
         rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
@@ -482,6 +494,8 @@ def acquire(
             dropped = (str(st.owner), _gone(st.probe)) if st.owner is not None and st.owner != owner else None
             st.owner, st.expires, st.probe, st.reserved = owner, now + ttl, probe, None
             st.queue = [w for w in st.queue if w[0] != owner]
+            if st.stop is not None and st.stop[1] is None:
+                st.stop = None  # a stop asked of the holder before: not of this one
             if (yield call("lease_swap", thread_id, namespace, version, token, st.dump())):
                 lease = Lease(thread_id, namespace, owner, probe, token, ttl)
                 lease.known = (version + 1, st)
@@ -508,7 +522,12 @@ def acquire(
                 thread_id, st, owner,
                 f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer", now,
             )
-        if busy == "queue" and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):
+        if busy == "interrupt" and not asked and st.held(now) and st.reserved is None and rec is not None:
+            # ask the live run to stop at its next step (coordination/_cancel), then queue for its lease
+            st.stop = ["interrupt", None, rec.token]
+            asked = bool((yield call("lease_swap", thread_id, namespace, version, rec.token, st.dump())))
+            continue
+        if busy in _QUEUES and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):
             # refreshed every ttl/2, an entry lives 2 ttl: a slow store leaves 1.5 ttl of slack
             if mine is None:
                 st.queue.append([owner, now + _WAITER_LIFE * ttl, probe])
@@ -536,7 +555,7 @@ def step_aside(lease: Lease, unfinished: str, busy: str) -> Plan[None]:
         if st.since is None or st.since[0] != unfinished:
             st.since = [unfinished, now]
         st.queue = [w for w in st.queue if w[0] != lease.owner]
-        if busy == "queue":
+        if busy in _QUEUES:
             st.queue.insert(0, [lease.owner, now + _WAITER_LIFE * lease.ttl, lease.probe])
         if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
             return
@@ -562,6 +581,8 @@ def renew(lease: Lease) -> Plan[None]:
             raise LeaseLostError(
                 thread_id=lease.thread_id, namespace=lease.namespace, token=lease.token, found=rec.token if rec else 0
             )
+        if st.stop is not None and lease.on_stop is not None:
+            lease.on_stop(st.stop)
         st.expires = time.time() + lease.ttl
         if (yield call("lease_swap", lease.thread_id, lease.namespace, rec.version, rec.token, st.dump())):
             lease.known = (rec.version + 1, st)

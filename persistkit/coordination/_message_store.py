@@ -1,6 +1,6 @@
-"""``pk.Store``'s methods for messages into runs and events out of them (and async twins):
-``send``, ``messages``, ``get_event``. The plans are ``_inbox``; inside a run,
-``pk.receive`` and ``pk.set_event`` are ``_receive``."""
+"""``pk.Store``'s methods for messages into runs, events out of them and stopping them (and
+async twins): ``send``, ``messages``, ``get_event``, ``cancel``. The plans are ``_inbox`` and
+``_cancel``; inside a run, ``pk.receive`` and ``pk.set_event`` are ``_receive``."""
 
 from __future__ import annotations
 
@@ -127,6 +127,30 @@ class MessageStore:
             self.codec, _thread(thread_id), _namespace(namespace), _event(key), _seconds(wait, "wait"), default
         )
         return await self.run_async(plan)
+
+
+    def cancel(self, thread_id: str, run_id: str | None = None, *, namespace: str = "") -> str:
+        """Stop run ``run_id`` of ``thread_id`` (None: the run live or unfinished on the thread).
+        A live run (it holds the thread's lease) is asked to stop: at its next step boundary
+        ``pk.RunCancelledError`` is raised inside it (its ``finally`` blocks and a saga's
+        compensations run; a long step may look at ``pk.cancelled()``), and it ends with
+        status ``cancelled``; returns ``"requested"``. A run in this process is told at once,
+        one in another process at its lease's next renewal (every ``lease_ttl / 3`` s, 10 s
+        by default). A run nobody runs (suspended, or its process died) is ended now with an
+        end record of status ``cancelled`` (no code runs; its committed steps stay); returns
+        ``"cancelled"``. Either way a redelivery of the run runs nothing."""
+        from ._cancel import cancel_sync
+
+        return cancel_sync(self, _thread(thread_id), _run_id(run_id), _namespace(namespace))
+
+    async def acancel(self, thread_id: str, run_id: str | None = None, *, namespace: str = "") -> str:
+        from ._cancel import cancel_async
+
+        return await cancel_async(self, _thread(thread_id), _run_id(run_id), _namespace(namespace))
+
+
+def _run_id(value: object) -> str | None:
+    return None if value is None else _thread(value)
 
 
 def _event(key: object) -> str:

@@ -6,13 +6,31 @@ from __future__ import annotations
 
 import time
 
-from .._errors import RunAbandonedError
+from .._errors import RunAbandonedError, RunCancelledError
 from ..state._records import Record
 
-__all__ = ["ABANDONED", "Unfinished", "abandoned_error", "check_turn"]
+__all__ = ["ABANDONED", "CANCELLED", "ENDED", "INTERRUPTED", "Unfinished", "abandoned_error", "check_turn", "ended_error"]
 
 #: The run status of an abandoned run's end record.
 ABANDONED = "abandoned"
+#: The run statuses of a run stopped at a step boundary (``_cancel``): ``store.cancel``, and a
+#: second message under ``busy="interrupt"``.
+CANCELLED, INTERRUPTED = "cancelled", "interrupted"
+#: End statuses after which the run never runs again: its redelivery raises (``ended_error``).
+ENDED = (ABANDONED, CANCELLED, INTERRUPTED)
+
+
+def ended_error(thread_id: str, run_id: str, end: Record) -> RunAbandonedError | RunCancelledError:
+    """What opening a run whose end record says ``abandoned``, ``cancelled`` or ``interrupted`` raises."""
+    if end.run_status == ABANDONED:
+        return abandoned_error(thread_id, run_id, end)
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(end.body.get("t") or 0.0)))
+    return RunCancelledError(
+        f"thread {thread_id!r}: run {run_id} was {end.run_status} (at {when} or before): it does not run "
+        "again, and retrying will not change that. Its committed steps stay in the thread. Drop this "
+        "message (ack it); to do its work anyway, run it as a new turn with a new run_id",
+        thread_id=thread_id, run_id=run_id, status=str(end.run_status),
+    )
 
 
 def abandoned_error(thread_id: str, run_id: str, end: Record) -> RunAbandonedError:

@@ -33,8 +33,9 @@ from ..coordination import (
     check_options,
     check_unfinished,
 )
+from ..coordination._cancel import halt
 from ..coordination._saga import register_result_undo
-from ..coordination._suspend import Suspended, suspended_again
+from ..coordination._suspend import Suspended
 from ..coordination._suspend import end_async as suspend_end_async
 from ..coordination._suspend import end_sync as suspend_end_sync
 from ..ops import _telemetry as telemetry
@@ -474,8 +475,8 @@ def _begin(
     run = frame.run
     if run.load_error is not None:
         raise SchemaVersionError(f"this run cannot go on: {run.load_error}")
-    if run.status == "suspended":  # no step after pk.suspend, even if its pk.Suspended was caught
-        raise suspended_again(run)
+    if run.status != "running":  # suspended (even if its pk.Suspended was caught), asked to stop, ...
+        halt(run)  # raises before the step, or returns (coordination/_cancel)
     position = frame.child()
     # run.lookup() decides; a position the run has not recorded runs live without asking
     rec = run.lookup(position, step.name) if position in run._index or run.replay_only else None

@@ -28,7 +28,7 @@ from ..codec._versions import migrations_ran
 from ..coordination._lease import here, host_pid
 from ..coordination._outbox import pending_in
 from ..coordination._saga import COMPENSATED, COMPENSATING, compensated_error
-from ..coordination._unfinished import ABANDONED, abandoned_error, check_turn
+from ..coordination._unfinished import ENDED, check_turn, ended_error
 from ..state._records import Record, read_rows, run_pruned
 from . import _args
 from ._restore import StateRestore
@@ -55,8 +55,8 @@ class ReplayCursor(StateRestore):
         if run_id is not None:
             rows = yield from read_rows(self.codec, t, ns, run_id)
             if rows:
-                if rows[-1].run_status == ABANDONED:
-                    raise abandoned_error(self.thread_id, run_id, rows[-1])
+                if rows[-1].run_status in ENDED:  # abandoned, cancelled, interrupted: never runs again
+                    raise ended_error(self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPENSATED:  # rolled back (sagas): it never runs again
                     raise compensated_error(self.codec, self.thread_id, run_id, rows[-1])
                 if rows[-1].run_status == COMPLETED:

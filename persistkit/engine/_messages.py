@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..coordination import _receive as R
+from ..coordination._cancel import cancelled as _cancelled
+from ._context import CURRENT
 from ._suspend import _frame, _look
 
-__all__ = ["areceive", "aset_event", "receive", "set_event"]
+__all__ = ["areceive", "aset_event", "cancelled", "receive", "set_event"]
 
 
 def receive(topic: str = "", *, timeout: float | None = None, suspend_above: float = R.DEFAULT_RECEIVE_SUSPEND_ABOVE) -> Any:
@@ -51,3 +53,11 @@ async def aset_event(key: str, value: Any) -> None:
     key = R.check_event(key, "pk.aset_event")
     run, position = _frame("pk.aset_event")
     await R.event_async(run, position, _look(run, position, R.EVENT), key, value, "pk.aset_event")
+
+
+def cancelled() -> bool:
+    """Whether the current run was asked to stop (``store.cancel``, or a second message under
+    ``busy="interrupt"``): it stops at its next step boundary; a long step may check this and
+    return early. False outside a run."""
+    frame = CURRENT.get()
+    return _cancelled(frame.run if frame is not None else None)

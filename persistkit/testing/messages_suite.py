@@ -19,14 +19,16 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from typing import Any
 
 import pytest
 
-from .._errors import ConfigurationError, RetryableError
-from ..engine._api import checkpointed, resume
-from ..engine._messages import areceive, aset_event, receive, set_event
+from .._errors import ConfigurationError, RetryableError, RunCancelledError
+from ..engine._api import checkpointed, current_run, resume
+from ..engine._messages import areceive, aset_event, cancelled, receive, set_event
 from ..engine._store import Store
 from ._stores import TwoStores
 
@@ -41,12 +43,46 @@ def _note(name: str) -> str:
     return name
 
 
+@checkpointed
+def _slow(name: str, gate: str = "") -> str:
+    """A step that appends ``name`` to the state; the step named ``gate`` waits until the run
+    was asked to stop (``pk.cancelled()``), as a long step that looks now and then."""
+    _BODIES.append(name)
+    run = current_run()
+    assert run is not None
+    run.state["done"] = [*run.state.get("done", []), name]
+    if name == gate:
+        for _ in range(2000):  # at most ~20 s: a test that cannot finish fails, it does not hang
+            if cancelled():
+                break
+            time.sleep(0.01)
+    return name
+
+
 class _Again(RetryableError):
     """Ends a block without an end record: the run stays unfinished, as after a crash."""
 
 
 #: The child of the crash check: receives message 1 (recorded), claims message 2 and dies
 #: before recording it (SIGKILL: no end record, the lease never given up).
+#: The child of the cross-process cancel check: a five-step turn whose third step waits for
+#: the stop (seen at its lease's renewal, every lease_ttl / 3 s), then exits 3 on
+#: pk.RunCancelledError.
+_CANCEL_CHILD = """
+import sys, time
+import persistkit as pk
+from persistkit.testing.messages_suite import _slow
+
+url, thread = sys.argv[1:3]
+store = pk.connect(url)
+try:
+    with pk.resume(thread, store=store, run_id="r1", lease_ttl=0.6):
+        for i in range(5):
+            _slow(f"{thread}:{i}", gate=f"{thread}:2")
+except pk.RunCancelledError as exc:
+    sys.exit(3 if exc.status == "cancelled" else 4)
+"""
+
 _CHILD = """
 import os, signal, sys
 import persistkit as pk
@@ -225,3 +261,90 @@ class MessagesConformance(TwoStores):
         # "one" replayed, "two" was claimed at position 1 by the killed process: taken again there
         assert got == ["one", "two", "three"]
         assert [m.received for m in sender.messages(t, topic="chat")] == [True, True, True]
+
+    def test_cancel_stops_a_live_run_at_its_next_step(self, stores: tuple[Store, Store], persistkit_url: str) -> None:
+        store, operator = stores
+        t = self.thread()
+        if persistkit_url.startswith("memory:"):  # one process's store: the run in a thread
+            errors: list[BaseException] = []
+
+            def turn() -> None:
+                try:
+                    with resume(t, store=store, run_id="r1"):
+                        for i in range(5):
+                            _slow(f"{t}:{i}", gate=f"{t}:2")
+                except RunCancelledError as exc:
+                    errors.append(exc)
+
+            worker = threading.Thread(target=turn)
+            worker.start()
+            _until(lambda: f"{t}:2" in _BODIES)
+            assert operator.cancel(t) == "requested"
+            worker.join(30)
+            assert [e.status for e in errors] == ["cancelled"]  # type: ignore[attr-defined]
+        else:  # another process: the stop reaches it through its lease record
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            child = subprocess.Popen([sys.executable, "-c", _CANCEL_CHILD, persistkit_url, t], env=env,
+                                     stderr=subprocess.PIPE)
+            try:
+                _until(lambda: len(operator.history(t)) >= 2)  # steps 0 and 1 committed: step 2 runs
+                assert operator.cancel(t, "r1") == "requested"
+                _, err = child.communicate(timeout=60)
+            finally:
+                child.kill()
+            assert child.returncode == 3, err.decode()[-2000:]
+        end = operator.history(t)[0]
+        assert end.run_status == "cancelled"
+        assert [c.step for c in operator.history(t)[1:]] == ["_slow"] * 3  # steps 0-2 stay; 3 and 4 never ran
+        with pytest.raises(RunCancelledError, match="cancelled"), resume(t, store=store, run_id="r1"):
+            _slow(f"{t}:never")  # a redelivery runs nothing
+        with resume(t, store=store) as nxt:  # the next turn starts from what the cancelled one did
+            assert nxt.state["done"][-1].endswith(":2")
+
+    def test_cancel_of_a_suspended_run_ends_it(self, stores: tuple[Store, Store]) -> None:
+        store, operator = stores
+        t = self.thread()
+        with resume(t, store=store) as run:
+            _slow(f"{t}:a")
+            receive("reply")  # suspends: nobody runs it now
+        assert run.status == "suspended"
+        assert operator.cancel(t) == "cancelled"
+        assert operator.cancel(t, run.run_id) == "cancelled"  # again: nothing more to do
+        assert operator.history(t)[0].run_status == "cancelled"
+        assert [q for q in operator.pending() if q.thread_id == t] == []
+        with pytest.raises(RunCancelledError), resume(t, store=store, run_id=run.run_id):
+            receive("reply")
+
+    def test_interrupt_stops_the_running_turn_and_runs_the_new_one(self, stores: tuple[Store, Store]) -> None:
+        store, other = stores
+        t = self.thread()
+        errors: list[BaseException] = []
+
+        def first() -> None:
+            try:
+                with resume(t, store=store, run_id="first"):
+                    for i in range(5):
+                        _slow(f"{t}:first:{i}", gate=f"{t}:first:2")
+            except RunCancelledError as exc:
+                errors.append(exc)
+
+        worker = threading.Thread(target=first)
+        worker.start()
+        _until(lambda: f"{t}:first:2" in _BODIES)
+        with resume(t, store=other, run_id="second", busy="interrupt") as run:
+            _slow(f"{t}:second")
+        worker.join(30)
+        assert [e.status for e in errors] == ["interrupted"]  # type: ignore[attr-defined]
+        # the interrupted turn's finished steps stay, and none of it ran after the interrupt
+        assert run.state["done"] == [f"{t}:first:0", f"{t}:first:1", f"{t}:first:2", f"{t}:second"]
+        assert not any(b.startswith(f"{t}:first:3") for b in _BODIES)
+        statuses = {c.run_id: c.run_status for c in other.history(t) if c.step is None}
+        assert statuses == {"first": "interrupted", "second": "completed"}
+
+
+def _until(ok: Any, limit: float = 30.0) -> None:
+    """Wait for a condition the store (or this process) shows; fail past ``limit`` s."""
+    end = time.monotonic() + limit
+    while not ok():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.01)

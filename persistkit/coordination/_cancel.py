@@ -1,0 +1,197 @@
+"""Stopping a run at its next step boundary: ``store.cancel`` and ``busy="interrupt"``.
+
+A stop is asked of the run that holds the thread's lease, in the lease record itself
+(``_lease``: ``"x": [kind, run id or None, token]``; no new store primitive): the holder's
+heartbeat reads the record at every renewal (every ``lease_ttl / 3`` s) and tells the run
+(``Lease.on_stop``); a run of this process is told at once (:data:`_LIVE`). Told, the run's
+status becomes ``cancelling``; the engine's step path, which already tests the status
+before every step (for ``pk.suspend``), calls :func:`halt` when it is not ``running``, and
+:func:`halt` raises ``pk.RunCancelledError`` there: the step is not run, the error escapes
+the block (``finally`` blocks run), and the block's end record says ``cancelled`` (after the
+compensations of a saga: ``compensated``) or ``interrupted``. A run that uses none of this
+pays nothing per step: the test it meets is the one it always met.
+
+A request names a run id (it outlives the holder: the run's redelivery, which takes the
+lease after a crash, finds it when it opens, :func:`watch`) or only the holder's fencing
+token (``run_id=None``, and ``busy="interrupt"``: whoever holds the lease now; a new
+holder drops it). A run nobody holds (suspended, or its process died) is ended at once
+with an end record whose run status is ``cancelled`` (``_abandon``'s record: nothing of
+the user's code runs, its committed steps stay). A redelivery of a cancelled or
+interrupted run raises ``pk.RunCancelledError`` when it opens and runs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .._errors import RunCancelledError, ThreadBusyError
+from .._io import Plan, call, run_async, run_sync
+from ..backends import LeaseRecord
+from ._lease import _State
+from ._suspend import SUSPENDED, suspended_again
+from ._unfinished import CANCELLED, INTERRUPTED
+
+if TYPE_CHECKING:
+    from ..engine._run import Run
+    from ._hooks import Holding
+
+__all__ = ["CANCELLING", "ask_local", "cancel_async", "cancel_sync", "ending", "halt", "watch"]
+
+#: ``run.status`` between the stop asked and the step boundary where the run stops.
+CANCELLING = "cancelling"
+_STATUS = {"cancel": CANCELLED, "interrupt": INTERRUPTED}
+
+#: The live run of each (thread, namespace) opened in this process: a stop asked here is
+#: told to it at once, without waiting for its heartbeat.
+_LIVE: weakref.WeakValueDictionary[tuple[str, str], Run] = weakref.WeakValueDictionary()
+#: The end status each asked run will have.
+_ASKED: weakref.WeakKeyDictionary[Run, str] = weakref.WeakKeyDictionary()
+
+
+def watch(run: Run, holding: Holding | None) -> None:
+    """``_turns``: ``run`` is open under ``holding``'s lease; listen for stops asked of it."""
+    if run.replay_only:
+        return
+    _LIVE[(run.thread_id, run.namespace)] = run
+    lease = holding.lease if holding is not None else None
+    if lease is None:
+        return
+    ref, token = weakref.ref(run), lease.token
+
+    def on_stop(stop: list[Any]) -> None:  # on the heartbeat's thread (or task)
+        found = ref()
+        if found is not None:
+            _apply(found, token, stop)
+
+    lease.on_stop = on_stop
+    if lease.known is not None and lease.known[1].stop is not None:  # asked before this holder took it
+        _apply(run, token, lease.known[1].stop)
+
+
+def _apply(run: Run, token: int, stop: list[Any]) -> None:
+    kind, run_id, tok = stop
+    if run_id == run.run_id or (run_id is None and tok == token):
+        _ask(run, str(kind))
+
+
+def _ask(run: Run, kind: str) -> None:
+    if run.status == "running" and not run.replay_only:
+        _ASKED[run] = _STATUS.get(kind, CANCELLED)
+        run.status = CANCELLING  # the step path tests the status before every step
+
+
+def ask_local(thread_id: str, namespace: str, kind: str, run_id: str | None = None) -> bool:
+    """Tell the live run of the thread in this process (if any, and ``run_id`` if given) at once."""
+    run = _LIVE.get((thread_id, namespace))
+    if run is None or (run_id is not None and run.run_id != run_id) or run.status != "running":
+        return False
+    _ask(run, kind)
+    return True
+
+
+def halt(run: Run) -> None:
+    """The engine's step path, for a run whose status is not ``running``: raise what stops it
+    before the step (``pk.Suspended`` again after a suspend, ``pk.RunCancelledError`` once a
+    stop was asked); return for the rest (a replay of a finished run, a rollback)."""
+    status = run.status
+    if status == SUSPENDED:
+        raise suspended_again(run)
+    if status == CANCELLING:
+        raise stopped(run)
+
+
+def stopped(run: Run) -> RunCancelledError:
+    status = _ASKED.get(run, CANCELLED)
+    why = (
+        "store.cancel asked it to stop" if status == CANCELLED
+        else 'a second message under busy="interrupt" asked it to stop; the new turn runs next'
+    )
+    return RunCancelledError(
+        f"thread {run.thread_id!r} run {run.run_id}: {why}, so it stopped before its next step "
+        f"(status {status}; its finished steps stay). A redelivery of it runs nothing: drop the message",
+        thread_id=run.thread_id, run_id=run.run_id, status=status,
+    )
+
+
+def ending(run: Run, exc: BaseException) -> bool:
+    """``_rollback``: a block ends with ``exc``; if it is this run's stop, its end record takes
+    the stop's status. True when nothing is to be rolled back (an interrupt keeps its steps)."""
+    if not (isinstance(exc, RunCancelledError) and exc.run_id == run.run_id and run.status == CANCELLING):
+        return False
+    run._attach["rs"] = exc.status
+    return exc.status == INTERRUPTED
+
+
+def cancelled(run: Run | None) -> bool:
+    """``pk.cancelled()``: whether a stop was asked of ``run`` (a long step may stop early)."""
+    return run is not None and run.status == CANCELLING
+
+
+# -- store.cancel ---------------------------------------------------------------------------
+
+
+def _request(thread_id: str, namespace: str, run_id: str | None) -> Plan[bool]:
+    """Ask the holder of the thread's lease to stop (True), or False when nobody holds it."""
+    while True:
+        rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
+        st = _State.load(rec)
+        if rec is None or not st.held(time.time()):
+            return False
+        st.stop = ["cancel", run_id, rec.token]
+        if (yield call("lease_swap", thread_id, namespace, rec.version, rec.token, st.dump())):
+            return True
+
+
+def _target(store: Any, thread_id: str, namespace: str, run_id: str | None) -> Plan[str]:
+    """The run to cancel: ``run_id``, or the thread's unfinished run."""
+    if run_id is not None:
+        return run_id
+    from .._errors import NotFoundError
+    from ..state._records import Record
+
+    found = yield call("head_row", thread_id, namespace)
+    head = Record.decode(store.codec, found[1]) if found else None
+    if head is None or head.kind != "step" or not head.row.run_id:
+        raise NotFoundError(
+            f"cannot cancel thread {thread_id!r}: no run is live or unfinished on it (its newest record "
+            f"is {'none' if head is None else 'the end of a run'}); name the run: store.cancel(thread_id, run_id)"
+        )
+    return head.row.run_id
+
+
+def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
+    from ._abandon import abandon_sync
+
+    store._check_open()
+    ask_local(thread_id, namespace, "cancel", run_id)
+    leases = store.backend.supports_leases
+    if leases and run_sync(store.backend, _request(thread_id, namespace, run_id)):
+        return "requested"
+    target = store.run_sync(_target(store, thread_id, namespace, run_id))
+    try:
+        abandon_sync(store, thread_id, target, namespace, CANCELLED)
+    except ThreadBusyError:  # a run took the lease meanwhile: ask it
+        if leases and run_sync(store.backend, _request(thread_id, namespace, target)):
+            return "requested"
+        raise
+    return CANCELLED
+
+
+async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
+    from ._abandon import abandon_async
+
+    store._check_open()
+    ask_local(thread_id, namespace, "cancel", run_id)
+    leases = store.backend.supports_leases
+    if leases and await run_async(store.backend, _request(thread_id, namespace, run_id)):
+        return "requested"
+    target = await store.run_async(_target(store, thread_id, namespace, run_id))
+    try:
+        await abandon_async(store, thread_id, target, namespace, CANCELLED)
+    except ThreadBusyError:
+        if leases and await run_async(store.backend, _request(thread_id, namespace, target)):
+            return "requested"
+        raise
+    return CANCELLED

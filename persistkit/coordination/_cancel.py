@@ -31,17 +31,19 @@ from .._io import Plan, call, run_async, run_sync
 from ..backends import LeaseRecord
 from ._lease import _State
 from ._suspend import SUSPENDED, suspended_again
-from ._unfinished import CANCELLED, INTERRUPTED
+from ._unfinished import CANCELLED, INTERRUPTED, ROLLED_BACK
 
 if TYPE_CHECKING:
     from ..engine._run import Run
     from ._hooks import Holding
 
-__all__ = ["CANCELLING", "ask_local", "cancel_async", "cancel_sync", "ending", "halt", "watch"]
+__all__ = [
+    "CANCELLING", "ask_local", "cancel_async", "cancel_sync", "ending", "halt", "rewind_async", "rewind_sync", "watch",
+]
 
 #: ``run.status`` between the stop asked and the step boundary where the run stops.
 CANCELLING = "cancelling"
-_STATUS = {"cancel": CANCELLED, "interrupt": INTERRUPTED}
+_STATUS = {"cancel": CANCELLED, "interrupt": INTERRUPTED, "rollback": ROLLED_BACK}
 
 #: The live run of each (thread, namespace) opened in this process: a stop asked here is
 #: told to it at once, without waiting for its heartbeat.
@@ -106,7 +108,8 @@ def stopped(run: Run) -> RunCancelledError:
     status = _ASKED.get(run, CANCELLED)
     why = (
         "store.cancel asked it to stop" if status == CANCELLED
-        else 'a second message under busy="interrupt" asked it to stop; the new turn runs next'
+        else f'a second message under busy="{"interrupt" if status == INTERRUPTED else "rollback"}" asked it '
+        "to stop; the new turn runs next"
     )
     return RunCancelledError(
         f"thread {run.thread_id!r} run {run.run_id}: {why}, so it stopped before its next step "
@@ -121,7 +124,34 @@ def ending(run: Run, exc: BaseException) -> bool:
     if not (isinstance(exc, RunCancelledError) and exc.run_id == run.run_id and run.status == CANCELLING):
         return False
     run._attach["rs"] = exc.status
-    return exc.status == INTERRUPTED
+    return exc.status in (INTERRUPTED, ROLLED_BACK)
+
+
+def _base_state(run: Run) -> Plan[Any]:
+    """The state the run started from: the state of the checkpoint before its first record
+    (its base), or, if it wrote nothing, of the head it opened on."""
+    from ..state._records import read_rows
+
+    rows = yield from read_rows(run.codec, run.thread_id, run.namespace, run.run_id)
+    base_id = rows[0].row.parent_id if rows else (run._head.checkpoint_id if run._head else None)
+    if base_id is None:
+        return run.spec.empty()
+    base = yield from run.store.read_record(run.thread_id, run.namespace, base_id)
+    state = yield from run.store.load_state(base, run.spec)
+    return state
+
+
+def rewind_sync(run: Run) -> None:
+    """``busy="rollback"``: set ``run.state`` back to the state the run started from, so that its
+    end record (status ``rolled_back``) puts the head's state back where the turn found it. Its
+    records stay in the history (pruned as any), none of them is changed."""
+    if run._attach.get("rs") == ROLLED_BACK:
+        run.state = run.store.run_sync(_base_state(run))
+
+
+async def rewind_async(run: Run) -> None:
+    if run._attach.get("rs") == ROLLED_BACK:
+        run.state = await run.store.run_async(_base_state(run))
 
 
 def cancelled(run: Run | None) -> bool:

@@ -64,7 +64,7 @@ INBOX = "__pk_inbox"
 EVENTS = "__pk_events"
 
 #: The longest poll between two looks for a message (or an event) a waiter makes.
-_POLL_MAX = 0.1
+_POLL_MAX = 0.025
 _POLL_MIN = 0.002
 
 _MAX_NAME = 256

@@ -82,7 +82,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-BUSY_POLICIES = ("wait", "reject", "queue", "interrupt")
+BUSY_POLICIES = ("wait", "reject", "queue", "interrupt", "rollback")
 
 
 class _Default(str):
@@ -100,8 +100,10 @@ DEFAULT_BUSY_TIMEOUT = 300.0
 PROBE_LOCAL_PROCESSES = True
 #: A waiter's entry lives this many TTLs unless refreshed (a dead remote waiter drops out then).
 _WAITER_LIFE = 2.0
-#: The policies that wait in arrival order (``"interrupt"`` queues once it asked the holder to stop).
-_QUEUES = ("queue", "interrupt")
+#: The policies that wait in arrival order (``"interrupt"`` and ``"rollback"`` queue once they
+#: asked the holder to stop: ``_STOPS``).
+_QUEUES = ("queue", "interrupt", "rollback")
+_STOPS = ("interrupt", "rollback")
 #: Seconds between two looks of the first in line at a thread reserved for an unfinished run.
 _RECHECK = 1.0
 #: ``retry_after`` of a turn that gave its slot back: a quarter of how long the thread has
@@ -326,7 +328,8 @@ def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None
         raise ConfigurationError(
             f"busy={busy!r}: use 'queue' (wait in arrival order, the default), 'wait' (wait for the "
             "thread to be free), 'reject' (raise pk.ThreadBusyError at once), 'interrupt' (ask the live "
-            "run to stop at its next step, then go next) or None (no lease)"
+            "run to stop at its next step, then go next), 'rollback' (the same, and the stopped turn's "
+            "state changes are undone) or None (no lease)"
         )
     if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not 0.05 <= lease_ttl <= 86400:
         raise ConfigurationError(f"lease_ttl={lease_ttl!r}: give seconds between 0.05 and 86400")
@@ -350,7 +353,7 @@ def check_unfinished(busy: object, unfinished_timeout: object) -> None:
             f"unfinished_timeout={unfinished_timeout!r}: give seconds >= 0 (how long a turn waits for another "
             "turn's unfinished run before it gives its worker slot back), or None to wait up to busy_timeout"
         )
-    if busy not in ("queue", "wait", "interrupt"):
+    if busy not in ("queue", "wait", "interrupt", "rollback"):
         raise ConfigurationError(
             f"unfinished_timeout={unfinished_timeout!r} with busy={busy!r}: it bounds a wait for another turn's "
             "unfinished run, and this policy never waits (busy='reject' raises at once, busy=None takes no "
@@ -460,7 +463,7 @@ def acquire(
     deadline = None if timeout is None else start + timeout
     recheck_at = time.monotonic() + min(_RECHECK, ttl)
     queued = me is not None and busy in _QUEUES  # step_aside put us back at the front
-    asked = False  # busy="interrupt": the stop was asked of the holder (once)
+    asked = False  # busy="interrupt" / "rollback": the stop was asked of the holder (once)
     reserved_at: float | None = None  # when this call first found the lease reserved for another run
     while True:
         rec: LeaseRecord | None = yield call("lease_get", thread_id, namespace)
@@ -522,9 +525,9 @@ def acquire(
                 thread_id, st, owner,
                 f"Waited busy_timeout={timeout} s; raise busy_timeout= in pk.resume(...) to wait longer", now,
             )
-        if busy == "interrupt" and not asked and st.held(now) and st.reserved is None and rec is not None:
+        if busy in _STOPS and not asked and st.held(now) and st.reserved is None and rec is not None:
             # ask the live run to stop at its next step (coordination/_cancel), then queue for its lease
-            st.stop = ["interrupt", None, rec.token]
+            st.stop = [busy, None, rec.token]
             asked = bool((yield call("lease_swap", thread_id, namespace, version, rec.token, st.dump())))
             continue
         if busy in _QUEUES and (mine is None or mine[1] - now < _WAITER_LIFE * ttl - ttl / 2):

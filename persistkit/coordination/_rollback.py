@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import ConfigurationError, PersistkitError, RunCompensatedError, SerializationError
-from ._cancel import ending
+from ._cancel import ending, rewind_async, rewind_sync
 from ._hooks import Holding, let_go_async, let_go_sync, owns_lease
 from ._saga import COMPENSATED, COMPENSATING, ROLLBACK, ROLLBACK_NAME, Item, Rollback
 
@@ -193,7 +193,8 @@ def rollback_sync(run: Run, exc: BaseException, frames: Frames) -> PersistkitErr
     steps, if it failed for good and has any. None: the block's end goes on (its end record is
     ``compensated`` if a rollback ran, the note on ``exc`` says what was undone); else the
     ``CompensationError`` to raise (no end record: the run stays ``compensating``)."""
-    if ending(run, exc):  # stopped by a second message (busy="interrupt"): its steps stay
+    if ending(run, exc):  # stopped by a second message (busy="interrupt", "rollback"): no compensations
+        rewind_sync(run)
         return None
     rb = Rollback.start(run, exc)
     if rb is None:
@@ -204,6 +205,7 @@ def rollback_sync(run: Run, exc: BaseException, frames: Frames) -> PersistkitErr
 
 async def rollback_async(run: Run, exc: BaseException, frames: Frames) -> PersistkitError | None:
     if ending(run, exc):
+        await rewind_async(run)
         return None
     rb = Rollback.start(run, exc)
     if rb is None:

@@ -41,7 +41,7 @@ from ._drive import AsyncHeartbeat, Heartbeat
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
 from ._lease import Finished, acquire, step_aside
 from ._saga import COMPENSATED
-from ._unfinished import ABANDONED, CANCELLED, INTERRUPTED, Unfinished
+from ._unfinished import ENDED, Unfinished
 
 COMPLETED = "completed"  # the end status of a completed run (engine/_cursor.py names it too)
 
@@ -61,7 +61,7 @@ def _asker(run: Run, run_id: str | None) -> Callable[[], Plan[bool]] | None:
 
     def finished() -> Plan[bool]:
         status = yield from run.ended(run_id)
-        return status in (COMPLETED, ABANDONED, COMPENSATED, CANCELLED, INTERRUPTED)
+        return status in (COMPLETED, COMPENSATED, *ENDED)
 
     return finished
 
@@ -74,8 +74,8 @@ def open_sync(
     thread's newest run is another, unfinished one. Holds nothing when it raises (a lease it
     could not give up, the store failing, expires by itself)."""
     store, since = run.store, time.monotonic()
-    if busy == "interrupt" and outer is None:
-        ask_local(run.thread_id, run.namespace, "interrupt")  # a live run of this process: told at once
+    if busy in ("interrupt", "rollback") and outer is None:
+        ask_local(run.thread_id, run.namespace, busy)  # a live run of this process: told at once
     try:
         holding = hold_sync(
             store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id),
@@ -117,8 +117,8 @@ async def open_async(
     timeout: float | None, outer: Run | None, unfinished: float | None = None,
 ) -> Holding | None:
     store, since = run.store, time.monotonic()
-    if busy == "interrupt" and outer is None:
-        ask_local(run.thread_id, run.namespace, "interrupt")
+    if busy in ("interrupt", "rollback") and outer is None:
+        ask_local(run.thread_id, run.namespace, busy)
     try:
         holding = await hold_async(
             store, run.thread_id, run.namespace, busy, explicit, ttl, timeout, outer, run_id, _asker(run, run_id),

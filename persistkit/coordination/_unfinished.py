@@ -9,15 +9,18 @@ import time
 from .._errors import RunAbandonedError, RunCancelledError
 from ..state._records import Record
 
-__all__ = ["ABANDONED", "CANCELLED", "ENDED", "INTERRUPTED", "Unfinished", "abandoned_error", "check_turn", "ended_error"]
+__all__ = [
+    "ABANDONED", "CANCELLED", "ENDED", "INTERRUPTED", "ROLLED_BACK", "Unfinished", "abandoned_error", "check_turn",
+    "ended_error",
+]
 
 #: The run status of an abandoned run's end record.
 ABANDONED = "abandoned"
 #: The run statuses of a run stopped at a step boundary (``_cancel``): ``store.cancel``, and a
 #: second message under ``busy="interrupt"``.
-CANCELLED, INTERRUPTED = "cancelled", "interrupted"
+CANCELLED, INTERRUPTED, ROLLED_BACK = "cancelled", "interrupted", "rolled_back"
 #: End statuses after which the run never runs again: its redelivery raises (``ended_error``).
-ENDED = (ABANDONED, CANCELLED, INTERRUPTED)
+ENDED = (ABANDONED, CANCELLED, INTERRUPTED, ROLLED_BACK)
 
 
 def ended_error(thread_id: str, run_id: str, end: Record) -> RunAbandonedError | RunCancelledError:

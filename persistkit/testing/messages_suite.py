@@ -315,9 +315,12 @@ class MessagesConformance(TwoStores):
         with pytest.raises(RunCancelledError), resume(t, store=store, run_id=run.run_id):
             receive("reply")
 
-    def test_interrupt_stops_the_running_turn_and_runs_the_new_one(self, stores: tuple[Store, Store]) -> None:
+    @pytest.mark.parametrize("busy", ["interrupt", "rollback"])
+    def test_a_second_message_stops_the_running_turn(self, stores: tuple[Store, Store], busy: str) -> None:
         store, other = stores
         t = self.thread()
+        with resume(t, store=store, run_id="zero"):
+            _slow(f"{t}:before")
         errors: list[BaseException] = []
 
         def first() -> None:
@@ -331,15 +334,19 @@ class MessagesConformance(TwoStores):
         worker = threading.Thread(target=first)
         worker.start()
         _until(lambda: f"{t}:first:2" in _BODIES)
-        with resume(t, store=other, run_id="second", busy="interrupt") as run:
+        with resume(t, store=other, run_id="second", busy=busy) as run:
             _slow(f"{t}:second")
         worker.join(30)
-        assert [e.status for e in errors] == ["interrupted"]  # type: ignore[attr-defined]
-        # the interrupted turn's finished steps stay, and none of it ran after the interrupt
-        assert run.state["done"] == [f"{t}:first:0", f"{t}:first:1", f"{t}:first:2", f"{t}:second"]
-        assert not any(b.startswith(f"{t}:first:3") for b in _BODIES)
+        status = "interrupted" if busy == "interrupt" else "rolled_back"
+        assert [e.status for e in errors] == [status]  # type: ignore[attr-defined]
+        assert not any(b.startswith(f"{t}:first:3") for b in _BODIES)  # nothing of it ran after the stop
+        kept = [f"{t}:first:0", f"{t}:first:1", f"{t}:first:2"] if busy == "interrupt" else []
+        assert run.state["done"] == [f"{t}:before", *kept, f"{t}:second"]
         statuses = {c.run_id: c.run_status for c in other.history(t) if c.step is None}
-        assert statuses == {"first": "interrupted", "second": "completed"}
+        assert statuses == {"zero": "completed", "first": status, "second": "completed"}
+        assert len(other.history(t, run_id="first")) == 4  # its three steps and its end: nothing deleted
+        with pytest.raises(RunCancelledError, match=status), resume(t, store=store, run_id="first"):
+            _slow(f"{t}:first:again")  # a redelivery of the stopped turn runs nothing
 
 
 def _until(ok: Any, limit: float = 30.0) -> None:

@@ -65,6 +65,7 @@ QUICK_LEAVES_OUT = frozenset({
     "test_long_runs_memory.py", "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
     "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
     "test_packaging.py", "test_bench_imports.py", "test_docs_examples.py", "test_crash_matrix_examples.py",
+    "test_examples.py",  # examples/ and the extras each names (every framework)
     "test_docs_site.py",  # the docs extra (mkdocs)
 })
 

@@ -48,6 +48,7 @@ from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._emit import emit
 from .engine._messages import areceive, aset_event, cancelled, receive, set_event
 from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
@@ -59,6 +60,7 @@ from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, sus
 from .secrets._redact import Secret
 from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
+from .streams._format import StreamEvent
 from .wrappers._keys import KeyRing, generate_key
 
 if _TYPE_CHECKING:
@@ -143,6 +145,7 @@ __all__ = [
     "StoreClosedError",
     "StoreLostError",
     "StoreOptionsError",
+    "StreamEvent",
     "Suspended",
     "ThreadBusyError",
     "ThreadLease",
@@ -168,6 +171,7 @@ __all__ = [
     "current_step",
     "default_store",
     "deprecate_patch",
+    "emit",
     "generate_key",
     "instruction_check",
     "merge",

@@ -214,6 +214,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("state", ("persistkit.state",)),
     ("coordination", ("persistkit.coordination",)),
     ("blackboard", ("persistkit.blackboard",)),
+    ("streams", ("persistkit.streams",)),
     ("ops", ("persistkit.ops",)),
     ("engine", ("persistkit.engine",)),
     ("surface", ("persistkit", "persistkit.__main__", "persistkit._cli", "persistkit.testing")),

@@ -200,6 +200,10 @@ class resume:
                 from ..coordination._hooks import let_go_sync
 
                 _outbox.settle_sync(run, self._holding, let_go_sync)
+            if run._index and not run.replay_only:  # its earlier attempts may have emitted (persistkit/streams)
+                from ..streams._writer import opened
+
+                opened(run)
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
@@ -266,6 +270,10 @@ class resume:
                 from ..coordination._hooks import let_go_async
 
                 await _outbox.settle_async(run, self._holding, let_go_async)
+            if run._index and not run.replay_only:  # its earlier attempts may have emitted (persistkit/streams)
+                from ..streams._writer import opened
+
+                opened(run)
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on

@@ -157,6 +157,9 @@ class Commits(ReplayCursor):
     def _write_sync(
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
+        streams = self._streams
+        if streams is not None:  # the run emitted (persistkit/streams): its events land first
+            streams.before(self, body)
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version, obs = self.lease, self._head.version if self._head else 0, self.observer
         began = perf_counter() if obs is not None else 0.0  # telemetry (ops/_telemetry): write latency
@@ -179,12 +182,17 @@ class Commits(ReplayCursor):
             conflicted(self, body, lost)  # logged, and reported if observed (ops/_telemetry)
             raise lost from exc
         self._landed(row, body, diff, head, error)
+        if streams is not None:
+            streams.landed(self, body)
         if obs is not None:
             obs.wrote(row.payload, blobs, body, perf_counter() - began)
 
     async def _write_async(
         self, body: dict[str, Any], extra: dict[str, bytes], args: bytes | None, error: BaseException | None
     ) -> None:
+        streams = self._streams
+        if streams is not None:  # the run emitted (persistkit/streams): its events land first
+            await streams.abefore(self, body)
         row, blobs, diff = self._prepare(body, extra, args)
         lease, version, obs = self.lease, self._head.version if self._head else 0, self.observer
         began = perf_counter() if obs is not None else 0.0  # telemetry (ops/_telemetry): write latency
@@ -207,6 +215,8 @@ class Commits(ReplayCursor):
             conflicted(self, body, lost)  # logged, and reported if observed (ops/_telemetry)
             raise lost from exc
         self._landed(row, body, diff, head, error)
+        if streams is not None:
+            await streams.alanded(self, body)
         if obs is not None:
             obs.wrote(row.payload, blobs, body, perf_counter() - began)
 

@@ -69,3 +69,4 @@ class RunFields:
     _questions: list[Any]
     _effects: dict[str, Any]
     _pending: list[Any]
+    _streams: Any

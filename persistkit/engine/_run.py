@@ -146,6 +146,9 @@ class Run(Commits):
         self._patches: dict[str, bool] = {}
         self._effects: dict[str, Any] = {}  # after-commit effects registered by running steps (engine/_outbox)
         self._pending: list[Any] = []  # effects committed but not done when the run opened (Pending)
+        #: The run's stream writers (persistkit/streams), once it emits or continues: the commit
+        #: path calls them before and after each write; None (the usual case) costs one test.
+        self._streams: Any = None
         self.lease: Lease | None = None  # set by resume(): every write carries its fencing token
         #: Set by resume() when the block owns its lease: the end record gives it up with it.
         self.release_at_end = False

@@ -30,6 +30,7 @@ from ..ops._prune import RetentionStore
 from ..secrets._redact import Redactor, Vault, scrub
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
+from ..streams._store import StreamStore
 from ..wrappers import stack
 from ._heads import ANY_HEAD, AnyHead
 from ._replay_check import ReplayCheckStore
@@ -99,7 +100,7 @@ def _check_limit(limit: object) -> int | None:
     return limit
 
 
-class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, RetentionStore, StorePlans):
+class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, RetentionStore, StreamStore, StorePlans):
     """A durable store. Open one with :func:`connect`; share it across threads and runs."""
 
     def __init__(self, backend: Backend, *, codec: Codec | None = None) -> None:

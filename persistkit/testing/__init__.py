@@ -15,7 +15,9 @@ rollback; ``LongRunsConformance`` all four of those; ``KvConformance`` and
 cas, batches, TTL, claims, watches, scoped handles, validators, values through the
 wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
-process (``persistkit.testing.combination``). Subclass any of them in your test suite and provide
+process (``persistkit.testing.combination``); ``StreamConformance`` durable streams
+(``pk.emit``, ``store.read_stream``), crashed at every step position and read from every
+offset (docs/streams.md). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
 
 ``crash_matrix(agent)`` (``persistkit.testing.crash_matrix``, and the pytest fixture of the
@@ -35,6 +37,7 @@ from .prune_suite import PruneConformance
 from .retention_suite import RetentionConformance
 from .saga_suite import SagaConformance
 from .store_suite import StoreConformance
+from .stream_suite import StreamConformance
 from .suspend_suite import SuspendConformance
 from .watch_suite import WatchConformance
 
@@ -52,6 +55,7 @@ __all__ = [
     "RetentionConformance",
     "SagaConformance",
     "StoreConformance",
+    "StreamConformance",
     "SuspendConformance",
     "WatchConformance",
     "crash_matrix",

@@ -132,6 +132,27 @@ class resume:
     every resume): after the code is fixed, the continued run replays its
     committed steps and runs only that step again. Its side effects happen a
     second time, so pass it once the cause is fixed, with the run's ``run_id``.
+
+    :param thread_id: the thread (a conversation, a task) whose run this block is.
+    :param store: where the run is kept; None: :func:`default_store` (``$PERSISTKIT_URL``,
+        else SQLite under ``./.persistkit/``).
+    :param state: a ``pk.State`` subclass, or an instance (the initial state of a new thread),
+        or a dict, or None for dict state; ``run.state`` in the block.
+    :param run_id: the run's identity (an event or message id): the same ``run_id`` again
+        replays the recorded run, or continues it if it did not finish. None: a new run,
+        unless the thread's newest run is unfinished (then that run continues).
+    :param metadata: a dict stored with the run's records (``store.history(..., metadata=)``
+        filters on it).
+    :param namespace: a separate chain of checkpoints inside the thread ("" by default).
+    :param busy: when another live run holds the thread's lease: ``"queue"`` (default) waits
+        in arrival order, ``"wait"`` waits, ``"reject"`` raises ``pk.ThreadBusyError``;
+        None takes no lease.
+    :param lease_ttl: seconds a lease outlives a holder that stopped renewing it (default 30).
+    :param busy_timeout: seconds to wait for the lease (and for the thread's unfinished run)
+        before ``pk.ThreadBusyError`` (default 300; None: no limit).
+    :param unfinished_timeout: seconds to wait for another turn's unfinished run before giving
+        the place back with ``ThreadBusyError.retry_after`` (None: up to ``busy_timeout``).
+    :param retry_failed: run again a step recorded as failed to store its result or state.
     """
 
     def __init__(
@@ -394,6 +415,17 @@ def checkpointed(
     after the step completed, ``compensate(result)`` runs (see ``pk.compensate``).
     Outside a block, pass ``thread_id=...`` (and ``store=...``, default
     :func:`default_store`) to run the one call as a block.
+
+    :param fn: the function, for ``@pk.checkpointed``; None for ``@pk.checkpointed(...)``
+        with options. Sync and ``async def`` functions both work; a generator does not.
+    :param name: what replay matches a recorded step on (default: the function's qualified
+        name); give one to rename or move the function without breaking waiting runs.
+    :param retry: a ``pk.Retry`` policy for failed attempts (finished child steps replay).
+    :param check_args: refuse to replay a step called with other arguments than recorded
+        (``pk.NonDeterminismError``); False for a step whose input may change (the turn's
+        event, read again by a process that has only the thread).
+    :param compensate: a module-level function that undoes the step: if the run fails for
+        good after the step completed, ``compensate(result)`` runs (see ``pk.compensate``).
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigurationError(f"@checkpointed(name={name!r}): name must be a non-empty str")

@@ -606,6 +606,36 @@ def connect(
     Other keyword options go to the backend. Every option but ``vault`` may also sit in the
     URL query, as text (``?redact=false&integrity=env:MY_KEYS``; docs/backends.md): a
     keyword left at its default does not override it.
+
+    :param url: a store URL or a ``Backend``; None: ``$PERSISTKIT_URL``, else a SQLite file
+        under ``./.persistkit/``.
+    :param blobs: a second store (a URL or a ``Backend``, typically S3) for anything stored
+        larger than ``blob_threshold``; the first store keeps a pointer.
+    :param blob_threshold: bytes (after compression and encryption) above which a value goes
+        to ``blobs`` (default 256 KiB).
+    :param allow_pickle: pickle values of types the codec does not know (off: a clear
+        ``SerializationError`` instead).
+    :param allow_modules: modules whose classes may be revived from storage.
+    :param compress_threshold: bytes from which a stored value is compressed with zstd
+        (default 1024).
+    :param redact: replace secrets in every stored string by handles; None follows
+        ``pk.secrets.configure`` (on by default).
+    :param vault: keeps the detected secrets of this store (see ``pk.secrets``).
+    :param encryption: seal every record with AES-256-GCM: True (keys from
+        ``$PERSISTKIT_ENCRYPTION_KEYS``), ``"env:VAR"``, ``"file:PATH"``, key bytes, a
+        ``{key_id: key}`` mapping, a callable or a ``pk.KeyRing``; None: on when
+        ``$PERSISTKIT_ENCRYPTION_KEYS`` is set; False: off.
+    :param accept_plaintext: also read records written before encryption was on (while
+        migrating: ``store.rotate_keys(encrypt_plaintext=True)``).
+    :param integrity: seal every record with a keyed hash chain and refuse tampered reads; the
+        same forms as ``encryption`` (keys from ``$PERSISTKIT_INTEGRITY_KEYS``).
+    :param witness: also refuse a store rolled back to an older copy: ``"file:PATH"``, a store
+        URL or ``Backend``, or an object with ``record``/``latest``.
+    :param max_value_bytes: refuse a step result or state value whose serialized form is
+        larger (``pk.ValueTooLargeError``, nothing written); None: a value above 1 MiB gets a
+        ``pk.LargeValueWarning`` once per step (none with ``blobs=``).
+    :param options: the store's own options, as keywords or in the URL query (reference:
+        Stores and their URL options).
     """
     if url is None:
         url = os.environ.get("PERSISTKIT_URL") or DEFAULT_URL

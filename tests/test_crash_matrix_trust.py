@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,8 @@ def test_iterating_a_set_between_steps_is_named_in_process_mode(tmp_path: Path) 
     assert result.findings[0].message.startswith(
         "the order of the steps changed in a fresh process with another hash seed"
     )
-    assert "step `greet` at position 0 was called with other arguments" in str(result)
+    # the first name the two orders disagree on: at 0 unless both seeds happen to start alike
+    assert re.search(r"step `greet` at position \d was called with other arguments", str(result)), str(result)
     with pytest.raises(AssertionError, match="iterates a set"):
         result.assert_same_outcome()
 
@@ -250,7 +252,7 @@ def test_the_order_of_a_set_is_checked_at_every_call_of_a_test(tmp_path: Path) -
     assert before.ok and len(before.points) == 9 and not before.notes, str(before)
     result = matrix(lambda: greet_everyone(second), "process", tmp_path, other_hash_seed=True)
     assert [f.kind for f in result.findings] == ["order"], str(result)
-    assert "step `greet` at position 0 was called with other arguments" in str(result)
+    assert re.search(r"step `greet` at position \d was called with other arguments", str(result)), str(result)
 
 
 FIRST_RUN: list[str] = []  # a global: "is this the first run in this process?"

@@ -166,11 +166,13 @@ def _warmed(
     if pid == 0:  # the warm process
         code = 0
         try:
+            # threads a fork hook restarted (OpenTelemetry's span processor) are in every child
+            threads = _threads()
             for name in modules:
                 with contextlib.suppress(Exception):  # one not importable by name stays lazy
                     importlib.import_module(name)
             _prime()
-            if _threads() > 1:
+            if _threads() > threads:
                 replies.write("0\n")
                 replies.flush()
                 code = _DECLINED

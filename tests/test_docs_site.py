@@ -76,3 +76,47 @@ def test_the_site_builds_strict_and_its_reference_lists_every_public_name(tmp_pa
             assert missing == [], f"{page} does not list {module_name}'s public names {missing}"
     for record in (ROOT / "docs" / "decisions").glob("[0-9]*.md"):  # listed by scripts/mkdocs_hooks.py
         assert (site / "decisions" / record.stem / "index.html").exists(), f"{record.name} is not on the site"
+
+
+#: The calls whose every parameter the reference shows in a Parameters table (the docstring's
+#: ``:param name:`` fields, which mkdocstrings renders).
+PARAMETERS = {"persistkit.resume": "__init__", "persistkit.checkpointed": None, "persistkit.connect": None}
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETERS))
+def test_every_parameter_of_the_main_calls_is_in_the_reference(name: str) -> None:
+    obj = importlib.import_module("persistkit")
+    obj = getattr(obj, name.rsplit(".", 1)[1])
+    sig = inspect.signature(getattr(obj, PARAMETERS[name]) if PARAMETERS[name] else obj)
+    wanted = [p for p in sig.parameters if p != "self"]
+    documented = re.findall(r"^\s*:param (\w+):", obj.__doc__ or "", re.M)
+    assert documented == wanted, (
+        f"{name}: its docstring's ':param name:' fields are {documented}, its parameters {wanted}: "
+        "one field per parameter, in the signature's order (the reference's Parameters table)")
+
+
+#: Each store's heading on docs/reference/stores.md and where its option names are.
+STORE_OPTIONS = {
+    "## `pk.connect()`'s own options": ("persistkit.backends", "CONNECT_OPTIONS"),
+    "## SQLite": ("persistkit.backends.sqlite", "_OPTIONS"),
+    "## PostgreSQL": ("persistkit.backends.postgres", "OPTIONS"),
+    "## Redis": ("persistkit.backends.redis", "_OPTIONS"),
+    "## S3": ("persistkit.backends.s3", "_OPTIONS"),
+    "## DynamoDB": ("persistkit.backends.dynamodb", "_OPTIONS"),
+}
+
+
+@pytest.mark.parametrize("heading", sorted(STORE_OPTIONS))
+def test_every_url_option_of_every_store_is_in_the_reference(heading: str) -> None:
+    module_name, attr = STORE_OPTIONS[heading]
+    try:
+        options = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:  # a store whose driver (extra) is not installed
+        pytest.skip(f"{module_name} needs its extra: {exc}")
+    page = (ROOT / "docs" / "reference" / "stores.md").read_text()
+    assert heading in page, f"docs/reference/stores.md has no section '{heading}'"
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert rows == set(options), (
+        f"docs/reference/stores.md, {heading}: the table lists {sorted(rows)}, the store takes "
+        f"{sorted(options)} ({module_name}.{attr}): one row per option")

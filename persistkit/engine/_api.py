@@ -145,7 +145,9 @@ class resume:
         filters on it).
     :param namespace: a separate chain of checkpoints inside the thread ("" by default).
     :param busy: when another live run holds the thread's lease: ``"queue"`` (default) waits
-        in arrival order, ``"wait"`` waits, ``"reject"`` raises ``pk.ThreadBusyError``;
+        in arrival order, ``"wait"`` waits, ``"reject"`` raises ``pk.ThreadBusyError``,
+        ``"interrupt"`` asks the running turn to stop at its next step boundary and runs next,
+        ``"rollback"`` does the same and puts the state back where that turn started;
         None takes no lease.
     :param lease_ttl: seconds a lease outlives a holder that stopped renewing it (default 30).
     :param busy_timeout: seconds to wait for the lease (and for the thread's unfinished run)

@@ -8,7 +8,7 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_schema``: ``migrate``
 * ``_dynamodb``: ``dynamodb create-table``
 * ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
-* ``_leases``: ``leases``, ``abandon``
+* ``_leases``: ``leases``, ``abandon``, ``cancel``
 * ``_suspend``: ``answer``, ``pending``, ``due``
 * ``_replay``: ``replay-check``
 * ``_outbox``: ``drain-outbox``

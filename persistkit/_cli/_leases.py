@@ -1,5 +1,5 @@
-"""Verbs of the coordination layer: ``leases`` (who holds which thread) and ``abandon``
-(give up an unfinished run that will never be redelivered)."""
+"""Verbs of the coordination layer: ``leases`` (who holds which thread), ``abandon``
+(give up an unfinished run that will never be redelivered) and ``cancel`` (stop a run)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,32 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default="", help="the thread's namespace (default: none)")
     p.add_argument("--json", action="store_true", help="print the end record as JSON")
     p.set_defaults(func=_abandon)
+
+    p = sub.add_parser(
+        "cancel", parents=[common], help="stop a run: live at its next step, or a suspended or crashed one now",
+        description="Stop RUN of THREAD (default: the run live or unfinished on it). A live run is "
+        "asked to stop: at its next step boundary pk.RunCancelledError is raised inside it (its "
+        "compensations run) and it ends with status cancelled; another process's run sees the "
+        "request at its lease's next renewal. A run nobody runs (suspended, or its process died) "
+        "is ended now with status cancelled. A redelivery of it runs nothing (docs/messages.md).",
+    )
+    p.add_argument("thread", help="the thread's id")
+    p.add_argument("run", nargs="?", default=None, help="the run's id (default: the thread's live or unfinished run)")
+    p.add_argument("--namespace", default="", help="the thread's namespace (default: none)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=_cancel)
+
+
+def _cancel(ns: argparse.Namespace, out: Output) -> int:
+    with open_store(resolve_url(ns.url)) as store:
+        outcome = store.cancel(ns.thread, ns.run, namespace=ns.namespace)
+    if out.as_json:
+        out.value({"thread": ns.thread, "namespace": ns.namespace, "run": ns.run, "outcome": outcome})
+    elif outcome == "requested":
+        out.line(f"thread {ns.thread}: the live run was asked to stop; it ends, status cancelled, at its next step")
+    else:
+        out.line(f"thread {ns.thread}: the run was ended now, status cancelled (it was suspended or its process died)")
+    return 0
 
 
 def _abandon(ns: argparse.Namespace, out: Output) -> int:

@@ -183,6 +183,8 @@ def _target(store: Any, thread_id: str, namespace: str, run_id: str | None) -> P
 
     found = yield call("head_row", thread_id, namespace)
     head = Record.decode(store.codec, found[1]) if found else None
+    if head is not None and head.kind == "end" and head.run_status == CANCELLED and head.row.run_id:
+        return head.row.run_id  # cancelled already: nothing more to do
     if head is None or head.kind != "step" or not head.row.run_id:
         raise NotFoundError(
             f"cannot cancel thread {thread_id!r}: no run is live or unfinished on it (its newest record "

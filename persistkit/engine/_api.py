@@ -114,7 +114,10 @@ class resume:
     lease first, renews it every ``lease_ttl / 3`` seconds and gives it up at exit;
     every checkpoint it writes carries the lease's fencing token. When another live
     run holds it, ``busy`` decides: ``"queue"`` (default) waits in arrival order,
-    ``"wait"`` waits for it to be free, ``"reject"`` raises ``pk.ThreadBusyError``;
+    ``"wait"`` waits for it to be free, ``"reject"`` raises ``pk.ThreadBusyError``,
+    ``"interrupt"`` asks that run to stop at its next step (it ends ``interrupted``, its
+    finished steps kept) and runs next, ``"rollback"`` does the same and puts the state
+    back where the stopped turn started (docs/messages.md);
     waiting gives up after ``busy_timeout`` seconds. ``busy=None`` takes no lease.
     A run whose holder died is continued once its lease expired (at once when the
     holder ran on this machine). A crashed run keeps its place: a block of another

@@ -286,7 +286,7 @@ def test_the_fragment_convention_is_what_the_docs_use() -> None:
                 f"{block.where}: its first line mentions a fragment but is not '# fragment: see <file> (why)'")
     for doc in DOCS:
         text = doc.read_text()
-        for m in RUN.finditer(text):
+        for m in re.finditer(rf"^[ \t]*{RUN.pattern}[ \t]*$", text, re.M):  # a marker on a line of its own
             after = text[m.end():].lstrip("\n ")
             assert after.startswith("```"), (
                 f"{doc.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}: '{m.group(0)}' is not on the line "

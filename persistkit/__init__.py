@@ -61,6 +61,7 @@ from .secrets._redact import Secret
 from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
 from .streams._format import StreamEvent
+from .streams._sse import sse
 from .wrappers._keys import KeyRing, generate_key
 
 if _TYPE_CHECKING:
@@ -185,6 +186,7 @@ __all__ = [
     "set_event",
     "set_testing",
     "sleep",
+    "sse",
     "suspend",
     "suspend_all",
 ]

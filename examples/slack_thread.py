@@ -4,6 +4,7 @@
     python examples/slack_thread.py                           # the demo: prints what happens
     python examples/slack_thread.py --chaos                   # the faults, in real processes, and the proof
     python examples/slack_thread.py handle event.json         # handle one Events API envelope (- : stdin)
+    python examples/slack_thread.py handle fix.json --busy interrupt   # a correction: stop the turn in flight
     python examples/slack_thread.py pending                   # refunds waiting for a person
     python examples/slack_thread.py answer THREAD_TS yes      # approve (or no) and finish the turn
     python examples/slack_thread.py drain                     # post replies a dead worker left behind
@@ -28,6 +29,10 @@ is one turn, ``pk.resume(thread, run_id=<event_id>, busy="queue")``:
   turn (the process may exit). ``answer`` records the decision from any process
   (``store.answer``) and continues the turn there: nothing before the question runs
   again, the refund runs once with its step's idempotency key.
+* A correction ("wait, make it $50") handled with ``--busy interrupt`` asks the thread's
+  turn in flight to stop at its next step (``pk.resume(busy="interrupt")``): that turn ends
+  ``interrupted`` without posting its reply (its finished steps stay in the thread), and
+  the correction's turn runs next. A redelivery of the interrupted event is acked.
 * The reply is posted with ``run.after_commit(post_reply, ...)``: only once the
   checkpoint that produced it is durable, exactly once across crashes (a worker that
   died between the commit and the post leaves it to the next resume of the turn, or
@@ -131,7 +136,10 @@ def _stall(point: str) -> None:
         os.rename(work / f"stall-{point}", work / f"stalled-{point}.{os.getpid()}")
     except FileNotFoundError:
         return  # no stall asked, or another process took it
-    threading.Event().wait(STALL_LIMIT)
+    gone = threading.Event()
+    for _ in range(int(STALL_LIMIT / 0.05)):  # a turn asked to stop (a correction) is not kept waiting
+        if pk.cancelled() or gone.wait(0.05):
+            return
     raise TimeoutError(f"the fake {point} call hung {STALL_LIMIT:.0f} s and no one killed process {os.getpid()}")
 
 
@@ -298,17 +306,23 @@ def thread_of(channel: str, thread_ts: str) -> str:
 
 
 def turn(store: pk.Store, thread: str, run_id: str, envelope: dict[str, Any] | None,
-         busy_timeout: float | None = 300.0) -> str:
-    """Run (or continue, or replay) one turn; returns its status: completed or suspended."""
-    with pk.resume(thread, run_id=run_id, busy="queue", busy_timeout=busy_timeout,
-                   store=store, state=Conversation) as run:
-        event = receive(envelope)
-        reply(agent(event), event)
+         busy_timeout: float | None = 300.0, busy: str = "queue") -> str:
+    """Run (or continue, or replay) one turn; returns its status: completed, suspended, or
+    interrupted (a later event of the thread took over with ``busy="interrupt"``)."""
+    try:
+        with pk.resume(thread, run_id=run_id, busy=busy, busy_timeout=busy_timeout,
+                       store=store, state=Conversation) as run:
+            event = receive(envelope)
+            reply(agent(event), event)
+    except pk.RunCancelledError as exc:  # stopped at a step boundary: ack the event, post nothing
+        return exc.status
     return run.status
 
 
-def handle(store: pk.Store, envelope: dict[str, Any], busy_timeout: float | None = 300.0) -> str:
-    """Handle one Events API envelope: ``completed``, ``suspended`` or ``ignored``."""
+def handle(store: pk.Store, envelope: dict[str, Any], busy_timeout: float | None = 300.0,
+           busy: str = "queue") -> str:
+    """Handle one Events API envelope: ``completed``, ``suspended``, ``interrupted`` or ``ignored``.
+    ``busy="interrupt"``: a correction, which stops the thread's turn in flight and runs next."""
     if envelope.get("type") == "url_verification":
         return "ignored"
     if envelope.get("type") != "event_callback" or not isinstance(envelope.get("event"), dict):
@@ -320,7 +334,7 @@ def handle(store: pk.Store, envelope: dict[str, Any], busy_timeout: float | None
     if missing:
         raise pk.ConfigurationError(f"Slack envelope without {', '.join(missing)}: cannot key its turn")
     thread = thread_of(event["channel"], event.get("thread_ts") or event["ts"])
-    return turn(store, thread, envelope["event_id"], envelope, busy_timeout)
+    return turn(store, thread, envelope["event_id"], envelope, busy_timeout, busy)
 
 
 def find_thread(store: pk.Store, thread_ts: str, channel: str | None) -> str:
@@ -664,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("handle", help="handle one event envelope")
     h.add_argument("envelope", help="a JSON file, or - for stdin")
     h.add_argument("--busy-timeout", type=float, default=300.0)
+    h.add_argument("--busy", choices=["queue", "interrupt"], default="queue",
+                   help="interrupt: a correction, which stops the thread's turn in flight at its next step")
     a = sub.add_parser("answer", help="answer a thread's open question and finish its turn")
     a.add_argument("thread_ts")
     a.add_argument("decision", choices=["yes", "no"])
@@ -702,7 +718,7 @@ def command(store: pk.Store, args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"slack_thread: cannot read the envelope {args.envelope}: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps({"status": handle(store, envelope, args.busy_timeout)}))
+        print(json.dumps({"status": handle(store, envelope, args.busy_timeout, args.busy)}))
     elif args.command == "answer":
         thread = find_thread(store, args.thread_ts, args.channel)
         print(json.dumps({"status": answer(store, thread, args.decision == "yes", args.by)}))

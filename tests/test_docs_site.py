@@ -120,3 +120,11 @@ def test_every_url_option_of_every_store_is_in_the_reference(heading: str) -> No
     assert rows == set(options), (
         f"docs/reference/stores.md, {heading}: the table lists {sorted(rows)}, the store takes "
         f"{sorted(options)} ({module_name}.{attr}): one row per option")
+
+
+@pytest.mark.parametrize(("page", "limit"), [("README.md", 10_000), ("docs/architecture.md", 30_000)])
+def test_the_first_reads_stay_short(page: str, limit: int) -> None:
+    # The README fits two screens; the design page is read in 20 minutes (#36). A decision goes
+    # to docs/decisions/NNNN-title.md, a detail to its topic's page.
+    size = len((ROOT / page).read_bytes())
+    assert size <= limit, f"{page} is {size} bytes, over {limit}: move detail to the pages it links to"

@@ -213,13 +213,15 @@ class Codec:
             self._plain_serializer = plain
         return plain
 
-    def dump_tree(self, tree: Any, *, stable: bool = False) -> bytes:
+    def dump_tree(self, tree: Any, *, stable: bool = False, data: bytes | None = None) -> bytes:
         """Compact JSON bytes of an already-encoded tree, secrets replaced by handles.
 
         ``stable``: every secret becomes ``$CRED{}``, the same in every process
         whatever named it (for digests that are compared across processes).
+        ``data``: the tree's JSON before redaction (``_dump(tree)``), when the caller has it.
         """
-        data = _dump(tree)
+        if data is None:
+            data = _dump(tree)
         return self.redactor.redact_json(data, tree, _dump, stable)
 
     @staticmethod

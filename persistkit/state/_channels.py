@@ -112,6 +112,7 @@ class _ValuePrev:
     digest: str
     obj: Any = _NO_OBJ  # the committed value, when its type is in _IMMUTABLE
     gen: int = -1  # the secret registry's generation it was redacted under
+    data: bytes | None = None  # the JSON of its tree before redaction: the next commit's change mark
 
     def holds(self, value: Any) -> bool:
         """Whether ``value`` is the immutable value committed last, stored as redaction
@@ -129,6 +130,7 @@ class _Inline:
     trees: list[Any]
     size: int  # its items' serialized bytes
     stored: bool  # trees in stored form (read back), not as this process encoded them
+    upto: int  # the bytes of the inline segments gathered up to this one (see _tracker._gather)
 
 
 @dataclass(slots=True)
@@ -401,16 +403,20 @@ class Loader:
         """The inline segments of the chain ending at ``tip`` after its newest blob segment
         (at most ``limit``), oldest first, as read (after :meth:`fetch`): what the next
         span gathers."""
-        out: list[_Inline] = []
+        found: list[tuple[str, str | None, int, list[Any]]] = []
         key = tip
-        while key is not None and not _is_blob_key(key) and len(out) < limit:
+        while key is not None and not _is_blob_key(key) and len(found) < limit:
             seg = self.raw.get((name, key))
             if seg is None:  # not read here: the next span starts after it
                 break
             prev, start, trees = seg
-            out.append(_Inline(key, prev, start, trees, len(_dump(trees)), stored=True))
+            found.append((key, prev, start, trees))
             key = prev
-        out.reverse()
+        out, upto = [], 0
+        for key, prev, start, trees in reversed(found):
+            size = len(_dump(trees))
+            upto += size
+            out.append(_Inline(key, prev, start, trees, size, stored=True, upto=upto))
         return tuple(out)
 
     def segment_keys(self, name: str, ref: dict[str, Any]) -> list[str]:

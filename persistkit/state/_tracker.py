@@ -214,13 +214,20 @@ class Tracker:
             d.refs[name], d.prev[name] = p.ref, p
             return
         tree = self.codec.encode(value, f"state.{name}")
-        text = self.codec.dump_tree(tree)
+        data = _dump(tree)
+        obj = value if type(value) in _IMMUTABLE else _NO_OBJ
+        if isinstance(p, _ValuePrev) and p.data == data and p.gen == _generation[0]:
+            # The JSON committed last, under the same secrets: its stored form is the one the
+            # head holds, so it is not redacted, sized, hashed nor written again.
+            d.refs[name] = p.ref
+            d.prev[name] = p if p.obj is obj else _ValuePrev(p.ref, p.digest, obj, p.gen, data)
+            return
+        text = self.codec.dump_tree(tree, data=data)
         if len(text) > self.codec.value_alarm:  # a warning, or max_value_bytes= (codec/_sizes.py)
             large_value(self.codec, len(text), f"run.state.{name}", f"state.{name}")
         digest = content_hash(text)
-        obj = value if type(value) in _IMMUTABLE else _NO_OBJ
         if isinstance(p, _ValuePrev) and p.digest == digest:
-            d.refs[name], d.prev[name] = p.ref, _ValuePrev(p.ref, digest, obj, _generation[0])
+            d.refs[name], d.prev[name] = p.ref, _ValuePrev(p.ref, digest, obj, _generation[0], data)
             return
         if len(text) <= INLINE_LIMIT:
             ref: dict[str, Any] = {"i": tree}
@@ -229,7 +236,7 @@ class Tracker:
             ref = {"b": key}
             if key not in self.known:
                 d.blobs[key] = self.codec.seal(text)
-        d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest, obj, _generation[0])
+        d.refs[name], d.prev[name] = ref, _ValuePrev(ref, digest, obj, _generation[0], data)
 
     def _diff_list(self, name: str, value: list[Any], d: Diff, cid: str) -> None:
         p = self.prev.get(name)
@@ -294,8 +301,7 @@ class Tracker:
         size = len(last_raw) if last_raw is not None and len(trees) == 1 else len(_dump(trees))
         if size > self.codec.value_alarm:
             large_value(self.codec, size, f"the items appended to run.state.{name}", f"state.{name}")
-        this = _Inline(cid, prev_tip, start, trees, size, stored=False)
-        gathered = _gather(p.recent if p is not None and start > 0 else (), this)
+        gathered = _gather(p.recent if p is not None and start > 0 else (), cid, prev_tip, start, trees, size)
         if (start > 0 or len(trees) <= INLINE_SEGMENT_ITEMS) and len(gathered) <= SPAN_SEGMENTS:
             d.segments[name] = {"p": prev_tip, "s": start, "i": trees}
             key, recent = cid, gathered
@@ -318,12 +324,17 @@ class Tracker:
         return key
 
 
-def _gather(recent: tuple[_Inline, ...], this: _Inline) -> tuple[_Inline, ...]:
-    """The inline segments the next span would hold, ``this`` (about to be written) last. Large
-    segments are cheap to read one by one (a row's cost is small beside its bytes): once
-    the segments gathered hold over ``SPAN_BYTES``, gathering starts again from ``this``."""
-    gathered = (*recent, this)
-    return gathered if sum(seg.size for seg in gathered) <= SPAN_BYTES else (this,)
+def _gather(
+    recent: tuple[_Inline, ...], cid: str, prev: str | None, start: int, trees: list[Any], size: int
+) -> tuple[_Inline, ...]:
+    """The inline segments the next span would hold, the one about to be written (``cid``) last.
+    Large segments are cheap to read one by one (a row's cost is small beside its bytes): once
+    the segments gathered hold over ``SPAN_BYTES``, gathering starts again from this one. Each
+    segment carries the bytes gathered up to it (``upto``), so a step does not add them up again."""
+    upto = (recent[-1].upto if recent else 0) + size
+    if upto > SPAN_BYTES:
+        return (_Inline(cid, prev, start, trees, size, stored=False, upto=size),)
+    return (*recent, _Inline(cid, prev, start, trees, size, stored=False, upto=upto))
 
 
 def _mode(value: list[Any]) -> tuple[list[Any] | None, list[Any] | None]:

@@ -62,3 +62,66 @@ def test_warming_that_starts_a_thread_is_declined_and_the_server_stays_cold(modu
         assert _code(zygote.call([name], 10)) == 8  # so each child imports it (and starts it) itself
     finally:
         zygote.close()
+
+
+# -- one crash run for every point (process mode on SQLite: _crash_chain) -------------------
+
+
+def _counted_agent(log: Path, thread: str, threaded: bool = False) -> Any:
+    import concurrent.futures
+    import contextvars
+
+    import persistkit as pk
+
+    @pk.checkpointed(name="chain.step")
+    def step(i: int) -> int:
+        with open(log, "a") as f:  # in the step: a body run, counted across processes
+            f.write(f"{i}\n")
+        return i * 2
+
+    def agent() -> int:
+        with pk.resume(thread) as run:
+            if threaded:  # the steps run in a worker thread, which a fork does not copy
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    run.state["out"] = [pool.submit(contextvars.copy_context().run, step, i).result() for i in range(5)]
+            else:
+                run.state["out"] = [step(i) for i in range(5)]
+            return sum(run.state["out"])
+
+    return agent
+
+
+@pytest.mark.slow  # process mode (the quick tier leaves it out)
+def test_one_crash_run_dies_at_every_point_and_each_resume_sees_what_its_death_left(tmp_path: Path) -> None:
+    from conftest import uid
+
+    from persistkit.testing import crash_matrix
+
+    log = tmp_path / "bodies.log"
+    result = crash_matrix(
+        _counted_agent(log, uid("chain")), mode="process", url="sqlite", directory=str(tmp_path),
+        echo=None, other_hash_seed=False,
+    )
+    assert result.ok and len(result.points) == 15, str(result)
+    runs = log.read_text().split()
+    # step 0's body: the two uncrashed runs, ONE crash run for all five kills (a crash run
+    # per kill ran it five times), and the resume of the kill before its checkpoint landed
+    assert runs.count("0") == 4, runs
+    assert runs.count("4") == 2 + 1 + 5  # step 4 (the last): and every resume ran it
+
+
+@pytest.mark.slow  # process mode (the quick tier leaves it out)
+def test_steps_in_a_worker_thread_get_a_crash_run_per_point_and_still_pass(tmp_path: Path) -> None:
+    from conftest import uid
+
+    from persistkit.testing import crash_matrix
+
+    log = tmp_path / "bodies.log"
+    result = crash_matrix(
+        _counted_agent(log, uid("chain-threads"), threaded=True), mode="process", url="sqlite",
+        directory=str(tmp_path), echo=None, other_hash_seed=False,
+    )
+    assert result.ok and len(result.points) == 15, str(result)
+    # the first kill is in a worker thread: no continuation there, so a crash run per kill
+    # (five), the two uncrashed runs and the resume of the first kill ran step 0
+    assert log.read_text().split().count("0") == 2 + 5 + 1, log.read_text()

@@ -26,12 +26,14 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import IO, Any
 
+from ._crash_chain import serve
 from ._crash_report import Outcome, text_of, unaddressed
 from ._crash_watch import UNCARRIED, Key, wait_child
 
@@ -111,6 +113,17 @@ class Zygote:
             raise RuntimeError("crash_matrix(mode='process'): the clean process it forks from died")
         return int(line)
 
+    def batch(self, commands: list[list[Any]], timeout: float, parallel: int) -> list[int]:
+        """Run ``commands`` in children of their own, ``parallel`` at a time (they must not
+        share a store); each one's wait status, as :meth:`call` gives it."""
+        self.commands.write(json.dumps([timeout, ["batch", parallel, commands]]) + "\n")
+        self.commands.flush()
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError("crash_matrix(mode='process'): the clean process it forks from died")
+        statuses: list[int] = json.loads(line)
+        return statuses
+
     def warm(self, modules: list[str]) -> bool:
         """Import ``modules`` (the ones the matrix's uncrashed runs imported) in a process that
         then forks the children in the zygote's place, so that no child pays for them again;
@@ -136,19 +149,72 @@ def _loop(child: Callable[[list[Any]], None], commands: IO[str], replies: IO[str
             if _warmed(command[1], commands, replies, child):
                 return  # the warm process served every command after this one, and ended
             continue
-        pid = os.fork()
-        if pid == 0:  # the child: run the command; a kill -9 or os._exit ends it
-            code = 0
-            try:
-                child(command)
-            except BaseException:  # the parent reports the exit code
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        status = wait_child(pid, timeout)
-        replies.write(f"{-1 if status is None else status}\n")
+        if command[0] == "chain":  # one crash run for many points (_crash_chain)
+            reply: Any = serve(child, command, timeout)
+        elif command[0] == "batch":
+            reply = json.dumps(_batch(child, command[2], timeout, command[1]))
+        else:
+            status = wait_child(_spawn(child, command), timeout)
+            reply = -1 if status is None else status
+        replies.write(f"{reply}\n")
         replies.flush()
+
+
+def _spawn(child: Callable[[list[Any]], None], command: list[Any]) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child: run the command; a kill -9 or os._exit ends it
+        code = 0
+        try:
+            child(command)
+        except BaseException:  # the parent reports the exit code
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _batch(child: Callable[[list[Any]], None], commands: list[list[Any]], timeout: float, parallel: int) -> list[int]:
+    """Each command in a child of its own, ``parallel`` at a time; their wait statuses in
+    order (-1: still running after ``timeout`` seconds, killed)."""
+    statuses = [-1] * len(commands)
+    waiting = list(enumerate(commands))
+    running: dict[int, tuple[int, float]] = {}  # pid -> (its command's index, its deadline)
+    while waiting or running:
+        while waiting and len(running) < parallel:
+            i, command = waiting.pop(0)
+            running[_spawn(child, command)] = (i, time.monotonic() + timeout)
+        for pid, (i, deadline) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                statuses[i] = status
+                del running[pid]
+            elif time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                del running[pid]
+        if running and (len(running) >= parallel or not waiting):
+            _any_ends(list(running), min(d for _, d in running.values()) - time.monotonic())
+    return statuses
+
+
+def _any_ends(pids: list[int], timeout: float) -> None:
+    """Return once one of ``pids`` ended, or after ``timeout`` seconds."""
+    if timeout <= 0:
+        return
+    if not hasattr(os, "pidfd_open"):
+        time.sleep(min(0.005, timeout))  # a poll with a bound (no pidfd off Linux)
+        return
+    fds = []
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # ended already: no wait
+                fds.append(os.pidfd_open(pid))
+        if len(fds) == len(pids):
+            select.select(fds, [], [], timeout)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 #: The exit code of a warm process that declined (it started a thread while importing).
@@ -269,15 +335,18 @@ def load(path: str) -> Any:
         return pickle.load(f)
 
 
-def read_events(path: str) -> tuple[dict[Key, int], dict[str, int], dict[Key, tuple[str, Any]]]:
-    """What a killed child's watch logged: body runs per step key, runs outside any run per
-    step name, and each step's arguments digest and result (the last per key; the result
+def read_events(
+    path: str, size: int = -1
+) -> tuple[dict[Key, int], dict[str, int], dict[Key, tuple[str, Any]]]:
+    """What a killed child's watch logged (its first ``size`` bytes: a chain's process that
+    died at a point wrote those): body runs per step key, runs outside any run per step
+    name, and each step's arguments digest and result (the last per key; the result
     ``UNCARRIED`` when pickle could not carry it)."""
     counts: Counter[Key] = Counter()
     plain: Counter[str] = Counter()
     results: dict[Key, tuple[str, Any]] = {}
-    with open(path) as f:
-        for line in f:
+    with open(path, "rb") as f:
+        for line in f.read(size).decode().splitlines(keepends=True):
             parts = line.rstrip("\n").split("\t")
             if parts[0] == "run" and len(parts) == 6:
                 counts[(parts[1], parts[2], parts[3], parts[4])] += 1

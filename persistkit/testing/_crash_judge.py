@@ -12,19 +12,22 @@ changed its own argument in place.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from .._errors import NonDeterminismError
+from .._errors import NonDeterminismError, SerializationError
+from ..engine._store import Store
 from ._crash_report import (
     Outcome,
     cause_of,
     compared,
     describe_diff,
+    differs_by_clock,
     first_difference,
     same,
     short,
 )
-from ._crash_watch import Key, Point, Watch
+from ._crash_watch import Key, Point, StepCall, Watch
 
 __all__ = ["Judge"]
 
@@ -226,7 +229,90 @@ class Judge:
                 "@pk.checkpointed step (or move it into one), whose body a resume does not run again once it committed",
             )
 
+    # -- the uncrashed runs -----------------------------------------------------------------
 
+    def _reference_failed(self, error: BaseException) -> None:
+        text = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, SerializationError):
+            m = re.search(r"state\.([\w.\[\]]+): cannot serialize an object of type ([\w.]+)", text)
+            if m:
+                self.note(
+                    "unstorable",
+                    f"state field `{m.group(1)}` cannot be stored (it holds a {m.group(2)}), so the uncrashed run failed "
+                    "before any crash point: keep functions, locks, clients and other live objects out of run.state; "
+                    "store the data they stand for",
+                )
+                return
+        self.note(
+            "reference-failed",
+            f"the uncrashed run raised {type(error).__name__}: {short(text, 400)} (no crash point was tried)",
+        )
+
+    def _unstorable(self, store: Store, watch: Watch) -> None:
+        """A state field the run held in memory that the store does not give back as it was."""
+        for chain, mem in watch.end_states.items():
+            try:
+                if hasattr(mem, "model_dump"):
+                    stored = store.get_state(chain[0], namespace=chain[1], state=type(mem))
+                else:
+                    stored = store.get_state(chain[0], namespace=chain[1])
+            except Exception as exc:  # the finding says what
+                self.note(
+                    "unstorable",
+                    f"the state of thread {chain[0]!r} does not load back: {type(exc).__name__}: {exc}",
+                )
+                continue
+            found = first_difference(_fields(mem), _fields(stored))
+            if found is not None:
+                path, a, b = found
+                self.note(
+                    "unstorable",
+                    f"state field `{path}` does not come back from the store as the run held it: in memory {short(a)}, "
+                    f"read back {short(b)}; a resumed run sees the stored value. Store plain data (JSON-like values, "
+                    "pydantic models, dataclasses), not live objects",
+                )
+
+    def _compare_uncrashed(self, a: list[StepCall], b: list[StepCall], second: Outcome) -> None:
+        if second.error is not None:
+            self.note(
+                "nondeterminism",
+                f"a second uncrashed run raised {type(second.error).__name__}: {short(str(second.error), 300)}",
+            )
+        for x, y in zip(a, b, strict=False):
+            if x.key != y.key or x.step != y.step:
+                self.note(
+                    "nondeterminism",
+                    f"two uncrashed runs called different steps: `{x.step}` at position {x.key[2]} in one, `{y.step}` at "
+                    f"{y.key[2]} in the other: the code between steps chose another path (it reads the clock, a random "
+                    "choice or a global; keep such reads in steps)",
+                )
+                return
+            if x.digest != y.digest:
+                where = first_difference((x.args, x.kwargs), (y.args, y.kwargs))
+                detail = (
+                    f" ({short(where[1])} in one, {short(where[2])} in the other)" if where else ""
+                )
+                if differs_by_clock((x.args, x.kwargs), (y.args, y.kwargs)):
+                    cause = "code between steps read the clock: read it inside a step, whose result is recorded"
+                else:
+                    cause = (
+                        "they depend on something that is not in the state and not deterministic (a random "
+                        "choice, a uuid, a global the runs changed): make it a step, or keep it in run.state"
+                    )
+                self.shaky[x.key] = cause
+                self.note(
+                    "nondeterminism",
+                    f"the arguments of step `{x.step}` at position {x.key[2]} differ between two uncrashed runs{detail}: {cause}",
+                )
+        if len(a) != len(b):
+            self.note(
+                "nondeterminism",
+                f"two uncrashed runs ran {len(a)} and {len(b)} step bodies: the code between steps is not deterministic",
+            )
+
+
+def _fields(state: Any) -> Any:
+    return state.model_dump() if hasattr(state, "model_dump") else state
 
 def _at(key: Key) -> str:
     """Where a step key is, for a person: its position, and its run when not the thread's first."""
@@ -236,5 +322,3 @@ def _at(key: Key) -> str:
 
 def _times(n: int) -> str:
     return {1: "once", 2: "twice"}.get(n, f"{n} times")
-
-

@@ -20,12 +20,16 @@ Two modes:
   the body ran it once already). A point's "crash" is thus exact on the store's side;
   what the dead process held in memory is the one thing inline cannot take away (globals
   keep their values), which is what ``mode="process"`` is for.
-* ``mode="process"``: for each point a child process runs the agent on a fresh store and
-  is killed there by a real ``SIGKILL``; another child resumes it. Both are forked from a
-  process forked before the matrix's own runs (``_crash_fork``), so they start with this
-  process's memory as the matrix found it: a global the killed run filled is empty in the
-  resume, unless this process ran the agent before (a note says so: ``RAN_HERE``). Needs
-  a store that crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
+* ``mode="process"``: a child process runs the agent on a fresh store and is killed at
+  the point by a real ``SIGKILL``; another child resumes it. Both are forked from a
+  process forked before the matrix's own runs (``_crash_fork``; warmed with what those
+  runs imported), so they start with this process's memory as the matrix found it: a
+  global the killed run filled is empty in the resume, unless this process ran the agent
+  before (a note says so: ``RAN_HERE``). On SQLite one crash run serves every point
+  (``_crash_chain``: before each kill it forks the process that goes on, which copies the
+  store the death left), and the resumes run side by side; a server URL, or a point
+  reached in a thread a fork does not copy, gets a crash run per point. Needs a store that
+  crosses processes (SQLite, the default here, or a server URL) and ``os.fork``.
 
 Nondeterminism between steps is found by running the agent uncrashed twice and comparing
 the step names and argument digests recorded at each position; the findings name the
@@ -42,7 +46,6 @@ import inspect
 import os
 import pickle
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -51,10 +54,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._errors import ConfigurationError, SerializationError
+from .._errors import ConfigurationError
 from ..engine import _context
 from ..engine import _store as _stores
 from ..engine._store import Store, connect
+from ._crash_chain import Kills, read_report
 from ._crash_effects import WATCHED, install
 from ._crash_fork import (
     RAN_HERE,
@@ -74,10 +78,7 @@ from ._crash_report import (
     Finding,
     Outcome,
     began,
-    differs_by_clock,
-    first_difference,
     same,
-    short,
 )
 from ._crash_seed import (
     call_index,
@@ -388,6 +389,7 @@ class _Matrix(Judge):
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
         self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
         self.zygote: Zygote | None = None
+        self.stuck_at = -1  # process mode: the step index a child got stuck at
         self.imported: set[str] = set()  # process mode: the modules the zygote was forked with
         self.ran_before: set[str] = set()  # process mode: steps this process ran before the zygote
         self.last: tuple[Outcome | None, tuple[Outcome, dict[Key, Any]]] = (None, (Outcome(), {}))
@@ -459,11 +461,15 @@ class _Matrix(Judge):
             groups: dict[frozenset[tuple[tuple[str, str], str]], list[Point]] = {}
             for p in chosen:  # the points that leave one store share a crash run and a resume
                 groups.setdefault(frozenset(p.cuts.items()), []).append(p)
-            for group in groups.values():
+            left: list[list[Point]] | None = list(groups.values())
+            if self.pool.own_dir and left:  # SQLite: one crash run dies at every point (_crash_chain)
+                left = self._chain(left, ref)
+            for group in left or ():
                 if not self._process(group, ref):
-                    # a child stuck at one point is stuck at every one
-                    chosen = [p for p in chosen if p.index <= group[-1].index]
+                    left = None  # a child stuck at one point is stuck at every one
                     break
+            if left is None:
+                chosen = [p for p in chosen if p.index <= self.stuck_at]
         return self._result(ref, total, [p.label() for p in chosen])
 
     def _result(self, ref: Outcome, total: int, tried: list[str]) -> CrashMatrixResult:
@@ -516,87 +522,6 @@ class _Matrix(Judge):
             )
         return [chosen[i] for i in picked]
 
-    # -- the uncrashed runs -----------------------------------------------------------------
-
-    def _reference_failed(self, error: BaseException) -> None:
-        text = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if isinstance(error, SerializationError):
-            m = re.search(r"state\.([\w.\[\]]+): cannot serialize an object of type ([\w.]+)", text)
-            if m:
-                self.note(
-                    "unstorable",
-                    f"state field `{m.group(1)}` cannot be stored (it holds a {m.group(2)}), so the uncrashed run failed "
-                    "before any crash point: keep functions, locks, clients and other live objects out of run.state; "
-                    "store the data they stand for",
-                )
-                return
-        self.note(
-            "reference-failed",
-            f"the uncrashed run raised {type(error).__name__}: {short(text, 400)} (no crash point was tried)",
-        )
-
-    def _unstorable(self, store: Store, watch: Watch) -> None:
-        """A state field the run held in memory that the store does not give back as it was."""
-        for chain, mem in watch.end_states.items():
-            try:
-                if hasattr(mem, "model_dump"):
-                    stored = store.get_state(chain[0], namespace=chain[1], state=type(mem))
-                else:
-                    stored = store.get_state(chain[0], namespace=chain[1])
-            except Exception as exc:  # the finding says what
-                self.note(
-                    "unstorable",
-                    f"the state of thread {chain[0]!r} does not load back: {type(exc).__name__}: {exc}",
-                )
-                continue
-            found = first_difference(_fields(mem), _fields(stored))
-            if found is not None:
-                path, a, b = found
-                self.note(
-                    "unstorable",
-                    f"state field `{path}` does not come back from the store as the run held it: in memory {short(a)}, "
-                    f"read back {short(b)}; a resumed run sees the stored value. Store plain data (JSON-like values, "
-                    "pydantic models, dataclasses), not live objects",
-                )
-
-    def _compare_uncrashed(self, a: list[StepCall], b: list[StepCall], second: Outcome) -> None:
-        if second.error is not None:
-            self.note(
-                "nondeterminism",
-                f"a second uncrashed run raised {type(second.error).__name__}: {short(str(second.error), 300)}",
-            )
-        for x, y in zip(a, b, strict=False):
-            if x.key != y.key or x.step != y.step:
-                self.note(
-                    "nondeterminism",
-                    f"two uncrashed runs called different steps: `{x.step}` at position {x.key[2]} in one, `{y.step}` at "
-                    f"{y.key[2]} in the other: the code between steps chose another path (it reads the clock, a random "
-                    "choice or a global; keep such reads in steps)",
-                )
-                return
-            if x.digest != y.digest:
-                where = first_difference((x.args, x.kwargs), (y.args, y.kwargs))
-                detail = (
-                    f" ({short(where[1])} in one, {short(where[2])} in the other)" if where else ""
-                )
-                if differs_by_clock((x.args, x.kwargs), (y.args, y.kwargs)):
-                    cause = "code between steps read the clock: read it inside a step, whose result is recorded"
-                else:
-                    cause = (
-                        "they depend on something that is not in the state and not deterministic (a random "
-                        "choice, a uuid, a global the runs changed): make it a step, or keep it in run.state"
-                    )
-                self.shaky[x.key] = cause
-                self.note(
-                    "nondeterminism",
-                    f"the arguments of step `{x.step}` at position {x.key[2]} differ between two uncrashed runs{detail}: {cause}",
-                )
-        if len(a) != len(b):
-            self.note(
-                "nondeterminism",
-                f"two uncrashed runs ran {len(a)} and {len(b)} step bodies: the code between steps is not deterministic",
-            )
-
     # -- crashes ----------------------------------------------------------------------------
 
     def _inline(
@@ -631,7 +556,7 @@ class _Matrix(Judge):
         )
         events, outcome = base + ".log", base + ".pickle"
         status = self.zygote.call(["crash", p.index, p.when, url, events], self.child_timeout)
-        counts, plain, results = read_events(events)
+        killed = read_events(events)
         os.unlink(events)
         if status < 0:
             self._stuck("running the agent to this crash point", p)
@@ -645,7 +570,48 @@ class _Matrix(Judge):
                     q.label(),
                 )
             return True
-        status = self.zygote.call(["resume", url, outcome, [list(c) for c in ref.states]], self.child_timeout)
+        command = ["resume", url, outcome, [list(c) for c in ref.states]]
+        return self._resumed(group, ref, self.zygote.call(command, self.child_timeout), killed, outcome)
+
+    def _chain(self, groups: list[list[Point]], ref: Outcome) -> list[list[Point]] | None:
+        """One crash run that dies at the last point of every group (``_crash_chain``), then
+        a resume per group from the store each death left; the groups it could not reach
+        (the run took another path, or another thread ran at a point) are returned for a
+        crash run each; None if a process of it got stuck."""
+        assert self.zygote is not None
+        url = self.pool.fresh_url()
+        base = os.path.join(self.pool.dir or tempfile.gettempdir(), f"chain-{os.getpid()}")
+        cuts = [[g[-1].index, g[-1].when] for g in groups]
+        status = self.zygote.call(["chain", cuts, url, base + ".log", base, base + ".report"], self.child_timeout)
+        left = {(g[-1].index, g[-1].when): g for g in groups}
+        done, commands = [], []
+        for kind, index, when, size, copy in read_report(base + ".report"):
+            outcome = f"{base}-{index}-{when}.pickle"
+            done.append((left.pop((index, when)), read_events(base + ".log", size), outcome))
+            store = f"sqlite:///{copy}" if kind == "cut" else url
+            commands.append(["resume", store, outcome, [list(c) for c in ref.states]])
+        # each resume has a store of its own: they run side by side, one per core
+        statuses = self.zygote.batch(commands, self.child_timeout, max(1, min(os.cpu_count() or 1, 4)))
+        for (group, killed, outcome), status in zip(done, statuses, strict=True):
+            if not self._resumed(group, ref, status, killed, outcome):
+                return None
+        os.unlink(base + ".log")
+        os.unlink(base + ".report")
+        if status < 0:
+            first = min(left.values(), key=lambda g: g[-1].index)
+            self._stuck("running the agent to this crash point", first[-1])
+            return None
+        return [g for g in groups if (g[-1].index, g[-1].when) in left]
+
+    def _resumed(
+        self, group: list[Point], ref: Outcome, status: int,
+        killed: tuple[dict[Key, int], dict[str, int], dict[Key, tuple[str, Any]]], outcome: str,
+    ) -> bool:
+        """Judge each point of ``group`` by the resume (in a fresh child, ended with wait
+        ``status``, its outcome in the file ``outcome``) of the run killed at its last point
+        (``killed``: what that run's watch logged); False if the resume got stuck."""
+        p = group[-1]
+        counts, plain, results = killed
         if status < 0:
             self._stuck("resuming the run", p)
             return False
@@ -672,6 +638,7 @@ class _Matrix(Judge):
         return True
 
     def _stuck(self, doing: str, p: Point) -> None:
+        self.stuck_at = p.index
         self.note("resume-failed", _stuck_text(doing, self.child_timeout), p.label())
 
     def _child(self, command: list[Any]) -> None:
@@ -684,6 +651,13 @@ class _Matrix(Judge):
             save(call_agent(self.agent, self.takes_store, store, Watch(forced=load(given))), path)
             store.close()
             return
+        if command[0] == "chain":
+            _, cuts, url, events, copies, _, report = command
+            fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            chain = Kills(cuts, url.removeprefix("sqlite:///"), copies, fd, report)
+            out = call_agent(self.agent, self.takes_store, connect(url), Watch(chain.at, fd))
+            chain.ended(4 if out.error is not None else 3)
+            os._exit(4 if out.error is not None else 3)
         if command[0] == "crash":
             _, index, when, url, events = command
             fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
@@ -792,7 +766,3 @@ def _outcomes(calls: Sequence[StepCall]) -> dict[Key, Any]:
         if c.returned or c.error is not None:
             per.setdefault(c.key, []).append(c.result if c.returned else Raised(c.error))  # type: ignore[arg-type]
     return {k: v[0] if len(v) == 1 else Series(tuple(v)) for k, v in per.items()}
-
-
-def _fields(state: Any) -> Any:
-    return state.model_dump() if hasattr(state, "model_dump") else state

@@ -33,7 +33,7 @@ class Follow:
         self.where = where
         self.cursor = F.batch_key(max(after + 1 - F.MAX_BATCH, 1) - 1)  # list batches after this key
         self.held: list[StreamEvent] = []  # final_only: events not final yet
-        self.done = False
+        self.ended = False  # the last record read is a run's end
 
     def feed(self, entries: list[Any]) -> list[StreamEvent]:
         out: list[StreamEvent] = []
@@ -46,13 +46,10 @@ class Follow:
                     continue
                 self.last = off
                 out.extend(self._take(F.event_of(self.codec, batch, i, self.where)))
-                if self.done:
-                    return out
         return out
 
     def _take(self, ev: StreamEvent) -> list[StreamEvent]:
-        if ev.kind == "end":
-            self.done = True
+        self.ended = ev.kind == "end"
         if not self.final_only:
             return [ev]
         if ev.kind == "event":
@@ -117,13 +114,13 @@ class StreamReader:
                 entries = self.store.call_sync(call("kv_list", self.scope, prefix="b", after=f.cursor, limit=_PAGE))
                 out = f.feed(entries)
                 yield from out
-                if f.done:
-                    return
-                if out or len(entries) == _PAGE:
+                if len(entries) == _PAGE:
+                    continue  # more to list before the tail
+                if not self.follow or f.ended:
+                    return  # at the tail: a follower stops once the run it saw last has ended
+                if out:
                     idle = time.monotonic()
                     continue
-                if not self.follow:
-                    return
                 wait = self._wait(idle)
                 if wait is None:
                     return
@@ -147,13 +144,13 @@ class StreamReader:
                 out = f.feed(entries)
                 for ev in out:
                     yield ev
-                if f.done:
-                    return
-                if out or len(entries) == _PAGE:
+                if len(entries) == _PAGE:
+                    continue  # more to list before the tail
+                if not self.follow or f.ended:
+                    return  # at the tail: a follower stops once the run it saw last has ended
+                if out:
                     idle = time.monotonic()
                     continue
-                if not self.follow:
-                    return
                 wait = self._wait(idle)
                 if wait is None:
                     return

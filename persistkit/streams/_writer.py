@@ -78,6 +78,7 @@ class _Stream:
         self.chains: dict[int, tuple[Any, ...]] = {}  # the distinct attempt chains of ``pending``
         self.lost: str | None = None  # a newer holder of the thread writes here: this run stops
         self.writing: list[Rec] = []  # the records being written now
+        self.touched = False  # this run wrote here (or left events here): its end is recorded here
 
 
 class RunStreams:
@@ -100,6 +101,8 @@ class RunStreams:
         self.indexed: set[str] | None = None  # the thread's stream names, once read
         self._index_version = 0
         self._frame: tuple[Any, tuple[Any, ...]] | None = None
+        self._seen: tuple[Any, int] | None = None  # the frame and commit count of the last decided emit
+        self.epoch = 0  # commits seen (each may end an attempt or settle one)
         self.closed = False
 
     # -- the run's thread ------------------------------------------------------------------
@@ -130,13 +133,16 @@ class RunStreams:
         return out
 
     def add(self, frame: Any, name: str, tree: Any) -> None:
-        self.decide(None, None)
+        if self._seen != (frame, self.epoch):  # an attempt can end only between frames or at a commit
+            self.decide(None, None)
+            self._seen = (frame, self.epoch)
         with self.lock:
             chain = self.chain(frame)
             s = self.stream(name)
             if s.lost is not None:
                 return
             rec = Rec("e", tree, frame.path, started(frame), chain, s.attempt)
+            s.touched = True
             s.buffer.append(rec)
             s.pending.append(rec)
             if chain:
@@ -233,12 +239,13 @@ class RunStreams:
             await asyncio.to_thread(self.flush)
 
     def _decide(self, body: dict[str, Any]) -> None:
+        self.epoch += 1
         committing = body.pop("se", None)  # the attempt token: never stored
         failing = body.get("p") if body.get("s") == "failed" else None
         self.decide(failing, committing)
 
     def _dirty(self) -> bool:
-        return (self.resumed is not None and self.indexed is None) or any(s.buffer for s in self.streams.values())
+        return self.indexed is None or any(s.buffer for s in self.streams.values())
 
     def landed(self, run: Any, body: dict[str, Any]) -> None:
         """After a checkpoint landed: a completed step makes every event before it final (one
@@ -254,8 +261,12 @@ class RunStreams:
 
     def _settle(self, body: dict[str, Any]) -> bool:
         kind = body.get("k")
+        self.epoch += 1
         if kind == "step":
-            self.cover.add(str(body.get("p")))
+            pos = str(body.get("p"))
+            self.cover.add(pos)
+            if body.get("s") == "completed":
+                self.tags.pop(pos, None)  # its attempts are over
             if body.get("s") == "completed":
                 with self.lock:
                     for s in self.streams.values():
@@ -267,6 +278,8 @@ class RunStreams:
         status = str(body.get("rs"))
         with self.lock:
             for s in self.streams.values():
+                if not s.touched:
+                    continue  # another run's stream, looked at for what dead runs left
                 if status == "completed":
                     self._finalize(s, marker=False)
                 s.buffer.append(Rec("x", status, attempt=s.attempt))
@@ -295,6 +308,8 @@ class RunStreams:
     # -- writing -------------------------------------------------------------------------------
 
     def kick(self) -> None:
+        if self.work and self.thread is not None:
+            return  # the writer is already asked to run (it clears `work` under the lock, then writes)
         with self.cond:
             self.work = True
             if self.thread is None:
@@ -329,7 +344,7 @@ class RunStreams:
     def flush(self, hint: bool = False) -> None:
         """Write everything buffered, in order, stream by stream."""
         with self.io:
-            if self.resumed is not None and self.indexed is None:
+            if self.indexed is None:
                 self._known_streams()
             with self.lock:
                 work = [(s, s.buffer) for s in self.streams.values() if s.buffer or (hint and s.ready)]
@@ -345,10 +360,14 @@ class RunStreams:
                     raise
 
     def _known_streams(self) -> None:
-        """A continued run: the streams of the thread, which its earlier attempts may have written."""
+        """The thread's streams, which this run's earlier attempts (a continued run) or runs that
+        died may have left unsettled: each is decided at the run's first write (its rewind
+        written then), not only when the run next emits into it."""
         for name in sorted(self._index()):
             with self.lock:
-                self.stream(name)
+                s = self.stream(name)
+            if not s.ready:
+                self._write(s, [], False)
 
     def _index(self) -> set[str]:
         if self.indexed is None:
@@ -478,6 +497,7 @@ class RunStreams:
                 elif kind == "e":
                     unsettled.append((off, b.run_id, rec))
         unsettled = [u for u in unsettled if u[0] > settled]
+        s.touched = s.touched or mine > 0
         s.settled = settled
         s.attempt = mine + 1 if mine else 1
         s.ready = True
@@ -489,6 +509,7 @@ class RunStreams:
         to = max([settled, *standing])
         recs: list[Rec] = []
         if dead:
+            s.touched = True
             recs.append(Rec("w", to, attempt=s.attempt))
             for off, _run, rec in unsettled:
                 if off > min(dead) and off in final:  # final, but after one taken back: sent again
@@ -534,9 +555,17 @@ def opened(run: Any) -> None:
     run._streams = RunStreams(run, (Cover.of(run._index, run._max_child), keep))
 
 
+#: stream names checked once (the per-emit path)
+_NAMES: dict[str, str] = {"default": "default"}
+
+
 def emit_in(frame: Any, event: Any, stream: str) -> None:
     """``pk.emit`` inside a run: ``frame`` is the engine's frame where it is called."""
-    name = F.check_stream(stream)
+    name = stream
+    if name not in _NAMES:
+        F.check_stream(name)
+        if len(_NAMES) < 1024:
+            _NAMES[name] = name
     run = frame.run
     if run.replay_only:
         return  # a completed run replayed by its run_id writes nothing

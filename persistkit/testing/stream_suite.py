@@ -95,6 +95,46 @@ def _agent(store: Store, thread: str) -> None:
         emit("done")
 
 
+@checkpointed(name="stream_suite.tool")
+def _tool(thread: str) -> int:
+    if PLAN.get(thread, ("",))[0] == "tool":
+        emit("calling refund_tool", stream="status")
+        _crash_here("tool")
+    return 1
+
+
+@checkpointed(name="stream_suite.answer")
+def _answer() -> str:
+    emit("answer")
+    return "answer"
+
+
+def _tool_turn(store: Store, thread: str) -> None:
+    with resume(thread, store=store):
+        _tool(thread)
+        _answer()
+
+
+#: threads whose flaky step fails (once)
+FAIL: set[str] = set()
+
+
+@checkpointed(name="stream_suite.flaky_once")
+def _flaky_once(thread: str) -> str:
+    if thread in FAIL:
+        emit("attempt failing")
+        FAIL.discard(thread)
+        raise ValueError("flaky")
+    emit("attempt ok")
+    return "ok"
+
+
+def _failing_turn(store: Store, thread: str) -> None:
+    with resume(thread, store=store):
+        emit("before")
+        _flaky_once(thread)
+
+
 def view(records: list[StreamEvent]) -> list[Any]:
     """What a UI shows: every event, minus those a rewind took back (docs/streams.md)."""
     shown: list[StreamEvent] = []
@@ -185,6 +225,28 @@ class StreamConformance(TwoStores):
         full = self.check_stream(store, thread, ["start", "try2"], rewinds=1)
         rewind = next(r for r in full if r.kind == "rewind")
         assert rewind.to == 1
+
+    def test_a_stream_the_retry_never_writes_again_is_rewound_and_ended(self, stores: tuple[Store, Store]) -> None:
+        first, second = stores
+        thread = _thread()
+        PLAN[thread] = ("tool", "written")
+        with pytest.raises(_Crash):
+            _tool_turn(first, thread)
+        _tool_turn(second, thread)  # the retry calls no tool: it writes nothing into "status"
+        status = list(second.read_stream(thread, "status", follow=False))
+        assert [r.kind for r in status] == ["event", "rewind", "end"] and status[1].to == 0
+        assert [r.kind for r in second.read_stream(thread, "status", follow=False, final_only=True)] == ["end"]
+        self.check_stream(second, thread, ["answer"], rewinds=0)
+
+    def test_a_failed_run_run_again_rewinds_what_its_failed_step_emitted(self, stores: tuple[Store, Store]) -> None:
+        first, second = stores
+        thread = _thread()
+        FAIL.add(thread)
+        with pytest.raises(ValueError, match="flaky"):
+            _failing_turn(first, thread)
+        _failing_turn(second, thread)  # continues the failed run: the failed step runs again
+        full = self.check_stream(second, thread, ["before", "attempt ok"], rewinds=1)
+        assert [r.data for r in full if r.kind == "end"] == ["failed", "completed"]
 
     def test_a_live_reader_sees_an_event_before_its_step_commits(self, stores: tuple[Store, Store]) -> None:
         writer, reader = stores

@@ -115,6 +115,9 @@ MODES = ("inline", "process")
 #: Process mode: what a resume of an unfinished run imports that an uncrashed run does not
 #: (the warm process imports them once for every child: ``Zygote.warm``).
 RESUME_IMPORTS = ("persistkit.coordination._rollback",)
+#: Process mode on SQLite: an uncrashed run shorter than this (seconds) gets one crash run
+#: for every point (``_crash_chain``); a longer one a crash run per point.
+CHAIN_UNDER = 2.0
 #: Process mode: seconds a child may take to reach its crash point (at least; 20x the
 #: uncrashed run if that is longer) before it counts as stuck and is killed.
 CHILD_TIMEOUT = 60.0
@@ -389,6 +392,7 @@ class _Matrix(Judge):
         ] = {}  # keys whose arguments two uncrashed runs disagree on: the cause
         self.attempts: dict[Key, int] = {}  # the attempts each step's retry= allows
         self.zygote: Zygote | None = None
+        self.took = 0.0  # seconds the uncrashed run took
         self.stuck_at = -1  # process mode: the step index a child got stuck at
         self.imported: set[str] = set()  # process mode: the modules the zygote was forked with
         self.ran_before: set[str] = set()  # process mode: steps this process ran before the zygote
@@ -419,7 +423,8 @@ class _Matrix(Judge):
         began = time.monotonic()
         ref = call_agent(self.agent, self.takes_store, store_a, watch_a)
         # process mode: how long a child may take to reach its crash point before it counts as stuck
-        self.child_timeout = max(CHILD_TIMEOUT, 20 * (time.monotonic() - began))
+        self.took = time.monotonic() - began
+        self.child_timeout = max(CHILD_TIMEOUT, 20 * self.took)
         self.pool.threads |= {t for t, _ in watch_a.runs}
         self.names = {c.key: c.step for c in watch_a.calls}
         self.attempts = dict(watch_a.attempts)
@@ -462,7 +467,10 @@ class _Matrix(Judge):
             for p in chosen:  # the points that leave one store share a crash run and a resume
                 groups.setdefault(frozenset(p.cuts.items()), []).append(p)
             left: list[list[Point]] | None = list(groups.values())
-            if self.pool.own_dir and left:  # SQLite: one crash run dies at every point (_crash_chain)
+            # SQLite: one crash run dies at every point (_crash_chain), for a run short enough
+            # that no lease renewal is due while it forks (a renewal in flight would hold what
+            # the continuation needs: a block renews every lease_ttl / 3, 10 s by default)
+            if self.pool.own_dir and left and self.took < CHAIN_UNDER:
                 left = self._chain(left, ref)
             for group in left or ():
                 if not self._process(group, ref):

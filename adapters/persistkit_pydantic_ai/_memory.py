@@ -75,6 +75,7 @@ async def durable_run(
     busy: str | None = pk.ThreadLease.DEFAULT_BUSY,
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
+    unfinished_timeout: float | None = None,
     **kwargs: Any,
 ) -> AgentRunResult[Any] | None:
     """``agent.run`` as one durable turn of ``thread_id``, with the thread's conversation.
@@ -84,7 +85,10 @@ async def durable_run(
     loaded and passed as ``message_history``; the turn's new messages are appended to it.
     ``run_id`` is the turn's identity (the id of the message it answers): a redelivered
     turn that finished replays without calling the model or a tool, one whose worker
-    died goes on from its last finished step. The agent needs
+    died goes on from its last finished step. ``busy``, ``lease_ttl``, ``busy_timeout`` and
+    ``unfinished_timeout`` are ``pk.resume``'s (past ``unfinished_timeout`` seconds waiting for
+    another turn's unfinished run, this turn raises ``pk.ThreadBusyError`` with
+    ``retry_after``: a job queue's worker goes back to the pool). The agent needs
     :class:`PersistkitDurability` among its capabilities.
 
     Returns the run's result, or **None** when the turn suspended on a deferred tool call
@@ -111,6 +115,7 @@ async def durable_run(
         busy=busy,
         lease_ttl=lease_ttl,
         busy_timeout=busy_timeout,
+        unfinished_timeout=unfinished_timeout,
     ) as run:
         history = load_history(run)
         result = await agent.run(user_prompt, message_history=history or None, **kwargs)

@@ -173,6 +173,37 @@ async def test_simple_agent_in_a_run_is_one_step(store: Any) -> None:
     assert steps(store, thread) == ["simple__model.request"]
 
 
+@pk.checkpointed(name="pydantic-ai-test.earlier")
+def earlier_turn_step() -> str:
+    return "done"
+
+
+@pytest.mark.asyncio
+async def test_a_turn_behind_an_unfinished_one_gives_its_worker_back_after_unfinished_timeout(tmp_path: Path) -> None:
+    """``durable_run(unfinished_timeout=)`` reaches ``pk.resume``: past it the turn raises
+    ThreadBusyError with ``retry_after`` before calling the model."""
+    calls: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append("model")
+        return ModelResponse(parts=[TextPart("answered")])
+
+    agent = Agent(FunctionModel(model), name="turns", capabilities=[PersistkitDurability()])
+    store, thread = pk.connect(f"sqlite:///{tmp_path}/pai.db"), uid("pai-turns")
+    with pytest.raises(pk.BackendUnavailableError), pk.resume(thread, store=store, run_id="m0"):
+        earlier_turn_step()
+        raise pk.BackendUnavailableError("the store went away (simulated)")  # m0 stays unfinished
+    with pytest.raises(pk.ThreadBusyError) as gave:
+        await durable_run(agent, "hi", thread_id=thread, store=store, run_id="m1", unfinished_timeout=0)
+    assert gave.value.unfinished_run == "m0" and gave.value.retry_after is not None
+    assert calls == []  # it gave its place back before the model
+    with pk.resume(thread, store=store, run_id="m0"):  # m0's redelivery goes first
+        earlier_turn_step()
+    result = await durable_run(agent, "hi", thread_id=thread, store=store, run_id="m1", unfinished_timeout=0)
+    assert result is not None and result.output == "answered" and calls == ["model"]
+    store.close()
+
+
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 @pytest.mark.asyncio
 async def test_complex_agent_replays_every_step_without_running_it(

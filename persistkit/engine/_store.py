@@ -30,7 +30,7 @@ from ..ops._prune import RetentionStore
 from ..secrets._redact import Redactor, Vault, scrub
 from ..state._records import Checkpoint, Record
 from ..state._spec import StateSpec
-from ..streams._store import StreamStore
+from ..streams._store import StreamStore, drop_streams
 from ..wrappers import stack
 from ._heads import ANY_HEAD, AnyHead
 from ._replay_check import ReplayCheckStore
@@ -435,6 +435,8 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
     def delete_thread(self, thread_id: str) -> bool:
         """Delete every checkpoint and value of a thread. Returns whether it existed."""
         check_thread_id(thread_id)
+        if self.backend.supports_kv:  # its streams go with it (persistkit/streams)
+            self.run_sync(drop_streams(self.codec, thread_id))
         result: bool = self.run_sync(_delete_plan(thread_id))
         return result
 
@@ -540,6 +542,8 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
 
     async def adelete_thread(self, thread_id: str) -> bool:
         check_thread_id(thread_id)
+        if self.backend.supports_kv:
+            await self.run_async(drop_streams(self.codec, thread_id))
         result: bool = await self.run_async(_delete_plan(thread_id))
         return result
 

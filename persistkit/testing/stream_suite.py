@@ -294,6 +294,20 @@ class StreamConformance(TwoStores):
         assert out[-1].kind == "end"
         assert list(reader.read_stream(thread, follow=False)) == []  # another stream is empty
 
+    def test_a_deleted_thread_takes_its_streams_with_it(self, stores: tuple[Store, Store]) -> None:
+        store, other = stores
+        thread = _thread()
+        with resume(thread, store=store):
+            emit("a")
+            emit("b", stream="status")
+        assert len(list(other.read_stream(thread, "status", follow=False))) == 2
+        assert other.delete_thread(thread)
+        assert list(store.read_stream(thread, follow=False)) == []
+        assert list(store.read_stream(thread, "status", follow=False)) == []
+        with resume(thread, store=store):  # the thread starts again from offset 1
+            emit("again")
+        assert [(r.offset, r.data) for r in store.read_stream(thread, follow=False)][:1] == [(1, "again")]
+
     def test_a_reader_times_out_on_a_quiet_stream(self, stores: tuple[Store, Store]) -> None:
         store, _ = stores
         assert list(store.read_stream(_thread(), timeout=0.2)) == []

@@ -19,6 +19,7 @@ from typing import Any
 from .._errors import AnswerError, ConfigurationError
 from ..codec._registry import register
 from ..coordination import _suspend as S
+from ..coordination._cancel import halt
 from ..state._records import Record
 from ._api import _CURRENT
 from ._run import Run
@@ -40,9 +41,8 @@ def _frame(what: str) -> tuple[Run, str]:
             "@pk.checkpointed step running in one): only a run can be suspended and resumed later"
         )
     run = frame.run
-    if run.status == S.SUSPENDED:
-        # another task of this run suspended it already: the block is ending
-        raise S.Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
+    if run.status != "running":  # another task suspended it (the block is ending), or a stop was asked
+        halt(run)
     return run, frame.child()
 
 

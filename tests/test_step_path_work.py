@@ -78,3 +78,24 @@ def test_a_secret_registered_after_a_value_was_committed_is_redacted_from_it_at_
         assert store.get_state(thread)["cfg"]["note"] == "token $CRED{later}"
     finally:
         pk.secrets.unregister("later")
+
+
+def test_records_from_512_bytes_are_compressed_and_smaller_ones_go_raw(store: pk.Store) -> None:
+    """The default threshold (docs/performance.md, "Where compression pays")."""
+    words = "Jordan booked a flight to Zurich for 1,250 EUR, then waited for the invoice. "
+    thread = uid("work")
+    with pk.resume(thread, store=store, busy=None):
+        noop_text("short")
+        noop_text((words * 10)[:600])  # a ~700-byte record: raw under the old 1024 threshold
+    envelopes = {
+        row.payload[:1] for row in store.backend.list(thread, "") if b"short" in store.codec.open(row.payload)
+    }
+    sized = sorted((len(store.codec.open(row.payload)), row.payload[:1]) for row in store.backend.list(thread, ""))
+    assert envelopes == {b"\x01"}
+    assert all(kind == (b"\x04" if size >= 512 else b"\x01") for size, kind in sized), sized
+    assert any(size >= 512 for size, _ in sized) and any(size < 512 for size, _ in sized), sized
+
+
+@pk.checkpointed(name="work.text")
+def noop_text(text: str) -> str:
+    return text

@@ -36,7 +36,7 @@ try:  # 5-20x faster than the json module on the per-step path; optional
 except ImportError:  # pragma: no cover - exercised where no wheel exists
     _orjson = None  # type: ignore[assignment]
 
-__all__ = ["Codec", "_orjson", "content_hash", "raw_digest"]  # _orjson: the one optional import, shared
+__all__ = ["COMPRESS_THRESHOLD", "Codec", "_orjson", "content_hash", "raw_digest"]  # _orjson: the one optional import, shared
 
 # One encoder for every write (json.dumps builds a new one per call). Trees come
 # from the serializer, which rejects cycles, so the circular check is skipped.
@@ -53,6 +53,13 @@ _ZSTD = b"\x04"
 # bench/bench_sqlite.py's workload; microbenchmarks flatter zlib, whose state
 # is cold between steps). A compressor per thread: they are not thread-safe.
 _local = threading.local()
+#: Records of at least this many bytes (serialized) are compressed, if that makes them smaller.
+#: Measured (bench/bench_compression.py, docs/performance.md "Where compression pays"): zstd
+#: level 1 costs a nearly fixed ~56-65k instructions a record from 300 bytes to 2 KB (~15% of
+#: a step) and takes a 512-1,023-byte record (chat messages, tool results, JSON state) to
+#: 0.53-0.62 of its size: SQLite's bytes for 600-byte messages fall from 1.96x to 1.26x the
+#: content. Below 512 bytes it saves under ~170 bytes a row, less than a row's own overhead.
+COMPRESS_THRESHOLD = 512
 _zstd_mod: Any = None  # the zstandard module once imported; False if it is missing
 #: A frame claiming more than this is refused before anything is allocated.
 MAX_RECORD = 1 << 30
@@ -150,7 +157,7 @@ class Codec:
         self,
         serializer: Serializer | None = None,
         *,
-        compress_threshold: int = 1024,
+        compress_threshold: int = COMPRESS_THRESHOLD,
         compress_level: int = 1,
         redactor: Redactor | None = None,
     ) -> None:

@@ -20,7 +20,7 @@ from .._errors import (
 )
 from .._io import Call, Plan, call, call_async, call_sync, checked, run_async, run_sync
 from ..backends import Backend, CheckpointRow, Head, open_backend, split_connect_options
-from ..codec._pipeline import Codec
+from ..codec._pipeline import COMPRESS_THRESHOLD, Codec
 from ..codec._serde import Serializer
 from ..codec._sizes import alarm
 from ..coordination._message_store import MessageStore
@@ -571,7 +571,7 @@ def connect(
     blob_threshold: int = 256 * 1024,
     allow_pickle: bool = False,
     allow_modules: tuple[str, ...] = (),
-    compress_threshold: int = 1024,
+    compress_threshold: int = COMPRESS_THRESHOLD,
     redact: bool | None = None,
     vault: Vault | None = None,
     encryption: Any = None,
@@ -621,7 +621,7 @@ def connect(
         ``SerializationError`` instead).
     :param allow_modules: modules whose classes may be revived from storage.
     :param compress_threshold: bytes from which a stored value is compressed with zstd
-        (default 1024).
+        (default 512: below it compression saves less than a row's overhead).
     :param redact: replace secrets in every stored string by handles; None follows
         ``pk.secrets.configure`` (on by default).
     :param vault: keeps the detected secrets of this store (see ``pk.secrets``).

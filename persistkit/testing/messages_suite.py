@@ -301,6 +301,41 @@ class MessagesConformance(TwoStores):
         with resume(t, store=store) as nxt:  # the next turn starts from what the cancelled one did
             assert nxt.state["done"][-1].endswith(":2")
 
+    def test_async_cancel_through_the_lease_record(self, stores: tuple[Store, Store],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+        """An async block hears the stop at its heartbeat's renewal (as a run in another process
+        does: this process's shortcut is switched off)."""
+        from ..coordination import _cancel
+
+        monkeypatch.setattr(_cancel, "ask_local", lambda *a, **k: False)
+        store, operator = stores
+        t = self.thread()
+
+        @checkpointed(name="_alap")
+        async def lap(i: int) -> int:
+            _BODIES.append(f"{t}:{i}")
+            await asyncio.sleep(0.02)
+            return i
+
+        async def turn() -> str:
+            try:
+                async with resume(t, store=store, lease_ttl=0.3):
+                    for i in range(500):  # ~10 s at most: the stop comes within ~0.1 s of the request
+                        await lap(i)
+            except RunCancelledError as exc:
+                return exc.status
+            return "not stopped"
+
+        async def main() -> str:
+            task = asyncio.create_task(turn())
+            while f"{t}:1" not in _BODIES:
+                await asyncio.sleep(0.01)
+            assert await operator.acancel(t) == "requested"
+            return await task
+
+        assert asyncio.run(main()) == "cancelled"
+        assert operator.history(t)[0].run_status == "cancelled"
+
     def test_cancel_of_a_suspended_run_ends_it(self, stores: tuple[Store, Store]) -> None:
         store, operator = stores
         t = self.thread()

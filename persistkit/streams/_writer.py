@@ -104,6 +104,7 @@ class RunStreams:
         self._seen: tuple[Any, int] | None = None  # the frame and commit count of the last decided emit
         self.epoch = 0  # commits seen (each may end an attempt or settle one)
         self.closed = False
+        self.noted = False  # "st" attached to the run's next record
 
     # -- the run's thread ------------------------------------------------------------------
 
@@ -142,6 +143,9 @@ class RunStreams:
             if s.lost is not None:
                 return
             rec = Rec("e", tree, frame.path, started(frame), chain, s.attempt)
+            if not s.touched and not self.noted:  # the run's next record says it emitted (see opened)
+                self.run._attach["st"] = 1
+                self.noted = True
             s.touched = True
             s.buffer.append(rec)
             s.pending.append(rec)
@@ -546,9 +550,17 @@ class RunStreams:
 
 
 def opened(run: Any) -> None:
-    """A continued run opened (its earlier attempts may have emitted): it decides what they
-    left at its first write. Nothing happens on a store without ``kv``."""
-    if run.replay_only or not run.store.backend.supports_kv:
+    """A continued run opened: if its records say it emitted (``st``, attached to the record
+    after its first emit), it decides what its earlier attempts left at its first write. A run
+    that emitted but committed nothing since needs no records to decide: every event it left is
+    superseded, which its next emit (or the next run's) finds. Nothing happens on a store without
+    ``kv``, nor for a run that never emitted (no read, nothing per step)."""
+    end = run._failed_end
+    if run.replay_only or not (
+        any("st" in rec.body for rec in run._index.values()) or (end is not None and "st" in end.body)
+    ):
+        return
+    if not run.store.backend.supports_kv:
         return
     replays = replays_in(run)
     keep = frozenset(pos for pos in run._index if replays(pos))

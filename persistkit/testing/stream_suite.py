@@ -152,7 +152,13 @@ def _thread() -> str:
 
 
 class StreamConformance(TwoStores):
-    """Mix into a test class that provides ``persistkit_url``."""
+    """Mix into a test class that provides ``persistkit_url``. A store without the ``kv``
+    capability is skipped (streams need it; ``pk.emit`` says so there)."""
+
+    @pytest.fixture(autouse=True)
+    def _needs_kv(self, stores: tuple[Store, Store]) -> None:
+        if not stores[0].backend.supports_kv:
+            pytest.skip(f"{stores[0].url} has no kv capability: durable streams need it")
 
     def check_stream(
         self, store: Store, thread: str, expected: list[Any], rewinds: int | None = None, every: bool = True

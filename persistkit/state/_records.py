@@ -46,6 +46,8 @@ it is written on every step:
 ``dm`` 1 on a done mark: a copy of the run's newest record (no ``ac``/``sg``/``rz``) written to
        carry ``ad`` right after the effects ran, or by ``store.drain_outbox``; replay
        keeps the record it copies
+``st`` 1 on the record after a run's first ``pk.emit`` in a block (``Run._attach``): the run
+       wrote a durable stream, so a continued run reads its streams (``streams/_writer.opened``)
 ``rz`` the resume mark, on the first record a block writes after it continued an unfinished
        run (the run's newest record said ``running`` or ``compensating``: its process died,
        was interrupted, or its block ended with a ``pk.RetryableError``): ``t`` when the block

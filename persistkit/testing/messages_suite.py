@@ -350,8 +350,10 @@ class MessagesConformance(TwoStores):
         with pytest.raises(RunCancelledError), resume(t, store=store, run_id=run.run_id):
             receive("reply")
 
-    @pytest.mark.parametrize("busy", ["interrupt", "rollback"])
-    def test_a_second_message_stops_the_running_turn(self, stores: tuple[Store, Store], busy: str) -> None:
+    @pytest.mark.parametrize(("busy", "at"), [("interrupt", 2), ("rollback", 2), ("interrupt", 4)])
+    def test_a_second_message_stops_the_running_turn(self, stores: tuple[Store, Store], busy: str, at: int) -> None:
+        """The second message comes while the first turn is in step ``at`` of 5: the turn stops
+        before its next step; in its last step it has no next step, and completes."""
         store, other = stores
         t = self.thread()
         with resume(t, store=store, run_id="zero"):
@@ -362,16 +364,20 @@ class MessagesConformance(TwoStores):
             try:
                 with resume(t, store=store, run_id="first"):
                     for i in range(5):
-                        _slow(f"{t}:first:{i}", gate=f"{t}:first:2")
+                        _slow(f"{t}:first:{i}", gate=f"{t}:first:{at}")
             except RunCancelledError as exc:
                 errors.append(exc)
 
         worker = threading.Thread(target=first)
         worker.start()
-        _until(lambda: f"{t}:first:2" in _BODIES)
+        _until(lambda: f"{t}:first:{at}" in _BODIES)
         with resume(t, store=other, run_id="second", busy=busy) as run:
             _slow(f"{t}:second")
         worker.join(30)
+        if at == 4:  # asked in its last step: nothing left to stop, it completed
+            assert errors == []
+            assert run.state["done"] == [f"{t}:before", *(f"{t}:first:{i}" for i in range(5)), f"{t}:second"]
+            return
         status = "interrupted" if busy == "interrupt" else "rolled_back"
         assert [e.status for e in errors] == [status]  # type: ignore[attr-defined]
         assert not any(b.startswith(f"{t}:first:3") for b in _BODIES)  # nothing of it ran after the stop

@@ -71,6 +71,7 @@ class Outcome:
     stdout: str
     stderr: str
     calls: list[str]  # "<variant>:<step>" in the order they ran, both processes
+    crash_stderr: str = ""  # the first process's (v1's), shown when it did not die as planned
 
     def result(self) -> Any:
         marker = "RESULT " if self.framework == "crewai" else ""
@@ -101,7 +102,8 @@ def run_case(framework: str, url: str, key: str, position: str, workdir: Path, *
     first = subprocess.run([*cmd, "v1", url, key, str(log), position], env=_env(), capture_output=True, text=True, timeout=300)
     second = subprocess.run([*cmd, variant, url, key, str(log), "-"], env=_env(), capture_output=True, text=True, timeout=300)
     calls = log.read_text().split() if log.exists() else []
-    return Outcome(framework, position, variant, first.returncode, second.returncode, second.stdout, second.stderr, calls)
+    return Outcome(framework, position, variant, first.returncode, second.returncode, second.stdout, second.stderr,
+                   calls, first.stderr)
 
 
 def _done_before(fw: Framework, position: str) -> tuple[list[str], list[str]]:
@@ -120,7 +122,7 @@ def check(outcome: Outcome) -> None:
     """The v2 agent finished after the crash, each step at least once, values migrated."""
     fw = FRAMEWORKS[outcome.framework]
     detail = f"{outcome.framework} at {outcome.position}: {outcome.stdout[-1500:]}\n{outcome.stderr[-3000:]}"
-    assert outcome.crash_code == -signal.SIGKILL, detail
+    assert outcome.crash_code == -signal.SIGKILL, f"v1 exited {outcome.crash_code}: {outcome.crash_stderr[-3000:]}\n{detail}"
     assert outcome.code == 0, detail
     ran, rest = _done_before(fw, outcome.position)
     v1 = [c.split(":", 1)[1] for c in outcome.calls if c.startswith("v1:")]

@@ -5,8 +5,8 @@
     python3 dev.py test      lint (ruff), types (mypy --strict), the whole test suite (installs
                              chromium for the timeline page's browser test and valgrind for
                              the instruction-count gate when missing, as root); prints its
-                             time. PERSISTKIT_TEST_WORKERS=3 (or -n 3) runs it on pytest-xdist
-                             workers
+                             time. It runs on three pytest-xdist workers (PERSISTKIT_TEST_WORKERS=0
+                             or -n 0: serial)
     python3 dev.py test --quick
                              the quick tier: memory and SQLite stores, no service, no
                              framework, no browser, no lint (docs/testing.md); prints its time
@@ -15,7 +15,7 @@
                              and which test tier catches each (scripts/mutants.py)
 
 Extra arguments after ``test`` go to pytest (``python3 dev.py test -k sqlite``; ``-n 3`` runs
-on three pytest-xdist workers).
+on three pytest-xdist workers, the default; ``-n 0`` serial).
 ``bench`` takes script names to run only those (``python3 dev.py bench sqlite servers``);
 other arguments go to every script run (``python3 dev.py bench servers --rounds 9``).
 """
@@ -162,10 +162,10 @@ def ensure_valgrind() -> None:
     _apt_install("valgrind", "tests/test_instruction_budget.py", "valgrind")
 
 
-#: pytest-xdist workers of the whole suite (``dev.py test``; PERSISTKIT_TEST_WORKERS=3 or ``-n 3``).
-#: Serial by default until a parallel run of the whole suite has passed end to end in CI
-#: (tests/conftest.py isolates each worker: docs/testing.md). The quick tier runs on two.
-TEST_WORKERS = os.environ.get("PERSISTKIT_TEST_WORKERS", "0")
+#: pytest-xdist workers of the whole suite (``dev.py test``; PERSISTKIT_TEST_WORKERS=0 or ``-n 0``:
+#: serial). Three on two cores: the suite's process tests wait on their children part of the
+#: time (tests/conftest.py isolates each worker: docs/testing.md). The quick tier runs on two.
+TEST_WORKERS = os.environ.get("PERSISTKIT_TEST_WORKERS", "3")
 #: The quick tier's venv: persistkit's own dependencies and the test runner (extra ``test-core``).
 QUICK_EXTRAS = "test-core"
 

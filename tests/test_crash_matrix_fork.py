@@ -64,6 +64,24 @@ def test_warming_that_starts_a_thread_is_declined_and_the_server_stays_cold(modu
         zygote.close()
 
 
+def _exits_or_hangs(command: list[Any]) -> None:
+    if command[0] == "hang":
+        import time
+
+        time.sleep(60)
+    os._exit(command[1])
+
+
+def test_a_batch_runs_children_side_by_side_and_kills_one_past_its_timeout() -> None:
+    zygote = Zygote(_exits_or_hangs)
+    try:
+        statuses = zygote.batch([["exit", 3], ["hang", 0], ["exit", 5], ["exit", 6]], 1.0, 2)
+    finally:
+        zygote.close()
+    assert statuses[1] == -1  # still running after its timeout: killed, the others went on
+    assert [_code(statuses[i]) for i in (0, 2, 3)] == [3, 5, 6]
+
+
 # -- one crash run for every point (process mode on SQLite: _crash_chain) -------------------
 
 

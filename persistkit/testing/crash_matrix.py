@@ -472,10 +472,8 @@ class _Matrix(Judge):
             # the continuation needs: a block renews every lease_ttl / 3, 10 s by default)
             if self.pool.own_dir and left and self.took < CHAIN_UNDER:
                 left = self._chain(left, ref)
-            for group in left or ():
-                if not self._process(group, ref):
-                    left = None  # a child stuck at one point is stuck at every one
-                    break
+            if left and not self._process(left, ref):
+                left = None  # a child stuck at one point is stuck at every one
             if left is None:
                 chosen = [p for p in chosen if p.index <= self.stuck_at]
         return self._result(ref, total, [p.label() for p in chosen])
@@ -551,35 +549,53 @@ class _Matrix(Judge):
             for p in group:
                 self._judge(p, ref, resumed)
 
-    def _process(self, group: list[Point], ref: Outcome) -> bool:
-        """Crash a child at the last point of ``group`` (points that leave the same store: the
-        crash points of one step) and judge the resume at each; False if a child got stuck.
-        What the killed run had done at an earlier point of the group is what it had done at
-        the last less what the uncrashed run did between the two (its bodies' runs)."""
+    def _process(self, groups: list[list[Point]], ref: Outcome) -> bool:
+        """Crash a child at the last point of each group (points that leave the same store:
+        the crash points of one step) and judge the resume at each; False if a child got
+        stuck. What the killed run had done at an earlier point of a group is what it had
+        done at the last less what the uncrashed run did between the two (its bodies' runs).
+        On SQLite (a store per run) the crash runs, then the resumes, run side by side."""
         assert self.zygote is not None
-        p = group[-1]
-        url = self.pool.fresh_url()
-        base = os.path.join(
-            self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}"
-        )
-        events, outcome = base + ".log", base + ".pickle"
-        status = self.zygote.call(["crash", p.index, p.when, url, events], self.child_timeout)
-        killed = read_events(events)
-        os.unlink(events)
-        if status < 0:
-            self._stuck("running the agent to this crash point", p)
-            return False
-        if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
-            how = "ended" if os.WIFEXITED(status) else f"died by signal {os.WTERMSIG(status)}"
-            for q in group:
-                self.note(
-                    "resume-failed",
-                    f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
-                    q.label(),
-                )
-            return True
-        command = ["resume", url, outcome, [list(c) for c in ref.states]]
-        return self._resumed(group, ref, self.zygote.call(command, self.child_timeout), killed, outcome)
+        side = self._side() if self.pool.own_dir else 1
+        for at in range(0, len(groups), side):
+            batch = groups[at : at + side]
+            runs = []
+            for group in batch:
+                p = group[-1]
+                base = os.path.join(self.pool.dir or tempfile.gettempdir(), f"events-{os.getpid()}-{p.index}-{p.when}")
+                runs.append((self.pool.fresh_url(), base + ".log", base + ".pickle"))
+            crashes = [["crash", g[-1].index, g[-1].when, url, ev] for g, (url, ev, _) in zip(batch, runs, strict=True)]
+            statuses = self.zygote.batch(crashes, self.child_timeout, side)
+            killed, resumes, stuck = [], [], False
+            for group, (url, events, outcome), status in zip(batch, runs, statuses, strict=True):
+                done = read_events(events)
+                os.unlink(events)
+                if status < 0:  # the groups after it are not judged: a child stuck here is stuck there
+                    self._stuck("running the agent to this crash point", group[-1])
+                    stuck = True
+                    break
+                if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+                    how = "ended" if os.WIFEXITED(status) else f"died by signal {os.WTERMSIG(status)}"
+                    for q in group:
+                        self.note(
+                            "resume-failed",
+                            f"the run to crash at this point {how} before it got there: it took another path than the uncrashed run (the code between steps is not deterministic)",
+                            q.label(),
+                        )
+                    continue
+                killed.append((group, done, outcome))
+                resumes.append(["resume", url, outcome, [list(c) for c in ref.states]])
+            statuses = self.zygote.batch(resumes, self.child_timeout, side)
+            for (group, done, outcome), status in zip(killed, statuses, strict=True):
+                if not self._resumed(group, ref, status, done, outcome):
+                    return False
+            if stuck:
+                return False
+        return True
+
+    def _side(self) -> int:
+        """How many children run side by side (each with a store of its own): one per core."""
+        return max(1, min(os.cpu_count() or 1, 4))
 
     def _chain(self, groups: list[list[Point]], ref: Outcome) -> list[list[Point]] | None:
         """One crash run that dies at the last point of every group (``_crash_chain``), then
@@ -599,7 +615,7 @@ class _Matrix(Judge):
             store = f"sqlite:///{copy}" if kind == "cut" else url
             commands.append(["resume", store, outcome, [list(c) for c in ref.states]])
         # each resume has a store of its own: they run side by side, one per core
-        statuses = self.zygote.batch(commands, self.child_timeout, max(1, min(os.cpu_count() or 1, 4)))
+        statuses = self.zygote.batch(commands, self.child_timeout, self._side())
         for (group, killed, outcome), status in zip(done, statuses, strict=True):
             if not self._resumed(group, ref, status, killed, outcome):
                 return None

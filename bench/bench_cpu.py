@@ -65,8 +65,20 @@ def child(mode: str, rounds: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def instructions(mode: str, rounds: int) -> int:
+def _child_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached by the warm-up, read by the counted runs
+    return env
+
+
+def warm(mode: str) -> None:
+    """Run ``mode`` once outside valgrind: a module compiled during a counted run adds ~10^9
+    instructions to that run alone (the first count of a fresh checkout came out 15x the floor)."""
+    subprocess.run([sys.executable, __file__, "--child", mode, "1"], env=_child_env(), check=True)
+
+
+def instructions(mode: str, rounds: int) -> int:
+    env = _child_env()
     out = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
          sys.executable, __file__, "--child", mode, str(rounds)],
@@ -83,6 +95,8 @@ def main() -> int:
         print("bench_cpu.py: valgrind is not installed; skipped (apt install valgrind)")
         return 0
     per_step = {}
+    for mode in ("floor", "persistkit", "script:base64", "module:english"):
+        warm(mode)
     for mode in ("floor", "persistkit"):
         per_step[mode] = (instructions(mode, 4) - instructions(mode, 1)) / (3 * STEPS)
     floor, ours = per_step["floor"], per_step["persistkit"]

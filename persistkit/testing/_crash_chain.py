@@ -36,6 +36,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ..coordination._drive import _BEATER
 from ._crash_watch import Point, kill_self
 
 __all__ = ["Kills", "read_report", "serve"]
@@ -74,7 +75,11 @@ class Kills:
             self.say(f"last {q.index} {q.when}")
             kill_self(q)
         gone_r, gone_w = os.pipe()
-        if os.fork():  # this process dies here, holding gone_w: its end is the continuation's signal
+        # the lease heartbeat's lock, held across the fork: a fork while its thread held it
+        # would leave the continuation a lock nobody releases (its next block would hang)
+        with _BEATER._cond:
+            pid = os.fork()
+        if pid:  # this process dies here, holding gone_w: its end is the continuation's signal
             kill_self(q)
         os.close(gone_w)
         os.read(gone_r, 1)  # empty once the process that forked this one is gone

@@ -622,7 +622,7 @@ class _Matrix(Judge):
         os.unlink(base + ".log")
         os.unlink(base + ".report")
         if status < 0:
-            first = min(left.values(), key=lambda g: g[-1].index)
+            first = min(left.values(), key=lambda g: g[-1].index, default=groups[-1])
             self._stuck("running the agent to this crash point", first[-1])
             return None
         return [g for g in groups if (g[-1].index, g[-1].when) in left]

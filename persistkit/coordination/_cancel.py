@@ -111,9 +111,10 @@ def stopped(run: Run) -> RunCancelledError:
         else f'a second message under busy="{"interrupt" if status == INTERRUPTED else "rollback"}" asked it '
         "to stop; the new turn runs next"
     )
+    kept = "its state changes are undone, its records stay" if status == ROLLED_BACK else "its finished steps stay"
     return RunCancelledError(
         f"thread {run.thread_id!r} run {run.run_id}: {why}, so it stopped before its next step "
-        f"(status {status}; its finished steps stay). A redelivery of it runs nothing: drop the message",
+        f"(status {status}; {kept}). A redelivery of it runs nothing: drop the message",
         thread_id=run.thread_id, run_id=run.run_id, status=status,
     )
 

@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
-from ..backends._capabilities import require
+from ..backends._capabilities import has, require
 from . import _inbox as I
 from . import _suspend as S
 
@@ -85,9 +85,12 @@ def _decide(run: Run, position: str, rec: Record | None, timeout: float | None, 
             ) -> tuple[bool, Any, float | None, float]:
     """Before any I/O: (True, the recorded value) to replay; else (False, None, the deadline
     (None: none), how long to wait here (0: look once))."""
-    require(run.store.backend, "kv", f"{what}()")
     if rec is not None and rec.body.get("s") != S.SUSPENDED:
         return True, run.replay(rec), None, 0.0
+    if rec is not None and not has(run.store.backend, "kv"):  # store.check_replay's read-only view:
+        run.replay(rec)  # the run waits here, as far as a replay can tell (as an unanswered pk.suspend)
+        raise _suspended(run, rec)
+    require(run.store.backend, "kv", f"{what}()")
     now = time.time()
     if rec is None:
         deadline = None if timeout is None else now + timeout
@@ -157,18 +160,18 @@ def check_event(key: object, what: str) -> str:
 
 def event_sync(run: Run, position: str, rec: Record | None, key: str, value: Any, what: str) -> None:
     """``pk.set_event`` at ``position`` of ``run`` (``rec``: its record there, replayed)."""
-    require(run.store.backend, "kv", f"{what}()")
     if rec is not None:
         run.replay(rec)
         return
+    require(run.store.backend, "kv", f"{what}()")
     run.store.run_sync(I.event_plan(run.codec, run.thread_id, run.namespace, key, value, run.run_id, position))
     run.step_sync(position, EVENT, None, result=None)
 
 
 async def event_async(run: Run, position: str, rec: Record | None, key: str, value: Any, what: str) -> None:
-    require(run.store.backend, "kv", f"{what}()")
     if rec is not None:
         run.replay(rec)
         return
+    require(run.store.backend, "kv", f"{what}()")
     await run.store.run_async(I.event_plan(run.codec, run.thread_id, run.namespace, key, value, run.run_id, position))
     await run.step_async(position, EVENT, None, result=None)

@@ -214,6 +214,22 @@ class MessagesConformance(TwoStores):
         assert _BODIES.count(f"{t}:before") == 1
         assert [q for q in sender.pending() if q.thread_id == t] == []
 
+    def test_the_replay_check_sees_a_run_waiting_for_a_message(self, stores: tuple[Store, Store]) -> None:
+        store, sender = stores
+        t = self.thread()
+
+        def entry(thread_id: str, run_id: str) -> None:
+            with resume(thread_id, store=store, run_id=run_id):
+                _note(f"{t}:a")
+                receive("approval")
+                _note(f"{t}:b")
+
+        entry(t, "r1")
+        sender.send(t, "yes", topic="approval")  # sent, not yet received: the check writes nothing
+        report = store.check_replay(entry, threads=[t])
+        assert [(r.run_id, r.outcome) for r in report.runs] == [("r1", "waits")]
+        assert [m.received for m in sender.messages(t, topic="approval")] == [False]
+
     def test_async_receive_and_events(self, stores: tuple[Store, Store]) -> None:
         store, sender = stores
         t = self.thread()

@@ -86,9 +86,11 @@ def _pending(ns: argparse.Namespace, out: Output) -> int:
     if out.as_json:
         out.value([{"thread": q.thread_id, "namespace": q.namespace, "run": q.run_id, "question": q.question_id,
                     "asked_at": _iso(q.asked_at), "deadline": _iso(q.deadline), "has_default": q.has_default,
-                    "answer_type": q.answer_type, "payload": q.payload} for q in qs])
+                    "answer_type": q.answer_type, "payload": q.payload, "kind": q.kind, "topic": q.topic} for q in qs])
         return 0
-    rows = [(q.thread_id, q.run_id, q.question_id, _iso(q.deadline) or "-", Shown(dumps(q.payload, indent=None)))
+    rows = [(q.thread_id, q.run_id, q.question_id, _iso(q.deadline) or "-",
+             f"(waits for a message on topic {q.topic!r}: store.send)" if q.kind == "message"
+             else Shown(dumps(q.payload, indent=None)))
             for q in qs]
     _table(out, ("thread", "run", "question", "deadline", "payload"), rows)
     return 0

@@ -79,6 +79,9 @@ class _Stream:
         self.lost: str | None = None  # a newer holder of the thread writes here: this run stops
         self.writing: list[Rec] = []  # the records being written now
         self.touched = False  # this run wrote here (or left events here): its end is recorded here
+        self.writer: Any = None  # the frame that emitted here last
+        self.left: dict[int, Any] = {}  # frames another branch's emit left behind (see RunStreams._switch)
+        self.warned = False
 
 
 class RunStreams:
@@ -142,6 +145,8 @@ class RunStreams:
             s = self.stream(name)
             if s.lost is not None:
                 return
+            if s.writer is not frame:
+                self._switch(s, frame)
             rec = Rec("e", tree, frame.path, started(frame), chain, s.attempt)
             if not s.touched and not self.noted:  # the run's next record says it emitted (see opened)
                 self.run._attach["st"] = 1
@@ -152,6 +157,28 @@ class RunStreams:
             if chain:
                 s.chains[id(chain)] = chain
         self.kick()
+
+    def _switch(self, s: _Stream, frame: Any) -> None:
+        """Another frame emits into ``s``: the previous one is left behind unless one encloses
+        the other. A frame left behind that emits again runs concurrently with another branch
+        of the run: said once (docs/streams.md, Limits: one emitting branch per stream)."""
+        prev = s.writer
+        s.writer = frame
+        if prev is None:
+            return
+        if id(frame) in s.left and s.left[id(frame)] is frame and not s.warned:
+            s.warned = True
+            log.warning(
+                "persistkit: steps at %s and %s of run %s emit into stream %r concurrently: the rewind rule "
+                "is exact for one emitting branch per stream; give each branch its own stream "
+                "(stream=f'...-{i}'), docs/streams.md", prev.path or "(block)", frame.path or "(block)",
+                self.run.run_id, s.name,
+            )
+        a, b = prev.path, frame.path
+        if a and b and a != b and not a.startswith(b + "/") and not b.startswith(a + "/"):
+            if len(s.left) > 64:
+                s.left.clear()
+            s.left[id(prev)] = prev
 
     def _valid(self, tag: list[str], committing: Any) -> bool:
         if tag is committing:

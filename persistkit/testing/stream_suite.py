@@ -314,6 +314,29 @@ class StreamConformance(TwoStores):
             emit("again")
         assert [(r.offset, r.data) for r in store.read_stream(thread, follow=False)][:1] == [(1, "again")]
 
+    def test_concurrent_emitters_in_one_stream_are_warned_about(
+        self, stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture
+    ) -> None:
+        store, _ = stores
+        thread = _thread()
+
+        @checkpointed(name="stream_suite.branch")
+        async def branch(name: str, stream: str) -> str:
+            for i in range(3):
+                emit(f"{name}{i}", stream=stream)
+                await asyncio.sleep(0)
+            return name
+
+        async def main(shared: bool) -> None:
+            async with resume(thread, store=store):
+                await asyncio.gather(*(branch(n, "one" if shared else n) for n in ("a", "b")))
+
+        with caplog.at_level("WARNING", logger="persistkit.streams"):
+            asyncio.run(main(shared=False))  # a stream per branch: exact, nothing said
+            assert not [r for r in caplog.records if "concurrently" in r.getMessage()]
+            asyncio.run(main(shared=True))
+        assert [r for r in caplog.records if "concurrently" in r.getMessage()]
+
     def test_a_reader_times_out_on_a_quiet_stream(self, stores: tuple[Store, Store]) -> None:
         store, _ = stores
         assert list(store.read_stream(_thread(), timeout=0.2)) == []

@@ -42,3 +42,36 @@ def test_a_writer_overtaken_by_a_newer_lease_holder_stops(local_store: pk.Store)
     assert [r.kind for r in records] == ["event", "rewind", "event"]
     assert view(records) == ["b"] and records[1].to == 0
     assert records[2].attempt == 2  # the same run's next attempt at this stream
+
+
+def test_sse_sends_a_keepalive_while_the_stream_is_quiet(local_store: pk.Store) -> None:
+    import asyncio
+
+    thread = f"sse-{uuid.uuid4().hex[:8]}"
+    with pk.resume(thread, store=local_store):
+        pk.emit({"token": "hi"})
+
+    async def collect() -> list[bytes]:
+        return [chunk async for chunk in pk.sse(local_store, thread, last_event_id="2", timeout=0.5, heartbeat=0.05)]
+
+    chunks = asyncio.run(collect())  # after the end record: waits for the next run, quietly
+    assert chunks[0].startswith(b"retry:") and b": keepalive\n\n" in chunks[1:]
+    first = asyncio.run(_first(local_store, thread))
+    assert first.startswith(b"id: 1\nevent: event\ndata: ") and b'"token": "hi"' in first
+    assert asyncio.run(_leave_while_waiting(local_store, thread)) == b": keepalive\n\n"
+
+
+async def _leave_while_waiting(store: pk.Store, thread: str) -> bytes:
+    gen = pk.sse(store, thread, last_event_id=2, heartbeat=0.05)
+    await gen.__anext__()  # retry:
+    chunk = await gen.__anext__()  # the reader waits for the next run in its task
+    await gen.aclose()  # the client leaves mid-wait: the waiting reader is cancelled and closed
+    return chunk
+
+
+async def _first(store: pk.Store, thread: str) -> bytes:
+    gen = pk.sse(store, thread)
+    await gen.__anext__()  # retry:
+    chunk = await gen.__anext__()
+    await gen.aclose()  # a client that goes away: the reader task is cancelled, nothing leaks
+    return chunk

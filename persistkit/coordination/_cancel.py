@@ -198,9 +198,11 @@ def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) 
     from ._abandon import abandon_sync
 
     store._check_open()
-    ask_local(thread_id, namespace, "cancel", run_id)
+    told = ask_local(thread_id, namespace, "cancel", run_id)
     leases = store.backend.supports_leases
     if leases and run_sync(store.backend, _request(thread_id, namespace, run_id)):
+        return "requested"
+    if told:  # a run of this process, told at once: it may have stopped already, by itself
         return "requested"
     target = store.run_sync(_target(store, thread_id, namespace, run_id))
     try:
@@ -216,9 +218,11 @@ async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace
     from ._abandon import abandon_async
 
     store._check_open()
-    ask_local(thread_id, namespace, "cancel", run_id)
+    told = ask_local(thread_id, namespace, "cancel", run_id)
     leases = store.backend.supports_leases
     if leases and await run_async(store.backend, _request(thread_id, namespace, run_id)):
+        return "requested"
+    if told:  # a run of this process, told at once: it may have stopped already, by itself
         return "requested"
     target = await store.run_async(_target(store, thread_id, namespace, run_id))
     try:

@@ -695,15 +695,16 @@ class _Matrix(Judge):
         _, url, path, chains = command
         store = connect(url)
         chains = [tuple(c) for c in chains]
-        watch = Watch().seed(store, chains)
-        landed = {  # the step checkpoints the killed run left, oldest first
-            chain: [
-                (str(cp.position), str(cp.step) + (FAILED if cp.status == "failed" else ""), watch.ordinal(chain[0], chain[1], cp.run_id or ""))
-                for cp in reversed(store.history(chain[0], namespace=chain[1]))
+        watch, landed = Watch(), {}  # per chain: the step checkpoints the killed run left, oldest first
+        for thread, ns in chains:
+            records = list(reversed(store.history(thread, namespace=ns)))  # one read: Watch.seed's and these
+            for cp in records:
+                watch.ordinal(thread, ns, cp.run_id or "")
+            landed[(thread, ns)] = [
+                (str(cp.position), str(cp.step) + (FAILED if cp.status == "failed" else ""), watch.ordinal(thread, ns, cp.run_id or ""))
+                for cp in records
                 if cp.kind == "step"
             ]
-            for chain in chains
-        }
         committed = [(*chain, pos, run) for chain, steps in landed.items() for pos, _, run in steps]
         with open(path + ".committed", "wb") as f:
             pickle.dump(committed, f)

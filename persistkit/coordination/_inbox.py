@@ -3,10 +3,14 @@
 ``store.send(thread, message, topic=, key=)`` appends a message to the thread's inbox of
 ``topic``; ``pk.receive(topic)`` inside a run of the thread takes the next one
 (``_receive.py``). ``pk.set_event(key, value)`` inside a run publishes a value that
-``store.get_event(thread, key)`` reads from anywhere. Both live in kv scopes of their own
-(``__pk_inbox``, ``__pk_events``; a board of that name would share them: do not name a
-board so), one group of keys per ``(namespace, thread, topic)``, under a digest of the
-three (any text fits a key that way)::
+``store.get_event(thread, key)`` reads from anywhere. Both live in the store's kv space, in
+two scopes per thread: :func:`inbox_scope` (``__pk_i.<d>``) and :func:`events_scope`
+(``__pk_e.<d>``), ``d`` a digest of the thread id (a board of such a name would share
+them: do not name a board so). Every namespace of the thread shares its two scopes, so
+``store.delete_thread`` (every namespace) drops both whole (:func:`drop_plan`), whatever
+namespaces were sent to, and a thread re-created under the same id starts with an empty
+inbox and no events. In the inbox scope, one group of keys per ``(namespace, topic)``,
+under ``h``, a digest of ``(namespace, thread, topic)`` (any text fits a key that way)::
 
     <h>/n              the counter: its version is the number of messages sent
     <h>/m/<seq:012d>   message ``seq`` (1, 2, ...): an envelope {"v": tree, "t": sent at, "k": key}
@@ -14,6 +18,9 @@ three (any text fits a key that way)::
     <h>/c              the receive cursor: {"s": seq taken last, "r": run id, "p": position}
     <h>/r/<d>          a claim: the seq that the receive of one run at one position took
                        (``d``: a digest of the run id and the position)
+
+In the events scope, ``<e>/<key>`` per event, ``e`` a digest of ``(namespace, thread)``:
+an envelope {"v": tree, "t": set at, "r": run id, "p": position}, the newest value wins.
 
 A send writes the counter, the message and the idempotency key in ONE atomic ``kv_write``
 (compare-and-swap on each: a concurrent send retries with the next number), so messages
@@ -25,9 +32,9 @@ took it; then the run records the message as the step result at that position. A
 between the two leaves the claim: the resumed run, at the same position, finds it and takes
 the same message again (:func:`take` looks at its claim first), never a second one there.
 Two receivers of one thread and topic (two runs without a lease) never get the same
-message: the cursor's compare-and-swap lets one of them move it. Messages are never deleted here: the inbox is
-the record of what was sent (``store.messages`` lists it); a message nobody received stays
-for the thread's next ``pk.receive`` of its topic, in a later turn too.
+message: the cursor's compare-and-swap lets one of them move it. Messages are deleted only with the thread: the
+inbox is the record of what was sent (``store.messages`` lists it); a message nobody
+received stays for the thread's next ``pk.receive`` of its topic, in a later turn too.
 """
 
 from __future__ import annotations
@@ -47,12 +54,13 @@ if TYPE_CHECKING:
     from ..codec._pipeline import Codec
 
 __all__ = [
-    "EVENTS",
-    "INBOX",
     "Message",
     "check_topic",
+    "drop_plan",
     "event_plan",
+    "events_scope",
     "get_event_plan",
+    "inbox_scope",
     "messages_plan",
     "peek",
     "send_plan",
@@ -60,8 +68,10 @@ __all__ = [
     "wait_plan",
 ]
 
-INBOX = "__pk_inbox"
-EVENTS = "__pk_events"
+#: The prefixes of a thread's two kv scopes: 7 characters + a 32-digit digest, within the
+#: kv layer's 64 of ``[A-Za-z0-9_.-]`` (backends/_protocol.py).
+_INBOX = "__pk_i."
+_EVENTS = "__pk_e."
 
 #: The longest poll between two looks for a message (or an event) a waiter makes.
 _POLL_MAX = 0.025
@@ -115,6 +125,16 @@ def _digest(*parts: str) -> str:
     return hashlib.blake2b("\x00".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
+def inbox_scope(thread_id: str) -> str:
+    """The kv scope of ``thread_id``'s messages, every namespace and topic of it."""
+    return _INBOX + _digest(thread_id)
+
+
+def events_scope(thread_id: str) -> str:
+    """The kv scope of ``thread_id``'s events, every namespace of it."""
+    return _EVENTS + _digest(thread_id)
+
+
 def prefix(namespace: str, thread_id: str, topic: str) -> str:
     return _digest(namespace, thread_id, topic)
 
@@ -135,22 +155,23 @@ def send_plan(codec: Codec, thread_id: str, namespace: str, topic: str, message:
     """Append ``message``; its number in the topic. With ``key``: a key sent before returns
     the number its message got and stores nothing (sent twice, received once)."""
     h = prefix(namespace, thread_id, topic)
+    box = inbox_scope(thread_id)
     where = _where(thread_id, namespace, topic)
     tree = codec.encode(message, f"message to {where}")
     data = codec.pack_tree({"v": tree, "t": time.time(), "k": key})
     attempt = 0
     while True:
         if key is not None:
-            seen: KvEntry | None = yield call("kv_get", INBOX, f"{h}/k/{key}")
+            seen: KvEntry | None = yield call("kv_get", box, f"{h}/k/{key}")
             if seen is not None and seen.value is not None:
                 return int(seen.value)
-        count: KvEntry | None = yield call("kv_get", INBOX, f"{h}/n")
+        count: KvEntry | None = yield call("kv_get", box, f"{h}/n")
         n = count.version if count is not None else 0
         ops = [KvOp(f"{h}/n", n, b"%d" % (n + 1)), KvOp(_seq_key(h, n + 1), 0, data)]
         if key is not None:
             ops.append(KvOp(f"{h}/k/{key}", 0, b"%d" % (n + 1)))
         try:
-            yield call("kv_write", INBOX, ops, keep=1)
+            yield call("kv_write", box, ops, keep=1)
         except ConflictError:  # another send took the number (or the key) first: look again
             attempt += 1
             yield Sleep(min(_POLL_MIN * 2**attempt, _POLL_MAX))
@@ -190,25 +211,26 @@ def take(
     return its value (:data:`NOTHING` when there is none yet). If that run and position
     claimed one already (then crashed before recording it), the same message again."""
     h = prefix(namespace, thread_id, topic)
+    box = inbox_scope(thread_id)
     where = _where(thread_id, namespace, topic)
     mark = _claim_key(h, run_id, position)
     while True:
-        claimed: KvEntry | None = yield call("kv_get", INBOX, mark)
+        claimed: KvEntry | None = yield call("kv_get", box, mark)
         if claimed is not None and claimed.value is not None:
             seq = int(claimed.value)
-            mine: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq))
+            mine: KvEntry | None = yield call("kv_get", box, _seq_key(h, seq))
             if mine is None or mine.value is None:
                 raise SerializationError(f"message {seq} of {where}, claimed by run {run_id} at {position}, is gone")
             return _value(codec, mine, where)
-        entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
+        entry: KvEntry | None = yield call("kv_get", box, f"{h}/c")
         seq = _cursor(codec, entry, where)[0]
-        nxt: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq + 1))
+        nxt: KvEntry | None = yield call("kv_get", box, _seq_key(h, seq + 1))
         if nxt is None or nxt.value is None:
             return NOTHING
         cursor = codec.seal(json.dumps({"s": seq + 1, "r": run_id, "p": position}).encode())
         ops = [KvOp(f"{h}/c", entry.version if entry else 0, cursor), KvOp(mark, 0, b"%d" % (seq + 1))]
         try:
-            yield call("kv_write", INBOX, ops, keep=1)
+            yield call("kv_write", box, ops, keep=1)
         except ConflictError:
             continue  # another receiver moved the cursor first: look again
         return _value(codec, nxt, where)
@@ -220,12 +242,13 @@ def wait_plan(
     """:func:`take`, polled (a few ms at first, then up to ``_POLL_MAX`` s apart) until
     ``until`` (epoch s); :data:`NOTHING` if no message came by then."""
     h = prefix(namespace, thread_id, topic)
+    box = inbox_scope(thread_id)
     delay = _POLL_MIN
     while True:
         got = yield from take(codec, thread_id, namespace, topic, run_id, position)
         if got is not NOTHING:
             return got
-        entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
+        entry: KvEntry | None = yield call("kv_get", box, f"{h}/c")
         seq = _cursor(codec, entry, _where(thread_id, namespace, topic))[0]
         while True:  # only the next message's key, until it is there
             left = until - time.time()
@@ -233,7 +256,7 @@ def wait_plan(
                 return NOTHING
             yield Sleep(min(delay, left))
             delay = min(delay * 1.5, _POLL_MAX)
-            nxt: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq + 1))
+            nxt: KvEntry | None = yield call("kv_get", box, _seq_key(h, seq + 1))
             if nxt is not None and nxt.value is not None:
                 break
 
@@ -241,22 +264,24 @@ def wait_plan(
 def peek(codec: Codec, thread_id: str, namespace: str, topic: str, run_id: str, position: str) -> Plan[bool]:
     """Whether the receive of ``run_id`` at ``position`` would get a message now (``store.due``)."""
     h = prefix(namespace, thread_id, topic)
-    claimed: KvEntry | None = yield call("kv_get", INBOX, _claim_key(h, run_id, position))
+    box = inbox_scope(thread_id)
+    claimed: KvEntry | None = yield call("kv_get", box, _claim_key(h, run_id, position))
     if claimed is not None and claimed.value is not None:
         return True
-    entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
+    entry: KvEntry | None = yield call("kv_get", box, f"{h}/c")
     seq = _cursor(codec, entry, _where(thread_id, namespace, topic))[0]
-    nxt: KvEntry | None = yield call("kv_get", INBOX, _seq_key(h, seq + 1))
+    nxt: KvEntry | None = yield call("kv_get", box, _seq_key(h, seq + 1))
     return nxt is not None and nxt.value is not None
 
 
 def messages_plan(codec: Codec, thread_id: str, namespace: str, topic: str, limit: int | None) -> Plan[list[Message]]:
     """The topic's messages in order, the received ones included (``store.messages``)."""
     h = prefix(namespace, thread_id, topic)
+    box = inbox_scope(thread_id)
     where = _where(thread_id, namespace, topic)
-    entry: KvEntry | None = yield call("kv_get", INBOX, f"{h}/c")
+    entry: KvEntry | None = yield call("kv_get", box, f"{h}/c")
     taken = _cursor(codec, entry, where)[0]
-    page: list[KvEntry] = yield call("kv_list", INBOX, prefix=f"{h}/m/", limit=limit)
+    page: list[KvEntry] = yield call("kv_list", box, prefix=f"{h}/m/", limit=limit)
     out = []
     for e in page:
         if e.value is None:
@@ -280,13 +305,14 @@ def _event_key(namespace: str, thread_id: str, key: str) -> str:
 def event_plan(codec: Codec, thread_id: str, namespace: str, key: str, value: Any, run_id: str, position: str) -> Plan[int]:
     """Publish ``value`` as event ``key`` of the thread (the newest value wins); its version."""
     k = _event_key(namespace, thread_id, key)
+    box = events_scope(thread_id)
     tree = codec.encode(value, f"event {key!r} of thread {thread_id!r}")
     data = codec.pack_tree({"v": tree, "t": time.time(), "r": run_id, "p": position})
     while True:
-        found: KvEntry | None = yield call("kv_get", EVENTS, k)
+        found: KvEntry | None = yield call("kv_get", box, k)
         version = found.version if found is not None else 0
         try:
-            yield call("kv_write", EVENTS, [KvOp(k, version, data)], keep=1)
+            yield call("kv_write", box, [KvOp(k, version, data)], keep=1)
         except ConflictError:
             continue
         return version + 1
@@ -295,10 +321,11 @@ def event_plan(codec: Codec, thread_id: str, namespace: str, key: str, value: An
 def get_event_plan(codec: Codec, thread_id: str, namespace: str, key: str, wait: float, default: Any) -> Plan[Any]:
     """Event ``key``'s newest value, waiting up to ``wait`` s for one to be set; ``default`` if none."""
     k = _event_key(namespace, thread_id, key)
+    box = events_scope(thread_id)
     until = time.time() + wait
     delay = _POLL_MIN
     while True:
-        found: KvEntry | None = yield call("kv_get", EVENTS, k)
+        found: KvEntry | None = yield call("kv_get", box, k)
         if found is not None and found.value is not None:
             where = f"event {key!r} of thread {thread_id!r}"
             env = codec.unpack_tree(found.value, where)
@@ -308,3 +335,15 @@ def get_event_plan(codec: Codec, thread_id: str, namespace: str, key: str, wait:
             return default
         yield Sleep(min(delay, left))
         delay = min(delay * 1.5, _POLL_MAX)
+
+
+# -- deleting -------------------------------------------------------------------------------
+
+
+def drop_plan(thread_id: str) -> Plan[bool]:
+    """Drop ``thread_id``'s inbox and events, every namespace and topic (what
+    ``store.delete_thread`` does to them); whether there was any. A send that commits
+    after the drop starts a new inbox (message 1), as one to a new thread would."""
+    inbox: bool = yield call("kv_drop", inbox_scope(thread_id))
+    events: bool = yield call("kv_drop", events_scope(thread_id))
+    return inbox or events

@@ -23,6 +23,7 @@ from ..backends import Backend, CheckpointRow, Head, open_backend, split_connect
 from ..codec._pipeline import COMPRESS_THRESHOLD, Codec
 from ..codec._serde import Serializer
 from ..codec._sizes import alarm
+from ..coordination._inbox import drop_plan as drop_messages
 from ..coordination._message_store import MessageStore
 from ..coordination._outbox_store import OutboxStore
 from ..coordination._suspend_store import SuspendStore
@@ -433,10 +434,13 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
                 src.close()
 
     def delete_thread(self, thread_id: str) -> bool:
-        """Delete every checkpoint and value of a thread. Returns whether it existed."""
+        """Delete every checkpoint and value of a thread, in every namespace, with its streams,
+        messages and events (a thread re-created under this id starts empty). Returns whether
+        it existed."""
         check_thread_id(thread_id)
-        if self.backend.supports_kv:  # its streams go with it (persistkit/streams)
+        if self.backend.supports_kv:  # its streams (persistkit/streams), messages and events go with it
             self.run_sync(drop_streams(self.codec, thread_id))
+            self.run_sync(drop_messages(thread_id))
         result: bool = self.run_sync(_delete_plan(thread_id))
         return result
 
@@ -544,6 +548,7 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
         check_thread_id(thread_id)
         if self.backend.supports_kv:
             await self.run_async(drop_streams(self.codec, thread_id))
+            await self.run_async(drop_messages(thread_id))
         result: bool = await self.run_async(_delete_plan(thread_id))
         return result
 

@@ -258,6 +258,35 @@ class MessagesConformance(TwoStores):
             set_event("status", "refund approved")
         assert reader.get_event(t, "status", wait=1) == "refund sent"
 
+    def test_delete_thread_takes_its_messages_and_events(self, stores: tuple[Store, Store]) -> None:
+        """``store.delete_thread`` drops the thread's inbox (every namespace: one with messages
+        and no checkpoint too) and its events: a thread re-created under the same id receives
+        nothing the old one was sent, and reads no old event."""
+        store, other = stores
+        t = self.thread()
+        other.send(t, "old-1", topic="chat", key="evt-1")
+        other.send(t, "old-2", topic="chat")
+        other.send(t, "old-side", topic="chat", namespace="side")  # a namespace without checkpoints
+        with resume(t, store=store) as run:
+            assert receive("chat", timeout=0) == "old-1"
+            set_event("status", "old")
+        assert run.status == "completed"
+        assert other.delete_thread(t) is True
+        assert other.messages(t, topic="chat") == other.messages(t, topic="chat", namespace="side") == []
+        assert other.get_event(t, "status", default="none") == "none"
+        assert other.send(t, "new", topic="chat", key="evt-1") == 1  # numbered afresh; the old key is gone
+        with resume(t, store=store) as again:
+            got = [receive("chat", timeout=0), receive("chat", timeout=0)]
+        assert again.status == "completed" and got == ["new", None]
+        assert other.get_event(t, "status", default="none") == "none"
+
+        async def main() -> list[Any]:
+            await other.asend(t, "stale", topic="chat", namespace="side")
+            assert await other.adelete_thread(t) is True
+            return [*await other.amessages(t, topic="chat"), *await other.amessages(t, topic="chat", namespace="side")]
+
+        assert asyncio.run(main()) == []
+
     def test_a_process_killed_after_claiming_a_message(self, stores: tuple[Store, Store], persistkit_url: str) -> None:
         store, sender = stores
         t = self.thread()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -88,6 +89,7 @@ class Zygote:
         if pid == 0:  # the zygote
             os.close(cmd_w)
             os.close(rep_r)
+            gc.freeze()  # as the warm process does (``_warmed``)
             code = 0
             try:
                 _serve(child, cmd_r, rep_w)
@@ -238,6 +240,9 @@ def _warmed(
                 with contextlib.suppress(Exception):  # one not importable by name stays lazy
                     importlib.import_module(name)
             _prime()
+            # every object so far into the collector's permanent generation: a child's
+            # collections then leave them alone instead of writing to (copying) their pages
+            gc.freeze()
             if _threads() > threads:
                 replies.write("0\n")
                 replies.flush()

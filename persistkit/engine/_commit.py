@@ -9,7 +9,6 @@ compare-and-swap becomes a ``ConflictError`` whose advice is safe to follow (``_
 
 from __future__ import annotations
 
-from dataclasses import replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -312,7 +311,9 @@ class Commits(ReplayCursor):
             self._result = None
             return
         self._result = result(row.checkpoint_id, self._result_tree, self._result_raw)
-        rec = Record(replace(row, payload=b""), body, live=True)  # the body is all a replay reads
+        # the body is all a replay reads: the row is kept without its payload
+        bare = CheckpointRow(row.thread_id, row.namespace, row.checkpoint_id, row.parent_id, row.run_id, b"")
+        rec = Record(bare, body, live=True)
         if error is not None:
             self._failures[id(error)] = (error, row.checkpoint_id)
         pos = body["p"]

@@ -148,8 +148,9 @@ class MemoryBackend(ThreadedAsync):
     ) -> Head:
         d = self._open()
         # Copy before taking the lock: bytearray/memoryview inputs become bytes
-        # the caller can no longer mutate.
-        row = dataclasses.replace(row, payload=bytes(row.payload))
+        # the caller can no longer mutate (a row of bytes, the engine's, is kept as it is).
+        if type(row.payload) is not bytes:
+            row = dataclasses.replace(row, payload=bytes(row.payload))
         copied = {k: bytes(v) for k, v in blobs.items()}
         key = (row.thread_id, row.namespace)
         with d.lock:  # the lease check and the write: one atomic step

@@ -306,6 +306,8 @@ class RetentionStore:
 
         def _check_open(self) -> None: ...
 
+        def delete_thread(self, thread_id: str) -> bool: ...
+
     def prune(
         self,
         policy: Retention,
@@ -387,8 +389,8 @@ class RetentionStore:
             report.threads_deleted.append(t)
             report.checkpoints += sum(len(r) for r in work.chains.values())
             report.blobs += len(sizes)
-            if not report.dry_run:
-                self.call_sync(call("delete_thread", t))
+            if not report.dry_run:  # with its streams, messages and events, as store.delete_thread
+                self.delete_thread(t)
             return
         self._decide(work, namespace, policy, forks, now)
         leases = self._take_leases(t, work, report) if any(work.gone.values()) and not report.dry_run else {}

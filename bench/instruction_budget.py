@@ -11,8 +11,10 @@ extra rounds in a run of its own), so start-up, imports and first-use costs canc
 
 * ``memory_step``: a step on ``memory://``, the codec and engine alone;
 * ``sqlite_step``: the same step on SQLite (WAL, ``synchronous=NORMAL``);
-* ``sqlite_turn``: one turn on SQLite (``pk.resume`` with its lease, one step, the end
-  record), on a thread that already has turns: a turn's fixed cost plus one step.
+* ``sqlite_turn``: one turn on SQLite (``pk.resume`` with its lease, loading the state,
+  one step that rewrites the plan, the end record) on a thread that already has a head and
+  a one-item list: a turn's fixed cost plus one step. The list does not grow from turn to
+  turn, so each turn costs the same (a growing list's cost per turn is #37's next figure).
 
 The step is an agent's: it appends a ~1 KB chat message to ``run.state.messages``
 (a list channel), and the state also holds a plan (a dict of ~300 bytes of JSON, a
@@ -103,6 +105,12 @@ def child(counts: dict[str, int]) -> None:
         if i % 10 == 0:
             run.state.plan = _plan(i // 10)
 
+    @pk.checkpointed(name="decide")
+    def decide(i: int) -> None:  # a turn's step: the thread's list stays as it is, so every turn costs the same
+        run = pk.current_run()
+        assert run is not None
+        run.state.plan = _plan(i)
+
     d = Path(tempfile.mkdtemp())
     try:
         for r in range(counts["memory_step"]):
@@ -118,12 +126,12 @@ def child(counts: dict[str, int]) -> None:
                     think(i)
             store.close()
         store = pk.connect(f"sqlite:///{d}/turns.db")
-        with pk.resume("turns", store=store, state=Agent):  # the thread has a head before the rounds
+        with pk.resume("turns", store=store, state=Agent):  # the thread has a head (and a list) before the rounds
             think(0)
         for r in range(counts["sqlite_turn"]):
             for t in range(TURNS):
                 with pk.resume("turns", store=store, state=Agent):
-                    think(r * TURNS + t)
+                    decide(r * TURNS + t)
         store.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)

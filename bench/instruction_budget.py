@@ -90,7 +90,14 @@ def _plan(done: int) -> dict[str, Any]:
 
 
 def child(counts: dict[str, int]) -> None:
+    import gc
+
     import persistkit as pk
+
+    # No cyclic collections while counting: when one runs depends on every allocation
+    # anywhere, so an unrelated change could move one into or out of the counted rounds
+    # (a memory:// step moved by ~2-4% that way).
+    gc.disable()
 
     class Agent(pk.State, name="bench.budget.Agent"):
         messages: Annotated[list[dict[str, str]], pk.append] = []

@@ -127,7 +127,8 @@ def test_cli_verify_on_an_encrypted_integrity_store(tmp_path: Path, monkeypatch:
 
 
 def test_readme_security_snippet_runs(tmp_path: Path) -> None:
-    """The Security example of docs/getting-started.md (once the README's), pointed at a SQLite file and a temp witness."""
+    """The Security example of docs/getting-started.md (once the README's), pointed at a SQLite file
+    (its $DATABASE_URL) and a temp witness."""
     import base64
     import os
     import re
@@ -135,8 +136,7 @@ def test_readme_security_snippet_runs(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parent.parent / "docs" / "getting-started.md").read_text()
     found = re.search(r"## Security\s.*?```python\n(.*?)```", readme, re.S)
     assert found is not None
-    code = found.group(1).replace('"postgresql://db/agents"', f'"sqlite:///{tmp_path}/agent.db"')
-    code = code.replace("/var/lib/agent/witness.log", f"{tmp_path}/witness.log")
+    code = found.group(1).replace("/var/lib/agent/witness.log", f"{tmp_path}/witness.log")
     code = "import persistkit as pk\n" + code + (
         "\n@pk.checkpointed\ndef ask(q):\n    import os\n    return 'key ' + os.environ['OPENAI_API_KEY']\n"
         "with pk.resume('t', store=store):\n    print(ask('q'))\n"
@@ -144,6 +144,7 @@ def test_readme_security_snippet_runs(tmp_path: Path) -> None:
     )
     env = {
         **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path}/agent.db",  # the block reads its store's URL from there
         "OPENAI_API_KEY": OPENAI,
         "PERSISTKIT_ENCRYPTION_KEYS": "k1:" + base64.b64encode(ENC_A).decode(),
         "PERSISTKIT_INTEGRITY_KEYS": "m1:" + base64.b64encode(MAC).decode(),

@@ -128,7 +128,9 @@ def test_a_batch_stopped_between_steps_is_all_or_nothing(
     doomed = _stopped(endpoint, url, _Stop(op, nth))
     with pytest.raises(_Crash):
         doomed.kv_write(scope, [KvOp(k, 1, b"new") for k in KEYS], keep=5)
-    reader = _open(url)  # default timeout: a pending batch is young to it, and reads never wait
+    # A pending batch is young to this reader (an hour, not the default 10 s: on a loaded machine
+    # moto took longer than that between the stop and the reads, and the reader aborted it).
+    reader = _open(url, kv_pending_timeout=3600.0)
     assert _state(reader, scope, KEYS) == ({(2, b"new")} if committed else {(1, b"old")})
     if where != "before the record":
         assert sorted(_records(reader, scope)) == [

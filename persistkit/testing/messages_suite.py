@@ -198,21 +198,21 @@ class MessagesConformance(TwoStores):
         with resume(t, store=store) as run:
             agent()
         assert run.status == "suspended"
-        waiting = [q for q in sender.pending() if q.thread_id == t]
+        waiting = [q for q in sender.pending(prefix=t) if q.thread_id == t]
         assert [(q.kind, q.topic, q.run_id) for q in waiting] == [("message", "approval", run.run_id)]
-        assert [d for d in sender.due() if d.thread_id == t] == []  # nothing sent yet
+        assert [d for d in sender.due(prefix=t) if d.thread_id == t] == []  # nothing sent yet
         with pytest.raises(ConfigurationError):
             sender.send(t, "x", topic="approval", key="")  # an empty key is refused, nothing stored
         with resume(t, store=store) as again:
             agent()
         assert again.status == "suspended" and again.run_id == run.run_id  # still waiting, nothing written
         sender.send(t, {"ok": True}, topic="approval")
-        assert [d.run_id for d in sender.due() if d.thread_id == t] == [run.run_id]
+        assert [d.run_id for d in sender.due(prefix=t) if d.thread_id == t] == [run.run_id]
         with resume(t, store=store) as done:
             assert agent() == {"ok": True}
         assert done.status == "completed" and done.run_id == run.run_id
         assert _BODIES.count(f"{t}:before") == 1
-        assert [q for q in sender.pending() if q.thread_id == t] == []
+        assert [q for q in sender.pending(prefix=t) if q.thread_id == t] == []
 
     def test_the_replay_check_sees_a_run_waiting_for_a_message(self, stores: tuple[Store, Store]) -> None:
         store, sender = stores
@@ -391,7 +391,7 @@ class MessagesConformance(TwoStores):
         assert operator.cancel(t) == "cancelled"
         assert operator.cancel(t, run.run_id) == "cancelled"  # again: nothing more to do
         assert operator.history(t)[0].run_status == "cancelled"
-        assert [q for q in operator.pending() if q.thread_id == t] == []
+        assert [q for q in operator.pending(prefix=t) if q.thread_id == t] == []
         with pytest.raises(RunCancelledError), resume(t, store=store, run_id=run.run_id):
             receive("reply")
 

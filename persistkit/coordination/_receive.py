@@ -71,16 +71,6 @@ def options(topic: object, timeout: object, suspend_above: object, what: str) ->
     return str(topic), None if timeout is None else float(timeout), float(suspend_above)
 
 
-def _suspended(run: Run, rec: Record | None) -> S.Suspended:
-    """The ``pk.Suspended`` a receive waiting on ``rec`` raises (as ``engine/_suspend``'s)."""
-    run.status = S.SUSPENDED
-    if rec is not None:
-        run._questions = S.questions(run.codec, rec)
-    exc = S.Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
-    exc._record = rec
-    return exc
-
-
 def _decide(run: Run, position: str, rec: Record | None, timeout: float | None, above: float, what: str
             ) -> tuple[bool, Any, float | None, float]:
     """Before any I/O: (True, the recorded value) to replay; else (False, None, the deadline
@@ -89,7 +79,7 @@ def _decide(run: Run, position: str, rec: Record | None, timeout: float | None, 
         return True, run.replay(rec), None, 0.0
     if rec is not None and not has(run.store.backend, "kv"):  # store.check_replay's read-only view:
         run.replay(rec)  # the run waits here, as far as a replay can tell (as an unanswered pk.suspend)
-        raise _suspended(run, rec)
+        raise S.waiting_on(run, rec)
     require(run.store.backend, "kv", f"{what}()")
     now = time.time()
     if rec is None:
@@ -124,8 +114,8 @@ def receive_sync(
     got = run.store.run_sync(I.wait_plan(*args, until) if until else I.take(*args))
     if got is I.NOTHING and not _timed_out(deadline):
         if rec is not None:
-            raise _suspended(run, rec)  # resumed, and still nothing: wait on, write nothing
-        raise _suspended(run, S.write_sync(run, _suspend_body(position, topic, deadline)))
+            raise S.waiting_on(run, rec)  # resumed, and still nothing: wait on, write nothing
+        raise S.waiting_on(run, S.write_sync(run, _suspend_body(position, topic, deadline)))
     value = None if got is I.NOTHING else got
     run.step_sync(position, RECEIVE, None, result=value)
     return value
@@ -141,8 +131,8 @@ async def receive_async(
     got = await run.store.run_async(I.wait_plan(*args, until) if until else I.take(*args))
     if got is I.NOTHING and not _timed_out(deadline):
         if rec is not None:
-            raise _suspended(run, rec)
-        raise _suspended(run, await S.write_async(run, _suspend_body(position, topic, deadline)))
+            raise S.waiting_on(run, rec)
+        raise S.waiting_on(run, await S.write_async(run, _suspend_body(position, topic, deadline)))
     value = None if got is I.NOTHING else got
     await run.step_async(position, RECEIVE, None, result=value)
     return value

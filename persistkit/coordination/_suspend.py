@@ -67,6 +67,7 @@ __all__ = [
     "ready",
     "suppressed",
     "suspend_body",
+    "waiting_on",
     "write_async",
     "write_sync",
 ]
@@ -547,3 +548,16 @@ def not_suspended(thread_id: str, head: Record, question: str | None) -> Persist
     return AnswerError(
         f"cannot answer thread {thread_id!r}: {why}. Nothing was stored", thread_id=thread_id, question=question
     )
+
+
+def waiting_on(run: Any, rec: Record | None) -> Suspended:
+    """The ``pk.Suspended`` to raise: the run waits on ``rec`` (None: another task of the run
+    suspended it while this one was about to ask; its question is asked on the next resume).
+    ``pk.suspend``/``pk.sleep`` (engine/_suspend) and ``pk.receive`` (_receive) raise it;
+    ``run`` is the engine's Run (not imported: the engine imports this module)."""
+    run.status = SUSPENDED
+    if rec is not None:
+        run._questions = questions(run.codec, rec)
+    exc = Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
+    exc._record = rec
+    return exc

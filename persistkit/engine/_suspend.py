@@ -77,17 +77,6 @@ def _done_body(position: str, name: str, tree: Any, q: Any = None) -> dict[str, 
     return body
 
 
-def _suspended(run: Run, rec: Record | None) -> S.Suspended:
-    """The ``pk.Suspended`` to raise: the run waits on ``rec`` (None: another task of the run
-    suspended it while this one was about to ask; this question is asked on the next resume)."""
-    run.status = S.SUSPENDED
-    if rec is not None:
-        run._questions = S.questions(run.codec, rec)
-    exc = S.Suspended(run.thread_id, run.namespace, run.run_id, run._questions)
-    exc._record = rec
-    return exc
-
-
 def _decide(run: Run, rec: Record | None, position: str, name: str) -> tuple[str, Any]:
     """What a suspend call does now: ("return", value), ("write", done body) or ("wait", None)."""
     if rec is None:
@@ -124,7 +113,7 @@ def _ask(what: str, payloads: Sequence[Any], many: bool, deadline: Any, default:
                                                        deadline, default, answer_type)
     if action == "wait":
         assert rec is not None
-        raise _suspended(run, rec)
+        raise S.waiting_on(run, rec)
     return run, position, name, action, value
 
 
@@ -155,7 +144,7 @@ def suspend(
         return value
     if action == "write":
         return _value(run, _write(run, value))
-    raise _suspended(run, _write(run, _suspend_body(position, name, value)))
+    raise S.waiting_on(run, _write(run, _suspend_body(position, name, value)))
 
 
 async def asuspend(
@@ -167,7 +156,7 @@ async def asuspend(
         return value
     if action == "write":
         return _value(run, await _awrite(run, value))
-    raise _suspended(run, await _awrite(run, _suspend_body(position, name, value)))
+    raise S.waiting_on(run, await _awrite(run, _suspend_body(position, name, value)))
 
 
 def suspend_all(
@@ -184,7 +173,7 @@ def suspend_all(
         return list(value)
     if action == "write":
         return list(_value(run, _write(run, value)))
-    raise _suspended(run, _write(run, _suspend_body(position, name, value)))
+    raise S.waiting_on(run, _write(run, _suspend_body(position, name, value)))
 
 
 async def asuspend_all(
@@ -198,7 +187,7 @@ async def asuspend_all(
         return list(value)
     if action == "write":
         return list(_value(run, await _awrite(run, value)))
-    raise _suspended(run, await _awrite(run, _suspend_body(position, name, value)))
+    raise S.waiting_on(run, await _awrite(run, _suspend_body(position, name, value)))
 
 
 # -- timers ------------------------------------------------------------------------------------
@@ -236,7 +225,7 @@ def _timer(duration: object, suspend_above: object, what: str) -> tuple[Run, str
     if rec.body.get("s") != S.SUSPENDED:
         return run, position, "sleep", left, None  # slept in part before a crash: only the rest
     if left > above:
-        raise _suspended(run, rec)
+        raise S.waiting_on(run, rec)
     return run, position, "sleep", left, _done_body(position, _SLEEP, None)
 
 
@@ -248,7 +237,7 @@ def sleep(duration: float | timedelta, *, suspend_above: float = DEFAULT_SUSPEND
     again for time already slept. In async code use ``await pk.asleep(...)``."""
     run, _, action, secs, body = _timer(duration, suspend_above, "pk.sleep")
     if action == "suspend":
-        raise _suspended(run, _write(run, body))
+        raise S.waiting_on(run, _write(run, body))
     if body is not None and "q" in body:  # live: the wake time first, then the sleep
         _write(run, body)
         body = None
@@ -264,7 +253,7 @@ async def asleep(duration: float | timedelta, *, suspend_above: float = DEFAULT_
 
     run, _, action, secs, body = _timer(duration, suspend_above, "pk.asleep")
     if action == "suspend":
-        raise _suspended(run, await _awrite(run, body))
+        raise S.waiting_on(run, await _awrite(run, body))
     if body is not None and "q" in body:
         await _awrite(run, body)
         body = None

@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from ._crash_fork import _picklable
+
 __all__ = [
     "ENV",
     "Probe",
@@ -143,12 +145,6 @@ def handed(index: int, mine: Any) -> Any:
     return mine if how == "none" else value
 
 
-def _picklable(value: Any) -> bool:
-    try:
-        pickle.loads(pickle.dumps(value))
-        return True
-    except Exception:
-        return False
 
 
 _current: list[Probe] = []  # the probe of the current test: one for all its matrix calls

@@ -61,6 +61,7 @@ from .secrets._redact import Secret
 from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
 from .streams._format import StreamEvent
+from .streams._format import check_stream as check_stream_name
 from .streams._sse import sse
 from .wrappers._keys import KeyRing, generate_key
 
@@ -164,6 +165,7 @@ __all__ = [
     "asuspend",
     "asuspend_all",
     "cancelled",
+    "check_stream_name",
     "checkpointed",
     "compensate",
     "connect",

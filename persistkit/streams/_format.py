@@ -46,6 +46,9 @@ KINDS = {"e": "event", "w": "rewind", "f": "final", "x": "end"}
 
 
 def check_stream(name: object) -> str:
+    """``name`` if it is a valid stream name (1 to 64 of ``A-Z a-z 0-9 _ . : -``), else a
+    ``ConfigurationError`` saying what a name may be: what an adapter's ``stream=`` checks
+    before its run starts (``pk.emit`` checks it too, at its first use)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigurationError(
             f"a stream name must be 1 to 64 of A-Z a-z 0-9 _ . : - (e.g. 'default', 'tokens', 'research-2'), got {name!r}"

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 import persistkit as pk
 
 from ._digest import _CHECK_INPUT, _changed_input, _input_digest
+from ._stream import STREAM, streamed_response, tool_output
 
 # -- durable runs: model turns and tool calls as steps ---------------------------------------
 
@@ -93,7 +94,12 @@ class DurableModel(Model):
         if run is None:
             return await self.model.get_response(*args, **kwargs)
         digest = _input_digest(args, kwargs)
-        data = await _model_turn(_Thunk(self.model.get_response, args, kwargs), digest)
+        stream = STREAM.get()
+        if stream is None:
+            call = _Thunk(self.model.get_response, args, kwargs)
+        else:  # the turn streams, from inside its step: its events follow the stream's rewind rule
+            call = _Thunk(lambda *a, **k: streamed_response(self.model, stream, a, k), args, kwargs)
+        data = await _model_turn(call, digest)
         recorded = data.get("input_digest")  # absent in turns recorded before the check existed
         if recorded is not None and recorded != digest and _CHECK_INPUT.get():
             raise _changed_input(run)
@@ -102,8 +108,9 @@ class DurableModel(Model):
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         if pk.current_run() is not None:
             raise pk.ConfigurationError(
-                "streamed model turns are not durable: use durable_run (Runner.run), "
-                "not Runner.run_streamed, inside a persistkit run"
+                "Runner.run_streamed is not durable inside a persistkit run: use "
+                "durable_run(..., stream='answer'), whose model turns stream into the persistkit "
+                "stream 'answer' (store.read_stream, pk.sse; docs/adapters-openai-agents.md)"
             )
         return self.model.stream_response(*args, **kwargs)
 
@@ -129,7 +136,9 @@ def _durable_tool(tool: FunctionTool) -> FunctionTool:
 
     @pk.checkpointed(name=f"openai-agents.tool:{tool.name}")
     async def step(call_id: str, arguments: str, call: _Thunk) -> Any:
-        return await call()
+        out = await call()
+        tool_output(tool.name, call_id, out)  # inside the step: final once it commits
+        return out
 
     @functools.wraps(invoke)  # keeps the signature the SDK inspects to pick the context type
     async def on_invoke_tool(ctx: Any, arguments: str) -> Any:

@@ -14,6 +14,7 @@ import persistkit as pk
 from ._digest import _CHECK_INPUT
 from ._durable import _durable_config, _Thunk, durable
 from ._session import PersistkitSession, _session_settings
+from ._stream import STREAM
 
 #: State channel of a durable run's thread holding the RunState of a run awaiting approval.
 RUN_STATE_CHANNEL = "openai_agents_run_state"
@@ -86,6 +87,7 @@ async def durable_run(
     unfinished_timeout: float | None = None,
     run_config: RunConfig | None = None,
     check_input: bool = True,
+    stream: str | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """``Runner.run`` as a durable persistkit run (one turn) of ``thread_id``.
@@ -113,12 +115,22 @@ async def durable_run(
     (the input changed, or an item before it: a tool that is not a step returned
     something else) raises ``NonDeterminismError``; ``check_input=False`` replays
     the recorded turns anyway.
+
+    ``stream="answer"`` streams each model turn (the model's ``stream_response``, as
+    ``Runner.run_streamed`` does) and forwards its text deltas, tool calls and tool
+    outputs into the thread's persistkit stream ``"answer"`` as they arrive
+    (``store.read_stream``, ``pk.sse``; shapes in docs/adapters-openai-agents.md). A turn
+    that dies mid-answer is rewound in the stream and its retry's events follow; a
+    recorded turn's events are never sent again.
     """
+    if stream is not None:
+        pk.check_stream_name(stream)
     agent = durable(agent)
     config = _durable_config(run_config)
     if kwargs.get("session") is not None:
         kwargs["session"] = _StepSession(kwargs["session"])
     token = _CHECK_INPUT.set(check_input)
+    streaming = STREAM.set(stream)
     try:
         async with pk.resume(
             thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
@@ -136,6 +148,7 @@ async def durable_run(
                 run.state[RUN_STATE_CHANNEL] = pending  # committed with the run's end record
     finally:
         _CHECK_INPUT.reset(token)
+        STREAM.reset(streaming)
     return result
 
 

@@ -46,6 +46,8 @@ from pydantic_ai.tools import (
 
 import persistkit as pk
 
+from ._stream import STREAM, emitting
+
 _REQUESTS: TypeAdapter[DeferredToolRequests] = TypeAdapter(DeferredToolRequests)
 _RESULTS: TypeAdapter[DeferredToolResults] = TypeAdapter(DeferredToolResults)
 #: Agent runs started in each persistkit run so far: the n-th gets run id ``<pk run>:<n>``.
@@ -205,12 +207,32 @@ class PersistkitDurability(BaseDurabilityCapability[AgentDepsT]):
         event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
         name: str | None = None,
         suspend_deferred: bool = True,
+        stream: str | None = None,
     ) -> None:
         """``models``, ``event_stream_handler`` and ``name`` are those of Pydantic AI's
         other durability capabilities; ``suspend_deferred=False`` leaves deferred tool
-        calls to the agent's output (``DeferredToolRequests``) instead of suspending."""
+        calls to the agent's output (``DeferredToolRequests``) instead of suspending.
+        ``stream="answer"``: inside a run, the agent's events (text and thinking deltas,
+        tool calls and results) go into the thread's persistkit stream ``"answer"``, emitted
+        inside the step that produced them (docs/adapters-pydantic-ai.md, Streaming); an
+        ``event_stream_handler`` still receives every event."""
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         self._suspend_deferred = suspend_deferred
+        self._stream = None if stream is None else pk.check_stream_name(stream)
+        self._emitters: dict[str, EventStreamHandler[AgentDepsT]] = {}
+
+    def _effective_event_stream_handler(self) -> EventStreamHandler[AgentDepsT] | None:
+        # The base's hook for the handler of the current run: with a stream, one that emits
+        # every event into it (inside the durable unit, so inside a persistkit step) and hands
+        # it on to the user's handler.
+        user = super()._effective_event_stream_handler()
+        name = STREAM.get() or self._stream
+        if name is None or not self.in_durable_context:
+            return user
+        handler = self._emitters.get(name)
+        if handler is None:
+            handler = self._emitters[name] = emitting(name, user)
+        return handler
 
     @property
     def in_durable_context(self) -> bool:

@@ -12,6 +12,8 @@ from pydantic_ai.run import AgentRunResult
 
 import persistkit as pk
 
+from ._stream import STREAM
+
 #: State channel holding the thread's messages (JSON of ``ModelMessagesTypeAdapter``), oldest first.
 MESSAGES_CHANNEL = "pydantic_ai_messages"
 
@@ -76,6 +78,7 @@ async def durable_run(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    stream: str | None = None,
     **kwargs: Any,
 ) -> AgentRunResult[Any] | None:
     """``agent.run`` as one durable turn of ``thread_id``, with the thread's conversation.
@@ -99,8 +102,12 @@ async def durable_run(
     answering every pending call, then ``durable_run`` again with the same ``run_id`` and
     prompt goes on from the question. A wrong answer is refused by ``store.answer``
     (:class:`DeferredAnswerError`; the question stays open).
-    Other keyword arguments go to ``agent.run``.
+    ``stream="answer"``: the turn's events (text deltas, tool calls and results) go into
+    the thread's persistkit stream ``"answer"`` (as ``PersistkitDurability(stream=)``; the
+    model requests stream). Other keyword arguments go to ``agent.run``.
     """
+    if stream is not None:
+        pk.check_stream_name(stream)
     if kwargs.get("message_history") is not None:
         raise pk.ConfigurationError(
             "durable_run loads the thread's history itself: pass no message_history "
@@ -108,16 +115,20 @@ async def durable_run(
         )
     kwargs.pop("message_history", None)
     result: AgentRunResult[Any] | None = None
-    async with pk.resume(
-        thread_id,
-        store=store,
-        run_id=run_id,
-        busy=busy,
-        lease_ttl=lease_ttl,
-        busy_timeout=busy_timeout,
-        unfinished_timeout=unfinished_timeout,
-    ) as run:
-        history = load_history(run)
-        result = await agent.run(user_prompt, message_history=history or None, **kwargs)
-        save_messages(result.new_messages(), run)
+    streaming = STREAM.set(stream)
+    try:
+        async with pk.resume(
+            thread_id,
+            store=store,
+            run_id=run_id,
+            busy=busy,
+            lease_ttl=lease_ttl,
+            busy_timeout=busy_timeout,
+            unfinished_timeout=unfinished_timeout,
+        ) as run:
+            history = load_history(run)
+            result = await agent.run(user_prompt, message_history=history or None, **kwargs)
+            save_messages(result.new_messages(), run)
+    finally:
+        STREAM.reset(streaming)
     return result

@@ -16,6 +16,7 @@ from ._errors import (
     BackendUnavailableError,
     ClaimLostError,
     CompensationError,
+    ConcurrencyLimitError,
     ConfigurationError,
     ConflictError,
     EffectError,
@@ -46,6 +47,9 @@ from .codec._serde import register
 from .codec._sizes import LargeValueWarning
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
+from .coordination._children import ChildInfo
+from .coordination._concurrency import Concurrency
+from .coordination._debounce import Debounced
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._emit import emit
@@ -106,8 +110,11 @@ __all__ = [
     "EffectInfo",
     "FileWitness",
     "IntegrityError",
+    "Concurrency",
+    "ConcurrencyLimitError",
     "IntegrityProblem",
     "IntegrityReport",
+    "Debounced",
     "KeyRing",
     "LargeValueWarning",
     "LeaseInfo",

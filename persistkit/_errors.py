@@ -21,7 +21,8 @@
     ├── SecretResolutionError     a secret handle ($CRED{name}) that no resolver or vault knows
     ├── StepFailedError           a recorded failure whose exception class cannot be revived
     ├── ThreadBusyError           another live run holds the thread's lease (names holder and expiry),
-    │                             or the thread's newest run is unfinished (``unfinished_run``)
+    │   │                         or the thread's newest run is unfinished (``unfinished_run``)
+    │   └── ConcurrencyLimitError every slot of a concurrency limit (pk.resume(concurrency=)) was taken
     ├── RunAbandonedError         the run was given up with ``store.abandon``: it never runs again
     ├── RunCancelledError         ``store.cancel`` (or a second message under busy="interrupt") stopped the run at a step boundary
     ├── AnswerError               store.answer refused an answer (not suspended, answered, unknown question, wrong type): nothing stored
@@ -62,6 +63,7 @@ __all__ = [
     "CompensationError",
     "ConfigurationError",
     "ConflictError",
+    "ConcurrencyLimitError",
     "EffectError",
     "IntegrityError",
     "LeaseLostError",
@@ -383,6 +385,40 @@ class RunAbandonedError(PersistkitError):
     """The run was given up with ``store.abandon(thread_id, run_id)``: a redelivery of it
     runs nothing (not retryable: drop the message). Its committed steps stay in the thread.
     """
+class ConcurrencyLimitError(ThreadBusyError):
+    """A concurrency limit (``pk.resume(concurrency=(name, key, limit))``, docs/flow-control.md)
+    had every slot taken: under ``busy="reject"`` at once, else once ``busy_timeout`` ran out.
+    ``limit`` names it, ``key`` the key (a tenant id), ``capacity`` its number of slots,
+    ``holders`` how many turns held one, ``waiting`` how many queued before this turn, and
+    ``retry_after`` the seconds after which a slot is likely free (from how long the key's
+    turns held one lately). A ``ThreadBusyError``, so a ``RetryableError``: the block ran
+    nothing and wrote nothing; retry the turn."""
+
+    def __init__(
+        self, message: str, *, thread_id: str = "", limit: str = "", key: str = "", capacity: int = 0,
+        holders: int = 0, waiting: int = 0, retry_after: float | None = None,
+    ) -> None:
+        self.limit = limit
+        self.key = key
+        self.capacity = capacity
+        self.holders = holders
+        super().__init__(message, thread_id=thread_id, waiting=waiting, retry_after=retry_after)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        args = (str(self), self.thread_id, self.limit, self.key, self.capacity, self.holders, self.waiting, self.retry_after)
+        return (_rebuild_concurrency, args)
+
+
+def _rebuild_concurrency(
+    message: str, thread_id: str, limit: str, key: str, capacity: int, holders: int, waiting: int,
+    retry_after: float | None,
+) -> ConcurrencyLimitError:
+    return ConcurrencyLimitError(
+        message, thread_id=thread_id, limit=limit, key=key, capacity=capacity, holders=holders, waiting=waiting,
+        retry_after=retry_after,
+    )
+
+
 
     def __init__(self, message: str, *, thread_id: str = "", run_id: str = "") -> None:
         self.thread_id = thread_id

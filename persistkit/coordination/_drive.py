@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .._errors import LeaseLostError
 from .._io import run_async, run_sync
 from ..backends import Backend
-from ._lease import DEFAULT_TTL, Lease, renew
+from ._lease import DEFAULT_TTL, Lease
 
 __all__ = ["AsyncHeartbeat", "Heartbeat"]
 
@@ -89,7 +89,7 @@ class _Beater:
                 stop = lease is None or lease.lost is not None
                 if lease is not None and not stop:
                     try:
-                        run_sync(backend, renew(lease))
+                        run_sync(backend, lease.renewal())
                     except Exception as exc:  # never let one store's failure end every lease's heartbeat
                         stop = _beat_failed(lease, exc)
                 with self._cond:
@@ -137,7 +137,7 @@ async def _abeat(backend: Backend, ref: weakref.ref[Lease], interval: float) -> 
         if lease is None or lease.lost is not None:
             return
         try:
-            await run_async(backend, renew(lease))
+            await run_async(backend, lease.renewal())
         except Exception as exc:
             if _beat_failed(lease, exc):
                 return

@@ -322,6 +322,11 @@ class Lease:
     def __repr__(self) -> str:
         return f"<Lease {self.thread_id!r} token={self.token} owner={self.owner}>"
 
+    def renewal(self) -> Plan[None]:
+        """What the heartbeat runs every ``ttl / 3`` (``_drive``): :func:`renew`. A lease of
+        another kind of record (a concurrency slot, ``_concurrency``) renews its own way."""
+        return renew(self)
+
 
 def check_options(busy: object, lease_ttl: object, busy_timeout: object) -> None:
     if busy is not None and busy not in BUSY_POLICIES:

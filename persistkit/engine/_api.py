@@ -160,6 +160,13 @@ class resume:
     :param retry_failed: run again a step recorded as failed to store its result or state.
     """
 
+    :param concurrency: ``(name, key, limit)`` (or ``pk.Concurrency``): at most ``limit`` turns of
+        that key (a tenant) run at once across every process; the others wait for a slot in arrival
+        order, or are refused, as ``busy`` says (``pk.ConcurrencyLimitError``; docs/flow-control.md).
+    :param debounce: with ``busy="debounce"``: ``(window, max_wait)`` seconds. The turn's ``message``
+        goes to the thread's inbox; turns arriving within ``window`` of each other become one turn,
+        which runs with every message in ``run.messages``; the others raise ``pk.Debounced``.
+    :param message: with ``busy="debounce"``: this turn's message (needs ``run_id``).
     def __init__(
         self,
         thread_id: str,
@@ -176,10 +183,18 @@ class resume:
         retry_failed: bool = False,
     ) -> None:
         self.thread_id = check_thread_id(thread_id)
+        concurrency: Any = None,
+        debounce: tuple[float, float] | None = None,
+        message: Any = None,
         if not isinstance(retry_failed, bool):
             raise ConfigurationError(f"retry_failed must be True or False, got {retry_failed!r}")
         check_options(busy, lease_ttl, busy_timeout)
         check_unfinished(busy, unfinished_timeout)
+        self._gate: Any = None  # concurrency= and busy="debounce" (coordination/_gate)
+        if concurrency is not None or busy == "debounce" or debounce is not None or message is not None:
+            from ..coordination._gate import make_gate
+
+            self._gate, busy = make_gate(busy, concurrency, debounce, message, run_id, lease_ttl, busy_timeout)  # type: ignore[assignment]
         self._unfinished = unfinished_timeout
         # the default asks a store without lease primitives (a third-party one) for none
         self._busy = (busy, busy is not DEFAULT_BUSY, float(lease_ttl), busy_timeout)
@@ -216,9 +231,12 @@ class resume:
         run = self._new_run()
         if check is not None:
             check.open_sync(run, self.run_id)
+        gate = self._gate
         else:  # the lease, then the run (after the thread's unfinished run of another turn, if any)
             self._holding = open_sync(run, self.run_id, *self._busy, current_run(), self._unfinished)
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
+            if gate is not None:  # busy="debounce": send the message, join a live burst (pk.Debounced)
+                gate.before_sync(run, self.run_id)
                 from ..coordination._rollback import finish_sync
 
                 finish_sync(run, self._holding, (_CURRENT, _Frame, _outbox.after_step_sync))
@@ -232,10 +250,15 @@ class resume:
                 opened(run)
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
+            if gate is not None:  # gather a debounced burst; take a concurrency slot
+                gate.opened_sync(run, self._holding)
+        frame = _Frame(run, "")
+        if gate is not None:  # busy="debounce": the batch at the block's first position (run.messages)
+            gate.entered_sync(run, self._holding, frame.child)
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
         if _context.MATRIX is not None:  # the crash matrix (persistkit.testing) watches the run
             run.observer = _context.MATRIX.opened(run, run.observer)
-        self._token = _CURRENT.set(_Frame(run, ""))
+        self._token = _CURRENT.set(frame)
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
@@ -273,6 +296,8 @@ class resume:
         finally:
             let_go_sync(run.store, self._holding)
             if run.observer is not None:
+            if self._gate is not None:
+                self._gate.exit_sync(run.store)
                 run.observer.end(run, exc)
         return None
 
@@ -287,9 +312,12 @@ class resume:
         if check is not None:
             await check.open_async(run, self.run_id)
         else:
+        gate = self._gate
             self._holding = await open_async(run, self.run_id, *self._busy, current_run(), self._unfinished)
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_async
+            if gate is not None:
+                await gate.before_async(run, self.run_id)
 
                 await finish_async(run, self._holding, (_CURRENT, _Frame, _outbox.after_step_async))
             if run._pending:
@@ -303,9 +331,14 @@ class resume:
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
+            if gate is not None:
+                await gate.opened_async(run, self._holding)
+        frame = _Frame(run, "")
+        if gate is not None:
+            await gate.entered_async(run, self._holding, frame.child)
         if _context.MATRIX is not None:  # the crash matrix (persistkit.testing) watches the run
             run.observer = _context.MATRIX.opened(run, run.observer)
-        self._token = _CURRENT.set(_Frame(run, ""))
+        self._token = _CURRENT.set(frame)
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
@@ -344,6 +377,8 @@ class resume:
             await let_go_async(run.store, self._holding)
             if run.observer is not None:
                 run.observer.end(run, exc)
+            if self._gate is not None:
+                await self._gate.exit_async(run.store)
         return None
 
 

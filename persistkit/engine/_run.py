@@ -159,6 +159,9 @@ class Run(Commits):
         #: Set by resume() once the run is open: what reports its spans, metrics and DEBUG
         #: lines (ops/_telemetry), or None (off: the step path tests only this).
         self.observer: Observer | None = None
+        #: ``pk.resume(busy="debounce")``: the messages of the burst this turn runs, in the order
+        #: they were sent (this turn's own among them); None for other turns.
+        self.messages: list[Any] | None = None
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"

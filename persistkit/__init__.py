@@ -47,7 +47,6 @@ from .codec._serde import register
 from .codec._sizes import LargeValueWarning
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
-from .coordination._children import ChildInfo
 from .coordination._concurrency import Concurrency
 from .coordination._debounce import Debounced
 from .coordination._suspend import DueRun, Question, Suspended

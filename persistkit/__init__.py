@@ -45,12 +45,15 @@ from ._errors import (
 from ._retry import Retry, set_testing
 from .codec._serde import register
 from .codec._sizes import LargeValueWarning
+from .coordination._children import ChildInfo
 from .coordination._outbox import EffectInfo, current_effect
-from .coordination._outbox_store import OutboxEffect, OutboxReport
+from .coordination._children import ChildInfo
 from .coordination._concurrency import Concurrency
 from .coordination._debounce import Debounced
+from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
 from .engine._emit import emit
 from .engine._messages import areceive, aset_event, cancelled, receive, set_event
 from .engine._outbox import after_commit
@@ -99,21 +102,23 @@ __all__ = [
     "BoardEntry",
     "BoardWatch",
     "Checkpoint",
+    "ChildHandle",
+    "ChildInfo",
     "Claim",
     "ClaimLostError",
     "CompensationError",
     "ConfigurationError",
     "ConflictError",
     "DueRun",
-    "EffectError",
-    "EffectInfo",
-    "FileWitness",
-    "IntegrityError",
     "Concurrency",
     "ConcurrencyLimitError",
+    "EffectError",
+    "EffectInfo",
+    "Debounced",
+    "FileWitness",
+    "IntegrityError",
     "IntegrityProblem",
     "IntegrityReport",
-    "Debounced",
     "KeyRing",
     "LargeValueWarning",
     "LeaseInfo",
@@ -164,10 +169,13 @@ __all__ = [
     "WriteRejectedError",
     "add",
     "after_commit",
+    "agather",
     "append",
     "areceive",
+    "arun_child",
     "aset_event",
     "asleep",
+    "astart",
     "asuspend",
     "asuspend_all",
     "cancelled",
@@ -181,6 +189,7 @@ __all__ = [
     "default_store",
     "deprecate_patch",
     "emit",
+    "gather",
     "generate_key",
     "instruction_check",
     "merge",
@@ -190,11 +199,13 @@ __all__ = [
     "register",
     "replace",
     "resume",
+    "run_child",
     "secrets",
     "set_event",
     "set_testing",
     "sleep",
     "sse",
+    "start",
     "suspend",
     "suspend_all",
 ]

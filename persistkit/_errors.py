@@ -33,6 +33,8 @@
     │                             stored one cannot be resolved in this process (a RetryableError)
     ├── LeaseLostError            this run's lease expired and another holder took over: stop, write nothing
     │   └── ClaimLostError        a board claim expired and another worker claimed the item: its complete/release is refused
+    ├── RateLimitedError          a rate limit (store.limits) had no capacity within the call's timeout (a RetryableError)
+    ├── LimitNotFoundError        a rate limit named in a step or pk.limited was never set (also a NotFoundError)
     ├── AccessDeniedError         a scoped board handle (board.scoped) or the database refused a key outside the grants
     └── WriteRejectedError        a board write failed a validator (schema or content check) of its prefix: nothing stored
 
@@ -61,15 +63,17 @@ __all__ = [
     "BackendUnavailableError",
     "ClaimLostError",
     "CompensationError",
+    "ConcurrencyLimitError",
     "ConfigurationError",
     "ConflictError",
-    "ConcurrencyLimitError",
     "EffectError",
     "IntegrityError",
     "LeaseLostError",
+    "LimitNotFoundError",
     "NonDeterminismError",
     "NotFoundError",
     "PersistkitError",
+    "RateLimitedError",
     "RetryableError",
     "RunAbandonedError",
     "RunAbortedError",
@@ -381,10 +385,6 @@ def _rebuild_busy(
     )
 
 
-class RunAbandonedError(PersistkitError):
-    """The run was given up with ``store.abandon(thread_id, run_id)``: a redelivery of it
-    runs nothing (not retryable: drop the message). Its committed steps stay in the thread.
-    """
 class ConcurrencyLimitError(ThreadBusyError):
     """A concurrency limit (``pk.resume(concurrency=(name, key, limit))``, docs/flow-control.md)
     had every slot taken: under ``busy="reject"`` at once, else once ``busy_timeout`` ran out.
@@ -419,6 +419,10 @@ def _rebuild_concurrency(
     )
 
 
+class RunAbandonedError(PersistkitError):
+    """The run was given up with ``store.abandon(thread_id, run_id)``: a redelivery of it
+    runs nothing (not retryable: drop the message). Its committed steps stay in the thread.
+    """
 
     def __init__(self, message: str, *, thread_id: str = "", run_id: str = "") -> None:
         self.thread_id = thread_id
@@ -740,3 +744,39 @@ class WriteRejectedError(PersistkitError):
 
 def _rebuild_rejected(message: str, key: str, rule: str) -> WriteRejectedError:
     return WriteRejectedError(message, key=key, rule=rule)
+
+
+class RateLimitedError(RetryableError):
+    """A shared rate limit (``store.limits``, docs/flow-control.md) had no capacity for this call
+    within its timeout: nothing was drawn and the call did not run. ``limit`` names the limit,
+    ``key`` the key drawn under ("" without one), ``retry_after`` the seconds until the draw
+    would have fitted (a queue's countdown). A ``RetryableError``: retry the call or the turn."""
+
+    def __init__(self, message: str, *, limit: str = "", key: str = "", retry_after: float | None = None) -> None:
+        self.limit = limit
+        self.key = key
+        self.retry_after = retry_after
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_rate_limited, (str(self), self.limit, self.key, self.retry_after))
+
+
+def _rebuild_rate_limited(message: str, limit: str, key: str, retry_after: float | None) -> RateLimitedError:
+    return RateLimitedError(message, limit=limit, key=key, retry_after=retry_after)
+
+
+class LimitNotFoundError(NotFoundError):
+    """A rate limit was drawn from (``@pk.checkpointed(limit=)``, ``pk.limited``, ``pk.throttle``)
+    but never declared on the store: ``store.limits.set(name, rate=...)`` first. ``limit`` names it."""
+
+    def __init__(self, message: str, *, limit: str = "") -> None:
+        self.limit = limit
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_limit_missing, (str(self), self.limit))
+
+
+def _rebuild_limit_missing(message: str, limit: str) -> LimitNotFoundError:
+    return LimitNotFoundError(message, limit=limit)

@@ -216,6 +216,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("blackboard", ("persistkit.blackboard",)),
     ("streams", ("persistkit.streams",)),
     ("ops", ("persistkit.ops",)),
+    ("flow", ("persistkit.flow",)),
     ("engine", ("persistkit.engine",)),
     ("surface", ("persistkit", "persistkit.__main__", "persistkit._cli", "persistkit.testing")),
 ]

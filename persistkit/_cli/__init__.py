@@ -9,6 +9,7 @@ through :class:`~persistkit._cli._output.Output`:
 * ``_dynamodb``: ``dynamodb create-table``
 * ``_keys``: ``keygen``, ``rotate-keys``, ``verify``
 * ``_leases``: ``leases``, ``abandon``, ``cancel``
+* ``_limits``: ``limits`` (shared rate limits)
 * ``_suspend``: ``answer``, ``pending``, ``due``
 * ``_replay``: ``replay-check``
 * ``_outbox``: ``drain-outbox``
@@ -47,6 +48,7 @@ from . import (
     _inspect,
     _keys,
     _leases,
+    _limits,
     _outbox,
     _prune,
     _replay,
@@ -79,8 +81,8 @@ def parser() -> argparse.ArgumentParser:
         "(`| head`) ends threads, history, state, show and diff with 0, other verbs with 1.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="VERB", parser_class=_VerbParser)
-    groups = (_threads, _inspect, _transfer, _schema, _dynamodb, _keys, _leases, _suspend, _replay, _outbox, _prune,
-              _timeline)
+    groups = (_threads, _inspect, _transfer, _schema, _dynamodb, _keys, _leases, _limits, _suspend, _replay, _outbox,
+              _prune, _timeline)
     for group in groups:
         group.add_parsers(sub, common)
     for verb in sub.choices.values():

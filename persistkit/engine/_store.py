@@ -40,6 +40,7 @@ from ._store_plans import StorePlans
 if TYPE_CHECKING:
     from ..blackboard._space import Board
     from ..coordination import Lease, LeaseInfo
+    from ..flow._limits import Limits
     from ..wrappers._encryption import RotationReport
     from ..wrappers._verify import IntegrityReport
 
@@ -233,6 +234,14 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
         if history is not None:
             found.policy("", history=history)
         return found
+
+    @property
+    def limits(self) -> Limits:
+        """The rate limits every process on this store shares (docs/flow-control.md):
+        ``store.limits.set("openai", rate="500/min")``, then ``@pk.checkpointed(limit="openai")``."""
+        from ..flow._limits import limits_of
+
+        return limits_of(self)
 
     def close(self) -> None:
         """Close the backend. Idempotent."""

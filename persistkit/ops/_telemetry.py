@@ -13,7 +13,8 @@ and ``persistkit.step`` per step call, replayed or run (a child of the run's spa
 of the enclosing step's: code in a step that makes its own spans nests under it).
 Events on them: ``persistkit.retry``, ``persistkit.conflict``, ``persistkit.suspended``,
 ``persistkit.opened`` (lease wait and reading the run). Metrics: checkpoint size and
-write latency (histograms), replays, retries and conflicts (counters).
+write latency (histograms), replays, retries and conflicts (counters); a shared rate
+limit's waits (histogram) and ``RateLimitedError`` refusals (counter), by limit name.
 
 Nothing of a state value, an argument or a result goes into a span, a metric or a log
 line: identifiers (thread, run, namespace, position, step name), statuses, counts and
@@ -51,6 +52,7 @@ POSITION = "persistkit.step.position"
 REPLAYED = "persistkit.step.replayed"
 ATTEMPT = "persistkit.step.attempt"
 KIND = "persistkit.checkpoint.kind"
+LIMIT = "persistkit.limit.name"
 _KINDS = {k: {KIND: k} for k in ("step", "suspend", "end")}  # made once: a metric's attributes per write
 
 
@@ -131,7 +133,7 @@ def _tracer() -> Any:
 
 
 class _Instruments:
-    __slots__ = ("conflicts", "latency", "replays", "retries", "size")
+    __slots__ = ("conflicts", "latency", "limit_waits", "rate_limited", "replays", "retries", "size")
 
     def __init__(self, meter: Any) -> None:
         self.size = meter.create_histogram(
@@ -148,6 +150,12 @@ class _Instruments:
         )
         self.conflicts = meter.create_counter(
             "persistkit.conflicts", unit="{conflict}", description="Checkpoints refused because the thread's head moved"
+        )
+        self.limit_waits = meter.create_histogram(
+            "persistkit.limit.wait.duration", unit="s", description="Time a call waited for a shared rate limit (store.limits)"
+        )
+        self.rate_limited = meter.create_counter(
+            "persistkit.limit.rate_limited", unit="{call}", description="Calls refused with RateLimitedError (no capacity in time)"
         )
 
 
@@ -375,6 +383,22 @@ def conflicted(run: Any, body: Mapping[str, Any], error: BaseException) -> None:
         obs.instruments.conflicts.add(1, {KIND: str(body["k"])})
     found = getattr(error, "found", None)
     obs._event("persistkit.conflict", {"persistkit.conflict.found_version": found if isinstance(found, int) else -1})
+
+
+def limit_waited(name: str, seconds: float) -> None:
+    """A draw from the rate limit ``name`` went ahead after ``seconds`` of waiting (persistkit/flow)."""
+    instruments = _instruments()
+    if instruments is not None:
+        instruments.limit_waits.record(seconds, {LIMIT: name})
+
+
+def limit_refused(name: str) -> None:
+    """A draw from the rate limit ``name`` raised RateLimitedError (persistkit/flow)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("persistkit: rate limit %r had no capacity in time (RateLimitedError)", name)
+    instruments = _instruments()
+    if instruments is not None:
+        instruments.rate_limited.add(1, {LIMIT: name})
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -34,8 +34,6 @@ from ..coordination import (
     check_unfinished,
 )
 from ..coordination._cancel import halt
-from ..coordination._child_stop import close_async as close_children_async
-from ..coordination._child_stop import close_sync as close_children_sync
 from ..coordination._saga import register_result_undo
 from ..coordination._suspend import Suspended
 from ..coordination._suspend import end_async as suspend_end_async
@@ -299,7 +297,6 @@ class resume:
             if self._gate is not None:
                 self._gate.exit_sync(run.store)
             let_go_sync(run.store, self._holding)
-            close_children_sync(run)  # the run ended: its unfinished children are cancelled (coordination/_child_stop)
             if run.observer is not None:
                 run.observer.end(run, exc)
         return None
@@ -380,7 +377,6 @@ class resume:
             if self._gate is not None:
                 await self._gate.exit_async(run.store)
             await let_go_async(run.store, self._holding)
-            await close_children_async(run)
             if run.observer is not None:
                 run.observer.end(run, exc)
         return None

@@ -22,9 +22,11 @@ from ._errors import (
     EffectError,
     IntegrityError,
     LeaseLostError,
+    LimitNotFoundError,
     NonDeterminismError,
     NotFoundError,
     PersistkitError,
+    RateLimitedError,
     RetryableError,
     RunAbandonedError,
     RunAbortedError,
@@ -45,16 +47,14 @@ from ._errors import (
 from ._retry import Retry, set_testing
 from .codec._serde import register
 from .codec._sizes import LargeValueWarning
-from .coordination._children import ChildInfo
-from .coordination._outbox import EffectInfo, current_effect
-from .coordination._children import ChildInfo
 from .coordination._concurrency import Concurrency
 from .coordination._debounce import Debounced
+from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
-from .engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
 from .engine._emit import emit
+from .engine._flow import athrottle, limited, throttle
 from .engine._messages import areceive, aset_event, cancelled, receive, set_event
 from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
@@ -63,6 +63,7 @@ from .engine._run import Run, StepEvent, StepInfo
 from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
+from .flow._limits import LimitDraw, LimitInfo, Limits
 from .secrets._redact import Secret
 from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
@@ -102,19 +103,17 @@ __all__ = [
     "BoardEntry",
     "BoardWatch",
     "Checkpoint",
-    "ChildHandle",
-    "ChildInfo",
     "Claim",
     "ClaimLostError",
     "CompensationError",
-    "ConfigurationError",
-    "ConflictError",
-    "DueRun",
     "Concurrency",
     "ConcurrencyLimitError",
+    "ConfigurationError",
+    "ConflictError",
+    "Debounced",
+    "DueRun",
     "EffectError",
     "EffectInfo",
-    "Debounced",
     "FileWitness",
     "IntegrityError",
     "IntegrityProblem",
@@ -123,6 +122,10 @@ __all__ = [
     "LargeValueWarning",
     "LeaseInfo",
     "LeaseLostError",
+    "LimitDraw",
+    "LimitInfo",
+    "LimitNotFoundError",
+    "Limits",
     "Message",
     "NonDeterminismError",
     "NotFoundError",
@@ -131,6 +134,7 @@ __all__ = [
     "PersistkitError",
     "PruneReport",
     "Question",
+    "RateLimitedError",
     "Reducer",
     "ReplayReport",
     "ResumeInfo",
@@ -169,15 +173,13 @@ __all__ = [
     "WriteRejectedError",
     "add",
     "after_commit",
-    "agather",
     "append",
     "areceive",
-    "arun_child",
     "aset_event",
     "asleep",
-    "astart",
     "asuspend",
     "asuspend_all",
+    "athrottle",
     "cancelled",
     "check_stream_name",
     "checkpointed",
@@ -189,9 +191,9 @@ __all__ = [
     "default_store",
     "deprecate_patch",
     "emit",
-    "gather",
     "generate_key",
     "instruction_check",
+    "limited",
     "merge",
     "migration",
     "patched",
@@ -199,15 +201,14 @@ __all__ = [
     "register",
     "replace",
     "resume",
-    "run_child",
     "secrets",
     "set_event",
     "set_testing",
     "sleep",
     "sse",
-    "start",
     "suspend",
     "suspend_all",
+    "throttle",
 ]
 
 

@@ -16,17 +16,14 @@ from ._errors import (
     BackendUnavailableError,
     ClaimLostError,
     CompensationError,
-    ConcurrencyLimitError,
     ConfigurationError,
     ConflictError,
     EffectError,
     IntegrityError,
     LeaseLostError,
-    LimitNotFoundError,
     NonDeterminismError,
     NotFoundError,
     PersistkitError,
-    RateLimitedError,
     RetryableError,
     RunAbandonedError,
     RunAbortedError,
@@ -47,14 +44,13 @@ from ._errors import (
 from ._retry import Retry, set_testing
 from .codec._serde import register
 from .codec._sizes import LargeValueWarning
-from .coordination._concurrency import Concurrency
-from .coordination._debounce import Debounced
+from .coordination._children import ChildInfo
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
+from .engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
 from .engine._emit import emit
-from .engine._flow import athrottle, limited, throttle
 from .engine._messages import areceive, aset_event, cancelled, receive, set_event
 from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
@@ -63,7 +59,6 @@ from .engine._run import Run, StepEvent, StepInfo
 from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
-from .flow._limits import LimitDraw, LimitInfo, Limits
 from .secrets._redact import Secret
 from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
@@ -103,14 +98,13 @@ __all__ = [
     "BoardEntry",
     "BoardWatch",
     "Checkpoint",
+    "ChildHandle",
+    "ChildInfo",
     "Claim",
     "ClaimLostError",
     "CompensationError",
-    "Concurrency",
-    "ConcurrencyLimitError",
     "ConfigurationError",
     "ConflictError",
-    "Debounced",
     "DueRun",
     "EffectError",
     "EffectInfo",
@@ -122,10 +116,6 @@ __all__ = [
     "LargeValueWarning",
     "LeaseInfo",
     "LeaseLostError",
-    "LimitDraw",
-    "LimitInfo",
-    "LimitNotFoundError",
-    "Limits",
     "Message",
     "NonDeterminismError",
     "NotFoundError",
@@ -134,7 +124,6 @@ __all__ = [
     "PersistkitError",
     "PruneReport",
     "Question",
-    "RateLimitedError",
     "Reducer",
     "ReplayReport",
     "ResumeInfo",
@@ -173,13 +162,15 @@ __all__ = [
     "WriteRejectedError",
     "add",
     "after_commit",
+    "agather",
     "append",
     "areceive",
+    "arun_child",
     "aset_event",
     "asleep",
+    "astart",
     "asuspend",
     "asuspend_all",
-    "athrottle",
     "cancelled",
     "check_stream_name",
     "checkpointed",
@@ -191,9 +182,9 @@ __all__ = [
     "default_store",
     "deprecate_patch",
     "emit",
+    "gather",
     "generate_key",
     "instruction_check",
-    "limited",
     "merge",
     "migration",
     "patched",
@@ -201,14 +192,15 @@ __all__ = [
     "register",
     "replace",
     "resume",
+    "run_child",
     "secrets",
     "set_event",
     "set_testing",
     "sleep",
     "sse",
+    "start",
     "suspend",
     "suspend_all",
-    "throttle",
 ]
 
 

@@ -341,9 +341,10 @@ def get_event_plan(codec: Codec, thread_id: str, namespace: str, key: str, wait:
 
 
 def drop_plan(thread_id: str) -> Plan[bool]:
-    """Drop ``thread_id``'s inbox and events, every namespace and topic (what
+    """Drop ``thread_id``'s inbox, events and child links, every namespace and topic (what
     ``store.delete_thread`` does to them); whether there was any. A send that commits
     after the drop starts a new inbox (message 1), as one to a new thread would."""
     inbox: bool = yield call("kv_drop", inbox_scope(thread_id))
     events: bool = yield call("kv_drop", events_scope(thread_id))
-    return inbox or events
+    children: bool = yield call("kv_drop", "__pk_c." + _digest(thread_id))  # its child links (_children)
+    return inbox or events or children

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .._io import Plan
     from ..backends._protocol import Backend
     from ..codec._pipeline import Codec
+    from ._children import ChildInfo
 
 __all__ = ["MessageStore"]
 
@@ -138,15 +139,37 @@ class MessageStore:
         one in another process at its lease's next renewal (every ``lease_ttl / 3`` s, 10 s
         by default). A run nobody runs (suspended, or its process died) is ended now with an
         end record of status ``cancelled`` (no code runs; its committed steps stay); returns
-        ``"cancelled"``. Either way a redelivery of the run runs nothing."""
-        from ._cancel import cancel_sync
+        ``"cancelled"``. Either way a redelivery of the run runs nothing. The stop reaches every
+        unfinished child run it started (``pk.start``, ``on_parent_close="cancel"``), recursively,
+        whatever process runs them."""
+        from ._child_stop import cancel_tree_sync
 
-        return cancel_sync(self, _thread(thread_id), _run_id(run_id), _namespace(namespace))
+        return cancel_tree_sync(self, _thread(thread_id), _run_id(run_id), _namespace(namespace))
 
     async def acancel(self, thread_id: str, run_id: str | None = None, *, namespace: str = "") -> str:
-        from ._cancel import cancel_async
+        from ._child_stop import cancel_tree_async
 
-        return await cancel_async(self, _thread(thread_id), _run_id(run_id), _namespace(namespace))
+        return await cancel_tree_async(self, _thread(thread_id), _run_id(run_id), _namespace(namespace))
+
+    def children(self, thread_id: str, *, run_id: str | None = None, namespace: str | None = None) -> list[ChildInfo]:
+        """The child runs that runs of ``thread_id`` started (``pk.start``; of ``run_id`` only, when
+        given), oldest first, each with its status now: what ``persistkit show`` draws as the tree."""
+        from ._children import children_plan
+
+        self._inbox("store.children")
+        ns = None if namespace is None else _namespace(namespace)
+        found: list[ChildInfo] = self.run_sync(children_plan(self.codec, _thread(thread_id), ns, _run_id(run_id)))
+        return found
+
+    async def achildren(
+        self, thread_id: str, *, run_id: str | None = None, namespace: str | None = None
+    ) -> list[ChildInfo]:
+        from ._children import children_plan
+
+        self._inbox("store.achildren")
+        ns = None if namespace is None else _namespace(namespace)
+        found: list[ChildInfo] = await self.run_async(children_plan(self.codec, _thread(thread_id), ns, _run_id(run_id)))
+        return found
 
 
 def _run_id(value: object) -> str | None:

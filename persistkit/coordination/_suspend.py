@@ -27,6 +27,8 @@ Question objects in ``q`` (short keys, written once per suspension):
        answered in part
 ``tp`` the topic of a ``pk.receive`` that waits for a message (no question):
        ``store.send`` is what it waits for; ``d`` is its timeout
+``ch`` the child run a ``handle.result()`` waits for (``_children``: its handle's
+       tree); ``d`` is its timeout
 ====  ===============================================================
 """
 
@@ -350,13 +352,14 @@ def questions(codec: Codec, rec: Record, open_only: bool = True) -> list[Questio
         if open_only and "a" in q:
             continue
         d = q.get("d")
-        timer, topic = bool(q.get("w")), q.get("tp")
+        timer, topic, child = bool(q.get("w")), q.get("tp"), "ch" in q
         out.append(Question(
             thread_id=rec.row.thread_id, namespace=rec.row.namespace, run_id=rec.row.run_id or "",
-            question_id=str(q["i"]), payload=None if timer or topic is not None else _payload(codec, q.get("v"), rec),
+            question_id=str(q["i"]), payload=q["ch"] if child else None if timer or topic is not None
+            else _payload(codec, q.get("v"), rec),
             deadline=None if d is None else datetime.fromtimestamp(float(d), UTC),
             has_default="df" in q, answer_type=q.get("ty"), asked_at=asked,
-            kind="timer" if timer else "message" if topic is not None else "question",
+            kind="timer" if timer else "message" if topic is not None else "child" if child else "question",
             topic=topic if isinstance(topic, str) else None,
         ))
     return out
@@ -490,6 +493,12 @@ def pick(rec: Record, question: str | None, thread_id: str, at: float) -> tuple[
         raise AnswerError(
             f"thread {thread_id!r} is waiting for a message on topic {qs[0]['tp']!r} (pk.receive), not on a "
             f"question: send it, store.send({thread_id!r}, message, topic={qs[0]['tp']!r}), then resume the run",
+            thread_id=thread_id, question=question,
+        )
+    if qs and "ch" in qs[0]:
+        raise AnswerError(
+            f"thread {thread_id!r} is waiting for child run {qs[0]['ch'].get('r')!r} (handle.result()), not on "
+            "a question: resume the run once the child ended (store.due() lists it then)",
             thread_id=thread_id, question=question,
         )
     open_ = [(k, q) for k, q in enumerate(qs) if "a" not in q]

@@ -74,7 +74,7 @@ def _pending(codec: Codec, prefix: str, namespace: str, at: float) -> Plan[list[
     out: list[S.Question] = []
     for rec in recs:
         for q in S.questions(codec, rec):
-            if q.kind in ("question", "message") and (q.deadline is None or q.deadline.timestamp() > at):
+            if q.kind in ("question", "message", "child") and (q.deadline is None or q.deadline.timestamp() > at):
                 out.append(q)
     return out
 
@@ -89,7 +89,9 @@ def _due(codec: Codec, prefix: str, namespace: str, at: float, answered: bool) -
                 due_at=datetime.fromtimestamp(float(rec.body.get("t") or at), UTC), questions=(),
             ))
             continue
-        if S.ready(rec, at) is S.MISSING and not (yield from _message_came(codec, rec)):
+        if S.ready(rec, at) is S.MISSING and not (yield from _message_came(codec, rec)) and not (
+            yield from _child_ended(codec, rec)
+        ):
             continue
         qs = S.questions(codec, rec)
         when = max((q.deadline for q in qs if q.deadline is not None), default=None)
@@ -113,6 +115,14 @@ def _message_came(codec: Codec, rec: Record) -> Plan[bool]:
         codec, rec.row.thread_id, rec.row.namespace, topic, rec.row.run_id or "", str(rec.body.get("p"))
     )
     return came
+
+
+def _child_ended(codec: Codec, rec: Record) -> Plan[bool]:
+    """Whether ``rec`` is a ``handle.result()`` waiting for a child run that has ended (``_children``)."""
+    from ._children import done_plan
+
+    ended: bool = yield from done_plan(codec, rec)
+    return ended
 
 
 class SuspendStore:

@@ -1,0 +1,164 @@
+"""A stop that reaches every child run: ``store.cancel`` of a parent, and a parent run's end.
+
+``store.cancel(thread, run_id)`` is :func:`cancel_tree_sync`: the run is cancelled as before
+(``_cancel``), then each unfinished child it started with ``on_parent_close="cancel"`` is
+stopped (:func:`_stop_sync`), and that child's own children in turn, found through the links
+under each parent's thread (``_children``): any process can do it, the parent's need not run.
+
+Stopping one child: its link is marked (``x``: a child whose run has not taken its lease yet
+sees it when ``pk.run_child`` opens it, and runs nothing), then ``store.cancel`` of its run: a
+live one is asked to stop at its next step boundary (in its lease record: a worker process
+that dies during the cancel leaves the request there, and the child's redelivery runs nothing),
+a suspended or orphaned one is ended ``cancelled`` now.
+
+A parent run's end (the block wrote its end record: completed, failed, cancelled, interrupted or
+rolled back; not a suspension, not a crash) stops its unfinished ``cancel`` children the same
+way (:func:`close_sync`, the one hook ``pk.resume``'s exit calls): only a run that started a
+child in this block is looked at, so a run that starts none pays a dict lookup at its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigurationError, NotFoundError, PersistkitError, ThreadBusyError
+from . import _children as C
+from ._cancel import cancel_async, cancel_sync
+from ._suspend import SUSPENDED
+
+if TYPE_CHECKING:
+    from ..engine._run import Run
+
+__all__ = ["cancel_tree_async", "cancel_tree_sync", "close_async", "close_sync", "started"]
+
+log = logging.getLogger("persistkit.coordination")
+
+#: The children each open run of this process started (or replayed a start of) in its block.
+_OPEN: weakref.WeakKeyDictionary[Run, list[C.Child]] = weakref.WeakKeyDictionary()
+#: Run statuses after which a parent keeps its children (it goes on later, or the process died).
+_KEEPS = ("running", SUSPENDED, "cancelling", "compensating")
+
+
+def started(run: Run, child: C.Child) -> None:
+    """``pk.start`` (live or replayed) in ``run``'s block: remember the child for the run's end."""
+    mine = _OPEN.setdefault(run, [])
+    if child not in mine:
+        mine.append(child)
+
+
+def _ignored(exc: PersistkitError) -> bool:
+    """A child that cannot be cancelled now because there is nothing left to stop: it finished
+    meanwhile (ConfigurationError), committed nothing yet (NotFoundError: its link's mark stops
+    it when it opens), or a run of it took the lease as we looked (asked through the mark)."""
+    return isinstance(exc, ConfigurationError | NotFoundError | ThreadBusyError)
+
+
+def _stop_sync(store: Any, child: C.Child) -> None:
+    store.run_sync(C.mark_cancelled_plan(store.codec, child))
+    try:
+        cancel_tree_sync(store, child.thread_id, child.run_id, child.namespace)
+    except PersistkitError as exc:
+        if not _ignored(exc):
+            raise
+
+
+async def _stop_async(store: Any, child: C.Child) -> None:
+    await store.run_async(C.mark_cancelled_plan(store.codec, child))
+    try:
+        await cancel_tree_async(store, child.thread_id, child.run_id, child.namespace)
+    except PersistkitError as exc:
+        if not _ignored(exc):
+            raise
+
+
+def _children_of(store: Any, thread_id: str, run_id: str | None, namespace: str) -> Any:
+    return C.children_plan(store.codec, thread_id, namespace, run_id)
+
+
+def cancel_tree_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
+    """``store.cancel``: the run, then every unfinished ``cancel`` child of it, recursively."""
+    try:
+        outcome = cancel_sync(store, thread_id, run_id, namespace)
+    except NotFoundError:
+        outcome = None  # nothing to cancel on the thread itself; its children may still run
+    kids = (
+        C.to_stop(store.run_sync(_children_of(store, thread_id, run_id, namespace)))
+        if _kv(store)
+        else []
+    )
+    for child in kids:
+        _stop_sync(store, child)
+    if outcome is None:
+        if kids:
+            return "requested"
+        cancel_sync(
+            store, thread_id, run_id, namespace
+        )  # raises the NotFoundError again, as before
+    return outcome or "requested"
+
+
+async def cancel_tree_async(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
+    try:
+        outcome = await cancel_async(store, thread_id, run_id, namespace)
+    except NotFoundError:
+        outcome = None
+    kids = (
+        C.to_stop(await store.run_async(_children_of(store, thread_id, run_id, namespace)))
+        if _kv(store)
+        else []
+    )
+    for child in kids:
+        await _stop_async(store, child)
+    if outcome is None:
+        if kids:
+            return "requested"
+        await cancel_async(store, thread_id, run_id, namespace)
+    return outcome or "requested"
+
+
+def _kv(store: Any) -> bool:
+    from ..backends._capabilities import has
+
+    return has(store.backend, "kv")
+
+
+def _closing(run: Run) -> list[C.Child] | None:
+    kids = _OPEN.pop(run, None)
+    if not kids or run.status in _KEEPS or run.replay_only:
+        return None
+    return [k for k in kids if k.on_parent_close == "cancel"]
+
+
+def close_sync(run: Run) -> None:
+    """``pk.resume``'s exit: the run ended; stop its unfinished ``cancel`` children. A failure
+    to stop one is logged, never raised over the block's own outcome (the child ends by itself,
+    or ``store.cancel`` of it stops it)."""
+    kids = _closing(run) if run in _OPEN else None
+    for child in kids or ():
+        try:
+            if run.store.run_sync(C.status_plan(run.codec, child)) not in C.FINAL:
+                _stop_sync(run.store, child)
+        except PersistkitError as exc:
+            log.warning(
+                "persistkit: could not cancel child run %s of thread %r: %s",
+                child.run_id,
+                child.thread_id,
+                exc,
+            )
+
+
+async def close_async(run: Run) -> None:
+    kids = _closing(run) if run in _OPEN else None
+    for child in kids or ():
+        try:
+            if await run.store.run_async(C.status_plan(run.codec, child)) not in C.FINAL:
+                await _stop_async(run.store, child)
+        except PersistkitError as exc:
+            log.warning(
+                "persistkit: could not cancel child run %s of thread %r: %s",
+                child.run_id,
+                child.thread_id,
+                exc,
+            )

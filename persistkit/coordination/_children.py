@@ -1,0 +1,401 @@
+"""Child runs: ``pk.start`` starts a run on another thread, the parent waits for its end.
+
+The user functions (``pk.start``, ``handle.result``, ``pk.gather``, ``pk.run_child``) are
+``engine/_children.py``: they find the run and the position in the engine's frame, and open
+the child's ``pk.resume``. What they record, where the parent→child links live, how a child's
+outcome is read and how a stop reaches every child is here (plans: no I/O).
+
+**Starting is idempotent.** ``pk.start`` at position ``p`` of parent run ``R`` names the child's
+run ``R:p`` (:func:`child_run_id`) and, unless given, its thread ``<parent thread>:p``: both are
+fixed by the parent's record, never drawn at random. It writes the link (below), records the
+handle as the step ``pk.start`` at ``p``, then hands the child to the executor. A parent that
+dies anywhere in between comes back to the same ``p`` and derives the same ids: a second
+launch of ``R:p`` is a resume of the same run (the thread's lease lets one process run it; a
+completed one replays, runs nothing), never a second child. On a resume the parent relaunches
+a recorded child only when it is not finished and nobody holds its lease (:func:`needs_launch`:
+its process died with the parent's, or the parent died before handing it over).
+
+**Links.** Per parent thread one kv scope ``__pk_c.<digest>`` (as the inbox's ``__pk_i.``,
+dropped with the thread by ``store.delete_thread``), one key per child:
+``<digest(namespace, parent run, position)>`` → {``t`` child thread, ``r`` child run, ``n``
+its namespace, ``a`` the agent's registered name, ``pr`` parent run, ``pn`` parent namespace,
+``p`` position, ``c`` parent-close policy, ``s`` started at, ``x`` 1 once a stop was asked}.
+``store.cancel`` (any process) and ``persistkit show`` find a run's children there.
+
+**Outcome.** A child run is one step named ``pk.child`` at position ``0`` of its thread (the
+agent's own steps nest under it): its record holds the agent's result or error. The parent's
+``handle.result()`` takes a position (``pk.child.result``) and records the child's outcome
+there, as ``pk.receive`` records a message: a resumed parent replays it and never reads again.
+A child that is not finished is waited for in the process up to ``suspend_above`` seconds;
+beyond, the parent suspends (a suspend record naming the child, ``q.ch``): ``store.pending()``
+lists it (``kind == "child"``), ``store.due()`` once the child ended.
+
+**Parent close.** ``on_parent_close="cancel"`` (default): when the parent run ends (completed,
+failed, cancelled, interrupted, rolled back: not suspended, not crashed) its unfinished children
+are cancelled, and ``store.cancel`` of the parent reaches them (recursively: a child's
+``store.cancel`` reaches its own). ``"abandon"``: the child is left to finish on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigurationError, ConflictError, RunCancelledError
+from .._io import Plan, Sleep, call
+from ..backends._protocol import KvEntry, KvOp
+from ._lease import _State
+from ._suspend import SUSPENDED
+from ._unfinished import ENDED
+
+if TYPE_CHECKING:
+    from ..codec._pipeline import Codec
+    from ..state._records import Record
+
+__all__ = [
+    "CHILD",
+    "DEFAULT_CHILD_SUSPEND_ABOVE",
+    "POLICIES",
+    "RESULT",
+    "START",
+    "Child",
+    "ChildInfo",
+    "child_run_id",
+    "children_plan",
+    "children_scope",
+    "link_plan",
+    "mark_cancelled_plan",
+    "needs_launch",
+    "outcome_plan",
+    "status_plan",
+    "wait_plan",
+]
+
+#: The step names: the parent's start and result records, and the child's one top step.
+START, RESULT, CHILD = "pk.start", "pk.child.result", "pk.child"
+#: ``on_parent_close=`` values.
+POLICIES = ("cancel", "abandon")
+#: ``handle.result()`` waits in the process for at most this many seconds; longer, the parent suspends.
+DEFAULT_CHILD_SUSPEND_ABOVE = 60.0
+
+_SCOPE = "__pk_c."
+_POLL_MIN, _POLL_MAX = 0.002, 0.05
+#: Child statuses that are final (the outcome is known): a run's end statuses.
+FINAL = ("completed", "failed", "compensated", *ENDED)
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.blake2b(
+        "\x00".join(parts).encode("utf-8", "surrogatepass"), digest_size=16
+    ).hexdigest()
+
+
+def children_scope(thread_id: str) -> str:
+    """The kv scope of the links of ``thread_id``'s children (every namespace and run of it)."""
+    return _SCOPE + _digest(thread_id)
+
+
+def child_run_id(parent_run_id: str, position: str) -> str:
+    """The run id of the child started at ``position`` of ``parent_run_id``: fixed, so a resumed
+    parent names the same run and never starts a second one."""
+    return f"{parent_run_id}:{position}"
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """Who a child run is: its thread and run, the agent's registered name, and its parent."""
+
+    thread_id: str
+    run_id: str
+    namespace: str
+    agent: str
+    parent_thread_id: str
+    parent_run_id: str
+    parent_namespace: str
+    position: str
+    on_parent_close: str
+
+    def tree(self) -> dict[str, Any]:
+        """The record's (and the link's) form: short keys, plain strings."""
+        return {
+            "t": self.thread_id,
+            "r": self.run_id,
+            "n": self.namespace,
+            "a": self.agent,
+            "pt": self.parent_thread_id,
+            "pr": self.parent_run_id,
+            "pn": self.parent_namespace,
+            "p": self.position,
+            "c": self.on_parent_close,
+        }
+
+    @classmethod
+    def of(cls, tree: Any, where: str) -> Child:
+        try:
+            return cls(
+                str(tree["t"]),
+                str(tree["r"]),
+                str(tree["n"]),
+                str(tree["a"]),
+                str(tree["pt"]),
+                str(tree["pr"]),
+                str(tree["pn"]),
+                str(tree["p"]),
+                str(tree["c"]),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ConfigurationError(
+                f"{where} is not a child handle persistkit recorded ({exc!r})"
+            ) from None
+
+    def spec(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """What an executor gets: plain data (picklable, JSON-able when the arguments are) for
+        ``pk.run_child(spec, store=...)`` in any process."""
+        return {
+            "agent": self.agent,
+            "args": list(args),
+            "kwargs": dict(kwargs),
+            "thread_id": self.thread_id,
+            "run_id": self.run_id,
+            "namespace": self.namespace,
+            "on_parent_close": self.on_parent_close,
+            "parent": {
+                "thread_id": self.parent_thread_id,
+                "run_id": self.parent_run_id,
+                "namespace": self.parent_namespace,
+                "position": self.position,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ChildInfo:
+    """One child run as ``store.children()`` and ``persistkit show`` list it: who it is and its
+    status (``pending``: not started yet; ``running``; ``suspended``; or its end status)."""
+
+    child: Child
+    status: str
+    started_at: float
+    cancel_asked: bool
+
+
+def _link_key(child: Child) -> str:
+    return _digest(child.parent_namespace, child.parent_run_id, child.position)
+
+
+def link_plan(codec: Codec, child: Child) -> Plan[None]:
+    """Write ``child``'s link under its parent's thread (once: a link written before stays)."""
+    scope, key = children_scope(child.parent_thread_id), _link_key(child)
+    found: KvEntry | None = yield call("kv_get", scope, key)
+    if found is not None and found.value is not None:
+        return
+    data = codec.pack_tree({**child.tree(), "s": time.time()})
+    try:
+        yield call("kv_write", scope, [KvOp(key, 0, data)], keep=1)
+    except ConflictError:  # another launcher of the same parent position wrote it first
+        return
+
+
+def _links(codec: Codec, parent_thread_id: str) -> Plan[list[tuple[KvEntry, dict[str, Any]]]]:
+    page: list[KvEntry] = yield call("kv_list", children_scope(parent_thread_id), prefix="")
+    out = []
+    for e in page:
+        if e.value is None:
+            continue
+        out.append(
+            (e, codec.unpack_tree(e.value, f"child link {e.key} of thread {parent_thread_id!r}"))
+        )
+    return out
+
+
+def mark_cancelled_plan(codec: Codec, child: Child) -> Plan[None]:
+    """Set the link's ``x``: a child that has not taken its lease yet stops when it opens."""
+    scope, key = children_scope(child.parent_thread_id), _link_key(child)
+    while True:
+        found: KvEntry | None = yield call("kv_get", scope, key)
+        tree = (
+            codec.unpack_tree(found.value, "child link")
+            if found is not None and found.value
+            else child.tree()
+        )
+        if tree.get("x"):
+            return
+        tree["x"] = 1
+        tree.setdefault("s", time.time())
+        try:
+            yield call(
+                "kv_write",
+                scope,
+                [KvOp(key, found.version if found else 0, codec.pack_tree(tree))],
+                keep=1,
+            )
+        except ConflictError:
+            continue
+        return
+
+
+def cancel_asked_plan(codec: Codec, child: Child) -> Plan[bool]:
+    """Whether a stop was asked of ``child`` through its link (``pk.run_child`` looks, holding the lease)."""
+    found: KvEntry | None = yield call(
+        "kv_get", children_scope(child.parent_thread_id), _link_key(child)
+    )
+    if found is None or found.value is None:
+        return False
+    return bool(codec.unpack_tree(found.value, "child link").get("x"))
+
+
+def _newest(codec: Codec, child: Child) -> Plan[Record | None]:
+    from ..state._records import Record
+
+    rows = yield call("list", child.thread_id, child.namespace, run_id=child.run_id, limit=1)
+    return Record.decode(codec, rows[0]) if rows else None
+
+
+def status_plan(codec: Codec, child: Child) -> Plan[str]:
+    """The child run's status: ``pending`` (nothing recorded yet), ``running``, ``suspended`` or its end status."""
+    rec = yield from _newest(codec, child)
+    return _status(rec)
+
+
+def _status(rec: Record | None) -> str:
+    if rec is None:
+        return "pending"
+    if rec.kind == "end":
+        return str(rec.run_status)
+    return SUSPENDED if rec.body.get("s") == SUSPENDED else "running"
+
+
+def needs_launch(codec: Codec, child: Child) -> Plan[bool]:
+    """Whether a resumed parent must hand ``child`` to its executor again: it is not finished and
+    no live process holds its thread's lease (it died with the parent, or was never launched)."""
+    status = yield from status_plan(codec, child)
+    if status in FINAL or status == SUSPENDED:  # a suspended child goes on when its own wait ends
+        return False
+    rec = yield call("lease_get", child.thread_id, child.namespace)
+    return not _State.load(rec).held(time.time())
+
+
+class _Outcome:
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+
+#: What :func:`outcome_plan` returns while the child is not finished.
+NOT_YET: Any = None
+
+
+def outcome_plan(codec: Codec, child: Child) -> Plan[_Outcome | None]:
+    """The child's result or error once it finished, else None."""
+    from ..state._records import read_rows
+
+    newest = yield from _newest(codec, child)
+    status = _status(newest)
+    if status not in FINAL:
+        return None
+    where = f"child run {child.run_id} of thread {child.thread_id!r}"
+    if status in ENDED or status == "compensated":
+        return _Outcome(
+            error=RunCancelledError(
+                f"{where} (started at position {child.position} of run {child.parent_run_id}) ended {status}: "
+                "it has no result. Its committed steps stay in its thread (`persistkit show`)",
+                thread_id=child.thread_id,
+                run_id=child.run_id,
+                status=status,
+            )
+        )
+    rows = yield from read_rows(codec, child.thread_id, child.namespace, child.run_id)
+    top = next(
+        (
+            r
+            for r in reversed(rows)
+            if r.kind == "step" and r.body.get("p") == "0" and r.body.get("n") == CHILD
+        ),
+        None,
+    )
+    if top is None:
+        return _Outcome(
+            error=RunCancelledError(
+                f"{where} ended {status} before its agent returned (it recorded no {CHILD!r} step)",
+                thread_id=child.thread_id,
+                run_id=child.run_id,
+                status=status,
+            )
+        )
+    at = f"{where}: result of {child.agent}"
+    if top.body.get("s") == "failed":
+        return _Outcome(error=codec.decode_exception(top.body.get("e"), at))
+    if "rb" in top.body:
+        blobs = yield call("get_blobs", child.thread_id, [top.body["rb"]])
+        return _Outcome(codec.decode(codec.unpack_tree(blobs[top.body["rb"]], at), at))
+    return _Outcome(codec.decode(top.body.get("r"), at))
+
+
+def wait_plan(codec: Codec, child: Child, until: float) -> Plan[_Outcome | None]:
+    """:func:`outcome_plan`, polled (a few ms at first, then up to ``_POLL_MAX`` s apart) until
+    ``until`` (epoch s); None if the child did not finish by then."""
+    delay = _POLL_MIN
+    while True:
+        got = yield from outcome_plan(codec, child)
+        if got is not None:
+            return got
+        left = until - time.time()
+        if left <= 0:
+            return None
+        yield Sleep(min(delay, left))
+        delay = min(delay * 1.5, _POLL_MAX)
+
+
+def done_plan(codec: Codec, rec: Record) -> Plan[bool]:
+    """Whether suspend record ``rec`` waits on a child that has ended (``store.due``)."""
+    from ._suspend import items
+
+    qs = items(rec)
+    tree = qs[0].get("ch") if qs else None
+    if not isinstance(tree, dict):
+        return False
+    status = yield from status_plan(codec, Child.of(tree, "a suspend record's child"))
+    return status in FINAL
+
+
+def children_plan(
+    codec: Codec, thread_id: str, namespace: str | None, run_id: str | None
+) -> Plan[list[ChildInfo]]:
+    """The children started by runs of ``thread_id`` (of ``run_id`` only, when given), in start order."""
+    links = yield from _links(codec, thread_id)
+    out = []
+    for _entry, tree in links:
+        child = Child.of(tree, f"a child link of thread {thread_id!r}")
+        if (namespace is not None and child.parent_namespace != namespace) or (
+            run_id is not None and child.parent_run_id != run_id
+        ):
+            continue
+        status = yield from status_plan(codec, child)
+        out.append(ChildInfo(child, status, float(tree.get("s") or 0.0), bool(tree.get("x"))))
+    out.sort(key=lambda c: (c.started_at, c.child.position))
+    return out
+
+
+def to_stop(infos: list[ChildInfo], everyone: bool = False) -> list[Child]:
+    """The children a parent's end (or its cancel) stops: unfinished, with policy ``cancel``."""
+    return [
+        i.child
+        for i in infos
+        if i.status not in FINAL and (everyone or i.child.on_parent_close == "cancel")
+    ]
+
+
+def check_policy(value: object, what: str) -> str:
+    if value not in POLICIES:
+        raise ConfigurationError(
+            f"{what}(on_parent_close=) must be one of {', '.join(map(repr, POLICIES))} (cancel: the child is "
+            f"cancelled when the parent run ends; abandon: it finishes on its own), got {value!r}"
+        )
+    return str(value)
+
+
+Executor = Callable[[dict[str, Any]], Any]

@@ -1,0 +1,516 @@
+"""``pk.start`` / ``pk.astart``, ``pk.ChildHandle``, ``pk.gather`` / ``pk.agather`` and
+``pk.run_child`` / ``pk.arun_child``: child runs. This module finds the run and the position in
+the engine's frame and opens the child's ``pk.resume``; what is recorded, the links, the
+outcome and the stop that reaches every child are ``coordination/_children.py`` and
+``coordination/_child_stop.py`` (docs/messages.md, "Child runs").
+
+Where a child runs is the ``executor=`` of ``pk.start``: ``"thread"`` (default: a thread of
+this process, started after the parent recorded the start), ``"inline"`` (run to its end
+inside ``pk.start``, before the parent goes on), or a callable that gets the child's spec (a
+dict of plain data) and hands it to whatever runs turns (a queue worker calls
+``pk.run_child(spec, store=...)``; examples/celery_children.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import ConfigurationError, RunCancelledError
+from ..codec._functions import NotFound, find, registered_name
+from ..codec._names import refusal
+from ..coordination import _children as C
+from ..coordination import _suspend as S
+from ..coordination._cancel import _ask, halt
+from ..coordination._child_stop import started
+from ..state._records import Record
+from ._api import _CURRENT, checkpointed, resume
+from ._run import Run
+from ._store import Store, check_namespace, check_thread_id, default_store
+from ._suspend import _frame, _look
+
+__all__ = ["ChildHandle", "agather", "arun_child", "astart", "gather", "run_child", "start"]
+
+log = logging.getLogger("persistkit.children")
+
+_EXECUTORS = ("thread", "inline")
+
+
+# -- the child's side -------------------------------------------------------------------------
+
+
+def _resolve(name: str, store: Store) -> Callable[..., Any]:
+    try:
+        return find(name, tuple(store.codec.serializer.allow_modules))
+    except NotFound as missing:
+        module = name.partition(":")[0]
+        fix = (
+            f"put @pk.register on it in {module}"
+            if missing.kind == "unregistered"
+            else f"import {module} (it registers the agent with @pk.register) before running the child"
+        )
+        raise ConfigurationError(
+            f"pk.run_child: {refusal(name, 'a child run agent', fix)}"
+        ) from None
+
+
+@checkpointed(name=C.CHILD, check_args=False)
+def _child_step(agent: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    store = _CURRENT.get().run.store  # type: ignore[union-attr]  # a step runs in a run
+    return _resolve(agent, store)(*args, **kwargs)
+
+
+@checkpointed(name=C.CHILD, check_args=False)
+async def _achild_step(agent: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    store = _CURRENT.get().run.store  # type: ignore[union-attr]
+    return await _resolve(agent, store)(*args, **kwargs)
+
+
+def _spec(spec: object) -> tuple[C.Child, list[Any], dict[str, Any]]:
+    if not isinstance(spec, dict):
+        raise ConfigurationError(
+            f"pk.run_child() takes the spec pk.start gave the executor (a dict), got {spec!r:.80}"
+        )
+    try:
+        p = spec["parent"]
+        child = C.Child(
+            check_thread_id(spec["thread_id"]),
+            check_thread_id(spec["run_id"], "run_id"),
+            check_namespace(spec["namespace"]),
+            str(spec["agent"]),
+            check_thread_id(p["thread_id"]),
+            str(p["run_id"]),
+            check_namespace(p["namespace"]),
+            str(p["position"]),
+            C.check_policy(spec["on_parent_close"], "pk.run_child"),
+        )
+        return child, list(spec["args"]), dict(spec["kwargs"])
+    except (KeyError, TypeError) as exc:
+        raise ConfigurationError(
+            f"pk.run_child(): the spec is not one pk.start made ({exc!r})"
+        ) from None
+
+
+def run_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
+    """Run (or continue, or replay) the child run ``spec`` names, to its end: what an executor
+    calls in whatever process runs turns. The agent is found by its registered name
+    (``@pk.register``); a child whose stop was asked runs nothing (``pk.RunCancelledError``).
+    Returns the agent's result (raises its error). Safe to call twice: the child's run id is
+    fixed, so a second call continues or replays the same run, never a second one."""
+    child, args, kwargs = _spec(spec)
+    store = store or default_store()
+    if inspect.iscoroutinefunction(_resolve(child.agent, store)):
+        return asyncio.run(arun_child(spec, store=store))
+    with resume(
+        child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store
+    ) as run:
+        _stop_if_asked_sync(run, store, child)
+        return _child_step(child.agent, args, kwargs)
+
+
+async def arun_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
+    """The async twin of :func:`run_child` (a sync agent runs in the event loop's thread)."""
+    child, args, kwargs = _spec(spec)
+    store = store or default_store()
+    async with resume(
+        child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store
+    ) as run:
+        if not run.replay_only and await store.run_async(C.cancel_asked_plan(store.codec, child)):
+            _ask(run, "cancel")
+        if inspect.iscoroutinefunction(_resolve(child.agent, store)):
+            return await _achild_step(child.agent, args, kwargs)
+        return _child_step(child.agent, args, kwargs)
+
+
+def _stop_if_asked_sync(run: Run, store: Store, child: C.Child) -> None:
+    """Holding the child's lease: a stop asked through its link before it took the lease."""
+    if not run.replay_only and store.run_sync(C.cancel_asked_plan(store.codec, child)):
+        _ask(run, "cancel")  # its first step raises pk.RunCancelledError; it ends ``cancelled``
+
+
+# -- the parent's side ------------------------------------------------------------------------
+
+
+def _in_thread(spec: dict[str, Any], store: Store) -> None:
+    try:
+        run_child(spec, store=store)
+    except RunCancelledError:
+        pass  # cancelled: its end record says so, the parent's handle reads it
+    except (
+        Exception
+    ):  # the child's failure is recorded in its thread: the parent's handle raises it
+        log.debug(
+            "child run %s of thread %r failed",
+            spec.get("run_id"),
+            spec.get("thread_id"),
+            exc_info=True,
+        )
+
+
+def _executor(executor: object, store: Store, what: str) -> Callable[[dict[str, Any]], Any]:
+    if executor is None or executor == "thread":
+
+        def in_thread(spec: dict[str, Any]) -> None:
+            t = threading.Thread(
+                target=contextvars.Context().run,
+                args=(_in_thread, spec, store),
+                name=f"persistkit-child-{spec['run_id']}",
+            )
+            t.start()
+
+        return in_thread
+    if executor == "inline":
+        return lambda spec: contextvars.Context().run(_in_thread, spec, store)
+    if callable(executor) and not isinstance(executor, str):
+        return executor
+    raise ConfigurationError(
+        f"{what}(executor=) must be 'thread' (default: a thread of this process), 'inline' (run the child "
+        "to its end before the parent goes on) or a callable that gets the child's spec and hands it to a "
+        f"worker (which calls pk.run_child(spec, store=...)), got {executor!r}"
+    )
+
+
+def _agent_name(agent: object, what: str) -> str:
+    if not callable(agent):
+        raise ConfigurationError(
+            f"{what}() takes the child's agent function first, got {agent!r:.80}"
+        )
+    return registered_name(
+        agent,
+        f"{what}({getattr(agent, '__qualname__', agent)!r})",
+        "a resumed parent, or a worker that runs the child,",
+    )
+
+
+def _child(
+    run: Run,
+    position: str,
+    rec: Record | None,
+    agent: str,
+    thread_id: object,
+    namespace: object,
+    policy: str,
+    what: str,
+) -> C.Child:
+    if rec is not None:  # the recorded child: a resumed parent gets the same handle
+        return C.Child.of(
+            run.replay(rec), f"the {C.START} record at {position} of thread {run.thread_id!r}"
+        )
+    ns = run.namespace if namespace is None else check_namespace(namespace)
+    rid = C.child_run_id(run.run_id, position)
+    tid = f"{run.thread_id}~{rid}" if thread_id is None else check_thread_id(thread_id)
+    if tid == run.thread_id and ns == run.namespace:
+        raise ConfigurationError(
+            f"{what}(thread_id={tid!r}): a child run needs a thread of its own, not its parent's (run "
+            f"{run.run_id}): name another thread, or leave thread_id out (default: '<parent thread>~<child run id>')"
+        )
+    check_thread_id(tid)
+    return C.Child(tid, rid, ns, agent, run.thread_id, run.run_id, run.namespace, position, policy)
+
+
+def _begin(
+    what: str, agent: object, on_parent_close: object, executor: object
+) -> tuple[str, str, Run, str, Record | None]:
+    name = _agent_name(agent, what)
+    policy = C.check_policy(on_parent_close, what)
+    if isinstance(executor, str) and executor not in _EXECUTORS:
+        _executor(executor, None, what)  # type: ignore[arg-type]  # raises
+    run, position = _frame(what)
+    return name, policy, run, position, _look(run, position, C.START)
+
+
+def start(
+    agent: Callable[..., Any],
+    /,
+    *args: Any,
+    thread_id: str | None = None,
+    namespace: str | None = None,
+    on_parent_close: str = "cancel",
+    executor: str | Callable[[dict[str, Any]], Any] | None = None,
+    **kwargs: Any,
+) -> ChildHandle:
+    """Start ``agent(*args, **kwargs)`` as a child run on thread ``thread_id`` (default: one of its
+    own, ``<parent thread>~<child run id>``) and return its handle; inside a run only.
+
+    Recorded as a step: a resumed parent gets the same handle here and never starts a second
+    child (the child's run id is fixed by the parent's run and position; a child whose process
+    died with the parent's is handed to ``executor`` again and continues where it stopped).
+    ``agent`` must be registered (``@pk.register``): a resumed parent or a worker finds it by
+    that name. ``executor``: ``"thread"`` (default), ``"inline"``, or a callable that gets the
+    child's spec and hands it to a worker calling ``pk.run_child(spec, store=...)``.
+    ``on_parent_close``: ``"cancel"`` (default: the child is cancelled when the parent run ends,
+    is cancelled or rolled back) or ``"abandon"`` (it finishes on its own).
+    In async code use ``await pk.astart(...)``."""
+    name, policy, run, position, rec = _begin("pk.start", agent, on_parent_close, executor)
+    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.start")
+    launch = rec is None
+    if rec is None:
+        run.store.run_sync(C.link_plan(run.codec, child))
+        run.step_sync(position, C.START, None, result=child.tree())
+    elif not run.replay_only:
+        launch = run.store.run_sync(C.needs_launch(run.codec, child))
+    started(run, child)
+    if launch:
+        _executor(executor, run.store, "pk.start")(child.spec(args, kwargs))
+    return ChildHandle(child, run.store)
+
+
+async def astart(
+    agent: Callable[..., Any],
+    /,
+    *args: Any,
+    thread_id: str | None = None,
+    namespace: str | None = None,
+    on_parent_close: str = "cancel",
+    executor: str | Callable[[dict[str, Any]], Any] | None = None,
+    **kwargs: Any,
+) -> ChildHandle:
+    """The async twin of :func:`start` (``"inline"`` awaits the child; the default runs it in a thread)."""
+    name, policy, run, position, rec = _begin("pk.astart", agent, on_parent_close, executor)
+    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.astart")
+    launch = rec is None
+    if rec is None:
+        await run.store.run_async(C.link_plan(run.codec, child))
+        await run.step_async(position, C.START, None, result=child.tree())
+    elif not run.replay_only:
+        launch = await run.store.run_async(C.needs_launch(run.codec, child))
+    started(run, child)
+    if launch:
+        spec = child.spec(args, kwargs)
+        if executor == "inline":
+            try:
+                await contextvars.Context().run(
+                    asyncio.ensure_future, arun_child(spec, store=run.store)
+                )
+            except Exception:  # recorded in the child's thread; the handle raises it
+                log.debug("child run %s failed", child.run_id, exc_info=True)
+        else:
+            _executor(executor, run.store, "pk.astart")(spec)
+    return ChildHandle(child, run.store)
+
+
+class ChildHandle:
+    """A child run started by ``pk.start``: ``thread_id``, ``run_id``; ``result()`` waits for its
+    end (recorded in the parent), ``status()`` looks now (not recorded)."""
+
+    __slots__ = ("child", "store")
+
+    def __init__(self, child: C.Child, store: Store) -> None:
+        self.child = child
+        self.store = store
+
+    @property
+    def thread_id(self) -> str:
+        return self.child.thread_id
+
+    @property
+    def run_id(self) -> str:
+        return self.child.run_id
+
+    def __repr__(self) -> str:
+        return f"ChildHandle(thread_id={self.thread_id!r}, run_id={self.run_id!r}, agent={self.child.agent!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChildHandle) and other.child == self.child
+
+    def __hash__(self) -> int:
+        return hash(self.child)
+
+    def status(self) -> str:
+        """The child's status now: ``pending``, ``running``, ``suspended`` or its end status."""
+        status: str = self.store.run_sync(C.status_plan(self.store.codec, self.child))
+        return status
+
+    def result(
+        self, timeout: float | None = None, *, suspend_above: float = C.DEFAULT_CHILD_SUSPEND_ABOVE
+    ) -> Any:
+        """The child's result (or its error, raised; ``pk.RunCancelledError`` for a child that was
+        cancelled), once it ended. In the run that started it, recorded as a step: a resumed parent
+        gets the same outcome here. It waits in this process up to ``suspend_above`` seconds
+        (default 60); longer, the parent suspends (``pk.Suspended``: ``store.due()`` lists it once
+        the child ended). ``timeout`` (seconds; None: as long as it takes): past it, ``TimeoutError``
+        (recorded too). Outside any run it only waits and reads. In async code: ``await h.aresult()``."""
+        wait, above = _options(timeout, suspend_above, "handle.result")
+        frame = _CURRENT.get()
+        if frame is None:
+            return _unrecorded(
+                self,
+                wait,
+                self.store.run_sync(C.wait_plan(self.store.codec, self.child, _until(wait))),
+            )
+        run, position = _frame("handle.result")
+        self._mine(run, "handle.result")
+        rec = _look(run, position, C.RESULT)
+        replay, value, deadline, until = _decide(run, rec, wait, above)
+        if replay:
+            return value
+        got = run.store.run_sync(_watch(run, self.child, until))
+        halt_if_stopped(run)
+        if got is None and not _past(deadline):
+            if rec is not None:
+                raise S.waiting_on(run, rec)
+            raise S.waiting_on(
+                run, S.write_sync(run, _suspend_body(position, self.child, deadline))
+            )
+        error = got.error if got is not None else _timeout(self.child, wait)
+        run.step_sync(position, C.RESULT, None, result=None if error else got.value, error=error)
+        if error is not None:
+            raise error
+        return got.value
+
+    async def aresult(
+        self, timeout: float | None = None, *, suspend_above: float = C.DEFAULT_CHILD_SUSPEND_ABOVE
+    ) -> Any:
+        """The async twin of :meth:`result`."""
+        wait, above = _options(timeout, suspend_above, "handle.aresult")
+        frame = _CURRENT.get()
+        if frame is None:
+            found = await self.store.run_async(
+                C.wait_plan(self.store.codec, self.child, _until(wait))
+            )
+            return _unrecorded(self, wait, found)
+        run, position = _frame("handle.aresult")
+        self._mine(run, "handle.aresult")
+        rec = _look(run, position, C.RESULT)
+        replay, value, deadline, until = _decide(run, rec, wait, above)
+        if replay:
+            return value
+        got = await run.store.run_async(_watch(run, self.child, until))
+        halt_if_stopped(run)
+        if got is None and not _past(deadline):
+            if rec is not None:
+                raise S.waiting_on(run, rec)
+            raise S.waiting_on(
+                run, await S.write_async(run, _suspend_body(position, self.child, deadline))
+            )
+        error = got.error if got is not None else _timeout(self.child, wait)
+        await run.step_async(
+            position, C.RESULT, None, result=None if error else got.value, error=error
+        )
+        if error is not None:
+            raise error
+        return got.value
+
+    def _mine(self, run: Run, what: str) -> None:
+        c = self.child
+        if (run.thread_id, run.namespace, run.run_id) != (
+            c.parent_thread_id,
+            c.parent_namespace,
+            c.parent_run_id,
+        ):
+            raise ConfigurationError(
+                f"{what}(): this handle is of child run {c.run_id}, started by run {c.parent_run_id} of thread "
+                f"{c.parent_thread_id!r}, but it is called in run {run.run_id} of thread {run.thread_id!r}. Only "
+                "the run that started a child records its outcome; elsewhere, read it outside any run "
+                "(handle.result() with no run open) or start the child in this run"
+            )
+
+
+def gather(*handles: ChildHandle, timeout: float | None = None) -> list[Any]:
+    """Every handle's result, in order (each recorded as ``handle.result`` records it); the first
+    child that failed raises its error."""
+    _check_handles(handles, "pk.gather")
+    return [h.result(timeout) for h in handles]
+
+
+async def agather(*handles: ChildHandle, timeout: float | None = None) -> list[Any]:
+    """The async twin of :func:`gather`."""
+    _check_handles(handles, "pk.agather")
+    return [await h.aresult(timeout) for h in handles]
+
+
+def _check_handles(handles: tuple[Any, ...], what: str) -> None:
+    for h in handles:
+        if not isinstance(h, ChildHandle):
+            raise ConfigurationError(f"{what}() takes the handles pk.start returned, got {h!r:.80}")
+
+
+# -- waiting (no I/O) ---------------------------------------------------------------------------
+
+
+def _options(timeout: object, above: object, what: str) -> tuple[float | None, float]:
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 <= timeout < float("inf")
+    ):
+        raise ConfigurationError(
+            f"{what}(timeout=) must be seconds >= 0, or None to wait as long as it takes; got {timeout!r}"
+        )
+    if isinstance(above, bool) or not isinstance(above, int | float) or not above >= 0:
+        raise ConfigurationError(
+            f"{what}(suspend_above=) must be a number of seconds >= 0, got {above!r}"
+        )
+    return (None if timeout is None else float(timeout)), float(above)
+
+
+def _until(wait: float | None) -> float:
+    return time.time() + (wait if wait is not None else 365 * 86400.0)
+
+
+def _unrecorded(handle: ChildHandle, wait: float | None, got: Any) -> Any:
+    if got is None:
+        raise _timeout(handle.child, wait)
+    if got.error is not None:
+        raise got.error
+    return got.value
+
+
+def _timeout(child: C.Child, wait: float | None) -> TimeoutError:
+    return TimeoutError(
+        f"child run {child.run_id} of thread {child.thread_id!r} did not end within {wait} s"
+    )
+
+
+def _decide(
+    run: Run, rec: Record | None, wait: float | None, above: float
+) -> tuple[bool, Any, float | None, float]:
+    """(True, the recorded outcome) to replay; else (False, None, the deadline or None, wait here until)."""
+    if rec is not None and rec.body.get("s") != S.SUSPENDED:
+        return True, run.replay(rec), None, 0.0
+    now = time.time()
+    if rec is None:
+        deadline = None if wait is None else now + wait
+    else:
+        run.replay(rec)  # the state as it was when the parent suspended here
+        if run.replay_only:
+            raise S.waiting_on(run, rec)
+        d = S.items(rec)[0].get("d")
+        deadline = None if d is None else float(d)
+    until = now + above if deadline is None else min(deadline, now + above)
+    return False, None, deadline, until
+
+
+def _watch(run: Run, child: C.Child, until: float) -> Any:
+    """:func:`C.wait_plan`, cut short when a stop is asked of the parent (its status changes)."""
+    delay = 0.002
+    while True:
+        got = yield from C.outcome_plan(run.codec, child)
+        if got is not None or time.time() >= until or run.status != "running":
+            return got
+        from .._io import Sleep
+
+        yield Sleep(min(delay, max(until - time.time(), 0.0)))
+        delay = min(delay * 1.5, 0.05)
+
+
+def halt_if_stopped(run: Run) -> None:
+    if run.status != "running":
+        halt(run)
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.time() >= deadline
+
+
+def _suspend_body(position: str, child: C.Child, deadline: float | None) -> dict[str, Any]:
+    q: dict[str, Any] = {"i": position, "ch": child.tree()}
+    if deadline is not None:
+        q["d"] = deadline
+    return S.suspend_body(position, C.RESULT, q)

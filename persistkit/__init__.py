@@ -16,14 +16,17 @@ from ._errors import (
     BackendUnavailableError,
     ClaimLostError,
     CompensationError,
+    ConcurrencyLimitError,
     ConfigurationError,
     ConflictError,
     EffectError,
     IntegrityError,
     LeaseLostError,
+    LimitNotFoundError,
     NonDeterminismError,
     NotFoundError,
     PersistkitError,
+    RateLimitedError,
     RetryableError,
     RunAbandonedError,
     RunAbortedError,
@@ -45,12 +48,15 @@ from ._retry import Retry, set_testing
 from .codec._serde import register
 from .codec._sizes import LargeValueWarning
 from .coordination._children import ChildInfo
+from .coordination._concurrency import Concurrency
+from .coordination._debounce import Debounced
 from .coordination._outbox import EffectInfo, current_effect
 from .coordination._outbox_store import OutboxEffect, OutboxReport
 from .coordination._suspend import DueRun, Question, Suspended
 from .engine._api import checkpointed, current_run, current_step, resume
 from .engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
 from .engine._emit import emit
+from .engine._flow import athrottle, limited, throttle
 from .engine._messages import areceive, aset_event, cancelled, receive, set_event
 from .engine._outbox import after_commit
 from .engine._patches import deprecate_patch, patched
@@ -59,6 +65,7 @@ from .engine._run import Run, StepEvent, StepInfo
 from .engine._saga import compensate
 from .engine._store import Store, connect, default_store
 from .engine._suspend import asleep, asuspend, asuspend_all, sleep, suspend, suspend_all
+from .flow._limits import LimitDraw, LimitInfo, Limits
 from .secrets._redact import Secret
 from .state._records import Checkpoint, ResumeInfo
 from .state._spec import Reducer, TrackedList, add, append, merge, migration, replace
@@ -103,8 +110,11 @@ __all__ = [
     "Claim",
     "ClaimLostError",
     "CompensationError",
+    "Concurrency",
+    "ConcurrencyLimitError",
     "ConfigurationError",
     "ConflictError",
+    "Debounced",
     "DueRun",
     "EffectError",
     "EffectInfo",
@@ -116,6 +126,10 @@ __all__ = [
     "LargeValueWarning",
     "LeaseInfo",
     "LeaseLostError",
+    "LimitDraw",
+    "LimitInfo",
+    "LimitNotFoundError",
+    "Limits",
     "Message",
     "NonDeterminismError",
     "NotFoundError",
@@ -124,6 +138,7 @@ __all__ = [
     "PersistkitError",
     "PruneReport",
     "Question",
+    "RateLimitedError",
     "Reducer",
     "ReplayReport",
     "ResumeInfo",
@@ -171,6 +186,7 @@ __all__ = [
     "astart",
     "asuspend",
     "asuspend_all",
+    "athrottle",
     "cancelled",
     "check_stream_name",
     "checkpointed",
@@ -185,6 +201,7 @@ __all__ = [
     "gather",
     "generate_key",
     "instruction_check",
+    "limited",
     "merge",
     "migration",
     "patched",
@@ -201,6 +218,7 @@ __all__ = [
     "start",
     "suspend",
     "suspend_all",
+    "throttle",
 ]
 
 

@@ -160,6 +160,13 @@ class resume:
     :param unfinished_timeout: seconds to wait for another turn's unfinished run before giving
         the place back with ``ThreadBusyError.retry_after`` (None: up to ``busy_timeout``).
     :param retry_failed: run again a step recorded as failed to store its result or state.
+    :param concurrency: ``(name, key, limit)`` (or ``pk.Concurrency``): at most ``limit`` turns of
+        that key (a tenant) run at once across every process; the others wait for a slot in arrival
+        order, or are refused, as ``busy`` says (``pk.ConcurrencyLimitError``; docs/flow-control.md).
+    :param debounce: with ``busy="debounce"``: ``(window, max_wait)`` seconds. The turn's ``message``
+        goes to the thread's inbox; turns arriving within ``window`` of each other become one turn,
+        which runs with every message in ``run.messages``; the others raise ``pk.Debounced``.
+    :param message: with ``busy="debounce"``: this turn's message (needs ``run_id``).
     """
 
     def __init__(
@@ -176,10 +183,18 @@ class resume:
         busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
         unfinished_timeout: float | None = None,
         retry_failed: bool = False,
+        concurrency: Any = None,
+        debounce: tuple[float, float] | None = None,
+        message: Any = None,
     ) -> None:
         self.thread_id = check_thread_id(thread_id)
         if not isinstance(retry_failed, bool):
             raise ConfigurationError(f"retry_failed must be True or False, got {retry_failed!r}")
+        self._gate: Any = None  # concurrency= and busy="debounce" (coordination/_gate)
+        if concurrency is not None or busy == "debounce" or debounce is not None or message is not None:
+            from ..coordination._gate import make_gate
+
+            self._gate, busy = make_gate(busy, concurrency, debounce, message, run_id, lease_ttl, busy_timeout)  # type: ignore[assignment]
         check_options(busy, lease_ttl, busy_timeout)
         check_unfinished(busy, unfinished_timeout)
         self._unfinished = unfinished_timeout
@@ -216,9 +231,12 @@ class resume:
         if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
             self.store = check.store
         run = self._new_run()
+        gate = self._gate
         if check is not None:
             check.open_sync(run, self.run_id)
         else:  # the lease, then the run (after the thread's unfinished run of another turn, if any)
+            if gate is not None:  # busy="debounce": send the message, join a live burst (pk.Debounced)
+                gate.before_sync(run, self.run_id)
             self._holding = open_sync(run, self.run_id, *self._busy, current_run(), self._unfinished)
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_sync
@@ -232,12 +250,17 @@ class resume:
                 from ..streams._writer import opened
 
                 opened(run)
+            if gate is not None:  # gather a debounced burst; take a concurrency slot
+                gate.opened_sync(run, self._holding)
+        frame = _Frame(run, "")
+        if gate is not None:  # busy="debounce": the batch at the block's first position (run.messages)
+            gate.entered_sync(run, self._holding, frame.child)
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
         if _context.MATRIX is not None:  # the crash matrix (persistkit.testing) watches the run
             run.observer = _context.MATRIX.opened(run, run.observer)
-        self._token = _CURRENT.set(_Frame(run, ""))
+        self._token = _CURRENT.set(frame)
         return run
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
@@ -273,6 +296,8 @@ class resume:
                 run.end_sync(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
                 raise failure from end_exc
         finally:
+            if self._gate is not None:
+                self._gate.exit_sync(run.store)
             let_go_sync(run.store, self._holding)
             close_children_sync(run)  # the run ended: its unfinished children are cancelled (coordination/_child_stop)
             if run.observer is not None:
@@ -287,9 +312,12 @@ class resume:
         if check is not None:  # store.check_replay: its read-only store, no lease (engine/_replay_check)
             self.store = check.store
         run = self._new_run()
+        gate = self._gate
         if check is not None:
             await check.open_async(run, self.run_id)
         else:
+            if gate is not None:
+                await gate.before_async(run, self.run_id)
             self._holding = await open_async(run, self.run_id, *self._busy, current_run(), self._unfinished)
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_async
@@ -303,12 +331,17 @@ class resume:
                 from ..streams._writer import opened
 
                 opened(run)
+            if gate is not None:
+                await gate.opened_async(run, self._holding)
+        frame = _Frame(run, "")
+        if gate is not None:
+            await gate.entered_async(run, self._holding, frame.child)
         # the recorded steps that replay (one recorded as failed runs again, or replays its error)
         replays = sum(1 for rec in run._index.values() if rec.body.get("s") != "failed")
         run.observer = telemetry.opened(run, began, replays)  # None unless telemetry is on
         if _context.MATRIX is not None:  # the crash matrix (persistkit.testing) watches the run
             run.observer = _context.MATRIX.opened(run, run.observer)
-        self._token = _CURRENT.set(_Frame(run, ""))
+        self._token = _CURRENT.set(frame)
         return run
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool | None:
@@ -344,6 +377,8 @@ class resume:
                 await run.end_async(failure)  # a failure's checkpoint keeps what cannot be stored at its last stored value
                 raise failure from end_exc
         finally:
+            if self._gate is not None:
+                await self._gate.exit_async(run.store)
             await let_go_async(run.store, self._holding)
             await close_children_async(run)
             if run.observer is not None:

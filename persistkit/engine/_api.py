@@ -436,7 +436,7 @@ def checkpointed(fn: Callable[P, R], /) -> Callable[P, R]: ...
 @overload
 def checkpointed(
     *, name: str | None = None, retry: Retry | None = None, check_args: bool = True,
-    compensate: Callable[..., Any] | None = None,
+    compensate: Callable[..., Any] | None = None, limit: str | tuple[str, Any] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -448,6 +448,7 @@ def checkpointed(
     retry: Retry | None = None,
     check_args: bool = True,
     compensate: Callable[..., Any] | None = None,
+    limit: str | tuple[str, Any] | None = None,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a function a durable step: inside a ``resume`` block each call is recorded, and a
     recorded call replays its result instead of running again.
@@ -470,6 +471,9 @@ def checkpointed(
         event, read again by a process that has only the thread).
     :param compensate: a module-level function that undoes the step: if the run fails for
         good after the step completed, ``compensate(result)`` runs (see ``pk.compensate``).
+    :param limit: a shared rate limit (``store.limits``) each live call draws from before its
+        body runs: a name, or ``(name, key)`` with key a str/int or a function of the step's
+        arguments (a tenant id). A replayed step never draws (docs/flow-control.md).
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigurationError(f"@checkpointed(name={name!r}): name must be a non-empty str")
@@ -490,7 +494,12 @@ def checkpointed(
         except (TypeError, ValueError):
             params = {}  # type: ignore[assignment]
         step_name: str = name or getattr(f, "__qualname__", None) or repr(f)
-        step = _Step(f, step_name, retry, check_args, "thread_id" in params, "store" in params)
+        body: Callable[..., Any] = f
+        if limit is not None:  # the body draws before it runs: a replayed step never calls it
+            from ._flow import limited_body
+
+            body = limited_body(f, limit)
+        step = _Step(body, step_name, retry, check_args, "thread_id" in params, "store" in params)
         if compensate is not None:
             from ..coordination._saga import undo_name
 

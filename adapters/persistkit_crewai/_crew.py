@@ -12,6 +12,7 @@ from crewai.tasks.task_output import TaskOutput
 
 import persistkit as pk
 
+from ._stream import emit_task_output, streaming
 from ._tools import recorded_tools
 
 # -- crews ---------------------------------------------------------------------------------
@@ -45,6 +46,7 @@ def _sync_step(task: Task, index: int) -> Callable[..., TaskOutput]:
         def run_task(description: str, context: str | None) -> dict[str, Any]:
             with _recorded_calls(agent, task, tools):
                 live.append(original(agent=agent, context=context, tools=tools))
+            emit_task_output(task.name or name, live[0].raw)  # inside the step: final once it commits
             return live[0].model_dump(mode="json")
 
         data = run_task(task.description, context)
@@ -67,6 +69,7 @@ def _async_step(task: Task, index: int) -> Callable[..., Coroutine[Any, Any, Tas
         async def run_task(description: str, context: str | None) -> dict[str, Any]:
             with _recorded_calls(agent, task, tools):
                 live.append(await original(agent=agent, context=context, tools=tools))
+            emit_task_output(task.name or name, live[0].raw)
             return live[0].model_dump(mode="json")
 
         data = await run_task(task.description, context)
@@ -111,6 +114,7 @@ def durable_kickoff(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    stream: str | None = None,
 ) -> CrewOutput:
     """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
 
@@ -129,12 +133,18 @@ def durable_kickoff(
     ``unfinished_timeout`` (seconds) bounds the wait for another kickoff's unfinished run:
     past it this one raises ``pk.ThreadBusyError`` with ``retry_after``, so that a job
     queue's worker is free for that run's redelivery (retry after ``err.retry_after``).
+
+    ``stream="answer"``: the agents' steps (tool choices, tool outputs, final answers; their
+    ``step_callback``) and each task's output go into the thread's persistkit stream
+    ``"answer"``, emitted inside the task's step (docs/adapters-crewai.md, Streaming).
     """
+    if stream is not None:
+        pk.check_stream_name(stream)
     turn = pk.resume(
         thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
         unfinished_timeout=unfinished_timeout,
     )
-    with _durable_tasks(crew), turn:
+    with _durable_tasks(crew), streaming(crew, stream), turn:
         result = crew.kickoff(inputs=inputs)
     if not isinstance(result, CrewOutput):  # streaming is refused above
         raise TypeError(f"crew.kickoff returned {type(result).__name__}, expected CrewOutput")
@@ -152,13 +162,17 @@ async def adurable_kickoff(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    stream: str | None = None,
 ) -> CrewOutput:
-    """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity and busy policy)."""
+    """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity, busy policy
+    and ``stream``)."""
+    if stream is not None:
+        pk.check_stream_name(stream)
     turn = pk.resume(
         thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
         unfinished_timeout=unfinished_timeout,
     )
-    with _durable_tasks(crew):
+    with _durable_tasks(crew), streaming(crew, stream):
         async with turn:
             result = await crew.akickoff(inputs=inputs)
     if not isinstance(result, CrewOutput):

@@ -1,0 +1,317 @@
+"""Conformance checks for child runs (``pk.start``, docs/messages.md "Child runs").
+
+A parent run starts registered agents as child runs on their own threads; each check uses two
+``pk.connect`` instances of the store (the parent's process and a worker's or an operator's).
+The children run in this process (the ``"thread"`` and ``"inline"`` executors) or are handed to
+a list standing for a queue (a callable executor) and run later with ``pk.run_child`` on the
+other store object. Subclass :class:`ChildrenConformance` with a ``persistkit_url`` fixture::
+
+    class TestMyStoreChildren(ChildrenConformance):
+        @pytest.fixture
+        def persistkit_url(self) -> str:
+            return "mystore://..."
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .._errors import ConfigurationError, RetryableError, RunCancelledError
+from ..codec._versions import register
+from ..engine._api import checkpointed, resume
+from ..engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
+from ..engine._messages import cancelled, receive
+from ..engine._store import Store
+from ._stores import TwoStores
+
+__all__ = ["ChildrenConformance"]
+
+#: Every step body that ran, by its label: a child that ran twice shows a count of 2.
+RAN: Counter[str] = Counter()
+
+
+@checkpointed
+def _work(label: str) -> str:
+    RAN[label] += 1
+    return label.upper()
+
+
+@register
+def research(label: str) -> str:
+    """A child agent: one step."""
+    return _work(label) + "!"
+
+
+@register
+def broken(label: str) -> str:
+    _work(label)
+    raise ValueError(f"no source for {label}")
+
+
+@checkpointed
+def _long(label: str) -> str:
+    RAN[label] += 1
+    for _ in range(3000):  # at most ~30 s: a check that cannot finish fails, it does not hang
+        if cancelled():
+            break
+        time.sleep(0.01)
+    return label
+
+
+@register
+def lingers(label: str) -> str:
+    """A child agent whose step runs until its run is asked to stop; then a step that never runs."""
+    _long(label)
+    return _work(label + "/after")
+
+
+@register
+def waits(label: str) -> Any:
+    """A child agent that suspends until a message comes."""
+    _work(label)
+    return receive("go")
+
+
+@register
+async def aresearch(label: str) -> str:
+    return _work(label) + "?"
+
+
+def _unregistered(label: str) -> str:
+    return label
+
+
+class _Crash(RetryableError):
+    """Ends a block without an end record: the run stays unfinished, as after a crash."""
+
+
+def _until(cond: Callable[[], bool], what: str = "the condition") -> None:
+    for _ in range(3000):
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class ChildrenConformance(TwoStores):
+    """Mix into a test class that provides ``persistkit_url``."""
+
+    @staticmethod
+    def thread() -> str:
+        return f"sup-{uuid.uuid4().hex[:12]}"
+
+    def test_children_run_once_and_a_resumed_parent_replays_their_handles(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        store, other = stores
+        t = self.thread()
+
+        def supervisor() -> list[Any]:
+            hs = [
+                start(research, f"{t}/a"),
+                start(research, f"{t}/b", executor="inline"),
+                start(research, f"{t}/c", thread_id=f"{t}-named"),
+            ]
+            return gather(*hs)
+
+        with resume(t, store=store) as run:
+            first = supervisor()
+        assert first == [f"{t}/{x}".upper() + "!" for x in "abc"]
+        assert run.status == "completed"
+        with resume(
+            t, store=other, run_id=run.run_id
+        ) as again:  # a redelivery: replays, starts nothing
+            assert supervisor() == first
+        assert again.status == "completed"
+        assert [RAN[f"{t}/{x}"] for x in "abc"] == [1, 1, 1]
+        kids = other.children(t)
+        assert [(k.child.position, k.status) for k in kids] == [
+            ("0", "completed"),
+            ("1", "completed"),
+            ("2", "completed"),
+        ]
+        assert kids[2].child.thread_id == f"{t}-named" and kids[0].child.run_id == f"{run.run_id}:0"
+        assert other.history(kids[0].child.thread_id)[0].run_status == "completed"
+
+    def test_a_child_failure_is_raised_and_recorded_in_the_parent(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        store, other = stores
+        t = self.thread()
+        outcomes: list[str] = []
+        for s in (store, other, other):  # live, then two replays
+            with resume(t, store=s, run_id="r1"):
+                h = start(broken, f"{t}/x")
+                try:
+                    h.result()
+                except ValueError as exc:
+                    outcomes.append(str(exc))
+        assert outcomes == [f"no source for {t}/x"] * 3
+        assert RAN[f"{t}/x"] == 1
+        assert [k.status for k in other.children(t)] == ["failed"]
+
+    def test_a_parent_that_died_before_handing_children_over_starts_them_on_resume(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        store, other = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+        with pytest.raises(_Crash), resume(t, store=store, run_id="r1"):
+            start(research, f"{t}/a", executor="inline")  # ran to its end
+            start(
+                research, f"{t}/b", executor=queue.append
+            )  # recorded, handed to a queue that lost it
+            raise _Crash("the parent's process dies here")
+        assert len(queue) == 1
+        assert [k.status for k in other.children(t)] == ["completed", "pending"]
+        with resume(t, store=other, run_id="r1") as run:  # the resume relaunches b only
+            got = gather(
+                start(research, f"{t}/a"), start(research, f"{t}/b"), start(research, f"{t}/c")
+            )
+        assert run.status == "completed"
+        assert got == [f"{t}/{x}".upper() + "!" for x in "abc"]
+        assert [RAN[f"{t}/{x}"] for x in "abc"] == [1, 1, 1]
+        assert (
+            run_child(queue[0], store=store) == f"{t}/b".upper() + "!"
+        )  # the lost task, delivered late: a replay
+        assert RAN[f"{t}/b"] == 1
+
+    def test_a_long_wait_suspends_the_parent_until_the_child_ends(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        store, worker = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+
+        def supervisor() -> Any:
+            return start(research, f"{t}/q", executor=queue.append).result(suspend_above=0)
+
+        with resume(t, store=store, run_id="r1") as run:
+            supervisor()
+        assert run.status == "suspended"
+        waiting = [q for q in worker.pending() if q.thread_id == t]
+        assert [(q.kind, q.run_id) for q in waiting] == [("child", "r1")]
+        assert [d for d in worker.due() if d.thread_id == t] == []
+        assert run_child(queue[0], store=worker) == f"{t}/q".upper() + "!"  # the queue worker
+        assert [d.run_id for d in worker.due() if d.thread_id == t] == ["r1"]
+        with resume(t, store=store, run_id="r1") as run:
+            assert supervisor() == f"{t}/q".upper() + "!"
+        assert run.status == "completed" and len(queue) == 1 and RAN[f"{t}/q"] == 1
+
+    def test_a_timeout_is_recorded(self, stores: tuple[Store, Store]) -> None:
+        store, other = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+        for s in (store, other):
+            with resume(t, store=s, run_id="r1"):
+                h = start(research, f"{t}/slow", executor=queue.append)
+                with pytest.raises(TimeoutError):
+                    h.result(timeout=0)
+        assert (
+            len(queue) == 1 and RAN[f"{t}/slow"] == 0
+        )  # the replay raised it again, looked at nothing
+
+    def test_cancel_of_a_parent_reaches_every_child(self, stores: tuple[Store, Store]) -> None:
+        store, operator = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+        block = resume(t, store=store, run_id="r1")
+        with pytest.raises(RunCancelledError), block:
+            live = start(lingers, f"{t}/live")  # a thread of this process, in its long step
+            queued = start(research, f"{t}/queued", executor=queue.append)  # not started yet
+            parked = start(waits, f"{t}/parked", executor="inline")  # suspended in pk.receive
+            gone = start(lingers, f"{t}/gone", on_parent_close="abandon", executor=queue.append)
+            _until(lambda: RAN[f"{t}/live"] == 1, "the live child's long step")
+            assert operator.cancel(t, "r1") == "requested"
+            live.result()  # the parent stops at its next step boundary (here: while it waits)
+        assert operator.history(t)[0].run_status == "cancelled"
+        _until(lambda: live.status() == "cancelled", "the live child to stop")
+        assert parked.status() == "cancelled"
+        with pytest.raises(RunCancelledError):
+            run_child(queue[0], store=operator)  # delivered after the cancel: runs nothing
+        assert queued.status() == "cancelled" and RAN[f"{t}/queued"] == 0
+        assert RAN[f"{t}/live/after"] == 0
+        assert gone.status() == "pending"  # on_parent_close="abandon": left alone
+        by_status = {k.child.run_id: k.status for k in operator.children(t)}
+        assert (
+            by_status[gone.run_id] == "pending"
+            and sorted(by_status.values()).count("cancelled") == 3
+        )
+
+    def test_a_parent_that_ends_cancels_its_unfinished_children(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        store, other = stores
+        t = self.thread()
+        with resume(t, store=store) as run:
+            stop = start(lingers, f"{t}/stop")
+            keep = start(waits, f"{t}/keep", on_parent_close="abandon", executor="inline")
+            _until(lambda: RAN[f"{t}/stop"] == 1, "the child's long step")
+        assert run.status == "completed"
+        _until(lambda: stop.status() == "cancelled", "the child to stop")
+        assert keep.status() == "suspended"  # left waiting for its message
+        other.send(keep.thread_id, "go-ahead", topic="go")
+        assert run_child(keep.child.spec((f"{t}/keep",), {}), store=other) == "go-ahead"
+
+    def test_misuse_is_refused_clearly(self, stores: tuple[Store, Store]) -> None:
+        store, _ = stores
+        t = self.thread()
+        with pytest.raises(ConfigurationError, match="inside a run"):
+            start(research, "x")
+        with resume(t, store=store, run_id="r1"):
+            with pytest.raises(ConfigurationError, match="not registered"):
+                start(_unregistered, "x")
+            with pytest.raises(ConfigurationError, match="thread of its own"):
+                start(research, "x", thread_id=t)
+            with pytest.raises(ConfigurationError, match="on_parent_close"):
+                start(research, "x", on_parent_close="detach")
+            with pytest.raises(ConfigurationError, match="executor"):
+                start(research, "x", executor="celery")
+            mine = start(research, f"{t}/m", executor="inline")
+        with (
+            resume(t + "-other", store=store),
+            pytest.raises(ConfigurationError, match="Only the run that started"),
+        ):
+            mine.result()
+        assert mine.result() == f"{t}/m".upper() + "!"  # outside any run: read, not recorded
+        with pytest.raises(ConfigurationError, match="spec"):
+            run_child({"agent": "x"}, store=store)
+
+    def test_async_children(self, stores: tuple[Store, Store]) -> None:
+        store, other = stores
+        t = self.thread()
+
+        async def supervisor(s: Store) -> list[Any]:
+            async with resume(t, store=s, run_id="r1"):
+                a = await astart(aresearch, f"{t}/a", executor="inline")
+                b = await astart(research, f"{t}/b")
+                return await agather(a, b)
+
+        assert asyncio.run(supervisor(store)) == [f"{t}/a".upper() + "?", f"{t}/b".upper() + "!"]
+        assert asyncio.run(supervisor(other)) == [f"{t}/a".upper() + "?", f"{t}/b".upper() + "!"]
+        assert RAN[f"{t}/a"] == RAN[f"{t}/b"] == 1
+        kid = other.children(t)[0].child
+        assert (
+            asyncio.run(arun_child(kid.spec((f"{t}/a",), {}), store=other))
+            == f"{t}/a".upper() + "?"
+        )
+        assert (
+            isinstance(ChildHandle(kid, other), ChildHandle)
+            and ChildHandle(kid, other).status() == "completed"
+        )
+
+    def test_delete_thread_drops_its_child_links(self, stores: tuple[Store, Store]) -> None:
+        store, other = stores
+        t = self.thread()
+        with resume(t, store=store):
+            start(research, f"{t}/d", executor="inline").result()
+        assert len(other.children(t)) == 1
+        other.delete_thread(t)
+        assert other.children(t) == []

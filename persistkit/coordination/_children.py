@@ -255,8 +255,12 @@ def _newest(codec: Codec, child: Child) -> Plan[Record | None]:
 
 
 def status_plan(codec: Codec, child: Child) -> Plan[str]:
-    """The child run's status: ``pending`` (nothing recorded yet), ``running``, ``suspended`` or its end status."""
+    """The child run's status: ``pending`` (not started: nothing recorded, nobody holds its lease),
+    ``running``, ``suspended`` or its end status."""
     rec = yield from _newest(codec, child)
+    if rec is None:  # it may be in its first step already: a live holder of its thread's lease
+        lease = yield call("lease_get", child.thread_id, child.namespace)
+        return "running" if _State.load(lease).held(time.time()) else "pending"
     return _status(rec)
 
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import ConfigurationError, RunCancelledError
+from .._errors import ConfigurationError, PersistkitError, RunCancelledError
 from ..codec._functions import NotFound, find, registered_name
 from ..codec._names import refusal
 from ..coordination import _children as C
@@ -142,15 +142,11 @@ def _in_thread(spec: dict[str, Any], store: Store) -> None:
         run_child(spec, store=store)
     except RunCancelledError:
         pass  # cancelled: its end record says so, the parent's handle reads it
-    except (
-        Exception
-    ):  # the child's failure is recorded in its thread: the parent's handle raises it
-        log.debug(
-            "child run %s of thread %r failed",
-            spec.get("run_id"),
-            spec.get("thread_id"),
-            exc_info=True,
-        )
+    except PersistkitError as exc:  # it could not run (its agent cannot be found, the store failed)
+        log.warning("persistkit: child run %s of thread %r did not run to its end: %s",
+                    spec.get("run_id"), spec.get("thread_id"), exc)
+    except Exception:  # the agent's failure is recorded in its thread: the parent's handle raises it
+        log.debug("child run %s of thread %r failed", spec.get("run_id"), spec.get("thread_id"), exc_info=True)
 
 
 def _executor(executor: object, store: Store, what: str) -> Callable[[dict[str, Any]], Any]:

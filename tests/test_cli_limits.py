@@ -1,0 +1,59 @@
+"""``persistkit limits`` and rate limits on a store without the kv capability (docs/flow-control.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plain_store  # noqa: F401 -- registers plainfile://
+import pytest
+
+import persistkit as pk
+from persistkit._cli import main
+
+
+def test_limits_lists_each_limit_and_key_with_its_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/limits.db"
+    with pk.connect(url) as store:
+        store.limits.set("openai", rate="1/hour", burst=4, timeout=0)
+        store.limits.set("idle", rate="50/s")
+        for _ in range(3):
+            store.limits.acquire("openai", key="tenant-a")
+        store.limits.throttle("openai", 600, key="tenant-b")
+    assert main(["limits", "--url", url, "--json"]) == 0
+    rows = {(r["name"], r["key"]): r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {("idle", ""), ("openai", "tenant-a"), ("openai", "tenant-b")}
+    a, b, idle = rows["openai", "tenant-a"], rows["openai", "tenant-b"], rows["idle", ""]
+    assert (a["rate"], a["burst"], a["available"], a["in_use"], a["waiting"]) == (
+        "1/hour",
+        4,
+        1,
+        3,
+        0,
+    )
+    assert a["throttled_until"] is None and b["throttled_until"] is not None and b["available"] == 0
+    assert (idle["available"], idle["in_use"]) == (1, 0)
+    assert main(["limits", "--url", url, "--name", "openai"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:4] == ["limit", "key", "rate", "burst"]
+    assert [line.split()[:2] for line in table[1:]] == [
+        ["openai", "tenant-a"],
+        ["openai", "tenant-b"],
+    ]
+    assert "(in " in table[2]  # the throttle's reset, and how far off it is
+
+
+def test_a_store_without_kv_says_which_stores_have_it(tmp_path: Path) -> None:
+    store = pk.connect(f"plainfile://{tmp_path}/plain.json")
+    with pytest.raises(
+        pk.ConfigurationError, match=r"'kv' capability.*rate limits.*memory.*sqlite.*postgres"
+    ):
+        store.limits.set("openai", rate="10/s")
+    with (
+        pytest.raises(pk.ConfigurationError, match="'kv' capability"),
+        pk.limited("openai", store=store),
+    ):
+        pass
+    store.close()

@@ -22,6 +22,8 @@ reported: its run may be writing), in this order, each step safe to interrupt:
 5. **sweep**: blobs from step 1 whose keys are values, list segments or rooted lists
    (``v:``, ``s:``, ``l:``) that no kept checkpoint refers to are deleted (any other key is
    never touched).
+6. **streams**: each stream of the thread loses the records of runs no record of which is
+   left (``streams._trim``), oldest first, up to the first record of a kept run.
 
 ``thread_ttl`` deletes a whole expired thread instead (``delete_thread``). Forks: the
 checkpoint a thread was forked from is kept while that thread exists, which needs the
@@ -59,6 +61,7 @@ from ..secrets._redact import scrub
 from ..state._channels import Loader, root_key, seg_range
 from ..state._dedupe import result_blob, wanted
 from ..state._records import (
+    TOMBSTONE,
     Record,
     fork_key,
     fork_link_blob,
@@ -67,6 +70,7 @@ from ..state._records import (
     targets,
     tombstone_key,
 )
+from ..streams._trim import trim_streams
 from ._retention import PruneReport, Retention, doomed, thread_expired
 
 __all__ = ["RetentionStore"]
@@ -398,6 +402,8 @@ class RetentionStore:
             report.bytes_before += _bytes(work, sizes, namespace)
             report.bytes_after += _bytes(work, sizes, namespace)
             report.kept += _count(work, namespace)
+            if leases is not None:  # runs an earlier prune deleted may still have stream records
+                self._trim_streams(work, namespace, sizes, report)
             return
         from ..coordination._drive import Heartbeat  # imports asyncio: not on `import persistkit`
 
@@ -421,6 +427,7 @@ class RetentionStore:
             if report.dry_run:
                 report.checkpoints += sum(len(g) for g in work.gone.values())
                 report.blobs += len(sweep)
+                self._trim_streams(work, namespace, sizes, report)
                 return
             first = {**work.roots, **_tombstones(self.codec, work), **_links(self.codec, work, sizes)}
             if first:
@@ -430,6 +437,7 @@ class RetentionStore:
                     report.checkpoints += self.call_sync(call("prune_rows", t, ns, batch))  # what went, not what was meant to
             for batch in _batches(sweep):
                 report.blobs += self.call_sync(call("delete_blobs", t, batch))
+            self._trim_streams(work, namespace, sizes, report)
         finally:
             for beat in beats:
                 beat.stop()
@@ -446,6 +454,24 @@ class RetentionStore:
         for ns, records in work.chains.items():
             chosen = namespace is None or ns == namespace
             work.gone[ns] = doomed(records, policy, forked_from=dict.fromkeys(forks.get((t, ns), ())), now=now) if chosen else set()
+
+    def _trim_streams(self, work: _Thread, namespace: str | None, sizes: Mapping[str, int], report: PruneReport) -> None:
+        """Step 6: the thread's streams lose the records of runs no record of which is left
+        (deleted now, or by an earlier prune: their tombstones), ``streams._trim``."""
+        if not self.backend.supports_kv:
+            return
+        for ns, records in work.chains.items():
+            if namespace is not None and ns != namespace:
+                continue
+            gone = work.gone.get(ns, set())
+            kept = {r.row.run_id for r in records if r.row.run_id and r.id not in gone}
+            tomb = f"{TOMBSTONE}{ns.encode().hex()}:"
+            runs = {r.row.run_id for r in records if r.row.run_id} - kept
+            runs |= {k[len(tomb):] for k in sizes if k.startswith(tomb)}
+            if runs:
+                report.stream_records += self.run_sync(
+                    trim_streams(self.codec, work.thread_id, ns, kept, runs, report.dry_run)
+                )
 
     def _moved(self, work: _Thread) -> bool:
         for ns, records in work.chains.items():

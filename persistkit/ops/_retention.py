@@ -109,6 +109,7 @@ class PruneReport:
     kept: int = 0  #: checkpoints kept
     blobs: int = 0  #: stored values deleted (no kept checkpoint refers to them)
     lists_rooted: int = 0  #: lists copied into one value so kept checkpoints still load them
+    stream_records: int = 0  #: stream records of pruned runs trimmed from kept threads' streams
     bytes_before: int = 0
     bytes_after: int = 0
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  #: (thread, namespace, why)
@@ -121,7 +122,7 @@ class PruneReport:
         return {
             "dry_run": self.dry_run, "threads": self.threads, "threads_deleted": list(self.threads_deleted),
             "checkpoints": self.checkpoints, "kept": self.kept, "blobs": self.blobs,
-            "lists_rooted": self.lists_rooted, "bytes_before": self.bytes_before,
+            "lists_rooted": self.lists_rooted, "stream_records": self.stream_records, "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after, "bytes_freed": self.bytes_freed,
             "skipped": [{"thread": t, "namespace": ns, "why": why} for t, ns, why in self.skipped],
         }
@@ -131,7 +132,7 @@ class PruneReport:
         text = (
             f"{self.threads} thread(s) looked at: {verb} {self.checkpoints} checkpoint(s) "
             f"({self.kept} kept), {len(self.threads_deleted)} whole thread(s), {self.blobs} stored value(s), "
-            f"{self.lists_rooted} list(s) rooted; {_size(self.bytes_before)} before, {_size(self.bytes_after)} after"
+            f"{self.lists_rooted} list(s) rooted, {self.stream_records} stream record(s); {_size(self.bytes_before)} before, {_size(self.bytes_after)} after"
         )
         lines = [text, *(f"  skipped thread {t!r}{f' namespace {ns!r}' if ns else ''}: {why}" for t, ns, why in self.skipped)]
         return "\n".join(lines)

@@ -13,4 +13,5 @@ The modules (this file imports none of them):
 ``_reader``  ``read_stream``: from an offset, then the live tail, sync and async
 ``_store``   ``StreamStore``: the methods ``pk.Store`` gets (``read_stream``, ``delete_stream``)
 ``_sse``     ``pk.sse``: a stream as Server-Sent Events for an ASGI streaming response
+``_trim``    ``trim_streams``: what ``store.prune`` takes from a kept thread's streams
 """

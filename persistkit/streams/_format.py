@@ -90,7 +90,8 @@ class StreamEvent:
 
     ``kind``: ``"event"`` (``data`` is the emitted value), ``"rewind"`` (events after
     ``to`` and before this record are superseded), ``"final"`` (events up to ``to`` are
-    final), ``"end"`` (``data`` is the run's status). ``step`` is the position of the step
+    final), ``"end"`` (``data`` is the run's status), ``"pruned"`` (a reader's marker, not
+    stored: the records up to ``to`` that it asked for were trimmed by ``store.prune``). ``step`` is the position of the step
     that emitted it (``""``: the block), ``attempt`` the run's attempt at this stream,
     ``at`` the unix time it was emitted, ``copy_of`` the offset of the event this one
     re-sends (see docs/streams.md, concurrent emitters).

@@ -40,6 +40,9 @@ class Follow:
         for e in entries:
             batch = F.load_batch(self.codec, e.key, e.value, self.where)
             self.cursor = e.key
+            if batch.start > self.last + 1:  # batches are dense: what is missing was trimmed by a prune
+                self.last = batch.start - 1
+                out.append(pruned(self.last))
             for i in range(len(batch.records)):
                 off = batch.start + i
                 if off <= self.last:
@@ -59,12 +62,20 @@ class Follow:
             out = self.held if ev.data == "completed" else []
             self.held = []
             return [*out, ev]
+        if ev.kind == "pruned":
+            return [ev]
         assert ev.to is not None
         if ev.kind == "rewind":
             self.held = [h for h in self.held if h.offset <= ev.to]
         out = [h for h in self.held if h.offset <= ev.to]
         self.held = [h for h in self.held if h.offset > ev.to]
         return out
+
+
+def pruned(to: int) -> StreamEvent:
+    """The record a reader gets in place of offsets a prune trimmed (up to ``to``): not
+    stored, at offset ``to`` (a reader reconnecting after it goes on from the next one)."""
+    return StreamEvent(to, "pruned", None, "", "", 0, 0.0, to)
 
 
 class StreamReader:

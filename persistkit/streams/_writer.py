@@ -471,7 +471,11 @@ class RunStreams:
         """Another writer took the offset: a newer holder of the thread's lease (this run is a
         zombie: it stops writing), or an older writer still finishing: move past it."""
         entry = self.store.call_sync(call("kv_get", s.scope, F.batch_key(s.next)))
-        if entry is None:
+        if entry is None:  # a tombstone: a prune trimmed that batch since this writer saw the tail
+            if not self._tail(s):
+                s.lost = "a prune trimmed the stream under this writer"
+                log.warning("persistkit: stream %r of thread %r: %s; this run's events are dropped", s.name, self.run.thread_id, s.lost)
+                return True
             return False
         batch = F.load_batch(self.codec, entry.key, entry.value, f"stream {s.name!r}")
         if fence and batch.fence > fence:

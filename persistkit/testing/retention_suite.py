@@ -20,6 +20,7 @@ import pytest
 from .._errors import ConfigurationError
 from ..codec._versions import register
 from ..engine._api import checkpointed, current_run, resume
+from ..engine._emit import emit
 from ..engine._outbox import after_commit
 from ..engine._store import Store
 from ..engine._suspend import suspend
@@ -77,6 +78,23 @@ def _turn(store: Store, thread: str, steps: range, *, append_result: bool = True
             r = work(i)
             if append_result:
                 run.state["log"].append(r)  # a copy of the result: stored as a reference to it
+
+
+@checkpointed
+def speak(i: int) -> int:
+    """A step that streams three events."""
+    for k in range(3):
+        emit(f"r{i}.{k}")
+    return i
+
+
+def _speaking_turn(store: Store, thread: str, i: int) -> None:
+    with resume(thread, store=store, state={"log": [], "last": {}}):
+        speak(i)
+
+
+def _records(store: Store, thread: str, **kwargs: Any) -> list[Any]:
+    return list(store.read_stream(thread, follow=False, **kwargs))
 
 
 def _states(store: Store, thread: str) -> dict[str, Any]:
@@ -156,13 +174,15 @@ class RetentionConformance(TwoStores):
         with pytest.raises(_Crash):
             _turn(store, live, range(3))
         kv = store.backend.supports_kv
-        if kv:  # a message nobody received: it goes with its thread, as with store.delete_thread
+        if kv:  # a message nobody received and a stream: they go with the thread, as with store.delete_thread
             store.send(done, "left over", topic="t")
+            _speaking_turn(store, done, 0)
         report = store.prune(Retention(thread_ttl=1e-9), prefix="ret-")
         assert done in report.threads_deleted and live not in report.threads_deleted
         assert store.history(done) == []
-        if kv:  # a thread re-created under the id starts with an empty inbox
+        if kv:  # a thread re-created under the id starts with an empty inbox and no stream
             assert store.messages(done, topic="t") == []
+            assert _records(store, done) == []
         _turn(store, live, range(3))  # the crashed run resumes: step 0 is not run again
         assert [i for t, i in RAN if t == live] == [0, 1, 1, 2]
 
@@ -234,6 +254,62 @@ class RetentionConformance(TwoStores):
             Retention(max_age=-1)
         with pytest.raises(ConfigurationError, match="Retention"):
             store.prune("keep 3")  # type: ignore[arg-type]
+
+    # -- streams (docs/streams.md, Retention) -------------------------------------------
+
+    def test_prune_trims_the_streams_of_pruned_runs_and_an_old_offset_reads_a_pruned_record(self, store: Store) -> None:
+        if not store.backend.supports_kv:
+            pytest.skip(f"{type(store.backend).__name__} has no kv capability: no streams")
+        t = _thread()
+        _speaking_turn(store, t, 0)
+        with pytest.raises(_Crash), resume(t, store=store) as run:  # dies before its first commit
+            emit("dead")
+            run._streams.flush()
+            raise _Crash
+        for i in (1, 2, 3):
+            _speaking_turn(store, t, i)
+        before = _records(store, t)
+        last_run = before[-1].run_id
+        kept = [r for r in before if r.run_id == last_run]
+        trimmed = len(before) - len(kept)
+        assert trimmed > 0 and [r.data for r in before if r.kind == "event"][:4] == ["r0.0", "r0.1", "r0.2", "dead"]
+        dry = store.prune(Retention(keep_last=1), thread_id=t, dry_run=True)
+        assert dry.stream_records == trimmed and _records(store, t) == before  # a dry run changes nothing
+        report = store.prune(Retention(keep_last=1), thread_id=t)
+        assert report.stream_records == trimmed
+        # the kept run's records are intact, at their offsets; what went is one `pruned` record
+        first = kept[0].offset
+        for after in (0, 2, first - 2):
+            got = _records(store, t, after=after)
+            assert [(r.kind, r.offset, r.to) for r in got[:1]] == [("pruned", first - 1, first - 1)]
+            assert got[1:] == kept
+        assert _records(store, t, after=first - 1) == kept  # a reader past the gap (its marker's offset) sees none
+        assert _records(store, t, after=first) == kept[1:]
+        final = _records(store, t, final_only=True)
+        assert final[0].kind == "pruned" and [r.data for r in final[1:]] == ["r3.0", "r3.1", "r3.2", "completed"]
+        assert store.prune(Retention(keep_last=1), thread_id=t).stream_records == 0  # nothing left to trim
+        _speaking_turn(store, t, 4)  # the stream goes on after its tail: dense, never reusing an offset
+        after = _records(store, t, after=kept[-1].offset)
+        assert [r.offset for r in after] == list(range(kept[-1].offset + 1, kept[-1].offset + 1 + len(after)))
+        assert [r.data for r in after if r.kind == "event"] == ["r4.0", "r4.1", "r4.2"]
+
+    def test_prune_keeps_the_stream_of_an_unfinished_run(self, store: Store) -> None:
+        if not store.backend.supports_kv:
+            pytest.skip(f"{type(store.backend).__name__} has no kv capability: no streams")
+        t = _thread()
+        for i in (0, 1):
+            _speaking_turn(store, t, i)
+        CRASH_AT[t] = 21
+        with pytest.raises(_Crash), resume(t, store=store, state={"log": [], "last": {}}):
+            speak(2)
+            work(20)
+            work(21)  # dies here: the run is unfinished, its stream stays whole
+        before = _records(store, t)
+        store.prune(Retention(keep_last=1), thread_id=t)
+        runs = {c.run_id for c in store.history(t)}  # the unfinished run and the one it started from
+        assert before[-1].run_id in runs and len(runs) == 2
+        after = _records(store, t)
+        assert after[0].kind == "pruned" and after[1:] == [r for r in before if r.run_id in runs]
 
     # -- what is never removed ---------------------------------------------------------
 

@@ -140,20 +140,46 @@ def _show(ns: argparse.Namespace, out: Output) -> int:
             # a suspended step's question(s), as stored (payload, deadline, answer so far)
             "question": _question(rec.body["q"]) if "q" in rec.body else None,
             "state": store.get_state(ns.thread, rec.id, namespace=ns.namespace),
+            # the child runs this checkpoint's run started (pk.start), each with its own, and their status
+            "children": _children(store, ns.thread, ns.namespace, cp.run_id),
         }
     if out.as_json:
         out.value(data)
         return 0
     shown = {k: v for k, v in data.items()
-             if k != "state" and (v is not None or k in ("result", "error")) and (k != "namespace" or v)}
+             if k not in ("state", "children") and (v is not None or k in ("result", "error")) and (k != "namespace" or v)}
     if "forked_from" in shown:
         shown["forked_from"] = f"{data['forked_from']['thread_id']} at {data['forked_from']['checkpoint_id']}"
     rows = [(_LABELS.get(k, k), v if isinstance(v, str) and k not in ("result", "error") else Shown(_compact(v)))
             for k, v in shown.items()]
     out.table(("field", "value"), rows, widths=(max(len(k) for k, _ in rows),), header=False)
+    if data["children"]:
+        out.line("children:")
+        for line in _tree_lines(data["children"], "  "):
+            out.line(line)
     out.line("state:")
     out.value(data["state"])
     return 0
+
+
+def _children(store: Any, thread_id: str, namespace: str, run_id: str | None) -> list[dict[str, Any]]:
+    """The run's child runs as a tree (``coordination/_children``); none without a run or a kv space."""
+    from ..backends._capabilities import has
+    from ..coordination._children import tree_plan
+
+    if not run_id or not has(store.backend, "kv"):
+        return []
+    tree: list[dict[str, Any]] = store.run_sync(tree_plan(store.codec, thread_id, namespace, run_id))
+    return tree
+
+
+def _tree_lines(kids: list[dict[str, Any]], indent: str) -> list[str]:
+    """``persistkit show``'s children: one line each, its own children indented under it."""
+    lines = []
+    for k in kids:
+        lines.append(f"{indent}{k['position']}: {k['agent']} on thread {k['thread_id']} (run {k['run_id']}): {k['status']}")
+        lines.extend(_tree_lines(k["children"], indent + "  "))
+    return lines
 
 
 #: The table's shorter labels of ``show``'s fields (for people; --json keeps the API's names).

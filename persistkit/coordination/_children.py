@@ -174,7 +174,9 @@ class Child:
 @dataclass(frozen=True, slots=True)
 class ChildInfo:
     """One child run as ``store.children()`` and ``persistkit show`` list it: who it is and its
-    status (``pending``: not started yet; ``running``; ``suspended``; or its end status)."""
+    status (``pending``: not started yet; ``running``; ``suspended``; or its end status;
+    ``cancelled`` too for one not started whose stop was asked: if it is delivered later, it
+    runs nothing)."""
 
     child: Child
     status: str
@@ -379,6 +381,8 @@ def children_plan(
         ):
             continue
         status = yield from status_plan(codec, child)
+        if status == "pending" and tree.get("x"):  # never started, and it never will run anything
+            status = "cancelled"
         out.append(ChildInfo(child, status, float(tree.get("s") or 0.0), bool(tree.get("x"))))
     out.sort(key=lambda c: (c.started_at, c.child.position))
     return out
@@ -403,3 +407,22 @@ def check_policy(value: object, what: str) -> str:
 
 
 Executor = Callable[[dict[str, Any]], Any]
+
+
+def tree_plan(codec: Codec, thread_id: str, namespace: str | None, run_id: str | None = None, depth: int = 4
+              ) -> Plan[list[dict[str, Any]]]:
+    """The children of ``thread_id`` (of ``run_id``), each with its own children, ``depth`` levels
+    down, as plain data: what ``persistkit show`` and the timeline draw."""
+    infos = yield from children_plan(codec, thread_id, namespace, run_id)
+    out = []
+    for info in infos:
+        c = info.child
+        below: list[dict[str, Any]] = []
+        if depth > 1:
+            below = yield from tree_plan(codec, c.thread_id, c.namespace, c.run_id, depth - 1)
+        out.append({
+            "thread_id": c.thread_id, "run_id": c.run_id, "namespace": c.namespace, "agent": c.agent,
+            "parent_run_id": c.parent_run_id, "position": c.position, "on_parent_close": c.on_parent_close,
+            "status": info.status, "cancel_asked": info.cancel_asked, "children": below,
+        })
+    return out

@@ -110,6 +110,7 @@ def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]
         forked_from = {"thread": first.body["f"][0], "checkpoint": first.body["f"][1]}
     forks, scanned, limited = yield from _forks(codec, thread_id, namespace, first.id)
     lease = yield from _lease(thread_id, namespace)
+    children = yield from _children(codec, thread_id, namespace)
     return {
         "thread": thread_id,
         "namespace": namespace,
@@ -124,6 +125,7 @@ def _model(codec: Codec, thread_id: str, namespace: str) -> Plan[dict[str, Any]]
         "runs": runs,
         "outside": outside,
         "lease": lease,
+        "children": children,
         "checkpoints": details,
         "values": values.texts,
     }
@@ -209,6 +211,18 @@ def _lease(thread_id: str, namespace: str) -> Plan[dict[str, Any] | None]:
         "waiting": [host_pid(w) for w in found.waiting],
         "reserved_for": found.reserved_for,
     }
+
+
+def _children(codec: Codec, thread_id: str, namespace: str) -> Plan[list[dict[str, Any]]]:
+    """The child runs the thread's runs started (``pk.start``), as a tree with each one's status
+    now; empty for a store without a kv space."""
+    from ..coordination._children import tree_plan
+
+    try:
+        tree: list[dict[str, Any]] = yield from tree_plan(codec, thread_id, namespace)
+    except (ConfigurationError, NotImplementedError):  # a store without kv (or leases)
+        return []
+    return tree
 
 
 # -- runs, attempts, bars -------------------------------------------------------------------

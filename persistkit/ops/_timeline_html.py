@@ -120,6 +120,8 @@ def _header(m: dict[str, Any]) -> str:
     lease = m.get("lease")
     if lease:
         out.append(_lease(lease))
+    if m.get("children"):
+        out.append(f"<div class=\"children\" id=\"children\">Child runs (now): {_children(m['children'])}</div>")
     out.append("<p class=\"legend\">" + "".join(
         f"<span class=\"key st-{k}\">{k}</span>" for k in ("ran", "replayed", "retried", "failed", "suspended", "answered")
     ) + "<span class=\"key resume-key\">resumed after a crash</span><span class=\"key fx-key\">after-commit effects</span>"
@@ -127,6 +129,17 @@ def _header(m: dict[str, Any]) -> str:
         "(— for an attempt's first step, unless it was resumed: nothing records when an attempt starts). "
         "Replayed steps write nothing: they are the steps an attempt replays from its earlier attempts.</span></p></header>")
     return "".join(out)
+
+
+def _children(kids: list[dict[str, Any]]) -> str:
+    """The tree of child runs (pk.start): who started each, its agent, thread and status."""
+    items = "".join(
+        f"<li>at <code>{_e(k['position'])}</code> of run <code>{_e(k['parent_run_id'][:12])}</code>: "
+        f"<code>{_e(k['agent'])}</code> on thread <code>{_e(k['thread_id'])}</code> "
+        f"<span class=\"st\">{_e(k['status'])}</span>{_children(k['children']) if k['children'] else ''}</li>"
+        for k in kids
+    )
+    return f"<ul>{items}</ul>"
 
 
 def _lease(lease: dict[str, Any]) -> str:

@@ -315,3 +315,9 @@ class ChildrenConformance(TwoStores):
         assert len(other.children(t)) == 1
         other.delete_thread(t)
         assert other.children(t) == []
+
+
+@register
+def delegates(label: str) -> str:
+    """A child agent that starts a child of its own (a grandchild of the supervisor)."""
+    return str(start(research, label + "/grand", executor="inline").result()) + "+"

@@ -17,7 +17,8 @@ wrappers), sync and async; ``CombinationConformance`` every feature that touches
 stored bytes in combination, crashed at every step position and resumed in a new
 process (``persistkit.testing.combination``); ``StreamConformance`` durable streams
 (``pk.emit``, ``store.read_stream``), crashed at every step position and read from every
-offset (docs/streams.md). Subclass any of them in your test suite and provide
+offset (docs/streams.md); ``LimitsConformance`` shared rate limits (``store.limits``,
+``limit=``, ``pk.limited``, ``pk.throttle``: docs/flow-control.md). Subclass any of them in your test suite and provide
 a ``persistkit_url`` fixture; see docs/backends.md.
 
 ``crash_matrix(agent)`` (``persistkit.testing.crash_matrix``, and the pytest fixture of the
@@ -30,6 +31,7 @@ from .combination_suite import CombinationConformance
 from .crash_matrix import CrashMatrixResult, crash_matrix
 from .kv_suite import KvConformance
 from .lease_suite import LeaseConformance
+from .limits_suite import LimitsConformance
 from .long_runs_suite import LongRunsConformance
 from .outbox_suite import OutboxConformance
 from .patch_suite import PatchConformance
@@ -48,6 +50,7 @@ __all__ = [
     "CrashMatrixResult",
     "KvConformance",
     "LeaseConformance",
+    "LimitsConformance",
     "LongRunsConformance",
     "OutboxConformance",
     "PatchConformance",

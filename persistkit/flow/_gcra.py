@@ -220,7 +220,7 @@ def usage(spec: LimitSpec, state: State, now: float) -> tuple[float, float, floa
     else:
         # differences first: seconds since the epoch leave ~2e-7 s of float resolution
         free = tau - max(state.tat - now, 0.0)
-        available = min(spec.burst, max(0.0, math.floor(free / t + _TOKEN_EPSILON)))
+        available = float(min(spec.burst, max(0.0, math.floor(free / t + _TOKEN_EPSILON))))
     ahead = (
         state.tat - state.until if now < state.until else state.tat - now - tau
     )  # throttled: all wait

@@ -223,7 +223,6 @@ class Limits:
             raise ConfigurationError(f"timeout={timeout!r}: expected seconds >= 0 (0: never wait)")
         self._require()
         began = self.clock()
-        waited = 0.0
         spec = yield from self._read_spec(name)
         if spec is None:
             raise _unknown(name)
@@ -257,7 +256,6 @@ class Limits:
             if decision.wait <= 0:
                 break
             yield Sleep(decision.wait)
-            waited = self.clock() - began
             # A throttle (pk.throttle) while this call waited voids its reservation: draw again.
             after = yield call("kv_get", SCOPE, skey)
             if G.State.load(after.value if after else None).epoch == decision.state.epoch:

@@ -265,9 +265,10 @@ class Limits:
         return LimitDraw(name, key, cost, waited)
 
     def throttle(self, name: str, retry_after: float, *, key: object = None) -> None:
-        """A call under limit ``name`` (bucket ``key``) got a 429 whose reset is ``retry_after``
-        seconds away: no draw of that bucket, in any process, starts before then, and calls
-        already waiting for it draw again after it. An earlier, longer throttle stands."""
+        """A call under limit ``name`` (bucket ``key``: None is the unkeyed bucket, not every key)
+        got a 429 whose reset is ``retry_after`` seconds away: no draw of that bucket, in any
+        process, starts before then, and calls already waiting for it draw again after it. An
+        earlier, longer throttle stands."""
         self._run(self.throttle_plan(name, retry_after, key))
 
     async def athrottle(self, name: str, retry_after: float, *, key: object = None) -> None:

@@ -5,6 +5,7 @@
     python examples/slack_thread.py --chaos                   # the faults, in real processes, and the proof
     python examples/slack_thread.py handle event.json         # handle one Events API envelope (- : stdin)
     python examples/slack_thread.py handle fix.json --busy interrupt   # a correction: stop the turn in flight
+    python examples/slack_thread.py handle event.json --busy debounce   # messages typed in a burst: one turn
     python examples/slack_thread.py pending                   # refunds waiting for a person
     python examples/slack_thread.py answer THREAD_TS yes      # approve (or no) and finish the turn
     python examples/slack_thread.py drain                     # post replies a dead worker left behind
@@ -33,6 +34,13 @@ is one turn, ``pk.resume(thread, run_id=<event_id>, busy="queue")``:
   turn in flight to stop at its next step (``pk.resume(busy="interrupt")``): that turn ends
   ``interrupted`` without posting its reply (its finished steps stay in the thread), and
   the correction's turn runs next. A redelivery of the interrupted event is acked.
+* Messages typed in a burst ("where is my order?", "it's #1043") handled with ``--busy
+  debounce`` become one turn (``pk.resume(busy="debounce", debounce=(window, max_wait),
+  message=...)``): the first event's turn waits until the thread was quiet for
+  ``--debounce-window`` seconds (at most ``--debounce-max``), then answers every message of
+  the burst at once (``run.messages``); the other events' handlers exit at once with
+  ``merged`` (their message is in that turn). A message is in exactly one turn, even when a
+  worker dies mid-burst.
 * The reply is posted with ``run.after_commit(post_reply, ...)``: only once the
   checkpoint that produced it is durable, exactly once across crashes (a worker that
   died between the commit and the post leaves it to the next resume of the turn, or
@@ -50,8 +58,8 @@ world's own, switched by files in the fake dir: ``slack-down`` (every post fails
 ``stall-lookup`` / ``stall-post`` (the next such call hangs, in the one process that
 renames the file to ``stalled-<point>.<pid>``: the one to kill).
 
-Exit codes: 0 done (each command prints one JSON line: ``completed``, ``suspended`` or
-``ignored`` for ``handle``); 1 a persistkit error, said in one line; 2 an unreadable
+Exit codes: 0 done (each command prints one JSON line: ``completed``, ``suspended``,
+``merged`` or ``ignored`` for ``handle``); 1 a persistkit error, said in one line; 2 an unreadable
 envelope; 3 the thread stayed busy past ``--busy-timeout`` (retry the event later); 4 the
 reply is committed but Slack kept refusing its post (it stays pending: retry the event,
 or ``drain``).
@@ -305,24 +313,57 @@ def thread_of(channel: str, thread_ts: str) -> str:
     return f"slack:{channel}:{thread_ts}"
 
 
+#: ``--busy debounce``: (window, max_wait) seconds, ``pk.resume(debounce=...)``.
+DEBOUNCE = (2.0, 10.0)
+
+
+def slim(envelope: dict[str, Any]) -> dict[str, str]:
+    """What a turn keeps of an event (not the envelope's token)."""
+    event = envelope["event"]
+    return {"event_id": envelope["event_id"], "channel": event["channel"], "user": event.get("user", ""),
+            "text": event.get("text", ""), "ts": event["ts"], "thread_ts": event.get("thread_ts") or event["ts"]}
+
+
+@pk.checkpointed(check_args=False)
+def receive_burst(events: list[dict[str, str]], leader: str) -> dict[str, str]:
+    """A debounced turn's input (``run.messages``: every event of the burst, in the order
+    they were sent), recorded as one user message, so the model answers them together."""
+    state = _state()
+    first = events[0]
+    state.channel, state.thread_ts = first["channel"], first["thread_ts"]
+    text = "\n".join(e["text"] for e in events)
+    state.messages.append({"role": "user", "content": text, "user": first["user"], "event_id": leader,
+                           "burst": [e["event_id"] for e in events]})
+    return {**first, "event_id": leader, "text": text}
+
+
 def turn(store: pk.Store, thread: str, run_id: str, envelope: dict[str, Any] | None,
-         busy_timeout: float | None = 300.0, busy: str = "queue") -> str:
-    """Run (or continue, or replay) one turn; returns its status: completed, suspended, or
-    interrupted (a later event of the thread took over with ``busy="interrupt"``)."""
+         busy_timeout: float | None = 300.0, busy: str = "queue",
+         debounce: tuple[float, float] = DEBOUNCE) -> str:
+    """Run (or continue, or replay) one turn; returns its status: completed, suspended,
+    interrupted (a later event of the thread took over with ``busy="interrupt"``), or merged
+    (``busy="debounce"``: the event's message is in another turn of the burst)."""
+    merging = busy == "debounce"
+    extra: dict[str, Any] = {}
+    if merging:  # a continued turn (envelope None: an answer) sends no message of its own
+        extra = {"debounce": debounce, "message": slim(envelope) if envelope is not None else None}
     try:
         with pk.resume(thread, run_id=run_id, busy=busy, busy_timeout=busy_timeout,
-                       store=store, state=Conversation) as run:
-            event = receive(envelope)
+                       store=store, state=Conversation, **extra) as run:
+            event = receive_burst(run.messages or [], run_id) if merging else receive(envelope)
             reply(agent(event), event)
     except pk.RunCancelledError as exc:  # stopped at a step boundary: ack the event, post nothing
         return exc.status
+    except pk.Debounced:  # the message is in the burst another event's turn answers: ack it
+        return "merged"
     return run.status
 
 
 def handle(store: pk.Store, envelope: dict[str, Any], busy_timeout: float | None = 300.0,
-           busy: str = "queue") -> str:
-    """Handle one Events API envelope: ``completed``, ``suspended``, ``interrupted`` or ``ignored``.
-    ``busy="interrupt"``: a correction, which stops the thread's turn in flight and runs next."""
+           busy: str = "queue", debounce: tuple[float, float] = DEBOUNCE) -> str:
+    """Handle one Events API envelope: ``completed``, ``suspended``, ``interrupted``, ``merged``
+    or ``ignored``. ``busy="interrupt"``: a correction, which stops the thread's turn in flight
+    and runs next; ``busy="debounce"``: a burst of messages becomes one turn."""
     if envelope.get("type") == "url_verification":
         return "ignored"
     if envelope.get("type") != "event_callback" or not isinstance(envelope.get("event"), dict):
@@ -334,7 +375,7 @@ def handle(store: pk.Store, envelope: dict[str, Any], busy_timeout: float | None
     if missing:
         raise pk.ConfigurationError(f"Slack envelope without {', '.join(missing)}: cannot key its turn")
     thread = thread_of(event["channel"], event.get("thread_ts") or event["ts"])
-    return turn(store, thread, envelope["event_id"], envelope, busy_timeout, busy)
+    return turn(store, thread, envelope["event_id"], envelope, busy_timeout, busy, debounce)
 
 
 def find_thread(store: pk.Store, thread_ts: str, channel: str | None) -> str:
@@ -365,7 +406,8 @@ def answer(store: pk.Store, thread: str, approved: bool, by: str) -> str:
         if not last or last[0].kind == "end" or last[0].run_id is None:
             raise pk.ConfigurationError(f"thread {thread} has no turn waiting for an answer")
         run_id = last[0].run_id
-    return turn(store, thread, run_id, None)
+    merged = any(c.step == "pk.debounce" for c in store.history(thread) if c.run_id == run_id)
+    return turn(store, thread, run_id, None, busy="debounce" if merged else "queue")
 
 
 # -- the command line and the demo ------------------------------------------------------------
@@ -678,8 +720,13 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("handle", help="handle one event envelope")
     h.add_argument("envelope", help="a JSON file, or - for stdin")
     h.add_argument("--busy-timeout", type=float, default=300.0)
-    h.add_argument("--busy", choices=["queue", "interrupt"], default="queue",
-                   help="interrupt: a correction, which stops the thread's turn in flight at its next step")
+    h.add_argument("--debounce-window", type=float, default=DEBOUNCE[0],
+                   help="--busy debounce: seconds of quiet that end a burst")
+    h.add_argument("--debounce-max", type=float, default=DEBOUNCE[1],
+                   help="--busy debounce: the longest a burst is gathered (seconds)")
+    h.add_argument("--busy", choices=["queue", "interrupt", "debounce"], default="queue",
+                   help="interrupt: a correction, which stops the thread's turn in flight at its next step; "
+                        "debounce: messages of a burst become one turn (the others print merged)")
     a = sub.add_parser("answer", help="answer a thread's open question and finish its turn")
     a.add_argument("thread_ts")
     a.add_argument("decision", choices=["yes", "no"])
@@ -718,7 +765,8 @@ def command(store: pk.Store, args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"slack_thread: cannot read the envelope {args.envelope}: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps({"status": handle(store, envelope, args.busy_timeout, args.busy)}))
+        window = (args.debounce_window, args.debounce_max)
+        print(json.dumps({"status": handle(store, envelope, args.busy_timeout, args.busy, window)}))
     elif args.command == "answer":
         thread = find_thread(store, args.thread_ts, args.channel)
         print(json.dumps({"status": answer(store, thread, args.decision == "yes", args.by)}))

@@ -24,6 +24,9 @@ key ``<h>/d`` says which turn is gathering the burst (sealed JSON)::
   meanwhile makes it look again and take that message too; one that comes after finds it
   closed and leads the next turn). The run records the batch as the step ``pk.debounce`` at
   that position: ``run.messages``, in the order the sends committed.
+* **A turn without a message** (``message=None``: an answer continuing a suspended turn, a
+  retry) sends nothing and gathers nothing: a run that recorded its batch replays it; a new
+  run takes whatever messages wait (possibly none).
 * **Exactly once across a leader's death.** Killed while gathering: its lease expires (at
   once on this machine), nothing was taken; the next arrival, or its redelivery, leads and
   takes every message not taken yet (its followers' included). Killed after recording the
@@ -52,7 +55,17 @@ from ._lease import Lease, _State
 if TYPE_CHECKING:
     from ..codec._pipeline import Codec
 
-__all__ = ["STEP", "TOPIC", "Debounced", "check_debounce", "join", "lead", "send", "take_batch"]
+__all__ = [
+    "STEP",
+    "TOPIC",
+    "Debounced",
+    "check_debounce",
+    "join",
+    "lead",
+    "send",
+    "take_batch",
+    "taken",
+]
 
 #: The inbox topic of debounced messages (``store.messages(thread_id, topic=TOPIC)`` lists them).
 TOPIC = "pk.debounce"
@@ -123,11 +136,6 @@ def check_debounce(
         raise ConfigurationError(
             "busy='debounce' needs run_id= (the event's id): it is the message's idempotency key, so a "
             "redelivered event is merged once, and it names the turn that runs the batch"
-        )
-    if message is None:
-        raise ConfigurationError(
-            "busy='debounce' needs message= (this turn's message: the Slack text, the webhook's payload): the "
-            "turn that runs receives every merged message in run.messages"
         )
     return float(window), float(most)
 
@@ -202,7 +210,7 @@ def _alive(d: dict[str, Any], rec: LeaseRecord | None) -> bool:
     return st.owner == d.get("o") and st.held(time.time())
 
 
-def _taken(
+def taken(
     codec: Codec, thread_id: str, namespace: str, run_id: str, seq: int, position: str
 ) -> Plan[bool]:
     """Whether message ``seq`` was taken already; raises :class:`Debounced` when another turn
@@ -234,7 +242,7 @@ def join(
         _where(thread_id, namespace),
     )
     while True:
-        if (yield from _taken(codec, thread_id, namespace, run_id, seq, position)):
+        if (yield from taken(codec, thread_id, namespace, run_id, seq, position)):
             return  # this run's own batch, claimed before a crash: lead (replay it)
         entry: KvEntry | None = yield call("kv_get", box, f"{h}/d")
         d = _load(codec, entry, where)
@@ -270,7 +278,7 @@ def lead(
         I.inbox_scope(thread_id),
         _where(thread_id, namespace),
     )
-    if (yield from _taken(codec, thread_id, namespace, run_id, seq, position)):
+    if (yield from taken(codec, thread_id, namespace, run_id, seq, position)):
         return
     while True:
         entry: KvEntry | None = yield call("kv_get", box, f"{h}/d")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+from .._io import Plan
 from ..backends._capabilities import require
 from . import _concurrency as C
 from . import _debounce as D
@@ -80,17 +81,29 @@ class Gate:
         # a run that replays (finished), was resumed past its batch, or shares an enclosing lease gathers nothing
         return (
             self.window is not None
+            and self.message is not None
             and holding is not None
             and holding.beat is not None
             and not run.replay_only
             and POSITION not in run._index
         )
 
+    def _check(self, run: Run, run_id: str) -> Callable[[], Plan[bool]]:
+        """What ``_turns`` asks when the thread's newest run is another turn's, unfinished: was
+        this turn's message taken meanwhile (``pk.Debounced``)? Then it need not wait for that run."""
+
+        def taken() -> Plan[bool]:
+            return D.taken(run.codec, run.thread_id, run.namespace, run_id, self.seq, POSITION)
+
+        return taken
+
     # -- sync -----------------------------------------------------------------------------------
 
     def before_sync(self, run: Run, run_id: str | None) -> None:
         self.since = time.monotonic()
-        if self.window is None:
+        if (
+            self.window is None or self.message is None
+        ):  # no message: a turn continued (an answer, a retry)
             return
         assert run_id is not None
         require(run.store.backend, "kv", "pk.resume(busy='debounce')")
@@ -100,6 +113,7 @@ class Gate:
         run.store.run_sync(
             D.join(run.codec, run.thread_id, run.namespace, run_id, self.seq, POSITION)
         )
+        run.turn_check = self._check(run, run_id)
 
     def opened_sync(self, run: Run, holding: Holding | None) -> None:
         try:
@@ -162,7 +176,7 @@ class Gate:
 
     async def before_async(self, run: Run, run_id: str | None) -> None:
         self.since = time.monotonic()
-        if self.window is None:
+        if self.window is None or self.message is None:
             return
         assert run_id is not None
         require(run.store.backend, "kv", "pk.resume(busy='debounce')")
@@ -172,6 +186,7 @@ class Gate:
         await run.store.run_async(
             D.join(run.codec, run.thread_id, run.namespace, run_id, self.seq, POSITION)
         )
+        run.turn_check = self._check(run, run_id)
 
     async def opened_async(self, run: Run, holding: Holding | None) -> None:
         try:

@@ -101,6 +101,12 @@ def open_sync(
         assert holding is not None and busy is not None  # open() raises Unfinished only under its own lease
         holding.beat.stop()
         lease = holding.lease
+        if run.turn_check is not None:  # busy="debounce": a turn may have taken this one's message meanwhile
+            try:
+                store.run_sync(run.turn_check())
+            except BaseException:
+                run_sync(store.backend, step_aside(lease, blocked.run_id, "wait"))  # reserved again, not queued
+                raise
         run_sync(store.backend, step_aside(lease, blocked.run_id, busy))
         me = (lease.owner, lease.probe)
         new = run_sync(
@@ -144,6 +150,12 @@ async def open_async(
         assert holding is not None and busy is not None
         await holding.beat.stop()
         lease = holding.lease
+        if run.turn_check is not None:
+            try:
+                await store.run_async(run.turn_check())
+            except BaseException:
+                await run_async(store.backend, step_aside(lease, blocked.run_id, "wait"))
+                raise
         await run_async(store.backend, step_aside(lease, blocked.run_id, busy))
         me = (lease.owner, lease.probe)
         new = await run_async(

@@ -162,6 +162,10 @@ class Run(Commits):
         #: ``pk.resume(busy="debounce")``: the messages of the burst this turn runs, in the order
         #: they were sent (this turn's own among them); None for other turns.
         self.messages: list[Any] | None = None
+        #: ``busy="debounce"``: asked (a plan) when the run finds the thread's newest run unfinished
+        #: and another turn's: raises ``pk.Debounced`` if another turn took this turn's message
+        #: meanwhile (it need not wait for that run then). None for other turns.
+        self.turn_check: Callable[[], Any] | None = None
 
     def __repr__(self) -> str:
         return f"<persistkit.Run thread={self.thread_id!r} run={self.run_id} status={self.status}>"

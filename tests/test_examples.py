@@ -35,6 +35,7 @@ RUN_ELSEWHERE = {
     "examples/slack_thread.py": "tests/test_slack_thread.py",  # the demo and --chaos
     "examples/celery_worker.py": "tests/test_celery.py",  # workers on RabbitMQ, killed mid-turn
     "examples/celery_beat_timers.py": "tests/test_celery_beat.py",  # a worker and beat
+    "examples/celery_children.py": "tests/test_celery_children.py",  # a supervisor's children on a worker
     "examples/sse_chat.py": "tests/test_sse_chat.py",  # a server, killed workers, a reconnecting client
     "examples/testing/test_crewai_crew.py": "tests/test_crash_matrix_examples.py",
     "examples/testing/test_langgraph_agent.py": "tests/test_crash_matrix_examples.py",

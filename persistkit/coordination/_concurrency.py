@@ -4,7 +4,7 @@
 takes one of the key's 5 *slots* after the thread's own lease and holds it until the block
 ends. The slots are one lease record per key (``Backend.lease_get`` / ``lease_swap``, the
 compare-and-swap every store with leases has), under the reserved thread id
-``__pk_c.<digest of name and key>``, namespace ``""``. Its data (JSON)::
+``__pk_slot.<digest of name and key>``, namespace ``""``. Its data (JSON)::
 
     {"h": [[owner, expiry, probe, thread, namespace, token, since], ...],   # the holders (<= limit)
      "q": [[owner, expiry, probe], ...],                                     # the waiters, in arrival order
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 #: The thread-id prefix of the slot records (``store.leases(prefix=SCOPE)`` lists them).
-SCOPE = "__pk_c."
+SCOPE = "__pk_slot."
 _MAX_NAME = 256
 #: A waiter's entry lives this many TTLs unless refreshed (as a thread lease's waiter).
 _WAITER_LIFE = 2.0

@@ -26,6 +26,7 @@ import persistkit as pk
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "limits_worker.py"
 RATE, BURST, PROCS, SECONDS = 50, 5, 8, 4.0
+DEADLINE = 120.0  # seconds the workers may take to start (imports on a loaded machine): a hang, not a timing
 
 
 @pytest.fixture(params=["postgres", "redis"])
@@ -37,6 +38,8 @@ def _calls(log: Path) -> tuple[list[float], list[float], list[float]]:
     calls, limited, throttles = [], [], []
     for line in log.read_text().splitlines():
         parts = line.split()
+        if parts[1] == "ready":
+            continue
         if len(parts) == 2:
             calls.append(float(parts[1]))
         elif parts[1] == "limited":
@@ -52,40 +55,55 @@ def _too_many(calls: list[float]) -> int:
 
 
 def _spawn(
-    url: str, limit: str, log: Path, start: float, *extra: str, workers: int = PROCS
+    url: str, limit: str, log: Path, *extra: str, workers: int = PROCS
 ) -> list[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     }
-    end = start + SECONDS
     return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, limit, str(log), str(start), str(end), *extra],
-            env=env,
-        )
+        subprocess.Popen([sys.executable, str(WORKER), url, limit, str(log), *extra], env=env)
         for _ in range(workers)
     ]
 
 
+def _go(log: Path, procs: list[subprocess.Popen[bytes]]) -> float:
+    """Once every worker logged ``ready``: start them all 0.2 s from now; the start time."""
+    log.touch()
+    deadline = time.monotonic() + DEADLINE
+    while log.read_text().count(" ready\n") < len(procs):
+        assert all(p.poll() is None for p in procs), "a worker died before it was ready"
+        assert time.monotonic() < deadline, f"the workers were not ready after {DEADLINE} s"
+        time.sleep(0.02)
+    start = time.time() + 0.2
+    tmp = log.with_suffix(".tmp")
+    tmp.write_text(f"{start} {start + SECONDS}")
+    tmp.rename(f"{log}.go")  # whole, at once
+    return start
+
+
+def _reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_processes_share_one_rate_with_a_worker_killed(url: str, tmp_path: Path) -> None:
     limit, log = uid("rate"), tmp_path / "provider.log"
     with pk.connect(url) as store:
         store.limits.set(limit, rate=f"{RATE}/s", burst=BURST, timeout=10)
-    start = time.time() + 3.0  # every worker imported and connected
-    procs = _spawn(url, limit, log, start)
+    procs = _spawn(url, limit, log)
     try:
+        start = _go(log, procs)
         time.sleep(max(0.0, start + SECONDS / 2 - time.time()))
         procs[0].send_signal(signal.SIGKILL)
         for p in procs[1:]:
-            assert p.wait(timeout=120) == 0
+            assert p.wait(timeout=DEADLINE) == 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        _reap(procs)
     calls, limited, _ = _calls(log)
     inside = [t for t in calls if start <= t < start + SECONDS]
     # the GCRA's bound for the run, plus the calls in flight at the end
@@ -98,20 +116,20 @@ def test_processes_share_one_rate_with_a_worker_killed(url: str, tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_a_reset_reported_by_one_worker_stops_every_worker(url: str, tmp_path: Path) -> None:
     limit, log = uid("reset"), tmp_path / "provider.log"
     with pk.connect(url) as store:
         store.limits.set(limit, rate=f"{RATE}/s", burst=BURST, timeout=10)
-    start = time.time() + 3.0
-    procs = _spawn(url, limit, log, start)
-    procs += _spawn(
-        url, limit, log, start, str(start + 1.5), workers=1
-    )  # the one that gets a 429 at 1.5 s
-    for p in procs[PROCS:]:
-        assert p.wait(timeout=120) == 0
-    for p in procs[:PROCS]:
-        assert p.wait(timeout=120) == 0
+    procs = _spawn(url, limit, log) + _spawn(
+        url, limit, log, "1.5", workers=1
+    )  # the last gets a 429 at 1.5 s
+    try:
+        _go(log, procs)
+        for p in procs:
+            assert p.wait(timeout=DEADLINE) == 0
+    finally:
+        _reap(procs)
     calls, limited, throttles = _calls(log)
     [reported] = throttles
     # the throttle is stored before `reported` is logged: no call of any process starts within the

@@ -25,6 +25,7 @@ docs/testing.md).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -32,6 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,30 +46,62 @@ REQUIRED = {s.strip() for s in os.environ.get("PERSISTKIT_REQUIRE", "").split(",
 #: ``PERSISTKIT_TIER=quick``: see the module docstring.
 QUICK = os.environ.get("PERSISTKIT_TIER", "") == "quick"
 SERVER_BACKENDS = ["postgres", "redis", "s3", "dynamodb"]
+#: Store names as test parameters spell them (the time summary groups by them).
+ALL_STORE_NAMES = frozenset({"memory", "sqlite", *SERVER_BACKENDS})
 BACKENDS = ["memory", "sqlite"] + ([] if QUICK else SERVER_BACKENDS)
 #: One per process, so one per xdist worker (the controller's is used by nothing).
 SESSION_TAG = uuid.uuid4().hex[:8]
 _TESTS = Path(__file__).resolve().parent
 #: The fixtures of a service: a test that asks for one is not in the quick tier.
-SERVICE_FIXTURES = frozenset({"postgres_url", "redis_url", "s3_endpoint", "dynamodb_endpoint", "rabbitmq_url", "chromium",
-                              "valgrind"})
+SERVICE_FIXTURES = frozenset(
+    {
+        "postgres_url",
+        "redis_url",
+        "s3_endpoint",
+        "dynamodb_endpoint",
+        "rabbitmq_url",
+        "chromium",
+        "valgrind",
+    }
+)
 #: Files (or folders) under tests/ that the quick tier does not collect, each for a reason:
 #: a framework extra, a service of its own, a child process per case or a build.
-QUICK_LEAVES_OUT = frozenset({
-    "adapters",  # one folder per framework extra
-    "test_langgraph_store.py", "test_telemetry.py",  # langgraph / opentelemetry-sdk
-    "test_celery.py", "test_celery_beat.py", "test_celery_stress.py", "test_queue_recipes.py",  # job queues
-    "test_timeline_browser.py",  # chromium
-    "test_postgres.py", "test_postgres_kv.py", "test_postgres_prune.py", "test_postgres_schema3.py",
-    "test_redis.py", "test_redis_kv.py", "test_redis_prune.py", "test_redis_ttl_index.py",
-    "test_s3.py", "test_s3_kv.py", "test_s3_prune.py", "test_dynamodb.py", "test_dynamodb_kv.py",
-    "test_connect_errors.py", "test_faults.py",  # the server stores' drivers: closed ports, killed connections
-    "test_long_runs_memory.py", "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
-    "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
-    "test_packaging.py", "test_bench_imports.py", "test_docs_examples.py", "test_crash_matrix_examples.py",
-    "test_examples.py",  # examples/ and the extras each names (every framework)
-    "test_docs_site.py",  # the docs extra (mkdocs)
-})
+QUICK_LEAVES_OUT = frozenset(
+    {
+        "adapters",  # one folder per framework extra
+        "test_langgraph_store.py",
+        "test_telemetry.py",  # langgraph / opentelemetry-sdk
+        "test_celery.py",
+        "test_celery_beat.py",
+        "test_celery_stress.py",
+        "test_queue_recipes.py",  # job queues
+        "test_timeline_browser.py",  # chromium
+        "test_postgres.py",
+        "test_postgres_kv.py",
+        "test_postgres_prune.py",
+        "test_postgres_schema3.py",
+        "test_redis.py",
+        "test_redis_kv.py",
+        "test_redis_prune.py",
+        "test_redis_ttl_index.py",
+        "test_s3.py",
+        "test_s3_kv.py",
+        "test_s3_prune.py",
+        "test_dynamodb.py",
+        "test_dynamodb_kv.py",
+        "test_connect_errors.py",
+        "test_faults.py",  # the server stores' drivers: closed ports, killed connections
+        "test_long_runs_memory.py",
+        "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
+        "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
+        "test_packaging.py",
+        "test_bench_imports.py",
+        "test_docs_examples.py",
+        "test_crash_matrix_examples.py",
+        "test_examples.py",  # examples/ and the extras each names (every framework)
+        "test_docs_site.py",  # the docs extra (mkdocs)
+    }
+)
 
 pk.set_testing(True)
 
@@ -134,7 +168,10 @@ def valgrind() -> str:
 
     path = shutil.which("valgrind")
     if path is None:
-        unavailable("valgrind", "no valgrind on PATH: `apt-get install valgrind` (python3 dev.py test does it as root)")
+        unavailable(
+            "valgrind",
+            "no valgrind on PATH: `apt-get install valgrind` (python3 dev.py test does it as root)",
+        )
     return str(path)
 
 
@@ -149,11 +186,16 @@ def chromium() -> str:
 
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        unavailable("chromium", "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)")
+        unavailable(
+            "chromium",
+            "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)",
+        )
     try:
         import websockets.sync.client  # noqa: F401
     except ImportError as exc:
-        unavailable("chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})")
+        unavailable(
+            "chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})"
+        )
     return str(path)
 
 
@@ -203,12 +245,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ids = [m for m in client.zrange("persistkit:threads", 0, -1) if SESSION_TAG.encode() in m]
         client.close()
         if ids:
-            leaks.append(f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}")
+            leaks.append(
+                f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}"
+            )
     except Exception:  # as above
         pass
     leaks += _WORKER_LEAKS  # what the xdist workers found (empty in a run without -n)
     if leaks:
-        print(f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url.")
+        print(
+            f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url."
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:  # an xdist worker: its exit status is not the run's
@@ -222,6 +268,41 @@ _WORKER_LEAKS: list[str] = []
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistLeaks(), "persistkit-xdist-leaks")
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        config.pluginmanager.register(_WhereTimeGoes(), "persistkit-where-time-goes")
+
+
+class _WhereTimeGoes:
+    """Prints, at the end of a run, the test time summed by file and by store (setup, call and
+    teardown of every test; with xdist, worker time: the run's wall time is about the sum over
+    the workers). Where the suite's budget goes (docs/testing.md, issue #35), for the next cut."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, float] = {}
+        self.stores: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        where = report.nodeid.partition("::")[0]
+        self.files[where] = self.files.get(where, 0.0) + report.duration
+        params = report.nodeid.rpartition("[")[2].rstrip("]") if report.nodeid.endswith("]") else ""
+        store = next((p for p in re.split(r"[-_]", params) if p in ALL_STORE_NAMES), "(no store)")
+        self.stores[store] = self.stores.get(store, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        total = sum(self.files.values())
+        if total < 30:  # a few tests: nothing to learn
+            return
+        write = terminalreporter.write_line
+        write(f"test time by file (top 15 of {len(self.files)}; {total / 60:.1f} min in all):")
+        for name, secs in sorted(self.files.items(), key=lambda kv: -kv[1])[:15]:
+            write(f"  {secs:8.1f} s  {name}")
+        write(
+            "test time by store parameter: "
+            + ", ".join(
+                f"{name} {secs / 60:.1f} min"
+                for name, secs in sorted(self.stores.items(), key=lambda kv: -kv[1])
+            )
+        )
 
 
 class _XdistLeaks:
@@ -247,10 +328,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        server = any(isinstance(v, str) and v.split("-")[0] in SERVER_BACKENDS for v in params.values())
+        server = any(
+            isinstance(v, str) and v.split("-")[0] in SERVER_BACKENDS for v in params.values()
+        )
         # the crash matrix's process mode, a fork per crash point (its inline mode stays)
-        forks = params.get("mode") == "process" or (item.path.name.startswith("test_crash_matrix") and "process" in item.name)
-        if server or forks or item.get_closest_marker("slow") or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        forks = params.get("mode") == "process" or (
+            item.path.name.startswith("test_crash_matrix") and "process" in item.name
+        )
+        if (
+            server
+            or forks
+            or item.get_closest_marker("slow")
+            or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
             drop.append(item)
         else:
             keep.append(item)
@@ -268,7 +358,9 @@ def rabbitmq_url() -> str:
         import celery  # noqa: F401
         import kombu
     except ImportError as exc:
-        unavailable("rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})")
+        unavailable(
+            "rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})"
+        )
     try:
         with kombu.Connection(RABBITMQ_URL, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1)
@@ -290,7 +382,12 @@ def s3_endpoint() -> Iterator[str]:
     port = _free_port()
     # moto's server with atomic conditional writes, as AWS has (see tests/moto_s3.py)
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(os.path.dirname(__file__), "moto_s3.py"), "127.0.0.1", str(port)],
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "moto_s3.py"),
+            "127.0.0.1",
+            str(port),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -339,7 +436,11 @@ def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
 
 
 def make_url(
-    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
+    kind: str,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    isolated: bool = False,
 ) -> str:
     """A URL for a fresh, isolated store of ``kind``. PostgreSQL stores share this session's
     schema (threads apart by id) unless ``isolated``: a test that lists the whole store
@@ -385,7 +486,9 @@ def store(store_url: str) -> Iterator[pk.Store]:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def local_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[pk.Store]:
+def local_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[pk.Store]:
     """A store on the two backends that need no service (for tests of engine logic)."""
     s = pk.connect(make_url(request.param, request, tmp_path_factory))
     yield s

@@ -53,55 +53,25 @@ BACKENDS = ["memory", "sqlite"] + ([] if QUICK else SERVER_BACKENDS)
 SESSION_TAG = uuid.uuid4().hex[:8]
 _TESTS = Path(__file__).resolve().parent
 #: The fixtures of a service: a test that asks for one is not in the quick tier.
-SERVICE_FIXTURES = frozenset(
-    {
-        "postgres_url",
-        "redis_url",
-        "s3_endpoint",
-        "dynamodb_endpoint",
-        "rabbitmq_url",
-        "chromium",
-        "valgrind",
-    }
-)
+SERVICE_FIXTURES = frozenset({"postgres_url", "redis_url", "s3_endpoint", "dynamodb_endpoint", "rabbitmq_url", "chromium",
+                              "valgrind"})
 #: Files (or folders) under tests/ that the quick tier does not collect, each for a reason:
 #: a framework extra, a service of its own, a child process per case or a build.
-QUICK_LEAVES_OUT = frozenset(
-    {
-        "adapters",  # one folder per framework extra
-        "test_langgraph_store.py",
-        "test_telemetry.py",  # langgraph / opentelemetry-sdk
-        "test_celery.py",
-        "test_celery_beat.py",
-        "test_celery_stress.py",
-        "test_queue_recipes.py",  # job queues
-        "test_timeline_browser.py",  # chromium
-        "test_postgres.py",
-        "test_postgres_kv.py",
-        "test_postgres_prune.py",
-        "test_postgres_schema3.py",
-        "test_redis.py",
-        "test_redis_kv.py",
-        "test_redis_prune.py",
-        "test_redis_ttl_index.py",
-        "test_s3.py",
-        "test_s3_kv.py",
-        "test_s3_prune.py",
-        "test_dynamodb.py",
-        "test_dynamodb_kv.py",
-        "test_connect_errors.py",
-        "test_faults.py",  # the server stores' drivers: closed ports, killed connections
-        "test_long_runs_memory.py",
-        "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
-        "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
-        "test_packaging.py",
-        "test_bench_imports.py",
-        "test_docs_examples.py",
-        "test_crash_matrix_examples.py",
-        "test_examples.py",  # examples/ and the extras each names (every framework)
-        "test_docs_site.py",  # the docs extra (mkdocs)
-    }
-)
+QUICK_LEAVES_OUT = frozenset({
+    "adapters",  # one folder per framework extra
+    "test_langgraph_store.py", "test_telemetry.py",  # langgraph / opentelemetry-sdk
+    "test_celery.py", "test_celery_beat.py", "test_celery_stress.py", "test_queue_recipes.py",  # job queues
+    "test_timeline_browser.py",  # chromium
+    "test_postgres.py", "test_postgres_kv.py", "test_postgres_prune.py", "test_postgres_schema3.py",
+    "test_redis.py", "test_redis_kv.py", "test_redis_prune.py", "test_redis_ttl_index.py",
+    "test_s3.py", "test_s3_kv.py", "test_s3_prune.py", "test_dynamodb.py", "test_dynamodb_kv.py",
+    "test_connect_errors.py", "test_faults.py",  # the server stores' drivers: closed ports, killed connections
+    "test_long_runs_memory.py", "test_fuzz.py",  # minutes each: memory bounds of long runs, mutation fuzzing
+    "test_board_conformance.py",  # the shared board's suite, every wrapper x sync/async (test_board_hub.py stays)
+    "test_packaging.py", "test_bench_imports.py", "test_docs_examples.py", "test_crash_matrix_examples.py",
+    "test_examples.py",  # examples/ and the extras each names (every framework)
+    "test_docs_site.py",  # the docs extra (mkdocs)
+})
 
 pk.set_testing(True)
 
@@ -168,10 +138,7 @@ def valgrind() -> str:
 
     path = shutil.which("valgrind")
     if path is None:
-        unavailable(
-            "valgrind",
-            "no valgrind on PATH: `apt-get install valgrind` (python3 dev.py test does it as root)",
-        )
+        unavailable("valgrind", "no valgrind on PATH: `apt-get install valgrind` (python3 dev.py test does it as root)")
     return str(path)
 
 
@@ -186,16 +153,11 @@ def chromium() -> str:
 
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        unavailable(
-            "chromium",
-            "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)",
-        )
+        unavailable("chromium", "no chromium on PATH: `apt-get install chromium` (python3 dev.py test does it as root)")
     try:
         import websockets.sync.client  # noqa: F401
     except ImportError as exc:
-        unavailable(
-            "chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})"
-        )
+        unavailable("chromium", f"websockets is not installed: pip install 'persistkit[test]' ({exc})")
     return str(path)
 
 
@@ -245,16 +207,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ids = [m for m in client.zrange("persistkit:threads", 0, -1) if SESSION_TAG.encode() in m]
         client.close()
         if ids:
-            leaks.append(
-                f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}"
-            )
+            leaks.append(f"{len(ids)} thread(s) under the default prefix 'persistkit:' of {REDIS_URL}")
     except Exception:  # as above
         pass
     leaks += _WORKER_LEAKS  # what the xdist workers found (empty in a run without -n)
     if leaks:
-        print(
-            f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url."
-        )
+        print(f"\ntests left threads where users look: {'; '.join(leaks)}. Use make_url() / store_url.")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:  # an xdist worker: its exit status is not the run's
@@ -296,13 +254,8 @@ class _WhereTimeGoes:
         write(f"test time by file (top 15 of {len(self.files)}; {total / 60:.1f} min in all):")
         for name, secs in sorted(self.files.items(), key=lambda kv: -kv[1])[:15]:
             write(f"  {secs:8.1f} s  {name}")
-        write(
-            "test time by store parameter: "
-            + ", ".join(
-                f"{name} {secs / 60:.1f} min"
-                for name, secs in sorted(self.stores.items(), key=lambda kv: -kv[1])
-            )
-        )
+        by_store = sorted(self.stores.items(), key=lambda kv: -kv[1])
+        write("test time by store parameter: " + ", ".join(f"{name} {secs / 60:.1f} min" for name, secs in by_store))
 
 
 class _XdistLeaks:
@@ -328,19 +281,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        server = any(
-            isinstance(v, str) and v.split("-")[0] in SERVER_BACKENDS for v in params.values()
-        )
+        server = any(isinstance(v, str) and v.split("-")[0] in SERVER_BACKENDS for v in params.values())
         # the crash matrix's process mode, a fork per crash point (its inline mode stays)
-        forks = params.get("mode") == "process" or (
-            item.path.name.startswith("test_crash_matrix") and "process" in item.name
-        )
-        if (
-            server
-            or forks
-            or item.get_closest_marker("slow")
-            or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        ):
+        forks = params.get("mode") == "process" or (item.path.name.startswith("test_crash_matrix") and "process" in item.name)
+        if server or forks or item.get_closest_marker("slow") or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             drop.append(item)
         else:
             keep.append(item)
@@ -358,9 +302,7 @@ def rabbitmq_url() -> str:
         import celery  # noqa: F401
         import kombu
     except ImportError as exc:
-        unavailable(
-            "rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})"
-        )
+        unavailable("rabbitmq", f"celery is not installed: pip install 'persistkit[celery]' ({exc})")
     try:
         with kombu.Connection(RABBITMQ_URL, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1)
@@ -382,12 +324,7 @@ def s3_endpoint() -> Iterator[str]:
     port = _free_port()
     # moto's server with atomic conditional writes, as AWS has (see tests/moto_s3.py)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(os.path.dirname(__file__), "moto_s3.py"),
-            "127.0.0.1",
-            str(port),
-        ],
+        [sys.executable, os.path.join(os.path.dirname(__file__), "moto_s3.py"), "127.0.0.1", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -436,11 +373,7 @@ def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
 
 
 def make_url(
-    kind: str,
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    *,
-    isolated: bool = False,
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
 ) -> str:
     """A URL for a fresh, isolated store of ``kind``. PostgreSQL stores share this session's
     schema (threads apart by id) unless ``isolated``: a test that lists the whole store
@@ -486,9 +419,7 @@ def store(store_url: str) -> Iterator[pk.Store]:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-def local_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[pk.Store]:
+def local_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[pk.Store]:
     """A store on the two backends that need no service (for tests of engine logic)."""
     s = pk.connect(make_url(request.param, request, tmp_path_factory))
     yield s

@@ -37,6 +37,7 @@ import persistkit as pk
 from ._migrate import CHANNELS_KEY
 from ._plans import ABANDONED_KEY, RUN_KEY, abandon_record, run_id_problem
 from ._saver import PersistkitSaver
+from ._stream import Source, astream_turn, stream_turn
 
 __all__ = ["RUN_KEY", "adurable_invoke", "durable_invoke"]
 
@@ -304,6 +305,17 @@ class _Turn:
         return {**self.config, "configurable": {**self.config["configurable"], "checkpoint_id": checkpoint_id}}
 
 
+def _check_stream(turn: _Turn, stream: str | None) -> None:
+    if stream is None:
+        return
+    pk.check_stream_name(stream)
+    if turn.saver is None:
+        raise pk.ConfigurationError(
+            f"durable_invoke(stream={stream!r}) needs the graph compiled with checkpointer=PersistkitSaver(...): "
+            "the stream lives in the persistkit store, next to the turn's checkpoints"
+        )
+
+
 def durable_invoke(
     graph: Pregel[Any, Any, Any, Any],
     input: Any,
@@ -314,6 +326,7 @@ def durable_invoke(
     lease_ttl: float = _DEFAULT_TTL,
     busy_timeout: float | None = _DEFAULT_TIMEOUT,
     unfinished_timeout: float | None = None,
+    stream: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """``graph.invoke`` for one turn of a thread, safe to call again with the same arguments.
@@ -341,9 +354,16 @@ def durable_invoke(
     otherwise ``input`` starts a run. ``input=None`` on a thread with no checkpoint is a
     ``pk.NotFoundError``. A ``Command(resume=...)`` is passed as is. ``durability``
     defaults to ``"sync"``; other keyword arguments go to ``graph.invoke``.
+
+    ``stream="answer"`` (needs ``PersistkitSaver``): the turn runs ``graph.stream`` in
+    ``"messages"`` mode and forwards the chat models' token chunks, tool calls and tool
+    messages into the thread's persistkit stream ``"answer"`` (namespace ``"lg:s:"``), one
+    persistkit step per superstep, so a superstep that dies is rewound in the stream and a
+    finished one is never sent again (docs/adapters-langgraph.md, Streaming).
     """
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout)
+    _check_stream(turn, stream)
     lease = turn.lease
     try:
         if lease is not None:
@@ -363,6 +383,11 @@ def durable_invoke(
                 if step.kind == "done":
                     assert step.state is not None
                     return _output(graph, step.state)
+                if step.kind == "run" and stream is not None:
+                    assert turn.saver is not None
+                    source = Source(graph, step.input, _with_run(turn.config, step.run_id), kwargs, stream)
+                    stream_turn(turn.saver.store, turn.thread_id, turn.ns, step.run_id, source)
+                    return _output(graph, graph.get_state(turn.config))
                 if step.kind == "run":
                     return graph.invoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
             if lease is None or not lease.held:  # "wait": a crashed turn goes first
@@ -386,11 +411,13 @@ async def adurable_invoke(
     lease_ttl: float = _DEFAULT_TTL,
     busy_timeout: float | None = _DEFAULT_TIMEOUT,
     unfinished_timeout: float | None = None,
+    stream: str | None = None,
     **kwargs: Any,
 ) -> Any:
-    """The ``graph.ainvoke`` twin of :func:`durable_invoke`."""
+    """The ``graph.ainvoke`` twin of :func:`durable_invoke` (``stream=``: ``graph.astream``)."""
     kwargs.setdefault("durability", "sync")
     turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout)
+    _check_stream(turn, stream)
     lease = turn.lease
     try:
         if lease is not None:
@@ -410,6 +437,11 @@ async def adurable_invoke(
                 if step.kind == "done":
                     assert step.state is not None
                     return _output(graph, step.state)
+                if step.kind == "run" and stream is not None:
+                    assert turn.saver is not None
+                    source = Source(graph, step.input, _with_run(turn.config, step.run_id), kwargs, stream)
+                    await astream_turn(turn.saver.store, turn.thread_id, turn.ns, step.run_id, source)
+                    return _output(graph, await graph.aget_state(turn.config))
                 if step.kind == "run":
                     return await graph.ainvoke(step.input, _with_run(turn.config, step.run_id), **kwargs)
             if lease is None or not lease.held:

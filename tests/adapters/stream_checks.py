@@ -25,9 +25,9 @@ def shown(recs: list[pk.StreamEvent]) -> list[Any]:
     return view(recs)
 
 
-def final(store: pk.Store, thread: str, stream: str = "answer") -> list[Any]:
+def final(store: pk.Store, thread: str, stream: str = "answer", **kwargs: Any) -> list[Any]:
     """The events a ``final_only`` reader receives (never a superseded one, never a rewind)."""
-    recs = records(store, thread, stream, final_only=True)
+    recs = records(store, thread, stream, final_only=True, **kwargs)
     assert all(r.kind in ("event", "end") for r in recs)
     assert recs and recs[-1].kind == "end" and recs[-1].data == "completed"
     return [r.data for r in recs if r.kind == "event"]

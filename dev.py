@@ -203,7 +203,7 @@ def test_quick(args: list[str]) -> int:
     if not (full.exists() and full.read_text() == want and PY.exists()):
         ensure_venv(QUICK_EXTRAS)
     os.environ["PERSISTKIT_TIER"] = "quick"
-    workers = [] if _has_workers_option(args) else ["-n", "2"]  # its work is CPU: one worker per core
+    workers = [] if _has_workers_option(args) else ["-n", "2", "--dist", "worksteal"]  # its work is CPU: one worker per core
     return sh(PY, "-m", "pytest", *workers, *args, check=False)
 
 
@@ -222,7 +222,10 @@ def test_full(args: list[str]) -> int:
     failed |= sh(PY, "-m", "mypy", check=False)
     if (ROOT / "scripts" / "unasync.py").exists():
         failed |= sh(PY, "scripts/unasync.py", "--check", check=False)
-    workers = [] if _has_workers_option(args) or TEST_WORKERS == "0" else ["-n", TEST_WORKERS]
+    # worksteal: each worker starts on a contiguous share of the suite (a module's tests stay
+    # together, its fixtures made once) and an idle worker takes half of a busy one's queue, so
+    # the run does not end with one worker alone on a few long moto or process tests
+    workers = [] if _has_workers_option(args) or TEST_WORKERS == "0" else ["-n", TEST_WORKERS, "--dist", "worksteal"]
     failed |= sh(PY, "-m", "pytest", *workers, *args, check=False)
     return 1 if failed else 0
 

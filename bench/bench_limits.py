@@ -79,18 +79,23 @@ def fleet(url: str, procs: int, seconds: float, rate: int) -> dict[str, Any]:
     with pk.connect(url) as store:
         store.limits.set(name, rate=f"{rate}/s", burst=BURST, timeout=30)
     log = Path(tempfile.mkdtemp()) / "provider.log"
+    log.touch()
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    start = time.time() + 3.0 + 0.4 * procs  # every worker imported and connected
-    end = start + seconds
     workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, name, str(log), str(start), str(end)], env=env
-        )
+        subprocess.Popen([sys.executable, str(WORKER), url, name, str(log)], env=env)
         for _ in range(procs)
     ]
+    while log.read_text().count(" ready\n") < procs:  # every worker imported and connected
+        if any(p.poll() is not None for p in workers):
+            raise SystemExit("a worker died before it was ready")
+        time.sleep(0.02)
+    start = time.time() + 0.2
+    end = start + seconds
+    (log.parent / "go.tmp").write_text(f"{start} {end}")
+    (log.parent / "go.tmp").rename(f"{log}.go")
     plan = [
         (0.25, workers[0], signal.SIGKILL),
         (0.40, workers[2], signal.SIGSTOP),
@@ -112,6 +117,8 @@ def fleet(url: str, procs: int, seconds: float, rate: int) -> dict[str, Any]:
     calls, limited = [], 0
     for line in log.read_text().splitlines():
         parts = line.split()
+        if parts[1] == "ready":
+            continue
         if len(parts) == 2:
             calls.append(float(parts[1]))
         elif parts[1] == "limited":

@@ -172,3 +172,52 @@ def test_stream_needs_the_persistkit_saver_and_a_good_name(url: str) -> None:
         )
     with pk.connect(url) as store, pytest.raises(pk.ConfigurationError, match="stream name"):
         durable_invoke(Script().graph(store), {"messages": []}, cfg(uid("lg")), stream="a b")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_worker_sigkilled_mid_answer_is_rewound_and_the_next_worker_streams_the_answer(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("langgraph_stream_worker.py")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[2] / "adapters"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    url, thread = make_url(kind, request, tmp_path_factory), uid("lg-kill")
+
+    def worker_run(kill_at: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(worker), url, thread, "m-1", str(kill_at)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+
+    first = worker_run(4)  # dies once four of the answer's chunks are in the store
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    with pk.connect(url) as store:
+        died = records(store, thread, namespace=NS)
+        assert texts([r.data for r in died if r.kind == "event"], "plan") == PLAN
+        assert sum(1 for r in died if r.kind == "event" and r.data["node"] == "answer") >= 4
+        assert died[-1].kind == "event"  # no end: the worker died
+    second = worker_run(-1)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == ANSWER
+    with pk.connect(url) as store:
+        recs = records(store, thread, namespace=NS)
+        check_offsets(recs)
+        [rewind] = rewinds(recs)
+        assert rewind.offset == len(died) + 1
+        ui = shown(recs)
+        assert texts(ui, "plan") == PLAN and texts(ui, "answer") == ANSWER
+        assert final(store, thread, namespace=NS) == ui

@@ -59,6 +59,44 @@ def waits(label: str) -> Any:
     return pk.receive("go")
 
 
+@pk.checkpointed
+def gated_work(label: str) -> str:
+    _note(label)
+    go = Path(str(LOG) + ".go")
+    while not go.exists():  # until the test lets it finish
+        time.sleep(0.01)
+    return label.upper()
+
+
+@pk.register
+def gated(label: str) -> str:
+    """A child that finishes only once the test creates ``<LOG>.go``."""
+    return gated_work(label)
+
+
+def enqueue(spec: dict[str, Any]) -> None:
+    """A queue that keeps every spec it was given (one JSON line each): the test counts them."""
+    with open(os.environ["CHILDREN_QUEUE"] + ".all", "a") as f:
+        f.write(json.dumps(spec) + "\n")
+
+
+def waiting_parent(url: str, thread: str) -> None:
+    """Starts one gated child on the queue (a worker process runs it), then waits for it: the
+    test SIGKILLs this process while it waits."""
+    store = pk.connect(url)
+    with pk.resume(thread, store=store, run_id="r1"):
+        h = pk.start(gated, f"{thread}/child", executor=enqueue)
+        _note(f"{thread}/waiting")
+        h.result()
+
+
+def queue_worker(url: str) -> None:
+    """Runs the first spec of the queue (``enqueue``'s file)."""
+    with open(os.environ["CHILDREN_QUEUE"] + ".all") as f:
+        spec = json.loads(f.readline())
+    pk.run_child(spec, store=pk.connect(url))
+
+
 def _to_queue(spec: dict[str, Any]) -> None:
     """The executor of a queue: the spec goes to a file a worker process picks up."""
     path = Path(os.environ["CHILDREN_QUEUE"])
@@ -112,4 +150,11 @@ def main(argv: list[str]) -> None:
     """Run as ``python -c "import children_agent; ..."``, never as ``__main__``: the agents'
     registered names are ``children_agent:...``, as in the test process that resumes them."""
     role, *rest = argv
-    {"supervisor": supervisor, "cancel_parent": cancel_parent, "worker": worker}[role](*rest)
+    roles = {
+        "supervisor": supervisor,
+        "cancel_parent": cancel_parent,
+        "worker": worker,
+        "waiting_parent": waiting_parent,
+        "queue_worker": queue_worker,
+    }
+    roles[role](*rest)

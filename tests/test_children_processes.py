@@ -2,7 +2,8 @@
 
 A supervisor process is SIGKILLed after starting two of its three children (once after they
 finished, once between recording the second start and handing it over): its resume starts no
-child twice and starts the third. A parent with three children (one in a thread of its
+child twice and starts the third. A parent is SIGKILLed while its child runs on in a queue
+worker process: its resume hands nothing over again and waits for the child's result. A parent with three children (one in a thread of its
 process, one suspended, one in a queue worker process) is cancelled by an operator; the worker
 is SIGKILLed during the cancel, and its redelivery runs nothing. Step bodies are counted in a
 file; tests wait on events, never on time.
@@ -104,6 +105,43 @@ def test_a_supervisor_killed_after_two_of_three_children(
             f"{t}/{x}": 1 for x in "abc"
         }  # no child ran twice
         assert [k.status for k in store.children(t)] == ["completed"] * 3
+    finally:
+        store.close()
+
+
+def test_a_child_survives_its_parents_crash_and_the_resumed_parent_waits_for_it(
+    url: str, env: dict[str, str], procs: list[subprocess.Popen[bytes]]
+) -> None:
+    import children_agent as agent
+
+    t = f"srv-{uuid.uuid4().hex[:10]}"
+    parent = spawn(procs, env, "waiting_parent", url, t)
+    until(lambda: ran(env)[f"{t}/waiting"] == 1, "the parent to wait for its child")
+    worker = spawn(procs, env, "queue_worker", url)
+    until(lambda: ran(env)[f"{t}/child"] == 1, "the child's step to run in the worker")
+    parent.kill()  # the parent dies while its child runs on in the worker
+    parent.wait(timeout=30)
+    store = pk.connect(url)
+    try:
+        assert [k.status for k in store.children(t)] == ["running"]
+        agent.LOG = Path(env["CHILDREN_LOG"])
+        os.environ["CHILDREN_QUEUE"] = env[
+            "CHILDREN_QUEUE"
+        ]  # agent.enqueue's file, if it were called
+        try:
+            with pk.resume(t, store=store, run_id="r1") as run:  # the parent's redelivery
+                handle = pk.start(agent.gated, f"{t}/child", executor=agent.enqueue)
+                Path(env["CHILDREN_LOG"] + ".go").touch()  # now the child may finish
+                assert handle.result() == f"{t}/child".upper()
+        finally:
+            del os.environ["CHILDREN_QUEUE"]
+        assert run.status == "completed"
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err.decode()[-2000:]
+        assert (
+            len(Path(env["CHILDREN_QUEUE"] + ".all").read_text().splitlines()) == 1
+        )  # handed over once
+        assert ran(env)[f"{t}/child"] == 1  # the child's step ran once, in the worker
     finally:
         store.close()
 

@@ -9,7 +9,10 @@ stream up to the next ``checkpoints`` event, forwarding each ``messages`` chunk 
 superstep: a superstep that dies (its process killed, or a node raised) has its events
 taken back by a rewind and the rerun's events follow; a superstep whose step committed is
 never emitted again (a resumed turn replays those steps without reading the graph, whose
-own resume does not run their nodes again). The shapes (docs/adapters-langgraph.md,
+own resume does not run their nodes again). A kill after LangGraph wrote a superstep's
+checkpoint but before its step committed: the resumed graph starts from a checkpoint the
+last recorded step does not name, and the first live step emits again what the dead attempt
+left tentative (``_resend``), so the final view still holds that superstep once. The shapes (docs/adapters-langgraph.md,
 Streaming):
 
 * ``{"type": "text", "node", "delta"}``: a piece of a chat model's answer;
@@ -101,6 +104,7 @@ class Source:
     name: str
     _it: Iterator[Any] | None = field(default=None, repr=False)
     _ait: AsyncIterator[Any] | None = field(default=None, repr=False)
+    read: bool = False  # an event of the graph's stream was read (by this process)
 
     def items(self) -> Iterator[Any]:
         if self._it is None:
@@ -128,31 +132,61 @@ class Source:
 
 
 @pk.checkpointed(name="langgraph.superstep", check_args=False)
-def _superstep(source: Source) -> str | None:
+def _superstep(source: Source, last: str | None) -> str | None:
     """Forward the graph's messages up to its next checkpoint; that checkpoint's id, or
-    None when the graph's stream ended."""
+    None when the graph's stream ended. ``last``: the checkpoint id the previous step
+    recorded (a resumed graph that starts from another one wrote a checkpoint its step never
+    committed: see :func:`_resend`)."""
     for mode, data in source.items():
-        done = _forward(source, mode, data)
+        done = _forward(source, mode, data, last)
         if done is not None:
             return done
     return None
 
 
-def _forward(source: Source, mode: str, data: Any) -> str | None:
+def _forward(source: Source, mode: str, data: Any, last: str | None) -> str | None:
     if mode == "messages":
         message, meta = data
         for event in shape(message, meta):
             pk.emit(event, stream=source.name)
-    elif mode == "checkpoints":
-        return str(data["config"]["configurable"]["checkpoint_id"])
-    return None
+        source.read = True
+        return None
+    if mode != "checkpoints":
+        return None
+    done = str(data["config"]["configurable"]["checkpoint_id"])
+    if not source.read and last is not None and done != last:
+        _resend(
+            source.name
+        )  # LangGraph wrote a checkpoint whose step the dead attempt never committed
+    source.read = True
+    return done
+
+
+def _resend(name: str) -> None:
+    """Emit again the events a dead attempt of this run left tentative: the graph resumed
+    from a checkpoint it wrote after them, so their superstep will not run again (the
+    stream rewinds them at this attempt's first write; these copies stand)."""
+    run = pk.current_run()
+    assert run is not None
+    left: list[Any] = []
+    for rec in run.store.read_stream(run.thread_id, name, namespace=run.namespace, follow=False):
+        if rec.kind == "event" and rec.run_id == run.run_id:
+            left.append(rec)
+        elif rec.kind == "final" and rec.to is not None:
+            left = [r for r in left if r.offset > rec.to]
+        elif rec.kind == "rewind" and rec.to is not None:
+            left = [r for r in left if r.offset <= rec.to]
+        elif rec.kind == "end":
+            left = []
+    for rec in left:
+        pk.emit(rec.data, stream=name)
 
 
 @pk.checkpointed(name="langgraph.superstep", check_args=False)
-async def _asuperstep(source: Source) -> str | None:
+async def _asuperstep(source: Source, last: str | None) -> str | None:
     """:func:`_superstep` of ``graph.astream`` (the same step: a turn may resume either way)."""
     async for mode, data in source.aitems():
-        done = _forward(source, mode, data)
+        done = _forward(source, mode, data, last)
         if done is not None:
             return done
     return None
@@ -166,8 +200,9 @@ async def astream_turn(
         async with pk.resume(
             thread_id, store=store, namespace=NAMESPACE + ns, run_id=run_id, busy=None
         ):
-            while await _asuperstep(source) is not None:
-                pass
+            last = None
+            while (done := await _asuperstep(source, last)) is not None:
+                last = done
     finally:
         await source.aclose()
 
@@ -178,7 +213,8 @@ def stream_turn(
     """Run the graph's turn as a persistkit run whose steps are its supersteps."""
     try:
         with pk.resume(thread_id, store=store, namespace=NAMESPACE + ns, run_id=run_id, busy=None):
-            while _superstep(source) is not None:
-                pass
+            last = None
+            while (done := _superstep(source, last)) is not None:
+                last = done
     finally:
         source.close()

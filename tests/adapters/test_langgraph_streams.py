@@ -221,3 +221,48 @@ def test_a_worker_sigkilled_mid_answer_is_rewound_and_the_next_worker_streams_th
         ui = shown(recs)
         assert texts(ui, "plan") == PLAN and texts(ui, "answer") == ANSWER
         assert final(store, thread, namespace=NS) == ui
+
+
+class _Killed(BaseException):
+    """Stands for a process that dies: nothing more is written."""
+
+
+def test_a_kill_after_langgraphs_checkpoint_but_before_the_step_committed_keeps_that_superstep_once(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from persistkit_langgraph import _stream
+
+    real, armed = _stream._forward, [True]
+
+    def forward(source: Any, mode: str, data: Any, last: str | None) -> str | None:
+        done = real(source, mode, data, last)
+        if armed and mode == "checkpoints" and data.get("next") == ["answer"]:
+            armed.clear()  # LangGraph wrote the plan's checkpoint; the step that read it dies now
+            raise _Killed
+        return done
+
+    monkeypatch.setattr(_stream, "_forward", forward)
+    script, thread = Script(), uid("lg-stream")
+    with pk.connect(url) as store:
+        graph = script.graph(store)
+        with pytest.raises(_Killed):
+            durable_invoke(
+                graph,
+                {"messages": [HumanMessage("hi")]},
+                cfg(thread),
+                run_id="m-1",
+                stream="answer",
+            )
+        out = durable_invoke(
+            graph, {"messages": [HumanMessage("hi")]}, cfg(thread), run_id="m-1", stream="answer"
+        )
+        assert out["messages"][-1].content == ANSWER
+        assert script.runs == ["plan", "answer"]  # LangGraph did not run the plan again
+        recs = records(store, thread, namespace=NS)
+        check_offsets(recs)
+        [rewind] = rewinds(recs)  # the plan's chunks were tentative: taken back, then sent again
+        again = [r.data for r in recs if r.kind == "event" and r.offset > rewind.offset]
+        assert texts(again, "plan") == PLAN
+        ui = shown(recs)
+        assert texts(ui, "plan") == PLAN and texts(ui, "answer") == ANSWER
+        assert final(store, thread, namespace=NS) == ui

@@ -304,7 +304,7 @@ def outcome_plan(codec: Codec, child: Child) -> Plan[_Outcome | None]:
     if status not in FINAL:
         return None
     where = f"child run {child.run_id} of thread {child.thread_id!r}"
-    if status in ENDED or status == "compensated":
+    if status in ENDED:
         return _Outcome(
             error=RunCancelledError(
                 f"{where} (started at position {child.position} of run {child.parent_run_id}) ended {status}: "

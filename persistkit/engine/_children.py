@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigurationError, PersistkitError, RunCancelledError
+from ..backends._capabilities import require
 from ..codec._functions import NotFound, find, registered_name
 from ..codec._names import refusal
 from ..coordination import _children as C
@@ -31,6 +32,7 @@ from ..coordination._cancel import _ask, halt
 from ..coordination._child_stop import started
 from ..state._records import Record
 from ._api import _CURRENT, checkpointed, resume
+from ._replay_check import CHECKING
 from ._run import Run
 from ._store import Store, check_namespace, check_thread_id, default_store
 from ._suspend import _frame, _look
@@ -143,10 +145,21 @@ def _in_thread(spec: dict[str, Any], store: Store) -> None:
     except RunCancelledError:
         pass  # cancelled: its end record says so, the parent's handle reads it
     except PersistkitError as exc:  # it could not run (its agent cannot be found, the store failed)
-        log.warning("persistkit: child run %s of thread %r did not run to its end: %s",
-                    spec.get("run_id"), spec.get("thread_id"), exc)
-    except Exception:  # the agent's failure is recorded in its thread: the parent's handle raises it
-        log.debug("child run %s of thread %r failed", spec.get("run_id"), spec.get("thread_id"), exc_info=True)
+        log.warning(
+            "persistkit: child run %s of thread %r did not run to its end: %s",
+            spec.get("run_id"),
+            spec.get("thread_id"),
+            exc,
+        )
+    except (
+        Exception
+    ):  # the agent's failure is recorded in its thread: the parent's handle raises it
+        log.debug(
+            "child run %s of thread %r failed",
+            spec.get("run_id"),
+            spec.get("thread_id"),
+            exc_info=True,
+        )
 
 
 def _executor(executor: object, store: Store, what: str) -> Callable[[dict[str, Any]], Any]:
@@ -245,11 +258,16 @@ def start(
     In async code use ``await pk.astart(...)``."""
     name, policy, run, position, rec = _begin("pk.start", agent, on_parent_close, executor)
     child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.start")
-    launch = rec is None
+    checking = (
+        CHECKING.get() is not None
+    )  # store.check_replay: no link, no launch, no other store touched
+    launch = rec is None and not checking
     if rec is None:
-        run.store.run_sync(C.link_plan(run.codec, child))
-        run.step_sync(position, C.START, None, result=child.tree())
-    elif not run.replay_only:
+        if not checking:
+            require(run.store.backend, "kv", "pk.start()")
+            run.store.run_sync(C.link_plan(run.codec, child))
+        run.step_sync(position, C.START, None, result=child.tree())  # the check: its frontier
+    elif not run.replay_only and not checking:
         launch = run.store.run_sync(C.needs_launch(run.codec, child))
     started(run, child)
     if launch:
@@ -270,11 +288,18 @@ async def astart(
     """The async twin of :func:`start` (``"inline"`` awaits the child; the default runs it in a thread)."""
     name, policy, run, position, rec = _begin("pk.astart", agent, on_parent_close, executor)
     child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.astart")
-    launch = rec is None
+    checking = (
+        CHECKING.get() is not None
+    )  # store.check_replay: no link, no launch, no other store touched
+    launch = rec is None and not checking
     if rec is None:
-        await run.store.run_async(C.link_plan(run.codec, child))
-        await run.step_async(position, C.START, None, result=child.tree())
-    elif not run.replay_only:
+        if not checking:
+            require(run.store.backend, "kv", "pk.astart()")
+            await run.store.run_async(C.link_plan(run.codec, child))
+        await run.step_async(
+            position, C.START, None, result=child.tree()
+        )  # the check: its frontier
+    elif not run.replay_only and not checking:
         launch = await run.store.run_async(C.needs_launch(run.codec, child))
     started(run, child)
     if launch:
@@ -475,10 +500,12 @@ def _decide(
         deadline = None if wait is None else now + wait
     else:
         run.replay(rec)  # the state as it was when the parent suspended here
-        if run.replay_only:
+        if run.replay_only or CHECKING.get() is not None:  # the replay check waits for nothing
             raise S.waiting_on(run, rec)
         d = S.items(rec)[0].get("d")
         deadline = None if d is None else float(d)
+    if CHECKING.get() is not None:
+        above = 0.0  # the replay check looks once: its frontier is the write that comes next
     until = now + above if deadline is None else min(deadline, now + above)
     return False, None, deadline, until
 

@@ -100,7 +100,34 @@ def _until(cond: Callable[[], bool], what: str = "the condition") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class ChildrenConformance(TwoStores):
+class _ReplayCheck(TwoStores):
+    """``store.check_replay`` over a supervisor: it starts no child and hands nothing to a queue."""
+
+    def test_the_replay_check_starts_no_child(self, stores: tuple[Store, Store]) -> None:
+        store, _ = stores
+        t = f"chk-{uuid.uuid4().hex[:12]}"
+        queue: list[dict[str, Any]] = []
+
+        def entry(thread_id: str, run_id: str) -> None:
+            with resume(thread_id, store=store, run_id=run_id):
+                first = start(research, f"{t}/a", executor=queue.append)
+                first.result(suspend_above=0)  # the child never ran: the parent waits here
+                start(research, f"{t}/b", executor=queue.append).result(suspend_above=0)
+
+        entry(t, "r1")
+        assert len(queue) == 1
+        report = store.check_replay(entry, threads=[t])
+        assert [(r.run_id, r.outcome) for r in report.runs] == [("r1", "waits")]
+        assert len(queue) == 1 and RAN[f"{t}/a"] == 0  # nothing handed over, nothing ran
+        run_child(queue[0], store=store)
+        entry(t, "r1")  # a ended: the parent goes on, starts b and waits for it
+        assert len(queue) == 2
+        report = store.check_replay(entry, threads=[t])
+        assert [(r.run_id, r.outcome) for r in report.runs] == [("r1", "waits")]
+        assert len(queue) == 2 and RAN[f"{t}/b"] == 0
+
+
+class ChildrenConformance(_ReplayCheck):
     """Mix into a test class that provides ``persistkit_url``."""
 
     @staticmethod

@@ -30,6 +30,9 @@ compare-and-swap every store with leases has), under the reserved thread id
   renews its entry after the taker decided to drop it (a renewal racing the takeover) may
   be fenced needlessly; it was past its expiry.
 * The record is never deleted (lease records never are); a key nobody uses costs one row.
+* Cost: taking a slot is a read and a swap of the record; giving it up one swap against the
+  record as the holder last wrote it (a read first only if someone changed it since: a
+  waiter queued, another holder came or went).
 
 No I/O here but through plans (``_io``): the sync and async ``pk.resume`` drive the same ones.
 """
@@ -208,7 +211,7 @@ class Slot(Lease):
     """A slot held by a turn: a :class:`Lease` of the key's record (so the process's heartbeat
     renews it), tied to the thread's lease it fences (``fences``)."""
 
-    __slots__ = ("fences", "spec", "taken_at")
+    __slots__ = ("fences", "seen", "spec", "taken_at")
 
     def __init__(
         self, spec: Concurrency, owner: str, probe: list[Any] | None, ttl: float, fences: Lease
@@ -217,6 +220,9 @@ class Slot(Lease):
         self.spec = spec
         self.fences = fences
         self.taken_at = time.monotonic()
+        #: The record as this holder last swapped it in (version, token, what it says): giving
+        #: the slot up swaps against it without reading first (a read if it changed since).
+        self.seen: tuple[int, int, _Slots] | None = None
 
     def renewal(self) -> Plan[None]:
         return _renew(self)
@@ -242,12 +248,15 @@ def _renew(slot: Slot) -> Plan[None]:
         rec: LeaseRecord | None = yield call("lease_get", slot.thread_id, "")
         st = _Slots.load(rec)
         mine = next((h for h in st.holders if h[0] == slot.owner), None)
+        if slot.released:  # a renewal in flight while the block gave the slot up: not a loss
+            return
         if rec is None or mine is None:
             raise _lost(slot, rec.token if rec else 0)
         mine[1] = time.time() + slot.ttl
         if (
             yield call("lease_swap", slot.thread_id, "", rec.version, rec.token, st.dump(slot.spec))
         ):
+            slot.seen = (rec.version + 1, rec.token, st)
             return
 
 
@@ -328,18 +337,11 @@ def take(
                 [owner, now + ttl, probe, lease.thread_id, lease.namespace, lease.token, now],
             ]
             st.queue = [w for w in st.queue if w[0] != owner]
-            version = rec.version if rec else 0
-            if (
-                yield call(
-                    "lease_swap",
-                    spec.scope,
-                    "",
-                    version,
-                    (rec.token if rec else 0) + 1,
-                    st.dump(spec),
-                )
-            ):
-                return Slot(spec, owner, probe, ttl, lease)
+            version, token = rec.version if rec else 0, (rec.token if rec else 0) + 1
+            if (yield call("lease_swap", spec.scope, "", version, token, st.dump(spec))):
+                slot = Slot(spec, owner, probe, ttl, lease)
+                slot.seen = (version + 1, token, st)
+                return slot
             continue
         if busy == "reject":
             raise _full(spec, lease.thread_id, st, owner, now, 'busy="reject" does not wait')
@@ -384,15 +386,34 @@ def _leave(spec: Concurrency, owner: str) -> Plan[None]:
 def give_up(slot: Slot) -> Plan[None]:
     """Give the slot up (the first waiter takes it); nothing if it was dropped already."""
     held = max(time.monotonic() - slot.taken_at, 0.0)
+    slot.released = True  # (a renewal racing this one then stops quietly)
+
+    def without(st: _Slots) -> _Slots:
+        average = held if not st.average else (1 - _WEIGHT) * st.average + _WEIGHT * held
+        return _Slots([h for h in st.holders if h[0] != slot.owner], list(st.queue), average)
+
+    if slot.seen is not None:  # the record as this holder last wrote it: one swap, no read
+        version, token, last = slot.seen
+        if (
+            yield call(
+                "lease_swap", slot.thread_id, "", version, token, without(last).dump(slot.spec)
+            )
+        ):
+            return
     while True:
         rec: LeaseRecord | None = yield call("lease_get", slot.thread_id, "")
         st = _Slots.load(rec)
         if rec is None or not any(h[0] == slot.owner for h in st.holders):
             return
-        st.holders = [h for h in st.holders if h[0] != slot.owner]
-        st.average = held if not st.average else (1 - _WEIGHT) * st.average + _WEIGHT * held
         if (
-            yield call("lease_swap", slot.thread_id, "", rec.version, rec.token, st.dump(slot.spec))
+            yield call(
+                "lease_swap",
+                slot.thread_id,
+                "",
+                rec.version,
+                rec.token,
+                without(st).dump(slot.spec),
+            )
         ):
             return
 

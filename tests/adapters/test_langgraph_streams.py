@@ -238,6 +238,10 @@ def test_a_kill_after_langgraphs_checkpoint_but_before_the_step_committed_keeps_
         done = real(source, mode, data, last)
         if armed and mode == "checkpoints" and data.get("next") == ["answer"]:
             armed.clear()  # LangGraph wrote the plan's checkpoint; the step that read it dies now
+            run = pk.current_run()
+            assert run is not None and run._streams is not None
+            run._streams.flush()  # what it emitted reached the store before the kill
+            run._streams.stop(drop=True)  # and a killed process writes nothing more
             raise _Killed
         return done
 

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -166,6 +167,19 @@ class ChildrenConformance(_ReplayCheck):
         ]
         assert kids[2].child.thread_id == f"{t}-named" and kids[0].child.run_id == f"{run.run_id}:0"
         assert other.history(kids[0].child.thread_id)[0].run_status == "completed"
+
+    def test_a_thread_pool_runs_the_children(self, stores: tuple[Store, Store]) -> None:
+        store, worker = stores
+        t = self.thread()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+
+            def submit(spec: dict[str, Any]) -> None:
+                pool.submit(run_child, spec, store=worker)  # the pool's own store object
+
+            with resume(t, store=store) as run:
+                got = gather(*(start(research, f"{t}/{x}", executor=submit) for x in "abcd"))
+        assert run.status == "completed" and got == [f"{t}/{x}".upper() + "!" for x in "abcd"]
+        assert [RAN[f"{t}/{x}"] for x in "abcd"] == [1, 1, 1, 1]
 
     def test_a_child_failure_is_raised_and_recorded_in_the_parent(
         self, stores: tuple[Store, Store]

@@ -43,17 +43,15 @@ import hashlib
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import ConcurrencyLimitError, ConfigurationError, LeaseLostError
 from .._io import Plan, Sleep, call, run_async, run_sync
 from ..backends import LeaseRecord
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._lease import Lease, _gone, _State
-
-if TYPE_CHECKING:
-    from ._hooks import Holding
 
 __all__ = [
     "SCOPE",
@@ -431,7 +429,7 @@ class Held:
         self.beat = beat
 
 
-def _needs(store: Any, spec: Concurrency, holding: Holding | None) -> bool:
+def _needs(store: Any, spec: Concurrency, holding: Any) -> bool:
     if not store.backend.supports_leases:
         raise ConfigurationError(
             f"pk.resume(concurrency=...): {spec.words()} needs a store with leases (lease_get/lease_swap), and "
@@ -446,7 +444,7 @@ def _needs(store: Any, spec: Concurrency, holding: Holding | None) -> bool:
 def take_sync(
     store: Any,
     spec: Concurrency,
-    holding: Holding | None,
+    holding: Any,
     busy: str,
     ttl: float,
     deadline: float | None,
@@ -455,14 +453,20 @@ def take_sync(
     if not _needs(store, spec, holding):
         return None
     assert holding is not None
-    slot = run_sync(store.backend, take(spec, holding.lease, busy, ttl, deadline, timeout))
+    began = time.monotonic()
+    try:
+        slot = run_sync(store.backend, take(spec, holding.lease, busy, ttl, deadline, timeout))
+    except ConcurrencyLimitError:
+        _measured(spec, None)
+        raise
+    _measured(spec, time.monotonic() - began)
     return Held(slot, Heartbeat(store.backend, slot))
 
 
 async def take_async(
     store: Any,
     spec: Concurrency,
-    holding: Holding | None,
+    holding: Any,
     busy: str,
     ttl: float,
     deadline: float | None,
@@ -471,8 +475,24 @@ async def take_async(
     if not _needs(store, spec, holding):
         return None
     assert holding is not None
-    slot = await run_async(store.backend, take(spec, holding.lease, busy, ttl, deadline, timeout))
+    began = time.monotonic()
+    try:
+        slot = await run_async(store.backend, take(spec, holding.lease, busy, ttl, deadline, timeout))
+    except ConcurrencyLimitError:
+        _measured(spec, None)
+        raise
+    _measured(spec, time.monotonic() - began)
     return Held(slot, AsyncHeartbeat(store.backend, slot))
+
+
+#: Told of each turn's wait for a slot (seconds) or refusal (None), by the limit's name:
+#: ops/_telemetry installs its metrics here when it is imported (it sits above this floor).
+on_wait: Callable[[str, float | None], None] | None = None
+
+
+def _measured(spec: Concurrency, waited: float | None) -> None:
+    if on_wait is not None:
+        on_wait(spec.name, waited)
 
 
 def let_go_sync(store: Any, held: Held | None) -> None:

@@ -14,7 +14,9 @@ of the enclosing step's: code in a step that makes its own spans nests under it)
 Events on them: ``persistkit.retry``, ``persistkit.conflict``, ``persistkit.suspended``,
 ``persistkit.opened`` (lease wait and reading the run). Metrics: checkpoint size and
 write latency (histograms), replays, retries and conflicts (counters); a shared rate
-limit's waits (histogram) and ``RateLimitedError`` refusals (counter), by limit name.
+limit's waits (histogram) and ``RateLimitedError`` refusals (counter), by limit name; a
+concurrency limit's waits for a slot (histogram) and ``ConcurrencyLimitError`` refusals
+(counter), by its name (never its key: a tenant id).
 
 Nothing of a state value, an argument or a result goes into a span, a metric or a log
 line: identifiers (thread, run, namespace, position, step name), statuses, counts and
@@ -34,6 +36,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from ..coordination import _concurrency as _slots
 from ..coordination._suspend import Suspended
 from ..secrets._scrub import scrub_error, scrub_name
 
@@ -53,6 +56,7 @@ REPLAYED = "persistkit.step.replayed"
 ATTEMPT = "persistkit.step.attempt"
 KIND = "persistkit.checkpoint.kind"
 LIMIT = "persistkit.limit.name"
+CONCURRENCY = "persistkit.concurrency.name"
 _KINDS = {k: {KIND: k} for k in ("step", "suspend", "end")}  # made once: a metric's attributes per write
 
 
@@ -133,7 +137,9 @@ def _tracer() -> Any:
 
 
 class _Instruments:
-    __slots__ = ("conflicts", "latency", "limit_waits", "rate_limited", "replays", "retries", "size")
+    __slots__ = (
+        "conflicts", "latency", "limit_waits", "rate_limited", "replays", "retries", "size", "slot_refused", "slot_waits",
+    )
 
     def __init__(self, meter: Any) -> None:
         self.size = meter.create_histogram(
@@ -156,6 +162,14 @@ class _Instruments:
         )
         self.rate_limited = meter.create_counter(
             "persistkit.limit.rate_limited", unit="{call}", description="Calls refused with RateLimitedError (no capacity in time)"
+        )
+        self.slot_waits = meter.create_histogram(
+            "persistkit.concurrency.wait.duration", unit="s",
+            description="Time a turn waited for a slot of a concurrency limit (pk.resume(concurrency=))",
+        )
+        self.slot_refused = meter.create_counter(
+            "persistkit.concurrency.refused", unit="{turn}",
+            description="Turns refused with ConcurrencyLimitError (every slot taken: busy='reject' or busy_timeout)",
         )
 
 
@@ -399,6 +413,32 @@ def limit_refused(name: str) -> None:
     instruments = _instruments()
     if instruments is not None:
         instruments.rate_limited.add(1, {LIMIT: name})
+
+
+def concurrency_waited(name: str, seconds: float) -> None:
+    """A turn took a slot of the concurrency limit ``name`` after ``seconds`` (coordination/_concurrency)."""
+    instruments = _instruments()
+    if instruments is not None:
+        instruments.slot_waits.record(seconds, {CONCURRENCY: name})
+
+
+def concurrency_refused(name: str) -> None:
+    """A turn raised ConcurrencyLimitError for the concurrency limit ``name``."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("persistkit: concurrency limit %r had no free slot (ConcurrencyLimitError)", name)
+    instruments = _instruments()
+    if instruments is not None:
+        instruments.slot_refused.add(1, {CONCURRENCY: name})
+
+
+def _slot_measured(name: str, waited: float | None) -> None:
+    if waited is None:
+        concurrency_refused(name)
+    else:
+        concurrency_waited(name, waited)
+
+
+_slots.on_wait = _slot_measured  # coordination/_concurrency tells us of each wait (it cannot import us)
 
 
 # -- helpers ---------------------------------------------------------------------------------

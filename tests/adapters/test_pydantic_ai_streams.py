@@ -152,3 +152,46 @@ def test_a_bad_stream_name_is_refused_before_the_run(url: str) -> None:
         asyncio.run(
             durable_run(Script().agent(), "hi", thread_id=uid("pai"), store=store, stream="")
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_worker_sigkilled_mid_answer_is_rewound_and_the_next_worker_streams_the_answer(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("pydantic_ai_stream_worker.py")
+    paths = [str(Path(__file__).parents[2] / "adapters"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    url, thread = make_url(kind, request, tmp_path_factory), uid("pai-kill")
+
+    def worker_run(kill_at: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(worker), url, thread, "m-1", str(kill_at)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+
+    first = worker_run(3)  # dies once three of the answer's tokens are in the store
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    with pk.connect(url) as store:
+        died = records(store, thread)
+        assert [r.data for r in died if r.kind == "event"][:2] == [TOOL_CALL, TOOL_OUTPUT]
+        assert sum(1 for r in died if r.kind == "event" and r.data["type"] == "text") == 3
+    second = worker_run(-1)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "".join(TOKENS)
+    with pk.connect(url) as store:
+        recs = records(store, thread)
+        check_offsets(recs)
+        [rewind] = rewinds(recs)
+        assert rewind.offset == len(died) + 1
+        assert shown(recs) == EXPECTED
+        assert final(store, thread) == EXPECTED

@@ -145,8 +145,8 @@ def test_concurrency_five_over_forty_turns_with_workers_killed(
         p.wait()
     for w, _ in victims:
         left = [i for i in plan[w] if i not in done()]  # its turn in flight first, then the rest
-        assert left, f"worker {w} was killed inside a call, so it had a turn left"
-        redeliver.append(spawn("turns", url, str(log), tenant, *left))
+        if left:  # (none if its last call ended, and its turn with it, before the kill landed)
+            redeliver.append(spawn("turns", url, str(log), tenant, *left))
     for p in [*workers.values(), *redeliver]:
         finish(p)
     events = lines(log)

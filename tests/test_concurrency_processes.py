@@ -156,14 +156,8 @@ def test_concurrency_five_over_forty_turns_with_workers_killed(
     with pk.connect(url) as store:
         for i in range(TURNS):
             assert store.history(f"{tenant}-t{i}", limit=1)[0].run_status == "completed"
-        rec = store.backend.lease_get(pk.Concurrency("tenant", tenant, LIMIT).scope, "")
-        from persistkit.coordination._concurrency import slot_info
-
-        assert rec is not None
-        info = slot_info(rec)
-        assert (
-            info is not None and info.holders == () and info.waiting == ()
-        )  # every slot given back
+        info = pk.Concurrency("tenant", tenant, LIMIT).info(store)
+        assert info is not None and info.holders == () and info.waiting == ()  # every slot given back
     print(
         f"\nconcurrency {LIMIT}, {TURNS} turns, {WORKERS} workers, 2 SIGKILLed: peak {most} at once, "
         f"{sum(1 for e in events if e[0] == 'start')} provider calls (turns killed mid-call ran again)"

@@ -93,6 +93,21 @@ class Concurrency:
     def words(self) -> str:
         return f"concurrency limit {self.name!r} key {self.key!r} ({self.limit} at once)"
 
+    def info(self, store: Any) -> SlotInfo | None:
+        """What ``store`` holds of this key now: its holders, its waiters (arrival order), the
+        average hold; None if no turn of it ever took a slot. ``ainfo`` in async code."""
+        info: SlotInfo | None = store.run_sync(_read(self))
+        return info
+
+    async def ainfo(self, store: Any) -> SlotInfo | None:
+        info: SlotInfo | None = await store.run_async(_read(self))
+        return info
+
+
+def _read(spec: Concurrency) -> Plan[SlotInfo | None]:
+    rec: LeaseRecord | None = yield call("lease_get", spec.scope, "")
+    return slot_info(rec) if rec is not None else None
+
 
 def check_concurrency(value: object, busy: object) -> Concurrency | None:
     """``pk.resume(concurrency=)``, checked: None, a :class:`Concurrency`, or ``(name, key, limit)``."""

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from .._errors import ConcurrencyLimitError, ConfigurationError, LeaseLostError, ThreadBusyError
-from ..coordination._concurrency import Concurrency, slot_info
+from ..coordination._concurrency import Concurrency
 from ..coordination._debounce import TOPIC, Debounced
 from ..engine._api import checkpointed, resume
 from ..engine._store import Store
@@ -99,8 +99,7 @@ def _plain(name: str) -> str:
 
 
 def _slot_waiters(store: Store, spec: Concurrency) -> int:
-    rec = store.backend.lease_get(spec.scope, "")
-    info = slot_info(rec) if rec is not None else None
+    info = spec.info(store)
     return len(info.waiting) if info is not None else 0
 
 
@@ -137,11 +136,9 @@ class ConcurrencyConformance(TwoStores):
         assert errors == []
         assert len(overlap.entered) == 20
         assert 1 <= overlap.peak <= 3, overlap.peak
-        spec = Concurrency("tenant", tenant, 3)
-        rec = stores[0].backend.lease_get(spec.scope, "")
-        assert rec is not None
-        info = slot_info(rec)
+        info = Concurrency("tenant", tenant, 3).info(stores[0])
         assert info is not None and info.holders == () and info.waiting == () and info.limit == 3
+        assert info.average_hold > 0
 
     def test_waiters_take_their_slot_in_arrival_order(self, stores: tuple[Store, Store]) -> None:
         store, other = stores
@@ -266,6 +263,13 @@ class ConcurrencyConformance(TwoStores):
                         pass
 
         asyncio.run(rejected())
+
+        async def seen() -> None:
+            info = await Concurrency("tenant", tenant, 2).ainfo(stores[1])
+            assert info is not None and info.holders == () and info.waiting == ()
+            assert await Concurrency("tenant", f"{tenant}-never", 2).ainfo(stores[1]) is None
+
+        asyncio.run(seen())
 
     def test_bad_options_say_what_to_do(self, stores: tuple[Store, Store]) -> None:
         store, _ = stores

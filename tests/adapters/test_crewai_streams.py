@@ -170,3 +170,44 @@ def test_the_async_kickoff_streams_too(url: str) -> None:
 def test_a_bad_stream_name_is_refused_before_the_kickoff(url: str) -> None:
     with pk.connect(url) as store, pytest.raises(pk.ConfigurationError, match="stream name"):
         durable_kickoff(make_crew(set(), []), thread_id=uid("crew"), store=store, stream="x" * 65)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_worker_sigkilled_mid_task_is_rewound_and_the_next_worker_streams_each_task_once(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("crewai_stream_worker.py")
+    paths = [str(Path(__file__).parents[2] / "adapters"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    url, thread = make_url(kind, request, tmp_path_factory), uid("crew-kill")
+
+    def worker_run(kill: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(worker), url, thread, "m-1", kill],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
+
+    first = worker_run("t1")  # dies in task t1, once its action is in the store
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    with pk.connect(url) as store:
+        died = records(store, thread)
+        assert kinds([r.data for r in died if r.kind == "event"]) == EXPECTED[:5]
+    second = worker_run("-")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.strip().endswith("ANSWER<t2>")
+    with pk.connect(url) as store:
+        recs = records(store, thread)
+        check_offsets(recs)
+        [rewind] = rewinds(recs)
+        assert rewind.offset == len(died) + 1  # right after what the dead worker wrote
+        assert kinds(shown(recs)) == EXPECTED
+        assert kinds(final(store, thread)) == EXPECTED

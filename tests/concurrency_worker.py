@@ -6,12 +6,13 @@ step is a fake provider call: it appends ``start PID I`` and ``end PID I`` to LO
 exclusive flock, so the file's order is the order the calls entered and left), then ``done PID I``
 once the block ended.
 
-``bursts URL LOG THREAD PREFIX N [KILL_AT]``: sends N messages of one thread as turns
+``bursts URL LOG THREAD PREFIX N [KILL_AT [GATE]]``: sends N messages of one thread as turns
 ``PREFIX-0`` ... one after the other under ``busy="debounce"``; a turn that runs appends
 ``batch PID EVENT <json of run.messages>``, one that was merged ``merged PID EVENT LEADER``.
 With KILL_AT (a number), the first turn from that index on that leads SIGKILLs its own process
 after claiming its batch and before recording it (the window a redelivery or the next leader
-must cover).
+must cover); with GATE (a path) too, the turn at KILL_AT waits for that file first (the test
+writes it once the other sender is done, so that turn leads for sure).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def turns(url: str, log: str, tenant: str, items: list[str]) -> None:
             note(log, f"done {os.getpid()} {i}")
 
 
-def bursts(url: str, log: str, thread: str, prefix: str, n: int, kill_at: str | None) -> None:
+def bursts(
+    url: str, log: str, thread: str, prefix: str, n: int, kill_at: str | None, gate: str | None
+) -> None:
     if kill_at:
         from persistkit.engine import _run
 
@@ -76,6 +79,9 @@ def bursts(url: str, log: str, thread: str, prefix: str, n: int, kill_at: str | 
     with pk.connect(url) as store:
         for i in range(n):
             event = f"{prefix}-{i}"
+            if gate and i == int(kill_at or 0):  # the test writes it once the other sender is done
+                while not os.path.exists(gate):
+                    time.sleep(0.01)
             try:
                 with pk.resume(
                     thread,
@@ -109,4 +115,5 @@ if __name__ == "__main__":
             sys.argv[5],
             int(sys.argv[6]),
             sys.argv[7] if len(sys.argv) > 7 else None,
+            sys.argv[8] if len(sys.argv) > 8 else None,
         )

@@ -1,4 +1,4 @@
-"""Concurrency limits and debounce in real processes (issue #40), on PostgreSQL.
+"""Concurrency limits and debounce in real processes (issue #40), on PostgreSQL and Redis.
 
 Workers are ``tests/concurrency_worker.py`` processes. They log what they do to one file under
 an exclusive ``flock``, so the file's order is the order things happened; the tests wait for
@@ -9,9 +9,9 @@ lines and exit codes, never for time, and assert nothing about durations.
   their unfinished turns are redelivered to new workers. The fake provider's log never shows
   more than 5 calls inside at once (a killed worker's call counts until the test's ``dying``
   line, written before the kill: its slot cannot be taken before it dies), and every turn is done.
-* Two processes send bursts to one thread under ``busy="debounce"``; one of them is SIGKILLed
-  by its own leader turn between claiming its batch and recording it, and its remaining events
-  (that one first) are redelivered. Every message is in exactly one turn's batch, the turns'
+* Two processes send bursts to one thread under ``busy="debounce"``, at the same time; then
+  one of them, alone, leads a turn that SIGKILLs its process between claiming its batch and
+  recording it, and all its events are delivered again. Every message is in exactly one turn's batch, the turns'
   batches follow the order the messages were sent, and each process's messages keep its order.
 """
 
@@ -42,9 +42,9 @@ LIMIT, TURNS, WORKERS = 5, 40, 8
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture
+@pytest.fixture(params=["postgres", "redis"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_url("postgres", request, tmp_path_factory)
+    return make_url(request.param, request, tmp_path_factory)
 
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
@@ -157,7 +157,9 @@ def test_concurrency_five_over_forty_turns_with_workers_killed(
         for i in range(TURNS):
             assert store.history(f"{tenant}-t{i}", limit=1)[0].run_status == "completed"
         info = pk.Concurrency("tenant", tenant, LIMIT).info(store)
-        assert info is not None and info.holders == () and info.waiting == ()  # every slot given back
+        assert (
+            info is not None and info.holders == () and info.waiting == ()
+        )  # every slot given back
     print(
         f"\nconcurrency {LIMIT}, {TURNS} turns, {WORKERS} workers, 2 SIGKILLed: peak {most} at once, "
         f"{sum(1 for e in events if e[0] == 'start')} provider calls (turns killed mid-call ran again)"
@@ -171,17 +173,17 @@ def test_debounce_bursts_from_two_processes_with_a_leader_killed(
     log.touch()
     thread = f"slack-{uuid.uuid4().hex[:8]}"
     n = 12
-    a = spawn("bursts", url, str(log), thread, "A", str(n), "5")
+    gate = tmp_path / "b-done"
+    a = spawn("bursts", url, str(log), thread, "A", str(n), "8", str(gate))
     b = spawn("bursts", url, str(log), thread, "B", str(n))
+    finish(b)  # A's first 8 messages and B's 12 went at the same time
+    gate.touch()  # from A-8 on nobody else sends: A-8 leads, and kills A after claiming its batch
     a.wait(timeout=DEADLINE * 2)
-    assert a.returncode == -signal.SIGKILL, (
-        "A's first leader turn from A-5 on kills its process after its claim"
-    )
+    assert a.returncode == -signal.SIGKILL, "A-8 leads and kills its process after its claim"
     handled = {e[2] for e in lines(log) if e[0] in ("batch", "merged")}
     killed = next(f"A-{i}" for i in range(n) if f"A-{i}" not in handled)
-    assert int(killed[2:]) >= 5
+    assert killed == "A-8"
     again = spawn("bursts", url, str(log), thread, "A", str(n))  # every A event delivered again
-    finish(b)
     finish(again)
     events = lines(log)
     batches = {e[2]: json.loads(e[3]) for e in events if e[0] == "batch"}

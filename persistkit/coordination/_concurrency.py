@@ -50,7 +50,6 @@ from typing import Any
 from .._errors import ConcurrencyLimitError, ConfigurationError, LeaseLostError
 from .._io import Plan, Sleep, call, run_async, run_sync
 from ..backends import LeaseRecord
-from ._drive import AsyncHeartbeat, Heartbeat
 from ._lease import Lease, _gone, _State
 
 __all__ = [
@@ -475,6 +474,9 @@ def take_sync(
         _measured(spec, None)
         raise
     _measured(spec, time.monotonic() - began)
+    # (imported here: `import persistkit` stays free of asyncio, and pk.Concurrency is this module)
+    from ._drive import Heartbeat
+
     return Held(slot, Heartbeat(store.backend, slot))
 
 
@@ -497,6 +499,8 @@ async def take_async(
         _measured(spec, None)
         raise
     _measured(spec, time.monotonic() - began)
+    from ._drive import AsyncHeartbeat
+
     return Held(slot, AsyncHeartbeat(store.backend, slot))
 
 

@@ -13,7 +13,6 @@ dict of plain data) and hands it to whatever runs turns (a queue worker calls
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 import logging
@@ -108,6 +107,8 @@ def run_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
     child, args, kwargs = _spec(spec)
     store = store or default_store()
     if inspect.iscoroutinefunction(_resolve(child.agent, store)):
+        import asyncio  # here: importing persistkit loads no event loop machinery
+
         return asyncio.run(arun_child(spec, store=store))
     with resume(
         child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store
@@ -305,6 +306,8 @@ async def astart(
     if launch:
         spec = child.spec(args, kwargs)
         if executor == "inline":
+            import asyncio
+
             try:
                 await contextvars.Context().run(
                     asyncio.ensure_future, arun_child(spec, store=run.store)

@@ -152,14 +152,21 @@ class ConcurrencyConformance(TwoStores):
                 inside.set()
                 release.wait(_DEADLINE)
 
-        def waiter(name: str) -> None:
-            with resume(f"{tenant}-{name}", store=other, concurrency=spec):
+        def waiter(name: str, busy: str = "queue") -> None:
+            with resume(f"{tenant}-{name}", store=other, busy=busy, concurrency=spec):
                 order.append(_plain(name))
 
         first = threading.Thread(target=holder)
         first.start()
         assert inside.wait(_DEADLINE)
-        waiters = []
+        # "wait" arrives first but takes no place in line: it goes only when nobody queues
+        patient = threading.Thread(target=waiter, args=("w0", "wait"))
+        patient.start()
+        _until(
+            lambda: any(i.holder for i in other.leases(prefix=f"{tenant}-w0")),
+            "w0 waiting for a slot",
+        )
+        waiters = [patient]
         for i, name in enumerate(("w1", "w2", "w3")):
             t = threading.Thread(target=waiter, args=(name,))
             t.start()
@@ -169,7 +176,7 @@ class ConcurrencyConformance(TwoStores):
         release.set()
         for t in [first, *waiters]:
             t.join()
-        assert order == ["w1", "w2", "w3"]
+        assert order == ["w1", "w2", "w3", "w0"]
 
     def test_reject_refuses_at_once_and_writes_nothing(self, stores: tuple[Store, Store]) -> None:
         store, other = stores

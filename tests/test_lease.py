@@ -350,3 +350,29 @@ def test_abandon_keeps_the_state_of_the_last_committed_checkpoint(tmp_path: Path
         asyncio.run(main())
         assert store.get_state("async") == {"items": ["a0"]}
 
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_block_that_ends_after_its_heartbeat_found_a_takeover_raises(store: pk.Store, mode: str) -> None:
+    # A holder paused past its lease (a GC pause, SIGSTOP) whose heartbeat then finds another
+    # holder: its block must not end quietly. It writes no end record (the run stays
+    # unfinished for its redelivery), so ending without an error let a queue ack the turn
+    # and left every later turn of the thread waiting for a redelivery that never came.
+    t = uid(f"quiet-{mode}")
+
+    def take_over_and_wait(run: pk.Run) -> None:
+        _until(lambda: _take_over(store, t), "a takeover")
+        _until(lambda: run.lease is not None and run.lease.lost is not None, "the heartbeat to see it")
+
+    async def main() -> None:
+        async with pk.resume(t, store=store, lease_ttl=0.3) as run:
+            step(1)
+            await asyncio.to_thread(take_over_and_wait, run)
+
+    with pytest.raises(pk.LeaseLostError):
+        if mode == "sync":
+            with pk.resume(t, store=store, lease_ttl=0.3) as run:
+                step(1)
+                take_over_and_wait(run)
+        else:
+            asyncio.run(main())
+    assert [cp.kind for cp in store.history(t)] == ["step"], "no end record after the takeover"

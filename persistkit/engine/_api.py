@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from .._errors import (
     ConfigurationError,
+    LeaseLostError,
     PersistkitError,
     SchemaVersionError,
     SerializationError,
@@ -272,6 +273,8 @@ class resume:
         if (check := CHECKING.get()) is not None:
             check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
+            if exc is None and (lost := _lease_lost(run)) is not None:
+                raise lost  # taken over: the end is not written, the caller must not ack (docs/coordination.md)
             if _writes_nothing(run, exc):
                 return run.status == "suspended" and suspend_end_sync(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
@@ -353,6 +356,8 @@ class resume:
         if (check := CHECKING.get()) is not None:
             check.exit(run, exc)  # a replay check: the entry ends with the block (engine/_replay_check)
         try:
+            if exc is None and (lost := _lease_lost(run)) is not None:
+                raise lost
             if _writes_nothing(run, exc):
                 return run.status == "suspended" and await suspend_end_async(run, exc)  # pk.Suspended: ends cleanly
             run.release_at_end = owns_lease(self._holding)
@@ -384,6 +389,15 @@ class resume:
             if run.observer is not None:
                 run.observer.end(run, exc)
         return None
+
+
+def _lease_lost(run: Run) -> LeaseLostError | None:
+    """The takeover the lease's heartbeat found while the block ran (another holder has the
+    lease: the run must write nothing more, not even its end). A block that ends cleanly then
+    raises it: ending quietly would let the caller ack a turn whose run stays unfinished."""
+    if run.replay_only or run.lease is None:
+        return None
+    return run.lease.lost
 
 
 def _writes_nothing(run: Run, exc: BaseException | None) -> bool:

@@ -43,6 +43,11 @@ def test_limits_lists_each_limit_and_key_with_its_use(
         ["openai", "tenant-b"],
     ]
     assert "(in " in table[2]  # the throttle's reset, and how far off it is
+    # a mistyped name is not an empty table with exit 0
+    assert main(["limits", "--url", url, "--name", "opneai"]) == 3
+    assert "no limit named 'opneai'" in capsys.readouterr().err
+    assert main(["limits", "--url", url, "--name", "bad/name"]) == 1
+    assert "limit name 'bad/name'" in capsys.readouterr().err
 
 
 def test_a_store_without_kv_says_which_stores_have_it(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from .._errors import LimitNotFoundError
 from ._open import open_store, resolve_url
 from ._output import Output, Shown, cell
 
@@ -37,6 +38,11 @@ def _until(t: float | None, now: float) -> str:
 
 def _limits(ns: argparse.Namespace, out: Output) -> int:
     with open_store(resolve_url(ns.url), display=True) as store:
+        if ns.name is not None and store.limits.get(ns.name) is None:  # a bad name: ConfigurationError
+            raise LimitNotFoundError(
+                f"no limit named {ns.name!r} in this store: `persistkit limits --url URL` lists them",
+                limit=ns.name,
+            )
         infos = [i for i in store.limits.list() if ns.name is None or i.name == ns.name]
     now = time.time()
     if out.as_json:

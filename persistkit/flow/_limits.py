@@ -218,7 +218,7 @@ class Limits:
         if tokens is not None:
             G._positive("tokens", tokens)
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
         ):
             raise ConfigurationError(f"timeout={timeout!r}: expected seconds >= 0 (0: never wait)")
         self._require()

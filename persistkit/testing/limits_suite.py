@@ -376,6 +376,9 @@ class LimitsConformance:
             store.limits.set("has space", rate="1/s")
         with pytest.raises(ConfigurationError, match="limit key"):
             store.limits.acquire("x", key=1.5)
+        for timeout in (-1, float("nan"), "5"):  # NaN compares false with everything: refused too
+            with pytest.raises(ConfigurationError, match="timeout="):
+                store.limits.acquire("x", timeout=timeout)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="limit="):
             checkpointed(limit=("x", 1, 2))(lambda: None)  # type: ignore[arg-type]
         with pytest.raises(LimitNotFoundError):

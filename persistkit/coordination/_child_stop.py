@@ -11,8 +11,9 @@ live one is asked to stop at its next step boundary (in its lease record: a work
 that dies during the cancel leaves the request there, and the child's redelivery runs nothing),
 a suspended or orphaned one is ended ``cancelled`` now.
 
-A parent run's end (the block wrote its end record: completed, failed, cancelled, interrupted or
-rolled back; not a suspension, not a crash) stops its unfinished ``cancel`` children the same
+A parent run's final end (the block wrote its end record: completed, cancelled, interrupted,
+rolled back, or failed by ``run.abort()``; not a suspension, not a crash, not an ordinary failure
+that its retry continues) stops its unfinished ``cancel`` children the same
 way (:func:`close_sync`, the one hook ``pk.resume``'s exit calls): only a run that started a
 child in this block is looked at, so a run that starts none pays a dict lookup at its end.
 """
@@ -124,18 +125,31 @@ def _kv(store: Any) -> bool:
     return has(store.backend, "kv")
 
 
-def _closing(run: Run) -> list[C.Child] | None:
+def final(run: Run, exc: BaseException | None) -> bool:
+    """Whether ``run``'s end is final, so its ``cancel`` children are stopped: completed,
+    compensated (rolled back), cancelled, interrupted, or failed by ``run.abort()``. A run that
+    failed with an ordinary error is not: its retry continues it (same run id) and its
+    ``pk.start`` replays the same handles, so its children go on and the retry gets their
+    results (docs/messages.md, "Child runs": a failed parent keeps its children)."""
+    if run.status != "failed":
+        return True
+    from .._errors import RunAbortedError
+
+    return isinstance(exc, RunAbortedError)
+
+
+def _closing(run: Run, exc: BaseException | None) -> list[C.Child] | None:
     kids = _OPEN.pop(run, None)
-    if not kids or run.status in _KEEPS or run.replay_only:
+    if not kids or run.status in _KEEPS or run.replay_only or not final(run, exc):
         return None
     return [k for k in kids if k.on_parent_close == "cancel"]
 
 
-def close_sync(run: Run) -> None:
+def close_sync(run: Run, exc: BaseException | None = None) -> None:
     """``pk.resume``'s exit: the run ended; stop its unfinished ``cancel`` children. A failure
     to stop one is logged, never raised over the block's own outcome (the child ends by itself,
     or ``store.cancel`` of it stops it)."""
-    kids = _closing(run) if run in _OPEN else None
+    kids = _closing(run, exc) if run in _OPEN else None
     for child in kids or ():
         try:
             if run.store.run_sync(C.status_plan(run.codec, child)) not in C.FINAL:
@@ -149,8 +163,8 @@ def close_sync(run: Run) -> None:
             )
 
 
-async def close_async(run: Run) -> None:
-    kids = _closing(run) if run in _OPEN else None
+async def close_async(run: Run, exc: BaseException | None = None) -> None:
+    kids = _closing(run, exc) if run in _OPEN else None
     for child in kids or ():
         try:
             if await run.store.run_async(C.status_plan(run.codec, child)) not in C.FINAL:

@@ -30,9 +30,9 @@ A child that is not finished is waited for in the process up to ``suspend_above`
 beyond, the parent suspends (a suspend record naming the child, ``q.ch``): ``store.pending()``
 lists it (``kind == "child"``), ``store.due()`` once the child ended.
 
-**Parent close.** ``on_parent_close="cancel"`` (default): when the parent run ends (completed,
-failed, cancelled, interrupted, rolled back: not suspended, not crashed) its unfinished children
-are cancelled, and ``store.cancel`` of the parent reaches them (recursively: a child's
+**Parent close.** ``on_parent_close="cancel"`` (default): when the parent run's end is final
+(completed, cancelled, interrupted, rolled back, failed by ``run.abort()``; not suspended, not
+crashed, not an ordinary failure its retry continues) its unfinished children are cancelled, and ``store.cancel`` of the parent reaches them (recursively: a child's
 ``store.cancel`` reaches its own). ``"abandon"``: the child is left to finish on its own.
 """
 

@@ -302,7 +302,7 @@ class resume:
             if self._gate is not None:
                 self._gate.exit_sync(run.store)
             let_go_sync(run.store, self._holding)
-            close_children_sync(run)  # the run ended: its unfinished children are cancelled (coordination/_child_stop)
+            close_children_sync(run, exc)  # the run ended: its unfinished children are cancelled (coordination/_child_stop)
             if run.observer is not None:
                 run.observer.end(run, exc)
         return None
@@ -385,7 +385,7 @@ class resume:
             if self._gate is not None:
                 await self._gate.exit_async(run.store)
             await let_go_async(run.store, self._holding)
-            await close_children_async(run)
+            await close_children_async(run, exc)
             if run.observer is not None:
                 run.observer.end(run, exc)
         return None

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .._errors import ConfigurationError, RetryableError, RunCancelledError
+from .._errors import ConfigurationError, RetryableError, RunAbortedError, RunCancelledError
 from ..codec._versions import register
 from ..engine._api import checkpointed, resume
 from ..engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
@@ -300,6 +300,35 @@ class ChildrenConformance(_ReplayCheck):
         assert keep.status() == "suspended"  # left waiting for its message
         other.send(keep.thread_id, "go-ahead", topic="go")
         assert run_child(keep.child.spec((f"{t}/keep",), {}), store=other) == "go-ahead"
+
+    def test_a_failed_parent_keeps_its_children_for_its_retry(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """An ordinary failure is not final (the retry continues the run): its children go on;
+        ``run.abort()`` is final: they are cancelled."""
+        store, worker = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+
+        def supervisor(fail: bool) -> Any:
+            h = start(research, f"{t}/k", executor=queue.append)
+            if fail:
+                raise TimeoutError("the model timed out (transient)")
+            return h.result()
+
+        with pytest.raises(TimeoutError), resume(t, store=store) as run:
+            supervisor(True)
+        assert run.status == "failed"
+        assert [(k.status, k.cancel_asked) for k in worker.children(t)] == [("pending", False)]
+        assert run_child(queue[0], store=worker) == f"{t}/k".upper() + "!"
+        with resume(t, store=store) as again:  # the retry: same run, same handle, its result
+            assert supervisor(False) == f"{t}/k".upper() + "!"
+        assert again.run_id == run.run_id and again.status == "completed"
+        a = f"{t}-abort"
+        with pytest.raises(RunAbortedError), resume(a, store=store) as run:
+            start(research, f"{a}/k", executor=queue.append)
+            run.abort("no budget left")
+        assert [(k.status, k.cancel_asked) for k in worker.children(a)] == [("cancelled", True)]
 
     def test_misuse_is_refused_clearly(self, stores: tuple[Store, Store]) -> None:
         store, _ = stores

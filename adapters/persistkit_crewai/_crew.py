@@ -114,6 +114,7 @@ def durable_kickoff(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     stream: str | None = None,
 ) -> CrewOutput:
     """``crew.kickoff(inputs)`` as a durable run of ``thread_id``: each task is a step.
@@ -133,6 +134,8 @@ def durable_kickoff(
     ``unfinished_timeout`` (seconds) bounds the wait for another kickoff's unfinished run:
     past it this one raises ``pk.ThreadBusyError`` with ``retry_after``, so that a job
     queue's worker is free for that run's redelivery (retry after ``err.retry_after``).
+    ``concurrency=(name, key, limit)`` is ``pk.resume``'s too: at most ``limit`` kickoffs of
+    that key (a tenant, say) run at once across processes (docs/flow-control.md).
 
     ``stream="answer"``: the agents' steps (tool choices, tool outputs, final answers; their
     ``step_callback``) and each task's output go into the thread's persistkit stream
@@ -142,7 +145,7 @@ def durable_kickoff(
         pk.check_stream_name(stream)
     turn = pk.resume(
         thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
-        unfinished_timeout=unfinished_timeout,
+        unfinished_timeout=unfinished_timeout, concurrency=concurrency,
     )
     with _durable_tasks(crew), streaming(crew, stream), turn:
         result = crew.kickoff(inputs=inputs)
@@ -162,15 +165,16 @@ async def adurable_kickoff(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     stream: str | None = None,
 ) -> CrewOutput:
-    """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity, busy policy
-    and ``stream``)."""
+    """The ``crew.akickoff`` twin of :func:`durable_kickoff` (same turn identity, busy policy,
+    ``concurrency`` and ``stream``)."""
     if stream is not None:
         pk.check_stream_name(stream)
     turn = pk.resume(
         thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
-        unfinished_timeout=unfinished_timeout,
+        unfinished_timeout=unfinished_timeout, concurrency=concurrency,
     )
     with _durable_tasks(crew), streaming(crew, stream):
         async with turn:

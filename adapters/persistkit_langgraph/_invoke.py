@@ -179,6 +179,7 @@ class _Turn:
     def __init__(
         self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str | None,
         busy: str | None, lease_ttl: float, busy_timeout: float | None, unfinished_timeout: float | None,
+        concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     ) -> None:
         problem = None if run_id is None else run_id_problem(run_id)
         if problem is not None:
@@ -196,9 +197,15 @@ class _Turn:
             self.lease = pk.ThreadLease(
                 self.saver.store, self.thread_id, self.lease_ns, run_id=run_id, busy=busy,
                 lease_ttl=lease_ttl, busy_timeout=busy_timeout, unfinished_timeout=unfinished_timeout,
+                concurrency=concurrency,
             )
-        elif (busy is not _DEFAULT_BUSY and busy is not None) or unfinished_timeout is not None:
-            what = f"busy={busy!r}" if unfinished_timeout is None else f"unfinished_timeout={unfinished_timeout!r}"
+        elif (
+            (busy is not _DEFAULT_BUSY and busy is not None) or unfinished_timeout is not None or concurrency is not None
+        ):
+            what = (
+                f"unfinished_timeout={unfinished_timeout!r}" if unfinished_timeout is not None
+                else f"concurrency={concurrency!r}" if concurrency is not None else f"busy={busy!r}"
+            )
             raise pk.ConfigurationError(
                 f"{what} needs the graph compiled with checkpointer=PersistkitSaver(...): the "
                 f"lease lives in the persistkit store (this graph's checkpointer is {type(saver).__name__})"
@@ -326,6 +333,7 @@ def durable_invoke(
     lease_ttl: float = _DEFAULT_TTL,
     busy_timeout: float | None = _DEFAULT_TIMEOUT,
     unfinished_timeout: float | None = None,
+    concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     stream: str | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -338,7 +346,11 @@ def durable_invoke(
     (seconds; ``pk.resume``'s) bounds the wait for a crashed turn alone: past it this turn
     gives its place back and raises ``pk.ThreadBusyError`` with ``retry_after``, so that a
     job queue's worker is free for the crashed turn's redelivery (retry after
-    ``err.retry_after``). Both need ``PersistkitSaver`` (the lease lives in its store).
+    ``err.retry_after``). ``concurrency=(name, key, limit)`` (``pk.resume``'s): at most
+    ``limit`` turns of that key (a tenant, say) run their nodes at once across processes; a
+    turn takes its slot once it knows it runs (one that returns a recorded result takes none)
+    and gives it up when it returns. All three need ``PersistkitSaver`` (the lease lives in its
+    store).
 
     ``run_id`` (the event id) names the turn: called again with the same ``run_id``, a
     finished turn returns its result without running a node, a crashed one continues
@@ -362,7 +374,7 @@ def durable_invoke(
     finished one is never sent again (docs/adapters-langgraph.md, Streaming).
     """
     kwargs.setdefault("durability", "sync")
-    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout)
+    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout, concurrency)
     _check_stream(turn, stream)
     lease = turn.lease
     try:
@@ -383,6 +395,8 @@ def durable_invoke(
                 if step.kind == "done":
                     assert step.state is not None
                     return _output(graph, step.state)
+                if step.kind == "run" and lease is not None:  # concurrency=: a slot, once it runs
+                    lease.take_slot()
                 if step.kind == "run" and stream is not None:
                     assert turn.saver is not None
                     source = Source(graph, step.input, _with_run(turn.config, step.run_id), kwargs, stream)
@@ -411,12 +425,13 @@ async def adurable_invoke(
     lease_ttl: float = _DEFAULT_TTL,
     busy_timeout: float | None = _DEFAULT_TIMEOUT,
     unfinished_timeout: float | None = None,
+    concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     stream: str | None = None,
     **kwargs: Any,
 ) -> Any:
     """The ``graph.ainvoke`` twin of :func:`durable_invoke` (``stream=``: ``graph.astream``)."""
     kwargs.setdefault("durability", "sync")
-    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout)
+    turn = _Turn(graph, config, run_id, busy, lease_ttl, busy_timeout, unfinished_timeout, concurrency)
     _check_stream(turn, stream)
     lease = turn.lease
     try:
@@ -437,6 +452,8 @@ async def adurable_invoke(
                 if step.kind == "done":
                     assert step.state is not None
                     return _output(graph, step.state)
+                if step.kind == "run" and lease is not None:
+                    await lease.atake_slot()
                 if step.kind == "run" and stream is not None:
                     assert turn.saver is not None
                     source = Source(graph, step.input, _with_run(turn.config, step.run_id), kwargs, stream)

@@ -85,6 +85,7 @@ async def durable_run(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     run_config: RunConfig | None = None,
     check_input: bool = True,
     stream: str | None = None,
@@ -102,6 +103,8 @@ async def durable_run(
     ``unfinished_timeout`` (seconds) bounds the wait for another turn's unfinished run:
     past it this turn raises ``pk.ThreadBusyError`` with ``retry_after``, so that a job
     queue's worker is free for that run's redelivery (retry after ``err.retry_after``).
+    ``concurrency=(name, key, limit)`` is ``pk.resume``'s too: at most ``limit`` turns of that
+    key (a tenant, say) run at once across processes (docs/flow-control.md).
 
     Each model turn and function-tool call is a step. If the process dies, call
     ``durable_run`` again with the same agent and input: finished turns and tool
@@ -134,7 +137,7 @@ async def durable_run(
     try:
         async with pk.resume(
             thread_id, store=store, run_id=run_id, busy=busy, lease_ttl=lease_ttl, busy_timeout=busy_timeout,
-            unfinished_timeout=unfinished_timeout,
+            unfinished_timeout=unfinished_timeout, concurrency=concurrency,
         ) as run:
             try:
                 result = await Runner.run(agent, input, run_config=config, **kwargs)

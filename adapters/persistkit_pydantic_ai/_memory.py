@@ -78,6 +78,7 @@ async def durable_run(
     lease_ttl: float = pk.ThreadLease.DEFAULT_TTL,
     busy_timeout: float | None = pk.ThreadLease.DEFAULT_BUSY_TIMEOUT,
     unfinished_timeout: float | None = None,
+    concurrency: pk.Concurrency | tuple[str, str, int] | None = None,
     stream: str | None = None,
     **kwargs: Any,
 ) -> AgentRunResult[Any] | None:
@@ -91,7 +92,9 @@ async def durable_run(
     died goes on from its last finished step. ``busy``, ``lease_ttl``, ``busy_timeout`` and
     ``unfinished_timeout`` are ``pk.resume``'s (past ``unfinished_timeout`` seconds waiting for
     another turn's unfinished run, this turn raises ``pk.ThreadBusyError`` with
-    ``retry_after``: a job queue's worker goes back to the pool). The agent needs
+    ``retry_after``: a job queue's worker goes back to the pool); so is ``concurrency=(name,
+    key, limit)``: at most ``limit`` turns of that key (a tenant, say) run at once across
+    processes (docs/flow-control.md). The agent needs
     :class:`PersistkitDurability` among its capabilities.
 
     Returns the run's result, or **None** when the turn suspended on a deferred tool call
@@ -125,6 +128,7 @@ async def durable_run(
             lease_ttl=lease_ttl,
             busy_timeout=busy_timeout,
             unfinished_timeout=unfinished_timeout,
+            concurrency=concurrency,
         ) as run:
             history = load_history(run)
             result = await agent.run(user_prompt, message_history=history or None, **kwargs)

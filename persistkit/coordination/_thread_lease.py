@@ -6,7 +6,8 @@ writes made inside :meth:`ThreadLease.fenced` carry its fencing token; and when 
 adapter finds the thread's newest turn unfinished (its own bookkeeping says so),
 :meth:`ThreadLease.wait_for` gives the lease up reserved for that turn (under
 ``busy="queue"`` keeping this turn's place at the front) and takes it again once
-the turn was continued, as ``pk.resume`` does (``_turns``).
+the turn was continued, as ``pk.resume`` does (``_turns``). :meth:`ThreadLease.take_slot`
+takes a concurrency slot (``pk.resume(concurrency=)``'s) once the turn knows it runs.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, ThreadBusyError
 from .._io import Plan, call, run_async, run_sync
+from . import _concurrency as C
 from ._drive import AsyncHeartbeat, Heartbeat
 from ._fence import fenced
 from ._hooks import Holding, hold_async, hold_sync, let_go_async, let_go_sync
@@ -43,7 +45,7 @@ class ThreadLease:
     """The lease of ``(thread_id, namespace)`` for one turn ``run_id`` (None: a turn that
     continues whatever the thread left unfinished). ``busy``, ``lease_ttl`` and
     ``busy_timeout`` are ``pk.resume``'s; ``busy_timeout`` counts the whole wait, including
-    :meth:`wait_for`. ``unfinished_timeout`` too: past it, a wait for another turn's unfinished
+    :meth:`wait_for` and :meth:`take_slot` (``concurrency``, ``pk.resume``'s too). ``unfinished_timeout`` too: past it, a wait for another turn's unfinished
     run raises ``ThreadBusyError`` with ``retry_after`` (a job queue's worker goes back to the
     pool, where that run's redelivery needs one). A store without lease primitives holds nothing under the default
     policy (``held`` stays False); asking for a policy there is a ``ConfigurationError``.
@@ -65,10 +67,12 @@ class ThreadLease:
     def __init__(
         self, store: Store, thread_id: str, namespace: str = "", *, run_id: str | None = None,
         busy: str | None = DEFAULT_BUSY, lease_ttl: float = DEFAULT_TTL, busy_timeout: float | None = DEFAULT_BUSY_TIMEOUT,
-        unfinished_timeout: float | None = None,
+        unfinished_timeout: float | None = None, concurrency: Any = None,
     ) -> None:
         check_options(busy, lease_ttl, busy_timeout)
         check_unfinished(busy, unfinished_timeout)
+        #: ``pk.resume(concurrency=)``'s limit, checked; :meth:`take_slot` takes its slot
+        self.concurrency = C.check_concurrency(concurrency, busy)
         if not isinstance(thread_id, str) or not thread_id:
             raise ConfigurationError(f"ThreadLease: thread_id must be a non-empty str, got {thread_id!r}")
         if not isinstance(namespace, str):
@@ -78,6 +82,7 @@ class ThreadLease:
         self.unfinished = unfinished_timeout
         self._explicit = busy is not DEFAULT_BUSY
         self._holding: Holding | None = None
+        self._slot: C.Held | None = None
         self._acquired = False  # between acquire() and release(), even on a store without leases
         self._since = time.monotonic()
 
@@ -116,13 +121,50 @@ class ThreadLease:
         self._acquired = True
 
     def release(self) -> None:
-        """Give the lease up; nothing to do when nothing is held (idempotent)."""
-        holding, self._holding, self._acquired = self._holding, None, False
-        let_go_sync(self.store, holding)
+        """Give the slot (:meth:`take_slot`) and the lease up; nothing to do when nothing is
+        held (idempotent)."""
+        slot, self._slot = self._slot, None
+        try:
+            C.let_go_sync(self.store, slot)
+        finally:
+            holding, self._holding, self._acquired = self._holding, None, False
+            let_go_sync(self.store, holding)
 
     async def arelease(self) -> None:
-        holding, self._holding, self._acquired = self._holding, None, False
-        await let_go_async(self.store, holding)
+        slot, self._slot = self._slot, None
+        try:
+            await C.let_go_async(self.store, slot)
+        finally:
+            holding, self._holding, self._acquired = self._holding, None, False
+            await let_go_async(self.store, holding)
+
+    def _spec(self) -> C.Concurrency | None:
+        self._needs("take_slot()")
+        return None if self._slot is not None else self.concurrency
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else self._since + self.timeout
+
+    def take_slot(self) -> None:
+        """Take a slot of the lease's ``concurrency`` (``(name, key, limit)`` or
+        ``pk.Concurrency``, as ``pk.resume(concurrency=)``) for this holding, under its ``busy``
+        policy and ``busy_timeout`` (``ConcurrencyLimitError``); :meth:`release` (and
+        :meth:`wait_for`) give it up. Call it once the turn knows it runs (a turn that only
+        replays, or waits for another, holds none). Without ``concurrency``, or with a slot held
+        already, it does nothing; nothing is taken under an enclosing ``pk.resume`` block of the
+        thread (that block's turn holds the slot, if any)."""
+        spec = self._spec()
+        if spec is not None:
+            self._slot = C.take_sync(
+                self.store, spec, self._holding, str(self.busy), self.ttl, self._deadline(), self.timeout
+            )
+
+    async def atake_slot(self) -> None:
+        spec = self._spec()
+        if spec is not None:
+            self._slot = await C.take_async(
+                self.store, spec, self._holding, str(self.busy), self.ttl, self._deadline(), self.timeout
+            )
 
     @contextmanager
     def fenced(self) -> Iterator[None]:
@@ -150,6 +192,8 @@ class ThreadLease:
         at once under ``busy="reject"``, or when ``busy_timeout`` ran out."""
         holding = self._aside(unfinished, why)
         assert holding.beat is not None
+        slot, self._slot = self._slot, None
+        C.let_go_sync(self.store, slot)
         holding.beat.stop()
         lease = holding.lease
         self._acquired = False  # until it holds again
@@ -165,6 +209,8 @@ class ThreadLease:
     async def await_for(self, unfinished: str, why: str = "") -> None:
         holding = self._aside(unfinished, why)
         assert holding.beat is not None
+        slot, self._slot = self._slot, None
+        await C.let_go_async(self.store, slot)
         await holding.beat.stop()
         lease = holding.lease
         self._acquired = False

@@ -281,6 +281,49 @@ def test_a_kickoff_behind_an_unfinished_one_gives_its_worker_back_after_unfinish
     store.close()
 
 
+class SlowLLM(FakeLLM):
+    """FakeLLM whose calls take a while, counting how many are in flight at once."""
+
+    gate: ClassVar[threading.Lock] = threading.Lock()
+    running: ClassVar[list[int]] = [0, 0]  # now, peak
+
+    def call(self, messages: Any, *args: Any, from_task: Any = None, **kwargs: Any) -> str:
+        with self.gate:
+            self.running[0] += 1
+            self.running[1] = max(self.running)
+        threading.Event().wait(0.05)
+        with self.gate:
+            self.running[0] -= 1
+        return super().call(messages, *args, from_task=from_task, **kwargs)
+
+
+def test_concurrency_reaches_resume_two_kickoffs_of_one_key_never_overlap() -> None:
+    """``durable_kickoff(concurrency=)`` reaches ``pk.resume``: two kickoffs of two threads under
+    one key with limit 1, from two Python threads, run one after the other (their model calls
+    sleep, so without the slot they overlap), and the key's slot is free afterwards."""
+    store, key = pk.connect(f"memory://{uid('crew-slot')}"), uid("tenant")
+    SlowLLM.running[:] = [0, 0]
+    outs: list[Any] = []
+
+    def kickoff(i: int) -> None:
+        llm = SlowLLM(model="fake", calls=[])
+        outs.append(durable_kickoff(
+            make_crew(llm), {"topic": "x"}, thread_id=uid(f"crew-slot-{i}"), store=store, run_id="delivery-1",
+            concurrency=("tenant", key, 1),
+        ))
+
+    workers = [threading.Thread(target=kickoff, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [[t.raw for t in out.tasks_output] for out in outs] == [EXPECTED, EXPECTED]
+    assert SlowLLM.running == [0, 1]
+    info = pk.Concurrency("tenant", key, 1).info(store)
+    assert info is not None and info.holders == () and info.waiting == ()
+    store.close()
+
+
 def test_durable_kickoff_refuses_changed_inputs_on_resume(tmp_path: Path) -> None:
     store, tid = pk.connect(f"sqlite:///{tmp_path}/crew.db"), uid("crew")
     llm = FakeLLM(model="fake", calls=[], fail_on="t1")

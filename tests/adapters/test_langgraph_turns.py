@@ -490,6 +490,74 @@ def test_a_turn_behind_a_crashed_one_gives_its_worker_back_after_unfinished_time
         durable_invoke(builder.compile(), {"messages": []}, config, unfinished_timeout=0)  # no lease to bound
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_concurrency_two_turns_of_one_key_never_overlap(mode: str) -> None:
+    """``durable_invoke(concurrency=)``: two turns of two threads under one key with limit 1
+    (two Python threads, or two tasks) run their nodes one after the other (the nodes sleep,
+    so without the slot they overlap); the key's slot is free afterwards, and a redelivered
+    finished turn returns its result without taking a slot."""
+    import asyncio
+
+    gate, running = threading.Lock(), [0, 0]  # now, peak
+    key = uid("tenant")
+    limit = ("tenant", key, 1)
+
+    def slow(name: str) -> Any:
+        def body(state: Chat) -> dict[str, Any]:
+            with gate:
+                running[0] += 1
+                running[1] = max(running)
+            time.sleep(0.03)
+            with gate:
+                running[0] -= 1
+            return {"messages": [f"{state['messages'][-1].split(':')[0]}:{name}"]}
+
+        return body
+
+    with PersistkitSaver.from_url(f"memory://{uid('lg-slot')}") as saver:
+        builder: StateGraph[Any] = StateGraph(Chat)
+        for name in ("think", "reply"):
+            builder.add_node(name, slow(name))
+        builder.add_edge(START, "think")
+        builder.add_edge("think", "reply")
+        builder.add_edge("reply", END)
+        graph = builder.compile(checkpointer=saver)
+        configs: list[Any] = [{"configurable": {"thread_id": uid(f"lg-slot-{i}")}} for i in range(2)]
+        outs: list[Any] = []
+        if mode == "async":
+
+            async def both() -> None:
+                outs.extend(await asyncio.gather(*(
+                    adurable_invoke(graph, {"messages": [f"{r}:user"]}, c, run_id=r, concurrency=limit)
+                    for r, c in zip("AB", configs, strict=True)
+                )))
+
+            asyncio.run(both())
+        else:
+            workers = [
+                threading.Thread(target=lambda r=r, c=c: outs.append(
+                    durable_invoke(graph, {"messages": [f"{r}:user"]}, c, run_id=r, concurrency=limit)
+                ))
+                for r, c in zip("AB", configs, strict=True)
+            ]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(timeout=60)
+        assert sorted(out["messages"][-1] for out in outs) == ["A:reply", "B:reply"]
+        assert running == [0, 1]
+        info = pk.Concurrency("tenant", key, 1).info(saver.store)
+        assert info is not None and info.holders == () and info.waiting == ()
+        # a redelivered finished turn replays under busy='reject' while another turn holds the only slot
+        with pk.resume(uid("lg-slot-other"), store=saver.store, concurrency=limit):
+            again = durable_invoke(graph, {"messages": ["A:user"]}, configs[0], run_id="A", concurrency=limit, busy="reject")
+            assert again["messages"][-1] == "A:reply"
+            with pytest.raises(pk.ConcurrencyLimitError):
+                durable_invoke(graph, {"messages": ["C:user"]}, configs[0], run_id="C", concurrency=limit, busy="reject")
+    with pytest.raises(pk.ConfigurationError, match=r"concurrency=.* needs the graph compiled with"):
+        durable_invoke(builder.compile(), {"messages": []}, configs[0], concurrency=limit)
+
+
 def test_run_ids_the_store_cannot_hold_are_refused(pg: str) -> None:
     with PersistkitSaver.from_url(pg) as saver:
         graph = _worker_graph(saver)

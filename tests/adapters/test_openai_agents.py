@@ -253,6 +253,39 @@ def test_a_turn_behind_an_unfinished_one_gives_its_worker_back_after_unfinished_
     asyncio.run(scenario())
 
 
+def test_concurrency_reaches_resume_two_turns_of_one_key_never_overlap() -> None:
+    """``durable_run(concurrency=)`` reaches ``pk.resume``: two turns of two threads under one
+    key with limit 1 run one after the other (their model calls sleep, so without the slot they
+    overlap), and the key's slot is free afterwards."""
+    running, peak = 0, 0
+
+    class SlowModel(ScriptedModel):
+        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.05)
+            running -= 1
+            return await super().get_response(*args, **kwargs)
+
+    agent = Agent(name="slots", instructions="Answer.", model=SlowModel([[]]))
+    key = uid("tenant")
+
+    async def scenario() -> None:
+        async with pk.connect(f"memory://{uid('oa-slot')}") as store:
+            results = await asyncio.gather(*(
+                durable_run(agent, "go", thread_id=uid(f"oa-slot-{i}"), store=store, run_id="r1",
+                            concurrency=("tenant", key, 1))
+                for i in range(2)
+            ))
+            assert [r.final_output for r in results] == ["done after 0 tool calls"] * 2
+            info = await pk.Concurrency("tenant", key, 1).ainfo(store)
+            assert info is not None and info.holders == () and info.waiting == ()
+
+    asyncio.run(scenario())
+    assert peak == 1
+
+
 def test_a_finished_run_replays_without_calling_model_or_tools(tmp_path: Path) -> None:
     # Parallel tool calls in one turn take step positions in start order.
     plan = [[("work", {"n": 1}), ("work", {"n": 2}), ("work", {"n": 3})], [("work", {"n": 4})], []]

@@ -204,6 +204,35 @@ async def test_a_turn_behind_an_unfinished_one_gives_its_worker_back_after_unfin
     store.close()
 
 
+@pytest.mark.asyncio
+async def test_concurrency_reaches_resume_two_turns_of_one_key_never_overlap() -> None:
+    """``durable_run(concurrency=)`` reaches ``pk.resume``: two turns of two threads under one
+    key with limit 1 run one after the other (their model calls sleep, so without the slot they
+    overlap), and the key's slot is free afterwards."""
+    running, peak = 0, 0
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return ModelResponse(parts=[TextPart("answered")])
+
+    agent = Agent(FunctionModel(model), name="slots", capabilities=[PersistkitDurability()])
+    store, key = pk.connect(f"memory://{uid('pai-slot')}"), uid("tenant")
+    results = await asyncio.gather(*(
+        durable_run(agent, "hi", thread_id=uid(f"pai-slot-{i}"), store=store, run_id="m1",
+                    concurrency=("tenant", key, 1))
+        for i in range(2)
+    ))
+    assert [r.output for r in results if r is not None] == ["answered", "answered"]
+    assert peak == 1
+    info = pk.Concurrency("tenant", key, 1).info(store)
+    assert info is not None and info.holders == () and info.waiting == ()
+    store.close()
+
+
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "sequential"])
 @pytest.mark.asyncio
 async def test_complex_agent_replays_every_step_without_running_it(

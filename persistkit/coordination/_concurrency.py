@@ -59,6 +59,7 @@ __all__ = [
     "SlotInfo",
     "check_concurrency",
     "slot_info",
+    "slots",
     "take_async",
     "take_sync",
 ]
@@ -214,6 +215,15 @@ def slot_info(rec: LeaseRecord) -> SlotInfo | None:
         tuple(str(w[0]) for w in st.queue),
         st.average,
     )
+
+
+def slots(store: Any) -> list[SlotInfo]:
+    """Every concurrency key ``store`` holds a slot record of (one turn of it took a slot), by
+    name and key: ``persistkit limits`` shows them. None on a store without leases."""
+    if not store.backend.supports_leases:
+        return []
+    found = (slot_info(rec) for _, _, rec in store.backend.lease_list(prefix=SCOPE))
+    return sorted((i for i in found if i is not None), key=lambda i: (i.name, i.key))
 
 
 # -- a held slot ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 from dataclasses import dataclass
 
@@ -174,6 +175,13 @@ class State:
         d = json.loads(raw)
         return cls(float(d["t"]), float(d["u"]), int(d["e"]))
 
+    @classmethod
+    def found(cls, raw: bytes | None) -> State:
+        """The stored state, or a new bucket's: its epoch is random, so that a bucket deleted
+        (``store.limits.delete``) and made again is another epoch than the one a call waiting
+        since before the delete reserved in (that call draws again)."""
+        return cls.load(raw) if raw else cls(epoch=random.getrandbits(30) + 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -212,17 +220,23 @@ def throttled(state: State, now: float, retry_after: float) -> State | None:
 
 
 def usage(spec: LimitSpec, state: State, now: float) -> tuple[float, float, float]:
-    """(tokens available now, tokens in use, tokens reserved by waiters not yet due)."""
+    """(tokens available now, tokens in use, tokens reserved by waiters not yet due).
+
+    In use is read from ``tat`` alone: the tokens drawn within the last burst/rate window
+    (``tat - now``, at most the burst). During a throttle nothing is in use (its ``until`` put
+    ``tat`` at the reset; the draws since then are reservations, counted as waiting) and none
+    is available: ``throttled_until`` says why."""
     t = spec.interval
     tau = spec.burst * t
     if now < state.until:
-        available = 0.0
+        available = in_use = 0.0
     else:
         # differences first: seconds since the epoch leave ~2e-7 s of float resolution
-        free = tau - max(state.tat - now, 0.0)
-        available = float(min(spec.burst, max(0.0, math.floor(free / t + _TOKEN_EPSILON))))
+        lead = max(state.tat - now, 0.0)
+        available = float(min(spec.burst, max(0.0, math.floor((tau - lead) / t + _TOKEN_EPSILON))))
+        in_use = float(min(spec.burst, max(0.0, math.ceil(lead / t - _TOKEN_EPSILON))))
     ahead = (
         state.tat - state.until if now < state.until else state.tat - now - tau
     )  # throttled: all wait
     reserved = max(0.0, math.ceil(ahead / t - _TOKEN_EPSILON))
-    return available, spec.burst - available, reserved
+    return available, in_use, reserved

@@ -49,8 +49,9 @@ class LimitDraw:
 class LimitInfo:
     """A limit as declared, and (from ``list``/``get``) one bucket's use at the time of reading.
 
-    ``available``: tokens a call could draw now; ``in_use``: ``burst - available`` (drawn in the
-    last ``burst / rate`` window); ``waiting``: calls that reserved a place and have not started
+    ``available``: tokens a call could draw now; ``in_use``: tokens drawn in the last
+    ``burst / rate`` window (from the bucket's schedule alone: 0 during a throttle, where
+    ``available`` is 0 too and ``throttled_until`` says why); ``waiting``: calls that reserved a place and have not started
     yet (reservations ahead of now, in calls of ``tokens_per_call``); ``throttled_until``: a
     provider's reset time reported with ``pk.throttle`` (seconds since the epoch), or None."""
 
@@ -231,7 +232,7 @@ class Limits:
         skey = _state_key(name, key)
         while True:
             entry = yield call("kv_get", SCOPE, skey)
-            state = G.State.load(entry.value if entry else None)
+            state = G.State.found(entry.value if entry else None)
             now = self.clock()
             decision = G.decide(spec, state, now, cost, max(0.0, deadline - now))
             if decision.state is None:
@@ -256,10 +257,16 @@ class Limits:
             if decision.wait <= 0:
                 break
             yield Sleep(decision.wait)
-            # A throttle (pk.throttle) while this call waited voids its reservation: draw again.
+            # A throttle (pk.throttle) or a delete while this call waited voids its reservation:
+            # draw again, from the limit as declared now (none: LimitNotFoundError).
             after = yield call("kv_get", SCOPE, skey)
-            if G.State.load(after.value if after else None).epoch == decision.state.epoch:
+            if after is not None and after.value and G.State.load(after.value).epoch == decision.state.epoch:
                 break
+            self._specs.pop(name, None)
+            spec = yield from self._read_spec(name)
+            if spec is None:
+                raise _unknown(name)
+            cost = spec.tokens_per_call if tokens is None else float(tokens)
         waited = self.clock() - began
         telemetry.limit_waited(name, waited)
         return LimitDraw(name, key, cost, waited)
@@ -286,7 +293,7 @@ class Limits:
         while True:
             entry = yield call("kv_get", SCOPE, skey)
             new = G.throttled(
-                G.State.load(entry.value if entry else None), self.clock(), float(retry_after)
+                G.State.found(entry.value if entry else None), self.clock(), float(retry_after)
             )
             if new is None:
                 return None

@@ -239,6 +239,78 @@ class LimitsConformance:
                 assert not isinstance(req, Sleep)
                 req = plan.send(store.call_sync(req))
 
+    def _waiting(self, store: Store, name: str) -> tuple[Any, float]:
+        """A draw of ``name`` driven by hand up to its sleep: (the plan, the seconds it waits)."""
+        plan = store.limits.draw_plan(name, None, None, None)
+        req = next(plan)
+        while not isinstance(req, Sleep):
+            req = plan.send(store.call_sync(req))
+        return plan, req.seconds
+
+    def _wakes(self, store: Store, plan: Any) -> float | None:
+        """The plan after its sleep: the seconds of its next sleep, None if it drew."""
+        try:
+            req = plan.send(None)
+            while not isinstance(req, Sleep):
+                req = plan.send(store.call_sync(req))
+        except StopIteration:
+            return None
+        return float(req.seconds)
+
+    def test_a_delete_voids_the_reservation_of_a_waiting_call(
+        self, persistkit_url: str, store: Store, clock: FakeClock
+    ) -> None:
+        """A call waiting when its limit is deleted raises LimitNotFoundError when it wakes; one
+        whose limit was deleted and declared again draws again from the new bucket instead of
+        starting on its old reservation beside the new bucket's burst (found from outside)."""
+        name = _name("deleted")
+        store.limits.set(name, rate="1/s", burst=1)
+        store.limits.acquire(name)
+        plan, wait = self._waiting(store, name)
+        assert wait == pytest.approx(1.0)
+        other = clock.install(connect(persistkit_url))
+        try:
+            assert other.limits.delete(name)
+            clock.sleep(wait)
+            with pytest.raises(LimitNotFoundError):
+                self._wakes(store, plan)
+            store.limits.set(name, rate="1/s", burst=1)
+            store.limits.acquire(name)
+            plan, wait = self._waiting(store, name)  # reserved t0 + 1 in this bucket
+            other.limits.delete(name)
+            other.limits.set(name, rate="1/s", burst=1)
+            other.limits.acquire(name)  # the new bucket's burst: starts at t0
+            other.limits.acquire(name)  # then t0 + 1: the clock moves there
+            # the waiter's t0 + 1 was the old bucket's: it draws again, after the new ones
+            assert self._wakes(store, plan) == pytest.approx(1.0)
+        finally:
+            other.close()
+
+    def test_a_throttled_bucket_shows_no_phantom_use(self, store: Store, clock: FakeClock) -> None:
+        """``in_use`` is read from the bucket's schedule alone: a throttled bucket nobody drew
+        from shows 0 in use and 0 available, ``throttled_until`` saying why (found from outside:
+        it showed the whole burst in use); a drawn one shows its draws until the throttle."""
+        name = _name("phantom")
+        store.limits.set(name, rate="10/s", burst=5)
+        store.limits.throttle(name, 30, key="globex")
+        idle = store.limits.get(name, key="globex")
+        assert idle is not None and (idle.available, idle.in_use, idle.waiting) == (0, 0, 0)
+        assert idle.throttled_until == pytest.approx(clock.t + 30)
+        store.limits.acquire(name, key="acme")
+        store.limits.acquire(name, key="acme")
+        drawn = store.limits.get(name, key="acme")
+        assert drawn is not None and (drawn.available, drawn.in_use) == (3, 2)
+        clock.t += 0.1  # one token's worth of time
+        drawn = store.limits.get(name, key="acme")
+        assert drawn is not None and (drawn.available, drawn.in_use) == (4, 1)
+        store.limits.throttle(name, 5, key="acme")
+        held = store.limits.get(name, key="acme")
+        assert held is not None and (held.available, held.in_use, held.waiting) == (0, 0, 0)
+        clock.t += 30  # both resets passed: full buckets, nothing in use
+        for key in ("acme", "globex"):
+            info = store.limits.get(name, key=key)
+            assert info is not None and (info.available, info.in_use) == (5, 0)
+
     # -- steps ---------------------------------------------------------------------------------
 
     def test_a_replayed_step_never_draws(self, store: Store, clock: FakeClock) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, NotFoundError, PersistkitError, ThreadBusyError
@@ -32,7 +33,15 @@ from ._suspend import SUSPENDED
 if TYPE_CHECKING:
     from ..engine._run import Run
 
-__all__ = ["cancel_tree_async", "cancel_tree_sync", "close_async", "close_sync", "started"]
+__all__ = [
+    "IN_CHILD",
+    "cancel_tree_async",
+    "cancel_tree_sync",
+    "close_async",
+    "close_sync",
+    "foreign_child",
+    "started",
+]
 
 log = logging.getLogger("persistkit.coordination")
 
@@ -40,6 +49,42 @@ log = logging.getLogger("persistkit.coordination")
 _OPEN: weakref.WeakKeyDictionary[Run, list[C.Child]] = weakref.WeakKeyDictionary()
 #: Run statuses after which a parent keeps its children (it goes on later, or the process died).
 _KEEPS = ("running", SUSPENDED, "cancelling", "compensating")
+
+
+#: The child run ``pk.run_child`` is running in this context: (namespace, thread, run id, its
+#: ancestors' ``(namespace, thread)``, root first). ``pk.resume`` of a child run elsewhere is refused.
+IN_CHILD: ContextVar[tuple[str, str, str, tuple[tuple[str, str], ...]] | None] = ContextVar(
+    "persistkit_in_child", default=None
+)
+
+
+def foreign_child(run: Run) -> ConfigurationError | None:
+    """The refusal of a ``pk.resume`` that would continue a child run outside ``pk.run_child``:
+    the block would run the caller's code at the root, in place of the child's agent (which runs
+    under ``pk.child`` at position 0), and corrupt the child. None for any other run."""
+    index = run._index
+    if not index or ":" not in run.run_id:
+        return None
+    mine = IN_CHILD.get()
+    if mine is not None and mine[:3] == (run.namespace, run.thread_id, run.run_id):
+        return None
+    top = index.get("0")
+    if top is not None and top.body.get("n") != C.CHILD:
+        return None
+    if top is None and not any(p.startswith("0/") for p in index):
+        return None
+    if not C.looks_like_child(run.run_id, "0"):
+        return None
+    parent_run, _, position = run.run_id.rpartition(":")
+    tail = "~" + run.run_id
+    parent = f" of thread {run.thread_id[: -len(tail)]!r}" if run.thread_id.endswith(tail) else ""
+    return ConfigurationError(
+        f"thread {run.thread_id!r}: run {run.run_id} is a child run (pk.start at position {position} of "
+        f"run {parent_run}{parent}); pk.resume cannot continue it: the block would run your code in place "
+        "of the child's agent. Resume its parent instead (its pk.start hands the child over again once "
+        "the child's wait ended: store.due() lists the parent), or continue it with "
+        "pk.run_child(info.spec(), store=store), info being its entry in store.children(parent_thread)"
+    )
 
 
 def started(run: Run, child: C.Child) -> None:

@@ -117,10 +117,19 @@ class Child:
     parent_namespace: str
     position: str
     on_parent_close: str
+    #: The threads above the child, root first, as ``[namespace, thread]`` pairs (``an``).
+    ancestors: tuple[tuple[str, str], ...] = ()
+    #: ``pk.start(lease_ttl=)``: the child's lease TTL (``l``), None for the default.
+    lease_ttl: float | None = None
 
     def tree(self) -> dict[str, Any]:
         """The record's (and the link's) form: short keys, plain strings."""
-        return {
+        extra: dict[str, Any] = {}
+        if self.ancestors:
+            extra["an"] = [list(a) for a in self.ancestors]
+        if self.lease_ttl is not None:
+            extra["l"] = self.lease_ttl
+        return {**extra,
             "t": self.thread_id,
             "r": self.run_id,
             "n": self.namespace,
@@ -145,19 +154,21 @@ class Child:
                 str(tree["pn"]),
                 str(tree["p"]),
                 str(tree["c"]),
+                tuple((str(a[0]), str(a[1])) for a in tree.get("an") or ()),
+                None if tree.get("l") is None else float(tree["l"]),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
             raise ConfigurationError(
                 f"{where} is not a child handle persistkit recorded ({exc!r})"
             ) from None
 
-    def spec(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """What an executor gets: plain data (picklable, JSON-able when the arguments are) for
-        ``pk.run_child(spec, store=...)`` in any process."""
-        return {
+    def spec(self, args: Any) -> dict[str, Any]:
+        """What an executor gets: plain JSON data for ``pk.run_child(spec, store=...)`` in any
+        process. ``args``: :func:`encode_args`'s tree (the store's codec: type-tagged JSON)."""
+        spec = {
             "agent": self.agent,
-            "args": list(args),
-            "kwargs": dict(kwargs),
+            "args": args[0],
+            "kwargs": args[1],
             "thread_id": self.thread_id,
             "run_id": self.run_id,
             "namespace": self.namespace,
@@ -168,7 +179,24 @@ class Child:
                 "namespace": self.parent_namespace,
                 "position": self.position,
             },
+            "ancestors": [list(a) for a in self.ancestors],
         }
+        if self.lease_ttl is not None:
+            spec["lease_ttl"] = self.lease_ttl
+        return spec
+
+
+def encode_args(codec: Codec, args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> list[Any]:
+    """``[args, kwargs]`` as the store's codec encodes them (tuples, sets, bytes, datetimes keep
+    their type across a JSON hop); an argument it cannot encode raises ``SerializationError``."""
+    return [codec.encode(list(args), f"{what} args"), codec.encode(dict(kwargs), f"{what} kwargs")]
+
+
+def decode_args(codec: Codec, spec: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    where = f"child run {spec.get('run_id')}"
+    return list(codec.decode(spec["args"], f"{where} args")), dict(
+        codec.decode(spec["kwargs"], f"{where} kwargs")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,19 +210,32 @@ class ChildInfo:
     status: str
     started_at: float
     cancel_asked: bool
+    #: The child's arguments as the link keeps them (encoded), for :meth:`spec`.
+    args: Any = None
+
+    def spec(self) -> dict[str, Any]:
+        """The spec ``pk.start`` gave the executor, rebuilt from the link: continue a child with
+        ``pk.run_child(info.spec(), store=...)`` (a suspended child of a parent that ended, say)."""
+        if self.args is None:
+            raise ConfigurationError(
+                f"child run {self.child.run_id}: its link keeps no arguments (it was started by an "
+                "older persistkit); rebuild its spec from the arguments its parent passed to pk.start"
+            )
+        return self.child.spec(self.args)
 
 
 def _link_key(child: Child) -> str:
     return _digest(child.parent_namespace, child.parent_run_id, child.position)
 
 
-def link_plan(codec: Codec, child: Child) -> Plan[None]:
-    """Write ``child``'s link under its parent's thread (once: a link written before stays)."""
+def link_plan(codec: Codec, child: Child, args: Any) -> Plan[None]:
+    """Write ``child``'s link under its parent's thread (once: a link written before stays),
+    with its encoded arguments (``g``)."""
     scope, key = children_scope(child.parent_thread_id), _link_key(child)
     found: KvEntry | None = yield call("kv_get", scope, key)
     if found is not None and found.value is not None:
         return
-    data = codec.pack_tree({**child.tree(), "s": time.time()})
+    data = codec.pack_tree({**child.tree(), "g": args, "s": time.time()})
     try:
         yield call("kv_write", scope, [KvOp(key, 0, data)], keep=1)
     except ConflictError:  # another launcher of the same parent position wrote it first
@@ -239,14 +280,22 @@ def mark_cancelled_plan(codec: Codec, child: Child) -> Plan[None]:
         return
 
 
-def cancel_asked_plan(codec: Codec, child: Child) -> Plan[bool]:
-    """Whether a stop was asked of ``child`` through its link (``pk.run_child`` looks, holding the lease)."""
+def read_link_plan(codec: Codec, child: Child) -> Plan[dict[str, Any] | None]:
+    """``child``'s link as its parent wrote it, or None (``pk.run_child`` looks, holding the lease:
+    whether a stop was asked, ``x``, and what the parent started, ``a`` and ``g``)."""
     found: KvEntry | None = yield call(
         "kv_get", children_scope(child.parent_thread_id), _link_key(child)
     )
     if found is None or found.value is None:
-        return False
-    return bool(codec.unpack_tree(found.value, "child link").get("x"))
+        return None
+    tree: dict[str, Any] = codec.unpack_tree(found.value, "child link")
+    return tree
+
+
+def cancel_asked_plan(codec: Codec, child: Child) -> Plan[bool]:
+    """Whether a stop was asked of ``child`` through its link."""
+    tree = yield from read_link_plan(codec, child)
+    return bool(tree and tree.get("x"))
 
 
 def _newest(codec: Codec, child: Child) -> Plan[Record | None]:
@@ -277,9 +326,10 @@ def _status(rec: Record | None) -> str:
 def needs_launch(codec: Codec, child: Child) -> Plan[bool]:
     """Whether a resumed parent must hand ``child`` to its executor again: it is not finished and
     no live process holds its thread's lease (it died with the parent, or was never launched)."""
-    status = yield from status_plan(codec, child)
-    if status in FINAL or status == SUSPENDED:  # a suspended child goes on when its own wait ends
-        return False
+    newest = yield from _newest(codec, child)
+    status = "pending" if newest is None else _status(newest)
+    if status in FINAL or (status == SUSPENDED and not _wait_over(newest)):
+        return False  # a suspended child is handed over again once its own wait ended
     rec = yield call("lease_get", child.thread_id, child.namespace)
     return not _State.load(rec).held(time.time())
 
@@ -356,16 +406,45 @@ def wait_plan(codec: Codec, child: Child, until: float) -> Plan[_Outcome | None]
         delay = min(delay * 1.5, _POLL_MAX)
 
 
-def done_plan(codec: Codec, rec: Record) -> Plan[bool]:
-    """Whether suspend record ``rec`` waits on a child that has ended (``store.due``)."""
+def _wait_over(rec: Record | None) -> bool:
+    """Whether a child's newest record ends a wait: an answer nobody resumed it with yet, or a
+    suspension whose questions are answered or past their deadline (a ``pk.sleep`` timer due)."""
+    from ._suspend import MISSING, is_answered, is_suspension, ready
+
+    if rec is None:
+        return False
+    return is_answered(rec) or (is_suspension(rec) and ready(rec, time.time()) is not MISSING)
+
+
+def done_plan(codec: Codec, rec: Record, depth: int = 0) -> Plan[bool]:
+    """Whether suspend record ``rec`` waits on a child that has ended, or whose own wait ended
+    (it was answered, its timer is due, or its own child ended: its parent's resume hands it
+    over again), for ``store.due``."""
     from ._suspend import items
 
     qs = items(rec)
     tree = qs[0].get("ch") if qs else None
     if not isinstance(tree, dict):
         return False
-    status = yield from status_plan(codec, Child.of(tree, "a suspend record's child"))
-    return status in FINAL
+    child = Child.of(tree, "a suspend record's child")
+    newest = yield from _newest(codec, child)
+    if newest is None:
+        return False
+    status = _status(newest)
+    if status in FINAL or _wait_over(newest):
+        return True
+    if status == SUSPENDED and depth < 32:  # waiting on a child of its own: due when that one is
+        below: bool = yield from done_plan(codec, newest, depth + 1)
+        return below
+    return False
+
+
+def looks_like_child(run_id: str, position: str) -> bool:
+    """Whether a record at ``position`` of run ``run_id`` is inside a child run's agent: the run id
+    ``pk.start`` names (``<parent run>:<position>``, where a generated run id has no ``:``) and a
+    position under the child's one top step ``pk.child`` at ``0``."""
+    head, _, tail = run_id.rpartition(":")
+    return bool(head) and tail.replace("/", "").isdigit() and (position == "0" or position.startswith("0/"))
 
 
 def children_plan(
@@ -383,7 +462,9 @@ def children_plan(
         status = yield from status_plan(codec, child)
         if status == "pending" and tree.get("x"):  # never started, and it never will run anything
             status = "cancelled"
-        out.append(ChildInfo(child, status, float(tree.get("s") or 0.0), bool(tree.get("x"))))
+        out.append(
+            ChildInfo(child, status, float(tree.get("s") or 0.0), bool(tree.get("x")), tree.get("g"))
+        )
     out.sort(key=lambda c: (c.started_at, c.child.position))
     return out
 

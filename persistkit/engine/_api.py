@@ -37,6 +37,7 @@ from ..coordination import (
 from ..coordination._cancel import halt
 from ..coordination._child_stop import close_async as close_children_async
 from ..coordination._child_stop import close_sync as close_children_sync
+from ..coordination._child_stop import foreign_child
 from ..coordination._saga import register_result_undo
 from ..coordination._suspend import Suspended
 from ..coordination._suspend import end_async as suspend_end_async
@@ -239,6 +240,13 @@ class resume:
             if gate is not None:  # busy="debounce": send the message, join a live burst (pk.Debounced)
                 gate.before_sync(run, self.run_id)
             self._holding = open_sync(run, self.run_id, *self._busy, current_run(), self._unfinished)
+            if run._index and (refused := foreign_child(run)) is not None:  # a child run, outside pk.run_child
+                from ..coordination._hooks import let_go_sync
+
+                if gate is not None:
+                    gate.exit_sync(run.store)
+                let_go_sync(run.store, self._holding)
+                raise refused
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_sync
 
@@ -322,6 +330,13 @@ class resume:
             if gate is not None:
                 await gate.before_async(run, self.run_id)
             self._holding = await open_async(run, self.run_id, *self._busy, current_run(), self._unfinished)
+            if run._index and (refused := foreign_child(run)) is not None:  # a child run, outside pk.run_child
+                from ..coordination._hooks import let_go_async
+
+                if gate is not None:
+                    await gate.exit_async(run.store)
+                await let_go_async(run.store, self._holding)
+                raise refused
             if run._index:  # a run whose rollback a crash interrupted: finish it and raise (sagas)
                 from ..coordination._rollback import finish_async
 

@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import ConfigurationError, PersistkitError, RunCancelledError
+from .._errors import ConfigurationError, NonDeterminismError, PersistkitError, RunCancelledError
 from ..backends._capabilities import require
 from ..codec._functions import NotFound, find, registered_name
 from ..codec._names import refusal
 from ..coordination import _children as C
 from ..coordination import _suspend as S
 from ..coordination._cancel import _ask, halt
-from ..coordination._child_stop import started
+from ..coordination._child_stop import IN_CHILD, started
 from ..state._records import Record
 from ._api import _CURRENT, checkpointed, resume
 from ._replay_check import CHECKING
@@ -73,7 +73,7 @@ async def _achild_step(agent: str, args: list[Any], kwargs: dict[str, Any]) -> A
     return await _resolve(agent, store)(*args, **kwargs)
 
 
-def _spec(spec: object) -> tuple[C.Child, list[Any], dict[str, Any]]:
+def _spec(spec: object) -> C.Child:
     if not isinstance(spec, dict):
         raise ConfigurationError(
             f"pk.run_child() takes the spec pk.start gave the executor (a dict), got {spec!r:.80}"
@@ -90,12 +90,52 @@ def _spec(spec: object) -> tuple[C.Child, list[Any], dict[str, Any]]:
             check_namespace(p["namespace"]),
             str(p["position"]),
             C.check_policy(spec["on_parent_close"], "pk.run_child"),
+            tuple((check_namespace(a[0]), check_thread_id(a[1])) for a in spec.get("ancestors") or ()),
+            _ttl(spec.get("lease_ttl"), "pk.run_child(): the spec's lease_ttl"),
         )
-        return child, list(spec["args"]), dict(spec["kwargs"])
-    except (KeyError, TypeError) as exc:
+        spec["args"], spec["kwargs"]  # present: a spec pk.start made
+        return child
+    except (KeyError, TypeError, IndexError) as exc:
         raise ConfigurationError(
             f"pk.run_child(): the spec is not one pk.start made ({exc!r})"
         ) from None
+
+
+def _ttl(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigurationError(f"{what} must be seconds > 0 (or None for the default), got {value!r}")
+    return float(value)
+
+
+def _opening(child: C.Child, store: Store) -> resume:
+    options: dict[str, Any] = {} if child.lease_ttl is None else {"lease_ttl": child.lease_ttl}
+    return resume(child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store, **options)
+
+
+def _check_link(store: Store, child: C.Child, spec: dict[str, Any], link: dict[str, Any] | None) -> None:
+    """Before the child's run opens: a spec that is not the child its parent started (another
+    agent, other arguments than its link keeps) is refused, and nothing of the child is touched."""
+    if link is None:
+        return  # its parent's thread was deleted: nothing to compare with
+    theirs = (str(link.get("a")), link.get("g"))
+    mine = (child.agent, [spec["args"], spec["kwargs"]])
+    codec = store.codec
+    if theirs[0] != mine[0] or (
+        theirs[1] is not None
+        and codec.dump_tree(theirs[1], stable=True) != codec.dump_tree(mine[1], stable=True)
+    ):
+        what = "agent" if theirs[0] != mine[0] else "arguments"
+        raise NonDeterminismError(
+            f"pk.run_child(): the spec does not match the child its parent started: child run "
+            f"{child.run_id} of thread {child.thread_id!r} was started by pk.start at position "
+            f"{child.position} of run {child.parent_run_id} as {theirs[0]} with its own arguments, "
+            f"and this spec has another {what}. Run the spec pk.start gave the executor "
+            "(store.children(parent_thread)[i].spec() rebuilds it)",
+            position="0",
+            step=C.CHILD,
+        )
 
 
 def run_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
@@ -104,37 +144,40 @@ def run_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
     (``@pk.register``); a child whose stop was asked runs nothing (``pk.RunCancelledError``).
     Returns the agent's result (raises its error). Safe to call twice: the child's run id is
     fixed, so a second call continues or replays the same run, never a second one."""
-    child, args, kwargs = _spec(spec)
+    child = _spec(spec)
     store = store or default_store()
     if inspect.iscoroutinefunction(_resolve(child.agent, store)):
         import asyncio  # here: importing persistkit loads no event loop machinery
 
         return asyncio.run(arun_child(spec, store=store))
-    with resume(
-        child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store
-    ) as run:
-        _stop_if_asked_sync(run, store, child)
-        return _child_step(child.agent, args, kwargs)
+    args, kwargs = C.decode_args(store.codec, spec)
+    _check_link(store, child, spec, store.run_sync(C.read_link_plan(store.codec, child)))
+    token = IN_CHILD.set((child.namespace, child.thread_id, child.run_id, child.ancestors))
+    try:
+        with _opening(child, store) as run:  # holding its lease: a stop asked before it took it
+            if not run.replay_only and store.run_sync(C.cancel_asked_plan(store.codec, child)):
+                _ask(run, "cancel")  # its first step raises pk.RunCancelledError; it ends ``cancelled``
+            return _child_step(child.agent, args, kwargs)
+    finally:
+        IN_CHILD.reset(token)
 
 
 async def arun_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
     """The async twin of :func:`run_child` (a sync agent runs in the event loop's thread)."""
-    child, args, kwargs = _spec(spec)
+    child = _spec(spec)
     store = store or default_store()
-    async with resume(
-        child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store
-    ) as run:
-        if not run.replay_only and await store.run_async(C.cancel_asked_plan(store.codec, child)):
-            _ask(run, "cancel")
-        if inspect.iscoroutinefunction(_resolve(child.agent, store)):
-            return await _achild_step(child.agent, args, kwargs)
-        return _child_step(child.agent, args, kwargs)
-
-
-def _stop_if_asked_sync(run: Run, store: Store, child: C.Child) -> None:
-    """Holding the child's lease: a stop asked through its link before it took the lease."""
-    if not run.replay_only and store.run_sync(C.cancel_asked_plan(store.codec, child)):
-        _ask(run, "cancel")  # its first step raises pk.RunCancelledError; it ends ``cancelled``
+    args, kwargs = C.decode_args(store.codec, spec)
+    _check_link(store, child, spec, await store.run_async(C.read_link_plan(store.codec, child)))
+    token = IN_CHILD.set((child.namespace, child.thread_id, child.run_id, child.ancestors))
+    try:
+        async with _opening(child, store) as run:
+            if not run.replay_only and await store.run_async(C.cancel_asked_plan(store.codec, child)):
+                _ask(run, "cancel")
+            if inspect.iscoroutinefunction(_resolve(child.agent, store)):
+                return await _achild_step(child.agent, args, kwargs)
+            return _child_step(child.agent, args, kwargs)
+    finally:
+        IN_CHILD.reset(token)
 
 
 # -- the parent's side ------------------------------------------------------------------------
@@ -207,6 +250,7 @@ def _child(
     namespace: object,
     policy: str,
     what: str,
+    lease_ttl: float | None,
 ) -> C.Child:
     if rec is not None:  # the recorded child: a resumed parent gets the same handle
         return C.Child.of(
@@ -221,7 +265,18 @@ def _child(
             f"{run.run_id}): name another thread, or leave thread_id out (default: '<parent thread>~<child run id>')"
         )
     check_thread_id(tid)
-    return C.Child(tid, rid, ns, agent, run.thread_id, run.run_id, run.namespace, position, policy)
+    mine = IN_CHILD.get()  # this run is itself a child: the threads above it
+    above = mine[3] if mine is not None and mine[:3] == (run.namespace, run.thread_id, run.run_id) else ()
+    ancestors = (*above, (run.namespace, run.thread_id))
+    if (ns, tid) in ancestors:
+        raise ConfigurationError(
+            f"{what}(thread_id={tid!r}): that thread runs an ancestor of this child (a run above it in the "
+            f"tree that waits for it): the child would wait for its lease forever and write onto it. Name "
+            f"another thread, or leave thread_id out (default: '<parent thread>~<child run id>')"
+        )
+    return C.Child(
+        tid, rid, ns, agent, run.thread_id, run.run_id, run.namespace, position, policy, ancestors, lease_ttl
+    )
 
 
 def _begin(
@@ -243,6 +298,7 @@ def start(
     namespace: str | None = None,
     on_parent_close: str = "cancel",
     executor: str | Callable[[dict[str, Any]], Any] | None = None,
+    lease_ttl: float | None = None,
     **kwargs: Any,
 ) -> ChildHandle:
     """Start ``agent(*args, **kwargs)`` as a child run on thread ``thread_id`` (default: one of its
@@ -256,9 +312,14 @@ def start(
     child's spec and hands it to a worker calling ``pk.run_child(spec, store=...)``.
     ``on_parent_close``: ``"cancel"`` (default: the child is cancelled when the parent run ends,
     is cancelled or rolled back) or ``"abandon"`` (it finishes on its own).
+    The arguments are encoded with the store's codec (the spec is plain JSON data; one it cannot
+    encode raises ``pk.SerializationError`` here). ``lease_ttl``: the child's lease TTL (a stop
+    reaches a child in another process within ``lease_ttl / 3`` s; default 30).
     In async code use ``await pk.astart(...)``."""
     name, policy, run, position, rec = _begin("pk.start", agent, on_parent_close, executor)
-    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.start")
+    ttl = _ttl(lease_ttl, "pk.start(lease_ttl=)")
+    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.start", ttl)
+    encoded = C.encode_args(run.codec, args, kwargs, "pk.start")
     checking = (
         CHECKING.get() is not None
     )  # store.check_replay: no link, no launch, no other store touched
@@ -266,13 +327,13 @@ def start(
     if rec is None:
         if not checking:
             require(run.store.backend, "kv", "pk.start()")
-            run.store.run_sync(C.link_plan(run.codec, child))
+            run.store.run_sync(C.link_plan(run.codec, child, encoded))
         run.step_sync(position, C.START, None, result=child.tree())  # the check: its frontier
     elif not run.replay_only and not checking:
         launch = run.store.run_sync(C.needs_launch(run.codec, child))
     started(run, child)
     if launch:
-        _executor(executor, run.store, "pk.start")(child.spec(args, kwargs))
+        _executor(executor, run.store, "pk.start")(child.spec(encoded))
     return ChildHandle(child, run.store)
 
 
@@ -284,11 +345,14 @@ async def astart(
     namespace: str | None = None,
     on_parent_close: str = "cancel",
     executor: str | Callable[[dict[str, Any]], Any] | None = None,
+    lease_ttl: float | None = None,
     **kwargs: Any,
 ) -> ChildHandle:
     """The async twin of :func:`start` (``"inline"`` awaits the child; the default runs it in a thread)."""
     name, policy, run, position, rec = _begin("pk.astart", agent, on_parent_close, executor)
-    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.astart")
+    ttl = _ttl(lease_ttl, "pk.astart(lease_ttl=)")
+    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.astart", ttl)
+    encoded = C.encode_args(run.codec, args, kwargs, "pk.astart")
     checking = (
         CHECKING.get() is not None
     )  # store.check_replay: no link, no launch, no other store touched
@@ -296,7 +360,7 @@ async def astart(
     if rec is None:
         if not checking:
             require(run.store.backend, "kv", "pk.astart()")
-            await run.store.run_async(C.link_plan(run.codec, child))
+            await run.store.run_async(C.link_plan(run.codec, child, encoded))
         await run.step_async(
             position, C.START, None, result=child.tree()
         )  # the check: its frontier
@@ -304,7 +368,7 @@ async def astart(
         launch = await run.store.run_async(C.needs_launch(run.codec, child))
     started(run, child)
     if launch:
-        spec = child.spec(args, kwargs)
+        spec = child.spec(encoded)
         if executor == "inline":
             import asyncio
 

@@ -24,12 +24,20 @@ from typing import Any
 
 import pytest
 
-from .._errors import ConfigurationError, RetryableError, RunAbortedError, RunCancelledError
+from .._errors import (
+    ConfigurationError,
+    NonDeterminismError,
+    RetryableError,
+    RunAbortedError,
+    RunCancelledError,
+    SerializationError,
+)
 from ..codec._versions import register
 from ..engine._api import checkpointed, resume
 from ..engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
 from ..engine._messages import cancelled, receive
 from ..engine._store import Store
+from ..engine._suspend import sleep, suspend
 from ._stores import TwoStores
 
 __all__ = ["ChildrenConformance"]
@@ -71,6 +79,34 @@ def lingers(label: str) -> str:
     """A child agent whose step runs until its run is asked to stop; then a step that never runs."""
     _long(label)
     return _work(label + "/after")
+
+
+@register
+def asks(label: str) -> Any:
+    """A child agent that suspends for a human's approval (``pk.suspend``), then one more step."""
+    _work(label)
+    answer = suspend(f"approve {label}?")
+    return [answer, _work(label + "/after")]
+
+
+@register
+def naps(label: str) -> Any:
+    """A child agent whose durable sleep suspends it (``pk.sleep`` beyond ``suspend_above``)."""
+    _work(label)
+    sleep(0.3, suspend_above=0)
+    return _work(label + "/woke")
+
+
+@register
+def echoes(*args: Any, **kwargs: Any) -> Any:
+    """A child agent that returns its arguments as it got them (types included)."""
+    return [list(args), kwargs, [type(a).__name__ for a in args]]
+
+
+@register
+def names_root(root: str) -> Any:
+    """A child agent that starts a grandchild on the thread of its own parent (an ancestor)."""
+    return start(research, "loop", thread_id=root, executor="inline").result()
 
 
 @register
@@ -299,7 +335,8 @@ class ChildrenConformance(_ReplayCheck):
         _until(lambda: stop.status() == "cancelled", "the child to stop")
         assert keep.status() == "suspended"  # left waiting for its message
         other.send(keep.thread_id, "go-ahead", topic="go")
-        assert run_child(keep.child.spec((f"{t}/keep",), {}), store=other) == "go-ahead"
+        info = next(k for k in other.children(t) if k.child == keep.child)
+        assert run_child(info.spec(), store=other) == "go-ahead"
 
     def test_a_failed_parent_keeps_its_children_for_its_retry(
         self, stores: tuple[Store, Store]
@@ -329,6 +366,110 @@ class ChildrenConformance(_ReplayCheck):
             start(research, f"{a}/k", executor=queue.append)
             run.abort("no budget left")
         assert [(k.status, k.cancel_asked) for k in worker.children(a)] == [("cancelled", True)]
+
+    def test_an_answered_child_goes_on_when_its_parent_resumes(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """A child that suspends for approval: due() lists the parent (not the child, which
+        pk.resume refuses to open outside pk.run_child); the parent's resume hands it over again."""
+        store, worker = stores
+        t = self.thread()
+
+        def supervisor() -> Any:
+            return start(asks, f"{t}/q", executor="inline").result(suspend_above=0)
+
+        with resume(t, store=store, run_id="r1") as run:
+            supervisor()
+        assert run.status == "suspended"
+        kid = worker.children(t)[0].child
+        asked = [q for q in worker.pending() if q.thread_id == kid.thread_id]
+        assert [q.kind for q in asked] == ["question"]
+        mine = (t, kid.thread_id)
+        assert [d.thread_id for d in worker.due(answered=True) if d.thread_id in mine] == []
+        worker.answer(kid.thread_id, "yes")
+        assert [d.thread_id for d in worker.due() if d.thread_id in mine] == [t]
+        assert [d.thread_id for d in worker.due(answered=True) if d.thread_id in mine] == [t]
+        with pytest.raises(ConfigurationError, match="is a child run"), resume(
+            kid.thread_id, store=worker
+        ):
+            pass  # the answerer's usual pk.resume(thread_id): refused, nothing written
+        with resume(t, store=store, run_id="r1") as run:
+            assert supervisor() == ["yes", f"{t}/q/after".upper()]
+        assert run.status == "completed"
+        assert RAN[f"{t}/q"] == 1 and RAN[f"{t}/q/after"] == 1
+
+    def test_a_child_whose_timer_is_due_goes_on_when_its_parent_resumes(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        store, worker = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+
+        def supervisor() -> Any:
+            return start(naps, f"{t}/n", executor=queue.append).result(suspend_above=0)
+
+        with resume(t, store=store, run_id="r1") as run:
+            supervisor()
+        run_child(queue[0], store=worker)  # the worker: the child suspends in its pk.sleep
+        kid = worker.children(t)[0]
+        assert kid.status == "suspended" and run.status == "suspended"
+        mine = (t, kid.child.thread_id)
+        _until(lambda: [d.thread_id for d in worker.due() if d.thread_id in mine] == [t], "t due")
+        with resume(t, store=store, run_id="r1") as run:  # hands the child to the queue again
+            supervisor()
+        assert run.status == "suspended" and len(queue) == 2 and queue[1] == queue[0]
+        assert run_child(queue[1], store=worker) == f"{t}/n/woke".upper()
+        with resume(t, store=store, run_id="r1") as run:
+            assert supervisor() == f"{t}/n/woke".upper()
+        assert run.status == "completed" and RAN[f"{t}/n"] == 1
+
+    def test_the_spec_is_json_and_checked_against_the_link(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """The spec's arguments are encoded with the store's codec (types survive a JSON hop);
+        an argument it cannot encode is refused at pk.start; a spec that is not the child the
+        parent started is refused by pk.run_child; lease_ttl= travels in the spec."""
+        import datetime
+        import json
+        import threading
+
+        store, worker = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+        when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+        with resume(t, store=store, run_id="r1"):
+            with pytest.raises(SerializationError):
+                start(echoes, threading.Lock(), executor=queue.append)
+            h = start(
+                echoes, (1, 2), {3}, b"x", when=when, executor=queue.append, lease_ttl=6,
+                on_parent_close="abandon",
+            )
+            with pytest.raises(ConfigurationError, match="lease_ttl"):
+                start(echoes, executor=queue.append, lease_ttl=0)
+        assert len(queue) == 1
+        spec = json.loads(json.dumps(queue[0]))  # a queue's JSON hop
+        assert spec["lease_ttl"] == 6 and worker.children(t)[0].spec() == spec
+        forged = {**spec, "agent": f"{research.__module__}:research"}
+        with pytest.raises(NonDeterminismError, match="does not match the child"):
+            run_child(forged, store=worker)
+        with pytest.raises(NonDeterminismError, match="does not match the child"):
+            run_child({**spec, "args": [["other"]]}, store=worker)
+        assert h.status() == "pending"  # nothing of the child was touched
+        assert run_child(spec, store=worker) == [
+            [(1, 2), {3}, b"x"],
+            {"when": when},
+            ["tuple", "set", "bytes"],
+        ]
+
+    def test_a_child_thread_of_an_ancestor_is_refused(self, stores: tuple[Store, Store]) -> None:
+        store, _ = stores
+        t = self.thread()
+        with resume(t, store=store, run_id="r1"):
+            h = start(names_root, t, executor="inline")
+            with pytest.raises(ConfigurationError, match="ancestor"):
+                h.result()
+        assert [h.child.thread_id] == [k.child.thread_id for k in store.children(t)]
+        assert store.children(h.thread_id) == []  # the grandchild was never linked
 
     def test_misuse_is_refused_clearly(self, stores: tuple[Store, Store]) -> None:
         store, _ = stores
@@ -369,7 +510,7 @@ class ChildrenConformance(_ReplayCheck):
         assert RAN[f"{t}/a"] == RAN[f"{t}/b"] == 1
         kid = other.children(t)[0].child
         assert (
-            asyncio.run(arun_child(kid.spec((f"{t}/a",), {}), store=other))
+            asyncio.run(arun_child(other.children(t)[0].spec(), store=other))
             == f"{t}/a".upper() + "?"
         )
         assert (

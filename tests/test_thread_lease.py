@@ -115,3 +115,51 @@ def test_waiting_for_a_run_the_store_does_not_know_says_so(store: pk.Store) -> N
             await again.arelease()
 
     asyncio.run(main())
+
+
+def test_a_slot_taken_with_the_lease_is_given_up_with_it(store: pk.Store) -> None:
+    """``ThreadLease(concurrency=)``: the limit is checked at once; ``take_slot()`` takes a slot
+    of the key (a second holding under limit 1 and busy='reject' is refused with
+    ConcurrencyLimitError), ``wait_for`` and ``release()`` give it up; before ``acquire()`` it
+    is a ConfigurationError."""
+    key = uid("tenant")
+    limit = ("tenant", key, 1)
+    for bad in (("tenant", key, 0), ("tenant", "", 1), "tenant"):
+        with pytest.raises(pk.ConfigurationError, match="concurrency="):
+            pk.ThreadLease(store, "t", concurrency=bad)
+    with pytest.raises(pk.ConfigurationError, match="busy=None"):
+        pk.ThreadLease(store, "t", busy=None, concurrency=limit)
+    first = pk.ThreadLease(store, uid("slot-a"), busy="reject", concurrency=limit)
+    with pytest.raises(pk.ConfigurationError, match="before acquire"):
+        first.take_slot()
+    first.acquire()
+    try:
+        first.take_slot()
+        first.take_slot()  # held already: nothing more
+        info = pk.Concurrency(*limit).info(store)
+        assert info is not None and len(info.holders) == 1
+        second = pk.ThreadLease(store, uid("slot-b"), busy="reject", concurrency=limit)
+        second.acquire()
+        try:
+            with pytest.raises(pk.ConcurrencyLimitError) as refused:
+                second.take_slot()
+            assert refused.value.limit == "tenant" and refused.value.capacity == 1
+        finally:
+            second.release()
+    finally:
+        first.release()
+    info = pk.Concurrency(*limit).info(store)
+    assert info is not None and info.holders == ()
+
+    async def in_async() -> None:
+        lease = pk.ThreadLease(store, uid("slot-c"), busy="reject", concurrency=limit)
+        await lease.aacquire()
+        try:
+            await lease.atake_slot()
+            held = await pk.Concurrency(*limit).ainfo(store)
+            assert held is not None and len(held.holders) == 1
+        finally:
+            await lease.arelease()
+
+    asyncio.run(in_async())
+    assert pk.Concurrency(*limit).info(store).holders == ()  # type: ignore[union-attr]

@@ -414,7 +414,10 @@ class MessagesConformance(TwoStores):
 
         def first() -> None:
             try:
-                with resume(t, store=store, run_id="first", lease_ttl=0.3):
+                # a TTL short enough that the stop is heard within the test, long enough that a
+                # loaded machine's late renewal does not let the lease lapse (the second turn
+                # would then wait for this unfinished run's redelivery, which never comes here)
+                with resume(t, store=store, run_id="first", lease_ttl=1.5):
                     for i in range(5):
                         _slow(f"{t}:first:{i}", gate=f"{t}:first:{at}")
             except RunCancelledError as exc:

@@ -103,6 +103,24 @@ def echoes(*args: Any, **kwargs: Any) -> Any:
     return [list(args), kwargs, [type(a).__name__ for a in args]]
 
 
+def _lease_plan(thread_id: str, namespace: str) -> Any:
+    from .._io import call
+
+    rec = yield call("lease_get", thread_id, namespace)
+    return rec
+
+
+@register
+def lease_left() -> float:
+    """A child agent that returns the seconds its own lease has left (its ``lease_ttl`` at most)."""
+    from ..coordination._lease import _State
+    from ..engine._api import _CURRENT
+
+    run = _CURRENT.get().run  # type: ignore[union-attr]  # a child agent runs in its run
+    rec = run.store.run_sync(_lease_plan(run.thread_id, run.namespace))
+    return _State.load(rec).expires - time.time()
+
+
 @register
 def names_root(root: str) -> Any:
     """A child agent that starts a grandchild on the thread of its own parent (an ancestor)."""
@@ -455,6 +473,10 @@ class ChildrenConformance(_ReplayCheck):
         with pytest.raises(NonDeterminismError, match="does not match the child"):
             run_child({**spec, "args": [["other"]]}, store=worker)
         assert h.status() == "pending"  # nothing of the child was touched
+        with resume(t + "-ttl", store=store):
+            short = start(lease_left, executor="inline", lease_ttl=6).result()
+            long = start(lease_left, executor="inline").result()
+        assert 0 < short <= 6 < long  # run_child opened the child with the spec's lease_ttl
         assert run_child(spec, store=worker) == [
             [(1, 2), {3}, b"x"],
             {"when": when},

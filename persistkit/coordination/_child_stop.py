@@ -68,12 +68,7 @@ def foreign_child(run: Run) -> ConfigurationError | None:
     mine = IN_CHILD.get()
     if mine is not None and mine[:3] == (run.namespace, run.thread_id, run.run_id):
         return None
-    top = index.get("0")
-    if top is not None and top.body.get("n") != C.CHILD:
-        return None
-    if top is None and not any(p.startswith("0/") for p in index):
-        return None
-    if not C.looks_like_child(run.run_id, "0"):
+    if not any(C.marked(rec) for rec in index.values()):
         return None
     parent_run, _, position = run.run_id.rpartition(":")
     tail = "~" + run.run_id

@@ -76,6 +76,8 @@ __all__ = [
 
 #: The step names: the parent's start and result records, and the child's one top step.
 START, RESULT, CHILD = "pk.start", "pk.child.result", "pk.child"
+#: The metadata key ``pk.run_child`` stores with a child run's records (its parent's run id).
+MARK = "pk.child"
 #: ``on_parent_close=`` values.
 POLICIES = ("cancel", "abandon")
 #: ``handle.result()`` waits in the process for at most this many seconds; longer, the parent suspends.
@@ -439,12 +441,18 @@ def done_plan(codec: Codec, rec: Record, depth: int = 0) -> Plan[bool]:
     return False
 
 
+def marked(rec: Record) -> bool:
+    """Whether ``rec`` was written by a child run (``pk.run_child`` marks its records' metadata)."""
+    m = rec.body.get("m")
+    return isinstance(m, dict) and MARK in m
+
+
 def looks_like_child(run_id: str, position: str) -> bool:
-    """Whether a record at ``position`` of run ``run_id`` is inside a child run's agent: the run id
-    ``pk.start`` names (``<parent run>:<position>``, where a generated run id has no ``:``) and a
+    """Whether a record at ``position`` of run ``run_id`` may be inside a child run's agent: the run
+    id ``pk.start`` names (``<parent run>:<position>``; a generated run id has no ``:``) and a
     position under the child's one top step ``pk.child`` at ``0``."""
     head, _, tail = run_id.rpartition(":")
-    return bool(head) and tail.replace("/", "").isdigit() and (position == "0" or position.startswith("0/"))
+    return bool(head) and tail.replace("/", "").isdigit() and position.startswith("0/")
 
 
 def children_plan(

@@ -111,7 +111,10 @@ def _ttl(value: object, what: str) -> float | None:
 
 def _opening(child: C.Child, store: Store) -> resume:
     options: dict[str, Any] = {} if child.lease_ttl is None else {"lease_ttl": child.lease_ttl}
-    return resume(child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store, **options)
+    return resume(
+        child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store,
+        metadata={C.MARK: child.parent_run_id}, **options,
+    )
 
 
 def _check_link(store: Store, child: C.Child, spec: dict[str, Any], link: dict[str, Any] | None) -> None:

@@ -216,8 +216,16 @@ class Differ:
         assert self.compared["ref_raised"] < self.compared["search"] / 4, self.compared
 
 
+def _on_moto(store: pk.Store) -> bool:
+    """S3 and DynamoDB here are moto's server: one Python process answering every request over
+    HTTP, 20-50x slower than the other stores for the same operations."""
+    return store.url.startswith(("s3:", "dynamodb:"))
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_differential_against_inmemorystore(lg: PersistkitStore, seed: int) -> None:
+def test_differential_against_inmemorystore(lg: PersistkitStore, kv_store: pk.Store, seed: int) -> None:
+    if seed != 1 and _on_moto(kv_store):  # 70-100 s a seed there (issue #35)
+        pytest.skip("one random history on moto's S3 and DynamoDB (seed 1, and the async seed 4); three on the others")
     Differ(lg).run_sync(seed, 400)
 
 
@@ -340,13 +348,14 @@ def test_secrets_become_handles_in_the_stored_bytes(kv_store: pk.Store) -> None:
     lg.board.clear()
 
 
-def test_concurrent_writers_keep_created_at_and_lose_nothing(lg: PersistkitStore) -> None:
+def test_concurrent_writers_keep_created_at_and_lose_nothing(lg: PersistkitStore, kv_store: pk.Store) -> None:
     lg.put(("shared",), "k", {"w": -1})
     first = lg.get(("shared",), "k")
     assert first is not None
+    rounds = 6 if _on_moto(kv_store) else 15  # six racing writers either way; 145 s on moto's S3 at 15 (#35)
 
     def writer(w: int) -> None:
-        for i in range(15):
+        for i in range(rounds):
             lg.batch([PutOp(("shared",), "k", {"w": w, "i": i}), PutOp(("own", str(w)), f"k{i}", {"i": i})])
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(6)]
@@ -355,8 +364,8 @@ def test_concurrent_writers_keep_created_at_and_lose_nothing(lg: PersistkitStore
     for t in threads:
         t.join()
     last = lg.get(("shared",), "k")
-    assert last is not None and last.created_at == first.created_at and last.value["i"] == 14
-    assert len(lg.search(("own",), limit=1000)) == 6 * 15
+    assert last is not None and last.created_at == first.created_at and last.value["i"] == rounds - 1
+    assert len(lg.search(("own",), limit=1000)) == 6 * rounds
     assert lg.list_namespaces(prefix=("own",)) == [("own", str(w)) for w in range(6)]
 
 

@@ -96,6 +96,8 @@ def _plan(
     # the head's state as it is (channel refs copied, nothing decoded)
     body["ch"] = rec.body.get("ch") or {}
     body["sc"] = rec.body.get("sc")
+    if "m" in rec.body:  # the run's metadata, as its own records carry it (a child run's mark too)
+        body["m"] = rec.body["m"]
     row = new_row(t, ns, next_checkpoint_id(rec.id), rec.id, rec.row.run_id, codec.pack_stored(body))
     try:
         yield write_under(lease, row, head.version)

@@ -447,14 +447,6 @@ def marked(rec: Record) -> bool:
     return isinstance(m, dict) and MARK in m
 
 
-def looks_like_child(run_id: str, position: str) -> bool:
-    """Whether a record at ``position`` of run ``run_id`` may be inside a child run's agent: the run
-    id ``pk.start`` names (``<parent run>:<position>``; a generated run id has no ``:``) and a
-    position under the child's one top step ``pk.child`` at ``0``."""
-    head, _, tail = run_id.rpartition(":")
-    return bool(head) and tail.replace("/", "").isdigit() and position.startswith("0/")
-
-
 def children_plan(
     codec: Codec, thread_id: str, namespace: str | None, run_id: str | None
 ) -> Plan[list[ChildInfo]]:

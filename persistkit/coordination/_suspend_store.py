@@ -20,7 +20,7 @@ from .._io import Plan, call
 from ..state._records import Checkpoint, Record
 from . import _suspend as S
 from ._answer import answer_async, answer_sync
-from ._children import looks_like_child, marked
+from ._children import marked
 
 if TYPE_CHECKING:
     from ..backends._protocol import Backend
@@ -84,7 +84,7 @@ def _due(codec: Codec, prefix: str, namespace: str, at: float, answered: bool) -
     recs = yield from _suspensions(codec, prefix, namespace, answered=answered)
     out: list[S.DueRun] = []
     for rec in recs:
-        if marked(rec) or (S.is_answered(rec) and looks_like_child(rec.row.run_id or "", str(rec.body.get("p")))):
+        if marked(rec):
             continue  # a child run: its parent is due instead (its resume hands the child over again)
         if S.is_answered(rec):  # answered, and the process that answered never resumed it
             out.append(S.DueRun(

@@ -81,6 +81,11 @@ def lingers(label: str) -> str:
     return _work(label + "/after")
 
 
+@checkpointed
+def _asks_inside(label: str) -> Any:
+    return suspend(f"approve {label}?")
+
+
 @register
 def asks(label: str) -> Any:
     """A child agent that suspends for a human's approval (``pk.suspend``), then one more step."""
@@ -415,6 +420,15 @@ class ChildrenConformance(_ReplayCheck):
             assert supervisor() == ["yes", f"{t}/q/after".upper()]
         assert run.status == "completed"
         assert RAN[f"{t}/q"] == 1 and RAN[f"{t}/q/after"] == 1
+        u = f"{t}-user"  # a run of the user's, named like a child's, asking inside its first step
+        with resume(u, store=store, run_id="order:42") as run:
+            _asks_inside(u)
+        assert run.status == "suspended"
+        worker.answer(u, "ok")
+        assert [d.thread_id for d in worker.due(answered=True) if d.thread_id == u] == [u]
+        with resume(u, store=worker) as run:  # not taken for a child run
+            assert _asks_inside(u) == "ok"
+        assert run.status == "completed"
 
     def test_a_child_whose_timer_is_due_goes_on_when_its_parent_resumes(
         self, stores: tuple[Store, Store]

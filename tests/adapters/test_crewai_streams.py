@@ -173,7 +173,9 @@ def test_a_bad_stream_name_is_refused_before_the_kickoff(url: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+# one store per framework, dealt over SQLite and PostgreSQL across the four adapters (#35):
+# the stream's rewind across a crash is checked on every store by the stream conformance suite
+@pytest.mark.parametrize("kind", ["sqlite"])
 def test_a_worker_sigkilled_mid_task_is_rewound_and_the_next_worker_streams_each_task_once(
     kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

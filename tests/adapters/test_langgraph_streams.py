@@ -175,7 +175,9 @@ def test_stream_needs_the_persistkit_saver_and_a_good_name(url: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+# one store per framework, dealt over SQLite and PostgreSQL across the four adapters (#35):
+# the stream's rewind across a crash is checked on every store by the stream conformance suite
+@pytest.mark.parametrize("kind", ["postgres"])
 def test_a_worker_sigkilled_mid_answer_is_rewound_and_the_next_worker_streams_the_answer(
     kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -118,7 +118,9 @@ def _child(url: str, thread: str, run_id: str, kill_at: int) -> subprocess.Compl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+# one store per framework, dealt over SQLite and PostgreSQL across the four adapters (#35):
+# the stream's rewind across a crash is checked on every store by the stream conformance suite
+@pytest.mark.parametrize("kind", ["sqlite"])
 def test_a_worker_sigkilled_mid_answer_is_rewound_and_the_new_worker_streams_the_answer(
     kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -236,6 +236,7 @@ def _warmed(
         try:
             # threads a fork hook restarted (OpenTelemetry's span processor) are in every child
             threads = _threads()
+            importlib.invalidate_caches()  # a module written after a finder listed its folder
             for name in modules:
                 with contextlib.suppress(Exception):  # one not importable by name stays lazy
                     importlib.import_module(name)

@@ -416,6 +416,13 @@ class ChildrenConformance(_ReplayCheck):
             kid.thread_id, store=worker
         ):
             pass  # the answerer's usual pk.resume(thread_id): refused, nothing written
+
+        async def aopen() -> None:
+            async with resume(kid.thread_id, store=worker):
+                pass
+
+        with pytest.raises(ConfigurationError, match="is a child run"):
+            asyncio.run(aopen())
         with resume(t, store=store, run_id="r1") as run:
             assert supervisor() == ["yes", f"{t}/q/after".upper()]
         assert run.status == "completed"

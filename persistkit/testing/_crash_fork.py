@@ -244,7 +244,7 @@ def _warmed(
             # every object so far into the collector's permanent generation: a child's
             # collections then leave them alone instead of writing to (copying) their pages
             gc.freeze()
-            if _threads() > threads:
+            if _threads() - threads:  # a thread that was not there before (one may have ended)
                 replies.write("0\n")
                 replies.flush()
                 code = _DECLINED
@@ -281,12 +281,14 @@ def _prime() -> None:
     _registry._env_sync()
 
 
-def _threads() -> int:
-    """This process's threads, those of C libraries included where the OS lists them."""
+def _threads() -> set[int]:
+    """This process's threads, those of C libraries included where the OS lists them: their
+    ids, so that a thread that ended meanwhile (a heartbeat a fork hook restarted, finding
+    nothing to renew) does not hide one that started."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
     except OSError:
-        return threading.active_count()
+        return {t.ident or 0 for t in threading.enumerate()}
 
 
 class Opaque:

@@ -18,20 +18,15 @@ reached is skipped and said so.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import _env  # noqa: F401 -- first: a missing package says how to run this script
+from _scratch import TAG, scratch_stores
 
 import persistkit as pk
-
-PG_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
-TAG = uuid.uuid4().hex[:8]
 
 
 @pk.checkpointed
@@ -73,48 +68,13 @@ def measure(url: str, runs: int) -> dict[str, list[float]]:
     return out
 
 
-def stores() -> list[tuple[str, str, Any]]:
-    out: list[tuple[str, str, Any]] = []
-    tmp = tempfile.mkdtemp()
-    out.append(("SQLite", f"sqlite:///{tmp}/bench.db", None))
-    try:
-        import psycopg
-
-        admin = psycopg.connect(PG_URL, autocommit=True)
-        schema = f"pkbench_ch_{TAG}"
-
-        def drop_pg() -> None:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            admin.close()
-
-        out.append(("PostgreSQL", f"{PG_URL}?schema={schema}", drop_pg))
-    except Exception as exc:  # no server, no driver: say so
-        print(f"PostgreSQL skipped: {exc}")
-    try:
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        client.ping()
-        prefix = f"pkbench-ch-{TAG}:"
-
-        def drop_redis() -> None:
-            for key in client.scan_iter(f"{prefix}*"):
-                client.delete(key)
-            client.close()
-
-        out.append(("Redis", f"{REDIS_URL}?volatile=true&prefix={prefix}", drop_redis))
-    except Exception as exc:
-        print(f"Redis skipped: {exc}")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40)
     args = ap.parse_args()
     print(f"a parent run with one child against one step, {args.runs} runs each (ms)")
     print(f"{'store':<12}{'way':<8}{'p50':>9}{'p99':>9}{'p50 / step':>12}")
-    for name, url, drop in stores():
+    for name, url, drop in scratch_stores("ch"):
         try:
             got = measure(url, args.runs)
         finally:

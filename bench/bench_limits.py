@@ -30,20 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from bisect import bisect_left
 from pathlib import Path
 from typing import Any
 
 import _env  # noqa: F401 -- first: a missing package says how to run this script
+from _scratch import TAG, scratch_stores
 
 import persistkit as pk
 from persistkit.backends._protocol import KvOp
 from persistkit.flow._limits import SCOPE
 
-PG_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
-TAG = uuid.uuid4().hex[:8]
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "limits_worker.py"
 BURST = 5
@@ -139,39 +136,6 @@ def fleet(url: str, procs: int, seconds: float, rate: int) -> dict[str, Any]:
     }
 
 
-def stores() -> list[tuple[str, str, Any]]:
-    out: list[tuple[str, str, Any]] = []
-    try:
-        import psycopg
-
-        admin = psycopg.connect(PG_URL, autocommit=True)
-        schema = f"pkbench_limits_{TAG}"
-
-        def drop_pg() -> None:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            admin.close()
-
-        out.append(("PostgreSQL", f"{PG_URL}?schema={schema}", drop_pg))
-    except Exception as exc:  # no server, no driver: say so
-        print(f"PostgreSQL skipped: {exc}")
-    try:
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        client.ping()
-        prefix = f"pkbench-limits-{TAG}:"
-
-        def drop_redis() -> None:
-            for key in client.scan_iter(f"{prefix}*"):
-                client.delete(key)
-            client.close()
-
-        out.append(("Redis", f"{REDIS_URL}?volatile=true&prefix={prefix}", drop_redis))
-    except Exception as exc:
-        print(f"Redis skipped: {exc}")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draws", type=int, default=300)
@@ -181,7 +145,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=50)
     args = ap.parse_args()
-    found = stores()
+    found = scratch_stores("limits", sqlite=False)
     print(
         f"one draw against one kv_get round trip and one kv_write (compare-and-swap), p50 of {args.draws} (µs)"
     )

@@ -19,23 +19,16 @@ round trip. PostgreSQL: ``$PERSISTKIT_TEST_POSTGRES`` or
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import tempfile
 import threading
 import time
-import uuid
-from typing import Any
 
 import _env  # noqa: F401 -- first: a missing package says how to run this script
+from _scratch import TAG, scratch_stores
 
 import persistkit as pk
 from persistkit.coordination._inbox import inbox_scope
-
-PG_URL = os.environ.get("PERSISTKIT_TEST_POSTGRES", "postgresql://127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("PERSISTKIT_TEST_REDIS", "redis://127.0.0.1:6379/0")
-TAG = uuid.uuid4().hex[:8]
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -79,48 +72,13 @@ def measure(url: str, n: int) -> tuple[list[float], list[float], list[float]]:
     return [got_at[i] - sent_at[i] for i in range(n)], rt, send_took
 
 
-def stores() -> list[tuple[str, str, Any]]:
-    out: list[tuple[str, str, Any]] = []
-    tmp = tempfile.mkdtemp()
-    out.append(("SQLite", f"sqlite:///{tmp}/bench.db", None))
-    try:
-        import psycopg
-
-        admin = psycopg.connect(PG_URL, autocommit=True)
-        schema = f"pkbench_msg_{TAG}"
-
-        def drop_pg() -> None:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            admin.close()
-
-        out.append(("PostgreSQL", f"{PG_URL}?schema={schema}", drop_pg))
-    except Exception as exc:  # no server, no driver: say so
-        print(f"PostgreSQL skipped: {exc}")
-    try:
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        client.ping()
-        prefix = f"pkbench-msg-{TAG}:"
-
-        def drop_redis() -> None:
-            for key in client.scan_iter(f"{prefix}*"):
-                client.delete(key)
-            client.close()
-
-        out.append(("Redis", f"{REDIS_URL}?volatile=true&prefix={prefix}", drop_redis))
-    except Exception as exc:
-        print(f"Redis skipped: {exc}")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=200)
     args = ap.parse_args()
     print(f"send -> receive latency, {args.messages} messages each (ms)")
     print(f"{'store':<12}{'p50':>9}{'p99':>9}{'send p50':>10}{'kv_get p50':>12}{'p50 / kv_get':>14}")
-    for name, url, drop in stores():
+    for name, url, drop in scratch_stores("msg"):
         try:
             lat, rt, sends = measure(url, args.messages)
         finally:

@@ -6,37 +6,22 @@ metrics carry the limit's name, never its key (a tenant id)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 pytest.importorskip("opentelemetry.sdk.metrics")
 
-from opentelemetry.metrics import _internal as metrics_internal
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import persistkit as pk
 
+pytest_plugins = ["otel_capture"]  # the otel fixture
 
-def _points(reader: InMemoryMetricReader, metric: str) -> list[Any]:
-    data = reader.get_metrics_data()
-    if data is None:
-        return []
-    return [
-        p
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == metric
-        for p in m.data.data_points
-    ]
+if TYPE_CHECKING:
+    from otel_capture import Otel
 
 
-def test_slot_waits_and_refusals_are_metrics_by_limit_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
-    reader = InMemoryMetricReader()
-    monkeypatch.setattr(metrics_internal, "_METER_PROVIDER", MeterProvider(metric_readers=[reader]))
+def test_slot_waits_and_refusals_are_metrics_by_limit_name(otel: Otel) -> None:
     name, tenant = f"tenant-{uuid.uuid4().hex[:6]}", "acme-secret-id"
     store = pk.connect(f"memory://{name}")
     with (
@@ -47,8 +32,8 @@ def test_slot_waits_and_refusals_are_metrics_by_limit_name(monkeypatch: pytest.M
         pass
     with pk.resume("c", store=store, concurrency=(name, tenant, 1)):
         pass
-    [waits] = _points(reader, "persistkit.concurrency.wait.duration")
+    [waits] = otel.points("persistkit.concurrency.wait.duration")
     assert dict(waits.attributes) == {"persistkit.concurrency.name": name} and waits.count == 2
-    [refused] = _points(reader, "persistkit.concurrency.refused")
+    [refused] = otel.points("persistkit.concurrency.refused")
     assert dict(refused.attributes) == {"persistkit.concurrency.name": name} and refused.value == 1
-    assert tenant not in repr(reader.get_metrics_data())
+    assert tenant not in repr(otel.reader.get_metrics_data())

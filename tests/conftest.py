@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,26 @@ def unavailable(service: str, why: str) -> None:
 def uid(prefix: str = "t") -> str:
     """A thread id no other test (or earlier run) uses."""
     return f"{prefix}-{SESSION_TAG}-{uuid.uuid4().hex[:12]}"
+
+
+def until(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    """Wait for an event another process makes visible (a file line, a store record); fail
+    naming ``what`` after ``limit`` seconds. Tests of real processes wait on events, never on time."""
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes a test starts (append them): killed if still running when it ends."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
 
 
 def _port_open(host: str, port: int) -> bool:

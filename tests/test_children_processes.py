@@ -14,19 +14,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_url
+from conftest import make_url, until
 
 import persistkit as pk
 
 HERE = Path(__file__).resolve().parent
-DEADLINE = 60.0
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -46,23 +43,6 @@ def env(tmp_path: Path) -> dict[str, str]:
         "CHILDREN_LOG": str(tmp_path / "bodies.log"),
         "CHILDREN_QUEUE": str(tmp_path / "queue.json"),
     }
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=30)
-
-
-def until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def ran(env: dict[str, str]) -> Counter[str]:

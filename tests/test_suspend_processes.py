@@ -16,11 +16,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_url
+from conftest import make_url, until
 
 import persistkit as pk
 
@@ -36,23 +35,6 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE),
 @pytest.fixture(params=["postgres", "sqlite"])
 def url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_url(request.param, request, tmp_path_factory, isolated=True)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=30)
-
-
-def until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def lines(path: Path) -> list[str]:

@@ -27,6 +27,9 @@ from ._fence import write_under
 from ._lease import DEFAULT_TTL, Lease, acquire, release
 from ._unfinished import ABANDONED
 
+#: The run status of a failed run's end record (engine/_cursor.py names it too).
+FAILED = "failed"
+
 if TYPE_CHECKING:
     from ..backends._protocol import Backend
     from ..codec._pipeline import Codec
@@ -55,26 +58,34 @@ def _plan(
 ) -> Plan[Checkpoint]:
     t, ns, codec = thread_id, namespace, store.codec
     where = repr(t) + (f" (namespace {ns!r})" if ns else "")
-    mine = yield call("list", t, ns, run_id=run_id, limit=1)
-    if not mine:
-        head = yield call("head", t, ns)
-        if head is None:
-            raise NotFoundError(f"cannot abandon run {run_id}: thread {where} has no checkpoints")
-        raise NotFoundError(
-            f"cannot abandon run {run_id}: thread {where} has no checkpoint of that run (check the "
-            "run id in `persistkit history`). A run that committed nothing holds no place: no turn waits for it"
-        )
-    last = Record.decode(codec, mine[0])
     verb = "abandon" if status == ABANDONED else "cancel"
+    found = yield call("head_row", t, ns)  # the head first: a run that commits meanwhile moves it (the write's CAS)
+    head, top = (found[0], Record.decode(codec, found[1])) if found else (None, None)
+    if top is not None and top.row.run_id == run_id:
+        last = top  # the run's newest record is the head
+    else:
+        mine = yield call("list", t, ns, run_id=run_id, limit=1)
+        if not mine:
+            if head is None:
+                raise NotFoundError(f"cannot {verb} run {run_id}: thread {where} has no checkpoints")
+            raise NotFoundError(
+                f"cannot {verb} run {run_id}: thread {where} has no checkpoint of that run (check the "
+                "run id in `persistkit history`). A run that committed nothing holds no place: no turn waits for it"
+            )
+        last = Record.decode(codec, mine[0])
     if last.kind == "end":
         if last.run_status == status:
             return last.public(codec)  # abandoned (cancelled) already: nothing to do
-        raise ConfigurationError(
-            f"cannot {verb} run {run_id} of thread {where}: it finished ({last.run_status}); only an "
-            f"unfinished run (live, suspended, or its process died before its end) can be {verb}ed"
-        )
-    head = yield call("head", t, ns)
-    top = yield from store.read_record(t, ns, head.checkpoint_id)
+        # A failed run is not over: its redelivery (the same run id) continues it while its
+        # failed end is the head. A cancel ends it for good (#39): the redelivery runs nothing.
+        if status == ABANDONED or last.run_status != FAILED:
+            kinds = "live, suspended, or its process died before its end" if status == ABANDONED else (
+                "live, suspended, failed, or its process died before its end")
+            raise ConfigurationError(
+                f"cannot {verb} run {run_id} of thread {where}: it finished ({last.run_status}); only an "
+                f"unfinished run ({kinds}) can be {'abandoned' if status == ABANDONED else 'cancelled'}"
+            )
+    assert head is not None and top is not None  # the run has a record, so the thread has a head
     if top.id != last.id:
         raise ConfigurationError(
             f"cannot {verb} run {run_id} of thread {where}: the thread moved on past it (its head is "

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import RunCancelledError, ThreadBusyError
 from .._io import Plan, call, run_async, run_sync
 from ..backends import LeaseRecord
+from ._abandon import FAILED
 from ._lease import _State
 from ._suspend import SUSPENDED, suspended_again
 from ._unfinished import CANCELLED, INTERRUPTED, ROLLED_BACK
@@ -184,8 +185,8 @@ def _target(store: Any, thread_id: str, namespace: str, run_id: str | None) -> P
 
     found = yield call("head_row", thread_id, namespace)
     head = Record.decode(store.codec, found[1]) if found else None
-    if head is not None and head.kind == "end" and head.run_status == CANCELLED and head.row.run_id:
-        return head.row.run_id  # cancelled already: nothing more to do
+    if head is not None and head.kind == "end" and head.run_status in (CANCELLED, FAILED) and head.row.run_id:
+        return head.row.run_id  # cancelled already: nothing more to do; failed: its retry would continue it
     if head is None or head.kind != "step" or not head.row.run_id:
         raise NotFoundError(
             f"cannot cancel thread {thread_id!r}: no run is live or unfinished on it (its newest record "

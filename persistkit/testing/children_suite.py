@@ -26,13 +26,16 @@ import pytest
 
 from .._errors import (
     ConfigurationError,
+    ConflictError,
     NonDeterminismError,
     RetryableError,
     RunAbortedError,
     RunCancelledError,
     SerializationError,
+    ThreadBusyError,
 )
 from ..codec._versions import register
+from ..coordination._children import child_run_id
 from ..engine._api import checkpointed, resume
 from ..engine._children import ChildHandle, agather, arun_child, astart, gather, run_child, start
 from ..engine._messages import cancelled, receive
@@ -224,7 +227,9 @@ class ChildrenConformance(_ReplayCheck):
             ("1", "completed"),
             ("2", "completed"),
         ]
-        assert kids[2].child.thread_id == f"{t}-named" and kids[0].child.run_id == f"{run.run_id}:0"
+        assert kids[2].child.thread_id == f"{t}-named"
+        assert kids[0].child.run_id == child_run_id(run.run_id, "0", t, run.namespace)
+        assert kids[0].child.run_id.startswith(f"{run.run_id}:0@")
         assert other.history(kids[0].child.thread_id)[0].run_status == "completed"
 
     def test_a_thread_pool_runs_the_children(self, stores: tuple[Store, Store]) -> None:
@@ -389,6 +394,37 @@ class ChildrenConformance(_ReplayCheck):
             start(research, f"{a}/k", executor=queue.append)
             run.abort("no budget left")
         assert [(k.status, k.cancel_asked) for k in worker.children(a)] == [("cancelled", True)]
+
+    def test_cancel_of_a_failed_parent_ends_it_and_every_child(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """A failed parent is not over (its redelivery continues it, and its children go on):
+        ``store.cancel`` ends it for good, its redelivery runs nothing, and every unfinished
+        child is cancelled (#39)."""
+        store, operator = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+
+        def supervisor() -> None:
+            start(research, f"{t}/q", executor=queue.append)  # handed to a queue, not run yet
+            start(waits, f"{t}/parked", executor="inline")  # suspended in pk.receive
+            raise TimeoutError("the model timed out (transient)")
+
+        with pytest.raises(TimeoutError), resume(t, store=store, run_id="r1") as run:
+            supervisor()
+        assert run.status == "failed"
+        assert [k.status for k in operator.children(t)] == ["pending", "suspended"]
+        assert operator.cancel(t) == "cancelled"  # no run id: the thread's failed run
+        assert operator.history(t)[0].run_status == "cancelled"
+        assert [(k.status, k.cancel_asked) for k in operator.children(t)] == [("cancelled", True)] * 2
+        with pytest.raises(RunCancelledError) as stop, resume(t, store=store, run_id="r1"):
+            supervisor()  # the queue redelivers the failed turn: it runs nothing
+        assert stop.value.status == "cancelled" and stop.value.run_id == "r1"
+        with pytest.raises(RunCancelledError):
+            run_child(queue[0], store=operator)  # the queued child, delivered now: runs nothing
+        assert RAN[f"{t}/q"] == 0 and RAN[f"{t}/parked"] == 1
+        assert operator.cancel(t, "r1") == "cancelled"  # cancelled already: nothing more to do
+        assert [h.run_status for h in operator.history(t)][:2] == ["cancelled", "failed"]
 
     def test_an_answered_child_goes_on_when_its_parent_resumes(
         self, stores: tuple[Store, Store]
@@ -560,6 +596,111 @@ class ChildrenConformance(_ReplayCheck):
             isinstance(ChildHandle(kid, other), ChildHandle)
             and ChildHandle(kid, other).status() == "completed"
         )
+
+    def test_two_parents_never_share_a_child(self, stores: tuple[Store, Store]) -> None:
+        """Two supervisors on different threads with the same run id: their children are other
+        runs (the run id is derived from the parent's thread too), and a thread named for a child
+        belongs to the first parent thread that started one there: another one is refused
+        (``pk.ConflictError``, nothing recorded) instead of adopting its child."""
+        store, other = stores
+        a, b, kid = self.thread(), self.thread(), self.thread() + "-kid"
+        with resume(a, store=store, run_id="turn-1"):
+            mine = start(research, f"{a}/x", thread_id=kid, executor="inline")
+            assert mine.result() == f"{a}/x".upper() + "!"
+            own_a = start(research, f"{a}/own", executor="inline")
+        with resume(b, store=other, run_id="turn-1") as run:
+            with pytest.raises(ConflictError, match=f"another parent: thread {a!r}") as refused:
+                start(research, f"{b}/x", thread_id=kid, executor="inline")
+            assert refused.value.thread_id == kid and "delete_thread" in str(refused.value)
+            own_b = start(research, f"{b}/own", executor="inline")
+            assert own_b.result() == f"{b}/own".upper() + "!"
+        assert run.status == "completed" and own_b.run_id != own_a.run_id
+        assert RAN[f"{b}/x"] == 0 and RAN[f"{a}/x"] == 1
+        assert [k.child.position for k in other.children(b)] == ["1"]  # the refused start left nothing
+        assert [(h.run_id, h.run_status) for h in other.history(kid) if h.kind == "end"] == [
+            (mine.run_id, "completed")
+        ]
+        with resume(a, store=other, run_id="turn-2"):  # the same parent's next turn may reuse it
+            again = start(research, f"{a}/y", thread_id=kid, executor="inline")
+            assert again.result() == f"{a}/y".upper() + "!" and again.run_id != mine.run_id
+        other.delete_thread(kid)  # the old child thread gone: another parent may take the name
+        with resume(b, store=store, run_id="turn-2"):
+            assert start(research, f"{b}/z", thread_id=kid, executor="inline").result() == (
+                f"{b}/z".upper() + "!"
+            )
+
+    def test_a_resumed_parent_that_starts_other_children_is_refused(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """pk.start at a recorded position checks the recorded agent, thread and arguments (as a
+        step checks its arguments): another order raises pk.NonDeterminismError, never a
+        swapped handle."""
+        store, other = stores
+        t = self.thread()
+        queue: list[dict[str, Any]] = []
+        with pytest.raises(_Crash), resume(t, store=store, run_id="r1"):
+            start(research, f"{t}/a", executor=queue.append)
+            start(echoes, f"{t}/b", executor=queue.append)
+            raise _Crash("the parent's process dies here")
+        said = []
+        for swapped in (
+            lambda: start(echoes, f"{t}/b", executor=queue.append),  # another agent
+            lambda: start(research, f"{t}/b", executor=queue.append),  # other arguments
+            lambda: start(research, f"{t}/a", thread_id=f"{t}-x", executor=queue.append),
+        ):
+            with pytest.raises(NonDeterminismError) as caught, resume(t, store=other, run_id="r1"):
+                swapped()
+            assert caught.value.position == "0" and caught.value.step == "pk.start"
+            assert f"recorded the start of {research.__module__}:research" in str(caught.value)
+            said.append(str(caught.value))
+        assert f"now starts {echoes.__module__}:echoes there:" in said[0]
+        assert "with other arguments" in said[1] and f"on thread '{t}-x'" in said[2]
+        with resume(t, store=other, run_id="r1") as run:  # the same order: the same handles
+            h = [start(research, f"{t}/a", executor=queue.append), start(echoes, f"{t}/b", executor=queue.append)]
+            assert [k.child for k in other.children(t)] == [x.child for x in h]
+        assert run.status == "completed" and RAN[f"{t}/a"] == 0
+
+    def test_a_child_thread_held_by_an_unfinished_run_fails_fast(
+        self, stores: tuple[Store, Store]
+    ) -> None:
+        """A named child thread whose newest run is another, unfinished one nobody runs (it
+        crashed, or it is suspended): pk.start raises pk.ThreadBusyError naming it, at once and
+        before recording anything; a recorded child that meets one when it is handed over
+        inline raises it from pk.start too. Once that run is given up, the child runs."""
+        store, other = stores
+        t, kid = self.thread(), self.thread() + "-kid"
+        with pytest.raises(_Crash), resume(kid, store=store, run_id="old"):
+            _work(f"{kid}/old")
+            raise _Crash("its process died")
+        for i, executor in enumerate(("inline", "thread", lambda spec: None)):
+            with resume(t, store=store, run_id=f"r{i}") as run:
+                with pytest.raises(ThreadBusyError, match=r"store\.abandon") as busy:
+                    start(research, f"{t}/a", thread_id=kid, executor=executor)
+                assert busy.value.unfinished_run == "old" and busy.value.thread_id == kid
+        assert run.status == "completed" and store.children(t) == [] and RAN[f"{t}/a"] == 0
+        q = f"{kid}-asks"
+        with resume(q, store=store, run_id="asking"):
+            _asks_inside(q)  # suspended: waits for an answer
+        with resume(t + "-q", store=store), pytest.raises(ThreadBusyError, match="suspended"):
+            start(research, f"{t}/q", thread_id=q, executor="inline")
+        queue: list[dict[str, Any]] = []
+        late = f"{kid}-late"
+        with pytest.raises(_Crash), resume(t + "-late", store=store, run_id="r1"):
+            start(research, f"{t}/late", thread_id=late, executor=queue.append)  # recorded, lost
+            raise _Crash("the parent dies before the child ran")
+        with pytest.raises(_Crash), resume(late, store=store, run_id="intruder"):
+            _work(f"{late}/intruder")  # another run crashed on the child's thread meanwhile
+            raise _Crash("its process died")
+        with pytest.raises(ThreadBusyError, match="intruder") as busy, resume(
+            t + "-late", store=other, run_id="r1"
+        ):
+            start(research, f"{t}/late", thread_id=late, executor="inline")  # replayed, handed over
+        assert busy.value.unfinished_run == "intruder" and RAN[f"{t}/late"] == 0
+        other.abandon(late, "intruder")
+        with resume(t + "-late", store=other, run_id="r1") as run:
+            h = start(research, f"{t}/late", thread_id=late, executor="inline")
+            assert h.result() == f"{t}/late".upper() + "!"
+        assert run.status == "completed" and RAN[f"{t}/late"] == 1
 
     def test_delete_thread_drops_its_child_links(self, stores: tuple[Store, Store]) -> None:
         store, other = stores

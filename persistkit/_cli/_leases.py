@@ -49,8 +49,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Stop RUN of THREAD (default: the run live or unfinished on it). A live run is "
         "asked to stop: at its next step boundary pk.RunCancelledError is raised inside it (its "
         "compensations run) and it ends with status cancelled; another process's run sees the "
-        "request at its lease's next renewal. A run nobody runs (suspended, or its process died) "
-        "is ended now with status cancelled. A redelivery of it runs nothing (docs/messages.md).",
+        "request at its lease's next renewal. A run nobody runs (suspended, failed, or its process "
+        "died) is ended now with status cancelled; so is a run without a lease (busy=None), which "
+        "stops at its next checkpoint. A redelivery of it runs nothing (docs/messages.md).",
     )
     p.add_argument("thread", help="the thread's id")
     p.add_argument("run", nargs="?", default=None, help="the run's id (default: the thread's live or unfinished run)")
@@ -67,7 +68,8 @@ def _cancel(ns: argparse.Namespace, out: Output) -> int:
     elif outcome == "requested":
         out.line(f"thread {ns.thread}: the live run was asked to stop; it ends, status cancelled, at its next step")
     else:
-        out.line(f"thread {ns.thread}: the run was ended now, status cancelled (it was suspended or its process died)")
+        out.line(f"thread {ns.thread}: the run was ended now, status cancelled (it was suspended, its process died, or "
+                 "it runs without a lease, busy=None: then it stops at its next checkpoint)")
     return 0
 
 

@@ -18,6 +18,13 @@ holder drops it). A run nobody holds (suspended, or its process died) is ended a
 with an end record whose run status is ``cancelled`` (``_abandon``'s record: nothing of
 the user's code runs, its committed steps stay). A redelivery of a cancelled or
 interrupted run raises ``pk.RunCancelledError`` when it opens and runs nothing.
+
+A live run without a lease (``busy=None``) looks the same as one nobody holds, so it is
+ended the same way; it learns of it at its next write, which the head's compare-and-swap
+refuses (:func:`cancelled_under`: the engine asks only on a refused write): that step ran but
+is not recorded, ``pk.RunCancelledError`` is raised there, and its compensations and its own
+end record go on on top of the cancel's record. A failed run (its redelivery would continue
+it) is ended the same way too (``_abandon``).
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._errors import RunCancelledError, ThreadBusyError
-from .._io import Plan, call, run_async, run_sync
-from ..backends import LeaseRecord
+from .._errors import ConflictError, RunCancelledError, ThreadBusyError
+from .._io import Plan, Sleep, call, run_async, run_sync
+from ..backends import Head, LeaseRecord
 from ._abandon import FAILED
 from ._lease import _State
 from ._suspend import SUSPENDED, suspended_again
@@ -51,6 +58,8 @@ _STATUS = {"cancel": CANCELLED, "interrupt": INTERRUPTED, "rollback": ROLLED_BAC
 _LIVE: weakref.WeakValueDictionary[tuple[str, str], Run] = weakref.WeakValueDictionary()
 #: The end status each asked run will have.
 _ASKED: weakref.WeakKeyDictionary[Run, str] = weakref.WeakKeyDictionary()
+#: How many times (20 ms apart) a refused write that moved nothing looks for a cancel's record.
+_SEAL_LOOKS = 100
 
 
 def watch(run: Run, holding: Holding | None) -> None:
@@ -156,6 +165,54 @@ async def rewind_async(run: Run) -> None:
         run.state = await run.store.run_async(_base_state(run))
 
 
+def cancelled_under(run: Run, exc: ConflictError) -> Plan[RunCancelledError | None]:
+    """The engine's commit path, when a write of a run without a lease (``busy=None``) is
+    refused by the head's compare-and-swap: was it ``store.cancel`` from another process, which
+    could not tell the run is live (no lease) and ended it with a ``cancelled`` end record over
+    the run's last checkpoint? Then the run stops here: its head becomes that record (its
+    compensations and its own end record chain on it), its status ``cancelling``, and the error
+    raised in place of the refused write is ``pk.RunCancelledError`` (None for any other writer).
+    Only a refused write pays this read."""
+    head = run._head
+    if run.lease is not None or run.replay_only or run.status != "running" or head is None:
+        return None
+    if not exc.found_checkpoint:
+        return None
+    from ..state._records import Record
+
+    version = exc.found
+    if exc.found_checkpoint == head.checkpoint_id:
+        # Nothing moved: a store that keeps the lease in the head's object (S3) refused the write
+        # because the cancel took the lease to write its record. Look for that record a moment.
+        for _ in range(_SEAL_LOOKS):
+            yield Sleep(0.02)
+            found = yield call("head_row", run.thread_id, run.namespace)
+            if found is None:
+                return None
+            if found[0].checkpoint_id != head.checkpoint_id:
+                version, row = found[0].version, found[1]
+                break
+        else:
+            return None
+    else:
+        row = yield call("get", run.thread_id, run.namespace, exc.found_checkpoint)
+    if row is None:
+        return None
+    rec = Record.decode(run.codec, row)
+    if not (rec.kind == "end" and rec.run_status == CANCELLED and rec.row.run_id == run.run_id
+            and rec.row.parent_id == head.checkpoint_id):
+        return None
+    run._head = Head(rec.id, version)
+    _ask(run, "cancel")
+    return RunCancelledError(
+        f"thread {run.thread_id!r} run {run.run_id}: store.cancel ended it (status cancelled) while it ran "
+        "without the thread's lease (busy=None), so the checkpoint it was writing was refused: that step "
+        "ran, its result is not recorded, and no step runs after it (its finished steps stay). A "
+        "redelivery of it runs nothing: drop the message",
+        thread_id=run.thread_id, run_id=run.run_id, status=CANCELLED,
+    )
+
+
 def cancelled(run: Run | None) -> bool:
     """``pk.cancelled()``: whether a stop was asked of ``run`` (a long step may stop early)."""
     return run is not None and run.status == CANCELLING
@@ -195,6 +252,11 @@ def _target(store: Any, thread_id: str, namespace: str, run_id: str | None) -> P
     return head.row.run_id
 
 
+#: How often ``store.cancel`` writes its end record again when a run without a lease moved the
+#: thread's head meanwhile (each try reads the head anew; a run commits a step at most once per try).
+_TRIES = 20
+
+
 def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
     from ._abandon import abandon_sync
 
@@ -206,13 +268,19 @@ def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) 
     if told:  # a run of this process, told at once: it may have stopped already, by itself
         return "requested"
     target = store.run_sync(_target(store, thread_id, namespace, run_id))
-    try:
-        abandon_sync(store, thread_id, target, namespace, CANCELLED)
-    except ThreadBusyError:  # a run took the lease meanwhile: ask it
-        if leases and run_sync(store.backend, _request(thread_id, namespace, target)):
-            return "requested"
-        raise
-    return CANCELLED
+    for tries in range(_TRIES, 0, -1):
+        try:
+            abandon_sync(store, thread_id, target, namespace, CANCELLED)
+        except ThreadBusyError:  # a run took the lease meanwhile: ask it
+            if leases and run_sync(store.backend, _request(thread_id, namespace, target)):
+                return "requested"
+            raise
+        except ConflictError:  # a run without a lease (busy=None) committed meanwhile: look again
+            if tries == 1:
+                raise
+            continue
+        return CANCELLED
+    raise AssertionError("unreachable")
 
 
 async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
@@ -226,10 +294,16 @@ async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace
     if told:  # a run of this process, told at once: it may have stopped already, by itself
         return "requested"
     target = await store.run_async(_target(store, thread_id, namespace, run_id))
-    try:
-        await abandon_async(store, thread_id, target, namespace, CANCELLED)
-    except ThreadBusyError:
-        if leases and await run_async(store.backend, _request(thread_id, namespace, target)):
-            return "requested"
-        raise
-    return CANCELLED
+    for tries in range(_TRIES, 0, -1):
+        try:
+            await abandon_async(store, thread_id, target, namespace, CANCELLED)
+        except ThreadBusyError:
+            if leases and await run_async(store.backend, _request(thread_id, namespace, target)):
+                return "requested"
+            raise
+        except ConflictError:
+            if tries == 1:
+                raise
+            continue
+        return CANCELLED
+    raise AssertionError("unreachable")

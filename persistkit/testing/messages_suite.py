@@ -381,6 +381,50 @@ class MessagesConformance(TwoStores):
         assert asyncio.run(main()) == "cancelled"
         assert operator.history(t)[0].run_status == "cancelled"
 
+    def test_async_cancel_of_a_live_run_without_a_lease(self, stores: tuple[Store, Store],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+        """``busy=None`` holds no lease to hear a stop through: the cancel (from another process:
+        this process's shortcut is switched off) ends the run in the store, and the run's next
+        write, refused, raises ``pk.RunCancelledError`` there; nothing runs after it (#39, F12)."""
+        from ..coordination import _cancel
+
+        monkeypatch.setattr(_cancel, "ask_local", lambda *a, **k: False)
+        store, operator = stores
+        t = self.thread()
+        ran: list[int] = []
+
+        @checkpointed(name="_anolease")
+        async def lap(i: int) -> int:
+            ran.append(i)
+            await asyncio.sleep(0.005)
+            return i
+
+        async def turn() -> str:
+            try:
+                async with resume(t, store=store, busy=None, run_id="r1"):
+                    for i in range(4000):  # ~20 s at most: the stop comes at the next write
+                        await lap(i)
+            except RunCancelledError as exc:
+                return exc.status
+            return "not stopped"
+
+        async def main() -> str:
+            task = asyncio.create_task(turn())
+            while len(ran) < 2:
+                await asyncio.sleep(0.005)
+            assert await operator.acancel(t, "r1") == "cancelled"  # nobody holds a lease: ended now
+            stopped_at = len(ran)
+            status = await task
+            assert len(ran) <= stopped_at + 1  # at most the step in flight, never one after it
+            return status
+
+        assert asyncio.run(main()) == "cancelled"
+        history = operator.history(t)
+        assert history[0].run_status == "cancelled"
+        assert sum(1 for c in history if c.kind == "step") == len(ran) - 1  # the refused step is not recorded
+        with pytest.raises(RunCancelledError), resume(t, store=store, busy=None, run_id="r1"):
+            pass  # its redelivery runs nothing
+
     def test_cancel_of_a_suspended_run_ends_it(self, stores: tuple[Store, Store]) -> None:
         store, operator = stores
         t = self.thread()

@@ -146,6 +146,14 @@ def worker(url: str) -> None:
         sys.exit(3)
 
 
+def holder(url: str, thread: str) -> None:
+    """A run of ``thread`` (not a child) in a step that waits for ``<LOG>.go``: the test
+    SIGKILLs this process there, leaving the run unfinished and the lease held by a dead process."""
+    with pk.resume(thread, store=pk.connect(url), run_id="old"):
+        work(f"{thread}/first")  # committed: the thread's newest run is this one
+        gated_work(f"{thread}/old")
+
+
 def main(argv: list[str]) -> None:
     """Run as ``python -c "import children_agent; ..."``, never as ``__main__``: the agents'
     registered names are ``children_agent:...``, as in the test process that resumes them."""
@@ -156,5 +164,6 @@ def main(argv: list[str]) -> None:
         "worker": worker,
         "waiting_parent": waiting_parent,
         "queue_worker": queue_worker,
+        "holder": holder,
     }
     roles[role](*rest)

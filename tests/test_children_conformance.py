@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import persistkit as pk
+from persistkit.coordination._children import child_run_id
 from persistkit.testing.children_suite import ChildrenConformance, delegates, research
 
 
@@ -36,8 +37,9 @@ def test_show_and_the_timeline_draw_the_tree(tmp_path: Path) -> None:
         ("persistkit.testing.children_suite:research", "completed")]
     text = subprocess.run([sys.executable, "-m", "persistkit", "show", "sup", "--url", url],
                           capture_output=True, text=True, timeout=120)
-    assert f"0: persistkit.testing.children_suite:delegates on thread sup~{run.run_id}:0" in text.stdout
-    assert f"    0/0: persistkit.testing.children_suite:research on thread sup~{run.run_id}:0~" in text.stdout
+    first = child_run_id(run.run_id, "0", "sup", run.namespace)  # <run id>:0@<digest of the parent thread>
+    assert f"0: persistkit.testing.children_suite:delegates on thread sup~{first}" in text.stdout
+    assert f"    0/0: persistkit.testing.children_suite:research on thread sup~{first}~{first}:0/0@" in text.stdout
     with pk.connect(url) as again:
         from persistkit.ops._timeline import model, render
 

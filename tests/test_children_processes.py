@@ -5,8 +5,10 @@ finished, once between recording the second start and handing it over): its resu
 child twice and starts the third. A parent is SIGKILLed while its child runs on in a queue
 worker process: its resume hands nothing over again and waits for the child's result. A parent with three children (one in a thread of its
 process, one suspended, one in a queue worker process) is cancelled by an operator; the worker
-is SIGKILLed during the cancel, and its redelivery runs nothing. Step bodies are counted in a
-file; tests wait on events, never on time.
+is SIGKILLed during the cancel, and its redelivery runs nothing. A run SIGKILLed while it holds
+the lease of a thread a child is then started on: pk.start raises ThreadBusyError at once,
+naming that run, instead of waiting for it (#39 F8). Step bodies are counted in a file; tests
+wait on events, never on time.
 """
 
 from __future__ import annotations
@@ -168,3 +170,34 @@ def test_cancel_of_a_parent_reaches_three_children_one_in_a_killed_worker(
         assert not [k for k in counts if k.endswith("/after")]  # no step after the stop ran
     finally:
         operator.close()
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+def test_a_child_thread_whose_run_died_holding_its_lease_fails_fast(
+    url: str, env: dict[str, str], procs: list[subprocess.Popen[bytes]], executor: str
+) -> None:
+    """A run of the named child thread died in a step, its lease still held by the dead process:
+    pk.start raises ThreadBusyError naming that run (it waited up to busy_timeout, 300 s, then
+    left the parent waiting for a child that never ran); once that run is given up, the child runs."""
+    import children_agent as agent
+
+    t, kid = f"sup-{uuid.uuid4().hex[:10]}", f"kid-{uuid.uuid4().hex[:10]}"
+    holder = spawn(procs, env, "holder", url, kid)
+    until(lambda: ran(env)[f"{kid}/old"] == 1, "the holder's step to run")
+    holder.kill()
+    holder.wait(timeout=30)
+    store = pk.connect(url)
+    try:
+        agent.LOG = Path(env["CHILDREN_LOG"])
+        with pk.resume(t, store=store, run_id="r1") as run:
+            with pytest.raises(pk.ThreadBusyError, match=r"store\.abandon") as busy:
+                pk.start(agent.research, f"{t}/a", thread_id=kid, executor=executor)
+            assert busy.value.unfinished_run == "old" and busy.value.thread_id == kid
+        assert run.status == "completed" and store.children(t) == []
+        store.abandon(kid, "old")
+        with pk.resume(t, store=store, run_id="r2"):
+            h = pk.start(agent.research, f"{t}/a", thread_id=kid, executor=executor)
+            assert h.result() == f"{t}/a".upper()
+        assert ran(env)[f"{t}/a"] == 1
+    finally:
+        store.close()

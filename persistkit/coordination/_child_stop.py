@@ -71,6 +71,7 @@ def foreign_child(run: Run) -> ConfigurationError | None:
     if not any(C.marked(rec) for rec in index.values()):
         return None
     parent_run, _, position = run.run_id.rpartition(":")
+    position = position.partition("@")[0]  # <parent run>:<position>@<digest of the parent thread>
     tail = "~" + run.run_id
     parent = f" of thread {run.thread_id[: -len(tail)]!r}" if run.thread_id.endswith(tail) else ""
     return ConfigurationError(

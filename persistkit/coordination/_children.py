@@ -6,8 +6,11 @@ the child's ``pk.resume``. What they record, where the parent→child links live
 outcome is read and how a stop reaches every child is here (plans: no I/O).
 
 **Starting is idempotent.** ``pk.start`` at position ``p`` of parent run ``R`` names the child's
-run ``R:p`` (:func:`child_run_id`) and, unless given, its thread ``<parent thread>:p``: both are
-fixed by the parent's record, never drawn at random. It writes the link (below), records the
+run ``R:p@<d>`` (:func:`child_run_id`; ``d``: 12 hex digits of the parent's namespace and thread,
+so that two parents of the same run id on different threads never name the same child) and,
+unless given, its thread ``<parent thread>~<child run id>``: both are fixed by the parent's
+record, never drawn at random (a replayed start takes them from its record, whatever persistkit
+wrote it). It writes the link (below), records the
 handle as the step ``pk.start`` at ``p``, then hands the child to the executor. A parent that
 dies anywhere in between comes back to the same ``p`` and derives the same ids: a second
 launch of ``R:p`` is a resume of the same run (the thread's lease lets one process run it; a
@@ -21,6 +24,15 @@ dropped with the thread by ``store.delete_thread``), one key per child:
 its namespace, ``a`` the agent's registered name, ``pr`` parent run, ``pn`` parent namespace,
 ``p`` position, ``c`` parent-close policy, ``s`` started at, ``x`` 1 once a stop was asked}.
 ``store.cancel`` (any process) and ``persistkit show`` find a run's children there.
+
+**One parent thread per child thread.** A ``thread_id=`` named in ``pk.start`` is claimed for
+the parent's thread (:func:`claim_plan`: key ``p.<digest(child namespace)>`` in the *child*
+thread's own scope, so ``store.delete_thread`` of the child thread frees it): a start from
+another parent thread is refused (``ConflictError``), so two supervisors never share a child
+thread, whatever their run ids. Runs of the same parent thread (its next turns) may reuse it.
+A named thread whose newest run is another, unfinished one that no live process holds
+(:func:`blocked_plan`: it crashed, or it waits for an answer) is refused as well
+(``ThreadBusyError``): the child would wait for it without bound.
 
 **Outcome.** A child run is one step named ``pk.child`` at position ``0`` of its thread (the
 agent's own steps nest under it): its record holds the agent's result or error. The parent's
@@ -44,10 +56,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError, ConflictError, RunCancelledError
+from .._errors import ConfigurationError, ConflictError, RunCancelledError, ThreadBusyError
 from .._io import Plan, Sleep, call
 from ..backends._protocol import KvEntry, KvOp
-from ._lease import _State
+from ._lease import _State, unfinished_error
 from ._suspend import SUSPENDED
 from ._unfinished import ENDED
 
@@ -63,9 +75,11 @@ __all__ = [
     "START",
     "Child",
     "ChildInfo",
+    "blocked_plan",
     "child_run_id",
     "children_plan",
     "children_scope",
+    "claim_plan",
     "link_plan",
     "mark_cancelled_plan",
     "needs_launch",
@@ -84,6 +98,8 @@ POLICIES = ("cancel", "abandon")
 DEFAULT_CHILD_SUSPEND_ABOVE = 60.0
 
 _SCOPE = "__pk_c."
+#: The key prefix of a child thread's claim (:func:`claim_plan`) in its own scope; link keys are hex.
+_OWNER = "p."
 _POLL_MIN, _POLL_MAX = 0.002, 0.05
 #: Child statuses that are final (the outcome is known): a run's end statuses.
 FINAL = ("completed", "failed", "compensated", *ENDED)
@@ -100,10 +116,13 @@ def children_scope(thread_id: str) -> str:
     return _SCOPE + _digest(thread_id)
 
 
-def child_run_id(parent_run_id: str, position: str) -> str:
-    """The run id of the child started at ``position`` of ``parent_run_id``: fixed, so a resumed
-    parent names the same run and never starts a second one."""
-    return f"{parent_run_id}:{position}"
+def child_run_id(parent_run_id: str, position: str, parent_thread_id: str, parent_namespace: str) -> str:
+    """The run id of the child started at ``position`` of ``parent_run_id`` on ``parent_thread_id``
+    (``<parent run id>:<position>@<12 hex digits of the parent's namespace and thread>``): fixed,
+    so a resumed parent names the same run and never starts a second one, and another parent's
+    run of the same id (on another thread) names another one. Records written before the digest
+    (``R:p``) keep their run id: a replayed start reads it from its record."""
+    return f"{parent_run_id}:{position}@{_digest(parent_namespace, parent_thread_id)[:12]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,9 +249,16 @@ def _link_key(child: Child) -> str:
     return _digest(child.parent_namespace, child.parent_run_id, child.position)
 
 
-def link_plan(codec: Codec, child: Child, args: Any) -> Plan[None]:
+def link_plan(codec: Codec, child: Child, args: Any, named: bool = False, what: str = "pk.start") -> Plan[None]:
     """Write ``child``'s link under its parent's thread (once: a link written before stays),
-    with its encoded arguments (``g``)."""
+    with its encoded arguments (``g``). A thread the caller ``named`` is first claimed for the
+    parent's thread (:func:`claim_plan`) and refused while another run blocks it
+    (:func:`blocked_plan`): both raise before anything of the child is written but the claim."""
+    if named:
+        yield from claim_plan(codec, child, what)
+        blocked = yield from blocked_plan(codec, child)
+        if blocked is not None:
+            raise _blocked_error(child, blocked[0], blocked[1], what)
     scope, key = children_scope(child.parent_thread_id), _link_key(child)
     found: KvEntry | None = yield call("kv_get", scope, key)
     if found is not None and found.value is not None:
@@ -244,11 +270,79 @@ def link_plan(codec: Codec, child: Child, args: Any) -> Plan[None]:
         return
 
 
+def claim_plan(codec: Codec, child: Child, what: str) -> Plan[None]:
+    """Claim ``child``'s (named) thread for its parent's thread, or raise ``ConflictError`` when
+    another parent thread claimed it: two parents sharing a child thread would share child runs
+    (a run id names a run within its thread) and wait on each other's. Once per start; the
+    claim stays with the child thread (``store.delete_thread`` of it drops it)."""
+    scope, key = children_scope(child.thread_id), _OWNER + _digest(child.namespace)
+    mine = (child.parent_namespace, child.parent_thread_id)
+    while True:
+        found: KvEntry | None = yield call("kv_get", scope, key)
+        if found is not None and found.value is not None:
+            tree = codec.unpack_tree(found.value, f"the parent claim of thread {child.thread_id!r}")
+            theirs = (str(tree.get("pn")), str(tree.get("pt")))
+            if theirs == mine:
+                return
+            where = f" (namespace {child.namespace!r})" if child.namespace else ""
+            raise ConflictError(
+                f"{what}(thread_id={child.thread_id!r}){where}: that thread holds child runs of another "
+                f"parent: thread {theirs[1]!r} (namespace {theirs[0]!r}) started child run {tree.get('r')} "
+                f"there, and this is run {child.parent_run_id} of thread {child.parent_thread_id!r}. A child "
+                "thread belongs to one parent thread, so that two supervisors never share (and adopt) each "
+                "other's child runs. Name a thread of this parent's own (one per parent: e.g. "
+                f"'{child.parent_thread_id}/<role>'), leave thread_id out (default: '<parent thread>~<child "
+                f"run id>'), or, if the other parent is gone, delete the old child thread first "
+                f"(store.delete_thread({child.thread_id!r})). Nothing was recorded",
+                thread_id=child.thread_id,
+                namespace=child.namespace,
+            )
+        data = codec.pack_tree({"pn": mine[0], "pt": mine[1], "r": child.run_id, "s": time.time()})
+        try:
+            yield call("kv_write", scope, [KvOp(key, found.version if found else 0, data)], keep=1)
+        except ConflictError:  # another parent's start claimed it first: look again
+            continue
+        return
+
+
+def _blocked_error(child: Child, other: str, status: str, what: str) -> ThreadBusyError:
+    return unfinished_error(
+        child.thread_id,
+        other,
+        f"Its last record says {status}, and no live process holds the thread, so a child run started there by {what} (position "
+        f"{child.position} of run {child.parent_run_id} of thread {child.parent_thread_id!r}) would wait "
+        "for it without bound: nothing was recorded, retry once that run is continued or given up, or "
+        "start the child on a thread of its own (leave thread_id out)",
+    )
+
+
+def blocked_plan(codec: Codec, child: Child) -> Plan[tuple[str, str] | None]:
+    """``(run id, status)`` of the run that keeps ``child`` from ever opening its (named) thread:
+    the thread's newest run is another one, unfinished (it crashed, or it is suspended), and no
+    live process holds the thread's lease (one that does will end it, and the child waits in
+    line); else None."""
+    from ..state._records import Record
+
+    found = yield call("head_row", child.thread_id, child.namespace)
+    if found is None:
+        return None
+    head = Record.decode(codec, found[1])
+    other = head.row.run_id
+    if head.kind != "step" or not other or other == child.run_id or head.run_status not in (
+        "running", SUSPENDED, "compensating"
+    ):
+        return None
+    lease = yield call("lease_get", child.thread_id, child.namespace)
+    if _State.load(lease).held(time.time()):
+        return None
+    return str(other), _status(head)
+
+
 def _links(codec: Codec, parent_thread_id: str) -> Plan[list[tuple[KvEntry, dict[str, Any]]]]:
     page: list[KvEntry] = yield call("kv_list", children_scope(parent_thread_id), prefix="")
     out = []
     for e in page:
-        if e.value is None:
+        if e.value is None or e.key.startswith(_OWNER):  # the thread's own parent claim, no link
             continue
         out.append(
             (e, codec.unpack_tree(e.value, f"child link {e.key} of thread {parent_thread_id!r}"))

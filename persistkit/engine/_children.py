@@ -16,12 +16,20 @@ from __future__ import annotations
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack, ExitStack
 from typing import Any
 
-from .._errors import ConfigurationError, NonDeterminismError, PersistkitError, RunCancelledError
+from .._errors import (
+    ConfigurationError,
+    NonDeterminismError,
+    PersistkitError,
+    RunCancelledError,
+    ThreadBusyError,
+)
 from ..backends._capabilities import require
 from ..codec._functions import NotFound, find, registered_name
 from ..codec._names import refusal
@@ -30,6 +38,7 @@ from ..coordination import _suspend as S
 from ..coordination._cancel import _ask, halt
 from ..coordination._child_stop import IN_CHILD, started
 from ..state._records import Record
+from . import _args
 from ._api import _CURRENT, checkpointed, resume
 from ._replay_check import CHECKING
 from ._run import Run
@@ -109,11 +118,29 @@ def _ttl(value: object, what: str) -> float | None:
     return float(value)
 
 
+class _ChildBlocked(ThreadBusyError):
+    """A child run could not open its thread: another run holds it (past ``busy_timeout``) or
+    the thread's newest run is another, unfinished one that nobody continues. Nothing of the
+    child ran; ``executor="inline"`` raises it from ``pk.start`` (a ``pk.ThreadBusyError``)."""
+
+
 def _opening(child: C.Child, store: Store) -> resume:
     options: dict[str, Any] = {} if child.lease_ttl is None else {"lease_ttl": child.lease_ttl}
+    # unfinished_timeout=0: a child never waits for another run's redelivery (it may never come,
+    # and an inline child would hold its parent there): it raises at once, naming that run
     return resume(
         child.thread_id, run_id=child.run_id, namespace=child.namespace, store=store,
-        metadata={C.MARK: child.parent_run_id}, **options,
+        metadata={C.MARK: child.parent_run_id}, unfinished_timeout=0, **options,
+    )
+
+
+def _blocked(child: C.Child, exc: ThreadBusyError) -> _ChildBlocked:
+    return _ChildBlocked(
+        f"child run {child.run_id} (pk.start at position {child.position} of run {child.parent_run_id} of "
+        f"thread {child.parent_thread_id!r}) could not open its thread, and ran nothing: {exc}. Or start "
+        "the child on a thread of its own (leave thread_id out)",
+        thread_id=exc.thread_id, holder=exc.holder, expires_at=exc.expires_at, waiting=exc.waiting,
+        unfinished_run=exc.unfinished_run, retry_after=exc.retry_after,
     )
 
 
@@ -157,7 +184,12 @@ def run_child(spec: dict[str, Any], *, store: Store | None = None) -> Any:
     _check_link(store, child, spec, store.run_sync(C.read_link_plan(store.codec, child)))
     token = IN_CHILD.set((child.namespace, child.thread_id, child.run_id, child.ancestors))
     try:
-        with _opening(child, store) as run:  # holding its lease: a stop asked before it took it
+        with ExitStack() as stack:
+            try:
+                run = stack.enter_context(_opening(child, store))
+            except ThreadBusyError as exc:
+                raise _blocked(child, exc) from None
+            # holding its lease: a stop asked before it took it
             if not run.replay_only and store.run_sync(C.cancel_asked_plan(store.codec, child)):
                 _ask(run, "cancel")  # its first step raises pk.RunCancelledError; it ends ``cancelled``
             return _child_step(child.agent, args, kwargs)
@@ -173,7 +205,11 @@ async def arun_child(spec: dict[str, Any], *, store: Store | None = None) -> Any
     _check_link(store, child, spec, await store.run_async(C.read_link_plan(store.codec, child)))
     token = IN_CHILD.set((child.namespace, child.thread_id, child.run_id, child.ancestors))
     try:
-        async with _opening(child, store) as run:
+        async with AsyncExitStack() as stack:
+            try:
+                run = await stack.enter_async_context(_opening(child, store))
+            except ThreadBusyError as exc:
+                raise _blocked(child, exc) from None
             if not run.replay_only and await store.run_async(C.cancel_asked_plan(store.codec, child)):
                 _ask(run, "cancel")
             if inspect.iscoroutinefunction(_resolve(child.agent, store)):
@@ -186,11 +222,15 @@ async def arun_child(spec: dict[str, Any], *, store: Store | None = None) -> Any
 # -- the parent's side ------------------------------------------------------------------------
 
 
-def _in_thread(spec: dict[str, Any], store: Store) -> None:
+def _in_thread(spec: dict[str, Any], store: Store, inline: bool = False) -> None:
     try:
         run_child(spec, store=store)
     except RunCancelledError:
         pass  # cancelled: its end record says so, the parent's handle reads it
+    except _ChildBlocked:
+        if inline:
+            raise  # it never ran, and never would: the parent is told, not left waiting
+        log.warning("persistkit: %s", sys.exc_info()[1])
     except PersistkitError as exc:  # it could not run (its agent cannot be found, the store failed)
         log.warning(
             "persistkit: child run %s of thread %r did not run to its end: %s",
@@ -209,6 +249,10 @@ def _in_thread(spec: dict[str, Any], store: Store) -> None:
         )
 
 
+def _inline(spec: dict[str, Any], store: Store) -> None:
+    contextvars.Context().run(_in_thread, spec, store, True)
+
+
 def _executor(executor: object, store: Store, what: str) -> Callable[[dict[str, Any]], Any]:
     if executor is None or executor == "thread":
 
@@ -222,7 +266,7 @@ def _executor(executor: object, store: Store, what: str) -> Callable[[dict[str, 
 
         return in_thread
     if executor == "inline":
-        return lambda spec: contextvars.Context().run(_in_thread, spec, store)
+        return lambda spec: _inline(spec, store)
     if callable(executor) and not isinstance(executor, str):
         return executor
     raise ConfigurationError(
@@ -244,23 +288,57 @@ def _agent_name(agent: object, what: str) -> str:
     )
 
 
+def _same_start(
+    run: Run, rec: Record, child: C.Child, agent: str, call: tuple[Any, ...], what: str
+) -> None:
+    """Refuse a replayed start whose call is not the recorded one (another agent, thread,
+    namespace or arguments): the handle would be another child's. No I/O: the record holds the
+    agent and the thread (its tree) and the arguments' digest (``a``, as a step's; a record
+    written before it had none: the arguments are not compared there)."""
+    position = str(rec.body.get("p"))
+    thread_id, namespace, args, kwargs = call
+    why = None
+    if child.agent != agent:
+        why = f"starts {agent} there"
+    elif thread_id is not None and thread_id != child.thread_id:
+        why = f"starts {agent} there on thread {thread_id!r}"
+    elif namespace is not None and namespace != child.namespace:
+        why = f"starts {agent} there in namespace {namespace!r}"
+    else:
+        recorded = rec.body.get("a")
+        if recorded and not run.migrated and not _args.matches(run.codec, recorded, args, kwargs):
+            why = f"starts {agent} there with other arguments"
+    if why is None:
+        return
+    raise NonDeterminismError(
+        f"thread {run.thread_id!r} run {run.run_id}: {what} at position {position} recorded the start of "
+        f"{child.agent} (child run {child.run_id} on thread {child.thread_id!r}), but the code now {why}: "
+        "the handle would be another child's. The children are started in another order or with other "
+        "arguments than when the run started. " + run.remedies(),
+        position=position,
+        step=C.START,
+    )
+
+
 def _child(
     run: Run,
     position: str,
     rec: Record | None,
     agent: str,
-    thread_id: object,
-    namespace: object,
+    call: tuple[Any, ...],
     policy: str,
     what: str,
     lease_ttl: float | None,
 ) -> C.Child:
+    thread_id, namespace = call[0], call[1]
     if rec is not None:  # the recorded child: a resumed parent gets the same handle
-        return C.Child.of(
+        child = C.Child.of(
             run.replay(rec), f"the {C.START} record at {position} of thread {run.thread_id!r}"
         )
+        _same_start(run, rec, child, agent, call, what)
+        return child
     ns = run.namespace if namespace is None else check_namespace(namespace)
-    rid = C.child_run_id(run.run_id, position)
+    rid = C.child_run_id(run.run_id, position, run.thread_id, run.namespace)
     tid = f"{run.thread_id}~{rid}" if thread_id is None else check_thread_id(thread_id)
     if tid == run.thread_id and ns == run.namespace:
         raise ConfigurationError(
@@ -321,7 +399,7 @@ def start(
     In async code use ``await pk.astart(...)``."""
     name, policy, run, position, rec = _begin("pk.start", agent, on_parent_close, executor)
     ttl = _ttl(lease_ttl, "pk.start(lease_ttl=)")
-    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.start", ttl)
+    child = _child(run, position, rec, name, (thread_id, namespace, args, kwargs), policy, "pk.start", ttl)
     encoded = C.encode_args(run.codec, args, kwargs, "pk.start")
     checking = (
         CHECKING.get() is not None
@@ -330,8 +408,9 @@ def start(
     if rec is None:
         if not checking:
             require(run.store.backend, "kv", "pk.start()")
-            run.store.run_sync(C.link_plan(run.codec, child, encoded))
-        run.step_sync(position, C.START, None, result=child.tree())  # the check: its frontier
+            run.store.run_sync(C.link_plan(run.codec, child, encoded, thread_id is not None, "pk.start"))
+        digest = run.arguments(args, kwargs)  # compared when a resumed parent passes here
+        run.step_sync(position, C.START, digest, result=child.tree())  # the check: its frontier
     elif not run.replay_only and not checking:
         launch = run.store.run_sync(C.needs_launch(run.codec, child))
     started(run, child)
@@ -354,7 +433,7 @@ async def astart(
     """The async twin of :func:`start` (``"inline"`` awaits the child; the default runs it in a thread)."""
     name, policy, run, position, rec = _begin("pk.astart", agent, on_parent_close, executor)
     ttl = _ttl(lease_ttl, "pk.astart(lease_ttl=)")
-    child = _child(run, position, rec, name, thread_id, namespace, policy, "pk.astart", ttl)
+    child = _child(run, position, rec, name, (thread_id, namespace, args, kwargs), policy, "pk.astart", ttl)
     encoded = C.encode_args(run.codec, args, kwargs, "pk.astart")
     checking = (
         CHECKING.get() is not None
@@ -363,9 +442,10 @@ async def astart(
     if rec is None:
         if not checking:
             require(run.store.backend, "kv", "pk.astart()")
-            await run.store.run_async(C.link_plan(run.codec, child, encoded))
+            await run.store.run_async(C.link_plan(run.codec, child, encoded, thread_id is not None, "pk.astart"))
+        digest = run.arguments(args, kwargs)
         await run.step_async(
-            position, C.START, None, result=child.tree()
+            position, C.START, digest, result=child.tree()
         )  # the check: its frontier
     elif not run.replay_only and not checking:
         launch = await run.store.run_async(C.needs_launch(run.codec, child))
@@ -379,6 +459,10 @@ async def astart(
                 await contextvars.Context().run(
                     asyncio.ensure_future, arun_child(spec, store=run.store)
                 )
+            except RunCancelledError:
+                pass
+            except _ChildBlocked:
+                raise  # it never ran, and never would: the parent is told, not left waiting
             except Exception:  # recorded in the child's thread; the handle raises it
                 log.debug("child run %s failed", child.run_id, exc_info=True)
         else:

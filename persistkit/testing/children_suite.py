@@ -643,13 +643,14 @@ class ChildrenConformance(_ReplayCheck):
             start(echoes, f"{t}/b", executor=queue.append)
             raise _Crash("the parent's process dies here")
         said = []
-        for swapped in (
-            lambda: start(echoes, f"{t}/b", executor=queue.append),  # another agent
-            lambda: start(research, f"{t}/b", executor=queue.append),  # other arguments
-            lambda: start(research, f"{t}/a", thread_id=f"{t}-x", executor=queue.append),
-        ):
+        swaps: list[tuple[Callable[..., Any], str, str | None]] = [
+            (echoes, f"{t}/b", None),  # another agent
+            (research, f"{t}/b", None),  # other arguments
+            (research, f"{t}/a", f"{t}-x"),  # another thread
+        ]
+        for agent, label, thread_id in swaps:
             with pytest.raises(NonDeterminismError) as caught, resume(t, store=other, run_id="r1"):
-                swapped()
+                start(agent, label, thread_id=thread_id, executor=queue.append)
             assert caught.value.position == "0" and caught.value.step == "pk.start"
             assert f"recorded the start of {research.__module__}:research" in str(caught.value)
             said.append(str(caught.value))
@@ -672,7 +673,8 @@ class ChildrenConformance(_ReplayCheck):
         with pytest.raises(_Crash), resume(kid, store=store, run_id="old"):
             _work(f"{kid}/old")
             raise _Crash("its process died")
-        for i, executor in enumerate(("inline", "thread", lambda spec: None)):
+        executors: list[str | Callable[[dict[str, Any]], Any]] = ["inline", "thread", lambda spec: None]
+        for i, executor in enumerate(executors):
             with resume(t, store=store, run_id=f"r{i}") as run:
                 with pytest.raises(ThreadBusyError, match=r"store\.abandon") as busy:
                     start(research, f"{t}/a", thread_id=kid, executor=executor)

@@ -72,7 +72,7 @@ def lease_less_parent(url: str, thread: str) -> None:
                 break
             time.sleep(0.01)
         sys.exit(3)
-    except Exception as exc:  # noqa: BLE001 - the test reads the exit code and stderr
+    except Exception as exc:  # the test reads the exit code and stderr
         print(f"failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(4)
 

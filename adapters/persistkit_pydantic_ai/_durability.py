@@ -3,9 +3,6 @@ persistkit steps of the current ``pk.resume`` run."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,7 +32,6 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
     conversation_id_from_run_id,
 )
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from pydantic_ai.models import Model
 from pydantic_ai.tools import (
     AgentDepsT,
@@ -46,6 +42,7 @@ from pydantic_ai.tools import (
 
 import persistkit as pk
 
+from ._digest import history_digest
 from ._stream import STREAM, emitting
 
 _REQUESTS: TypeAdapter[DeferredToolRequests] = TypeAdapter(DeferredToolRequests)
@@ -93,40 +90,15 @@ def _step(name: str) -> Callable[..., Awaitable[dict[str, Any]]]:
     return step
 
 
-def _comparable(node: Any) -> Any:
-    """The parts of a message history that a replay must see again: kinds, texts, tool names,
-    arguments and call ids, with secrets as a bare ``$CRED{}`` (so no digest hashes one and a
-    key read back as its handle compares equal). Timestamps and provider ids are left out: a
-    replayed run rebuilds its requests at other times."""
-    if isinstance(node, str):
-        text = pk.secrets.scrub(node)
-        return text if "$CRED{" not in text else _HANDLE.sub("$CRED{}", text)
-    if isinstance(node, dict):
-        return {k: _comparable(v) for k, v in node.items() if k in _KEPT or not isinstance(k, str)}
-    if isinstance(node, list):
-        return [_comparable(v) for v in node]
-    return node
-
-
-_HANDLE = re.compile(r"\$CRED\{[^{}\s]{1,200}\}")
-_KEPT = frozenset(
-    {"kind", "parts", "part_kind", "content", "tool_name", "args", "tool_call_id", "instructions"}
-)
-
-
-def _history_digest(messages: list[ModelMessage]) -> str:
-    data = _comparable(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
-    text = json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-
-
-def _identity(operation_id: DurableOperationId, cache_key: tuple[object, ...]) -> tuple[str, Any]:
+def _identity(
+    run: pk.Run, operation_id: DurableOperationId, cache_key: tuple[object, ...]
+) -> tuple[str, Any]:
     """What a recorded unit must have been recorded for, and the inputs a live unit hands
     the outside world (checked for secret handles before it runs)."""
     if isinstance(operation_id, ModelRequestId):
         messages = cache_key[1]
         assert isinstance(messages, list)
-        return f"model:{len(messages)}:{_history_digest(messages)}", messages
+        return f"model:{len(messages)}:{history_digest(run, messages)}", messages
     if isinstance(operation_id, ToolsetCallToolId):
         name, args, ctx = cache_key[0], cache_key[1], cache_key[2]
         call_id = getattr(ctx, "tool_call_id", None)
@@ -149,7 +121,7 @@ class _Backend(JournalCallableOperationBackend[None]):
         run = pk.current_run()
         if run is None:  # a unit reached outside a run (an agent nested in a tool, say)
             return await body()
-        identity, inputs = _identity(operation_id, cache_key)
+        identity, inputs = _identity(run, operation_id, cache_key)
 
         async def checked() -> object:
             if inputs is not None:  # a handle nothing resolves never reaches a model or a tool

@@ -285,9 +285,10 @@ def claim_plan(codec: Codec, child: Child, what: str) -> Plan[None]:
             if theirs == mine:
                 return
             where = f" (namespace {child.namespace!r})" if child.namespace else ""
+            their_ns = f" (namespace {theirs[0]!r})" if theirs[0] != child.parent_namespace else ""
             raise ConflictError(
                 f"{what}(thread_id={child.thread_id!r}){where}: that thread holds child runs of another "
-                f"parent: thread {theirs[1]!r} (namespace {theirs[0]!r}) started child run {tree.get('r')} "
+                f"parent: thread {theirs[1]!r}{their_ns} started child run {tree.get('r')} "
                 f"there, and this is run {child.parent_run_id} of thread {child.parent_thread_id!r}. A child "
                 "thread belongs to one parent thread, so that two supervisors never share (and adopt) each "
                 "other's child runs. Name a thread of this parent's own (one per parent: e.g. "

@@ -620,6 +620,7 @@ class ChildrenConformance(_ReplayCheck):
         assert [(h.run_id, h.run_status) for h in other.history(kid) if h.kind == "end"] == [
             (mine.run_id, "completed")
         ]
+        assert other.children(kid) == []  # its claim is no child link
         with resume(a, store=other, run_id="turn-2"):  # the same parent's next turn may reuse it
             again = start(research, f"{a}/y", thread_id=kid, executor="inline")
             assert again.result() == f"{a}/y".upper() + "!" and again.run_id != mine.run_id
@@ -703,6 +704,28 @@ class ChildrenConformance(_ReplayCheck):
             h = start(research, f"{t}/late", thread_id=late, executor="inline")
             assert h.result() == f"{t}/late".upper() + "!"
         assert run.status == "completed" and RAN[f"{t}/late"] == 1
+
+    def test_async_starts_are_checked_too(self, stores: tuple[Store, Store]) -> None:
+        """pk.astart: another parent's named thread, a swapped replay, a blocked thread."""
+        store, other = stores
+        a, b, kid = self.thread(), self.thread(), self.thread() + "-kid"
+        with pytest.raises(_Crash), resume(kid + "-busy", store=store, run_id="old"):
+            _work(f"{kid}/old")
+            raise _Crash("its process died")
+
+        async def parent(thread_id: str, s: Store, agent: Any, label: str, child: str) -> Any:
+            async with resume(thread_id, store=s, run_id="r1"):
+                h = await astart(agent, label, thread_id=child, executor="inline")
+                return await h.aresult()
+
+        assert asyncio.run(parent(a, store, aresearch, f"{a}/x", kid)) == f"{a}/x".upper() + "?"
+        with pytest.raises(ConflictError, match="another parent"):
+            asyncio.run(parent(b, other, aresearch, f"{b}/x", kid))
+        with pytest.raises(NonDeterminismError, match="recorded the start of"):
+            asyncio.run(parent(a, other, research, f"{a}/x", kid))
+        with pytest.raises(ThreadBusyError, match="old"):
+            asyncio.run(parent(b, other, aresearch, f"{b}/y", kid + "-busy"))
+        assert RAN[f"{a}/x"] == 1 and RAN[f"{b}/x"] == RAN[f"{b}/y"] == 0
 
     def test_delete_thread_drops_its_child_links(self, stores: tuple[Store, Store]) -> None:
         store, other = stores

@@ -392,6 +392,18 @@ def dynamodb_endpoint(request: pytest.FixtureRequest) -> str:
     return str(endpoint)
 
 
+_S3_ADMIN: dict[str, Any] = {}
+
+
+def _s3_admin(endpoint: str) -> Any:
+    """One boto3 client per moto endpoint (this worker's), made once."""
+    if endpoint not in _S3_ADMIN:
+        import boto3
+
+        _S3_ADMIN[endpoint] = boto3.client("s3", endpoint_url=endpoint)
+    return _S3_ADMIN[endpoint]
+
+
 def make_url(
     kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, *, isolated: bool = False
 ) -> str:
@@ -411,8 +423,12 @@ def make_url(
         base = request.getfixturevalue("redis_url")
         return f"{base}?volatile=true&prefix=pktest:{SESSION_TAG}:{tag}:"
     if kind == "s3":
+        # one bucket per store: moto lists a prefix by scanning every object of the bucket
+        # (~3 us each), so in one shared bucket every LIST grew slower with the session
         endpoint = request.getfixturevalue("s3_endpoint")
-        return f"s3://persistkit-test/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"
+        bucket = f"pktest-{SESSION_TAG}-{tag}"
+        _s3_admin(endpoint).create_bucket(Bucket=bucket)
+        return f"s3://{bucket}/{SESSION_TAG}/{tag}?endpoint_url={endpoint}"
     if kind == "dynamodb":
         # one table per store: a store's threads(), leases and kv scopes are table-wide
         endpoint = request.getfixturevalue("dynamodb_endpoint")

@@ -162,6 +162,13 @@ def _lines(outbox: Path, after: int) -> list[dict[str, object]]:
     return handed(outbox)[after:]
 
 
+#: The crash positions each server store runs (pairwise, issue #35): every position on SQLite,
+#: each position on some server store and each server store at least once; where the crash
+#: falls is engine code, the same on every store, and what is stored (the handle, never the
+#: key) is checked on each store.
+SERVER_KILLS = {"postgresql": (1, 4), "redis": (2,), "s3": (3,)}
+
+
 @pytest.mark.parametrize("kill_at", [1, 2, 3, 4])
 def test_a_crash_resumes_in_a_new_process_with_the_key_from_the_environment(
     shared_url: str, tmp_path: Path, kill_at: int
@@ -169,6 +176,9 @@ def test_a_crash_resumes_in_a_new_process_with_the_key_from_the_environment(
     """Killed inside step k; the new process has the same environment and nothing registered.
     The call in flight re-runs with the real key (inside the email body and the tool's
     arguments too), never with $CRED{...} text; the store never holds the key."""
+    store = shared_url.split(":", 1)[0].split("+", 1)[0]
+    if not shared_url.startswith("sqlite") and kill_at not in SERVER_KILLS.get(store, (kill_at,)):
+        pytest.skip("every crash position on SQLite; on the server stores each position once (SERVER_KILLS)")
     thread, outbox = uid("env"), tmp_path / "outbox"
     out = crash_and_resume(shared_url, thread, kill_at, outbox=outbox, key=KEY, resume_key=KEY)
     assert out.get("done"), out

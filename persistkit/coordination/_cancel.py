@@ -58,8 +58,9 @@ _STATUS = {"cancel": CANCELLED, "interrupt": INTERRUPTED, "rollback": ROLLED_BAC
 _LIVE: weakref.WeakValueDictionary[tuple[str, str], Run] = weakref.WeakValueDictionary()
 #: The end status each asked run will have.
 _ASKED: weakref.WeakKeyDictionary[Run, str] = weakref.WeakKeyDictionary()
-#: How many times (20 ms apart) a refused write that moved nothing looks for a cancel's record.
-_SEAL_LOOKS = 100
+#: How many times (20 ms apart, while the lease is held) a refused write that moved nothing looks
+#: for a cancel's record: ~30 s, a loaded machine's cancel between taking the lease and writing.
+_SEAL_LOOKS = 1500
 
 
 def watch(run: Run, holding: Holding | None) -> None:
@@ -182,16 +183,21 @@ def cancelled_under(run: Run, exc: ConflictError) -> Plan[RunCancelledError | No
 
     version = exc.found
     if exc.found_checkpoint == head.checkpoint_id:
-        # Nothing moved: a store that keeps the lease in the head's object (S3) refused the write
-        # because the cancel took the lease to write its record. Look for that record a moment.
+        # Nothing moved: a store that checks the lease with the head's write (S3, DynamoDB)
+        # refused it because someone (the cancel, to write its record) holds the lease. Look for
+        # that record while the lease is held; once it is free and the head still has not moved,
+        # it was no cancel.
         for _ in range(_SEAL_LOOKS):
-            yield Sleep(0.02)
+            lease: LeaseRecord | None = yield call("lease_get", run.thread_id, run.namespace)
             found = yield call("head_row", run.thread_id, run.namespace)
             if found is None:
                 return None
             if found[0].checkpoint_id != head.checkpoint_id:
                 version, row = found[0].version, found[1]
                 break
+            if not _State.load(lease).held(time.time()):
+                return None
+            yield Sleep(0.02)
         else:
             return None
     else:
@@ -252,9 +258,9 @@ def _target(store: Any, thread_id: str, namespace: str, run_id: str | None) -> P
     return head.row.run_id
 
 
-#: How often ``store.cancel`` writes its end record again when a run without a lease moved the
-#: thread's head meanwhile (each try reads the head anew; a run commits a step at most once per try).
-_TRIES = 20
+#: For how many seconds ``store.cancel`` writes its end record again while a run without a lease
+#: moves the thread's head meanwhile (each try reads the head anew).
+_RETRY_FOR = 15.0
 
 
 def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
@@ -268,7 +274,8 @@ def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) 
     if told:  # a run of this process, told at once: it may have stopped already, by itself
         return "requested"
     target = store.run_sync(_target(store, thread_id, namespace, run_id))
-    for tries in range(_TRIES, 0, -1):
+    until = time.monotonic() + _RETRY_FOR
+    while True:
         try:
             abandon_sync(store, thread_id, target, namespace, CANCELLED)
         except ThreadBusyError:  # a run took the lease meanwhile: ask it
@@ -276,11 +283,10 @@ def cancel_sync(store: Any, thread_id: str, run_id: str | None, namespace: str) 
                 return "requested"
             raise
         except ConflictError:  # a run without a lease (busy=None) committed meanwhile: look again
-            if tries == 1:
+            if time.monotonic() >= until:
                 raise
             continue
         return CANCELLED
-    raise AssertionError("unreachable")
 
 
 async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace: str) -> str:
@@ -294,7 +300,8 @@ async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace
     if told:  # a run of this process, told at once: it may have stopped already, by itself
         return "requested"
     target = await store.run_async(_target(store, thread_id, namespace, run_id))
-    for tries in range(_TRIES, 0, -1):
+    until = time.monotonic() + _RETRY_FOR
+    while True:
         try:
             await abandon_async(store, thread_id, target, namespace, CANCELLED)
         except ThreadBusyError:
@@ -302,8 +309,7 @@ async def cancel_async(store: Any, thread_id: str, run_id: str | None, namespace
                 return "requested"
             raise
         except ConflictError:
-            if tries == 1:
+            if time.monotonic() >= until:
                 raise
             continue
         return CANCELLED
-    raise AssertionError("unreachable")

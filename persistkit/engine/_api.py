@@ -34,7 +34,7 @@ from ..coordination import (
     check_options,
     check_unfinished,
 )
-from ..coordination._cancel import halt
+from ..coordination._cancel import cancelled_under, halt
 from ..coordination._child_stop import close_async as close_children_async
 from ..coordination._child_stop import close_sync as close_children_sync
 from ..coordination._child_stop import foreign_child
@@ -223,6 +223,7 @@ class resume:
             raise ConfigurationError("a resume() object can be entered once; call pk.resume(...) again")
         self._run = Run(self.store or default_store(), self.thread_id, self.namespace, self.spec, self.metadata)
         self._run.retry_failed = self.retry_failed
+        self._run.refused = cancelled_under  # a refused write: did store.cancel end this run meanwhile?
         return self._run
 
     def __enter__(self) -> Run:

@@ -25,7 +25,6 @@ from .._io import Plan, call
 from ..backends import CheckpointRow, Head
 from ..codec._pipeline import _dump, content_hash
 from ..codec._sizes import large_value
-from ..coordination._cancel import cancelled_under
 from ..coordination._fenced import write_fenced_swap_async, write_fenced_swap_sync
 from ..coordination._lease import freeing
 from ..ops._telemetry import conflicted
@@ -175,7 +174,7 @@ class Commits(ReplayCursor):
             self._tracker.failed(diff)
             if not isinstance(exc, ConflictError):
                 raise
-            if (stop := self.store.run_sync(cancelled_under(self, exc))) is not None:  # type: ignore[arg-type]  # a Run
+            if self.refused is not None and (stop := self.store.run_sync(self.refused(self, exc))) is not None:
                 raise stop from None  # store.cancel ended this lease-less run meanwhile (coordination/_cancel)
             lost = self.store.run_sync(self._conflict(body, diff, exc))
             if lost is None:
@@ -210,7 +209,7 @@ class Commits(ReplayCursor):
             self._tracker.failed(diff)
             if not isinstance(exc, ConflictError):
                 raise
-            if (stop := await self.store.run_async(cancelled_under(self, exc))) is not None:  # type: ignore[arg-type]  # a Run
+            if self.refused is not None and (stop := await self.store.run_async(self.refused(self, exc))) is not None:
                 raise stop from None
             lost = await self.store.run_async(self._conflict(body, diff, exc))
             if lost is None:

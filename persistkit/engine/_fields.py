@@ -18,7 +18,9 @@ from ..state._tracker import Tracker
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
+    from .._io import Plan
     from ..coordination import Lease
     from ..ops._telemetry import Observer
 
@@ -45,6 +47,7 @@ class RunFields:
     release_at_end: bool
     keeps_turns: bool
     observer: Observer | None
+    refused: Callable[[Any, ConflictError], Plan[Any]] | None
     _events: list[tuple[str, str, bool, str]]
     _moved_on: tuple[str, Head | None, str | None, str | None] | None
     _failed_end: Record | None

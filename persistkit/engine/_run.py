@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
+    from .._io import Plan
     from .._retry import Retry
     from ..coordination import Lease
     from ..ops._telemetry import Observer
@@ -159,6 +160,11 @@ class Run(Commits):
         #: Set by resume() once the run is open: what reports its spans, metrics and DEBUG
         #: lines (ops/_telemetry), or None (off: the step path tests only this).
         self.observer: Observer | None = None
+        #: Set by resume(): asked when one of this run's writes is refused by the head's
+        #: compare-and-swap, for the error to raise instead of ``ConflictError`` (a plan; None:
+        #: none). It is ``coordination._cancel.cancelled_under`` (a lease-less run that
+        #: ``store.cancel`` ended meanwhile), given here because coordination sits above the engine.
+        self.refused: Callable[[Any, ConflictError], Plan[Any]] | None = None
         #: ``pk.resume(busy="debounce")``: the messages of the burst this turn runs, in the order
         #: they were sent (this turn's own among them); None for other turns.
         self.messages: list[Any] | None = None

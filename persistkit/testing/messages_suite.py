@@ -364,8 +364,9 @@ class MessagesConformance(TwoStores):
 
         async def turn() -> str:
             try:
-                async with resume(t, store=store, lease_ttl=0.3):
-                    for i in range(500):  # ~10 s at most: the stop comes within ~0.1 s of the request
+                # 1.5 s: a 0.3 s lease lapsed under load (another process took the thread over)
+                async with resume(t, store=store, lease_ttl=1.5):
+                    for i in range(500):  # ~10 s at most: the stop comes within ~0.5 s of the request
                         await lap(i)
             except RunCancelledError as exc:
                 return exc.status

@@ -15,17 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from body_log import note
+
 import persistkit as pk
 
 LOG = Path(os.environ.get("CHILDREN_LOG", "/dev/null"))
 
 
 def _note(label: str) -> None:
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (label + "\n").encode())
-    finally:
-        os.close(fd)
+    note(LOG, label)
 
 
 @pk.checkpointed

@@ -55,7 +55,9 @@ def claimer(board: pk.Board, name: str, log: Log, opts: dict[str, Any]) -> None:
         if claim is None:
             if not board.list("tasks/", limit=1):
                 break
-            time.sleep(ttl / 4)  # items remain, held by others: one may come back when its claim expires
+            # items remain, held by others: one may come back when its claim expires (twice a
+            # claim's life, not faster: sixteen idle pollers were most of moto's load on S3)
+            time.sleep(ttl / 2)
             continue
         claims += 1
         item = claim.key.removeprefix("tasks/")

@@ -89,6 +89,20 @@ def _alive(procs: list[subprocess.Popen[bytes]], waiting_for: str) -> None:
     assert not dead, f"a worker failed (exit {dead[0].returncode}) before {waiting_for}"
 
 
+def _wait_exit(procs: dict[str, subprocess.Popen[bytes]], log: Log) -> dict[str, int]:
+    """Every worker's exit code, once all have exited. A hang fails after DEADLINE s in which
+    the log did not grow; a slow machine (moto serving sixteen pollers) only takes longer."""
+    seen, deadline = -1, 0.0
+    while any(p.poll() is None for p in procs.values()):
+        size = log.path.stat().st_size
+        if size != seen:
+            seen, deadline = size, time.monotonic() + DEADLINE
+        alive = [name for name, p in procs.items() if p.poll() is None]
+        assert time.monotonic() < deadline, f"{alive} still running, no log line for {DEADLINE} s: {log.lines()[-20:]}"
+        time.sleep(0.1)
+    return {name: p.returncode for name, p in procs.items()}
+
+
 def _wait_until(check: Callable[[], bool], what: str, procs: list[subprocess.Popen[bytes]] = ()) -> None:  # type: ignore[assignment]
     deadline = time.monotonic() + DEADLINE
     while not check():
@@ -166,8 +180,7 @@ def test_sixteen_claimers_complete_every_item_once(
         _wait_until(lambda name=name: board.get(f"done/{held[name]}") is not None, f"{held[name]} taken over from {name}", everyone)  # type: ignore[misc]
         go[name].touch()
         procs[name].send_signal(signal.SIGCONT)
-    for name, p in procs.items():
-        assert p.wait(timeout=DEADLINE * 3) == (-signal.SIGKILL if name.startswith("K") else 0), name
+    assert _wait_exit(procs, log) == {name: -signal.SIGKILL if name.startswith("K") else 0 for name in procs}
 
     assert board.list("tasks/") == []  # no item left behind
     done = {e[2]: e[0] for e in log.events(event="done")}

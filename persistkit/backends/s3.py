@@ -122,6 +122,7 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _OPTIONS = ("client", "endpoint_url", "region", "watch_interval", "kv_pending_timeout")
+_PARALLEL = 16  # requests one call runs side by side (listings, batches): the thread pool and the connection pool
 
 
 def _seconds(url: str, name: str, value: Any) -> float:
@@ -189,6 +190,9 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
                 connect_timeout=5,
                 read_timeout=60,
                 retries={"mode": "standard", "max_attempts": 3},
+                # as many pooled connections as _map runs requests side by side (botocore's
+                # default 10 made every listing past ten keys open and drop new connections)
+                max_pool_connections=_PARALLEL,
             )
             client = boto3.client(
                 "s3",
@@ -217,7 +221,7 @@ class S3Backend(S3Kv, S3Prune, ThreadedAsync):
             return [fn(i) for i in items]
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(16, thread_name_prefix="persistkit-s3")
+                self._pool = ThreadPoolExecutor(_PARALLEL, thread_name_prefix="persistkit-s3")
             pool = self._pool
         return list(pool.map(fn, items))
 

@@ -445,3 +445,48 @@ def test_fork_child_writes_through_inherited_backend(backend: SQLiteBackend, db:
     assert backend.write(_row("parent", 3, f"{2:08d}"), {}, 2) == Head(f"{3:08d}", 3)
     with sqlite3.connect(db) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+_CLOSE_RACE = textwrap.dedent('''
+    import sys, threading, time
+    import persistkit as pk
+    path, seconds = sys.argv[1], float(sys.argv[2])
+    deadline, rounds, stopped = time.monotonic() + seconds, 0, 0
+    while time.monotonic() < deadline:
+        store = pk.connect(f"sqlite:///{path}/s{rounds}.db")
+        stop, running = threading.Event(), threading.Barrier(4)
+        def turns(i):
+            global stopped
+            running.wait()
+            try:
+                while not stop.is_set():
+                    with pk.resume(f"t{i}", store=store) as run:
+                        run.state["n"] = run.state.get("n", 0) + 1
+            except pk.StoreClosedError:
+                stopped += 1
+        threads = [threading.Thread(target=turns, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        running.wait()
+        time.sleep(0.01)
+        store.close()  # while the three threads are mid-statement
+        stop.set()
+        for t in threads:
+            t.join()
+        rounds += 1
+    print(rounds, stopped)
+''')
+
+
+def test_closing_the_store_while_other_threads_write_does_not_crash(tmp_path: Path) -> None:
+    """``close()`` closed every thread's connection, under statements those threads were
+    running: the interpreter crashed (a segmentation fault, in CI: a child run in a thread
+    outlived its test's store). Now each thread closes its own at its next call, which
+    raises StoreClosedError; the process survives a few hundred such closes."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLOSE_RACE, str(tmp_path), "3"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    rounds, stopped = map(int, proc.stdout.split())
+    assert rounds > 10 and stopped > 0, proc.stdout  # threads were running and were told

@@ -353,9 +353,9 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
         self._pid = os.getpid()
         self._local = threading.local()
         self._lock = threading.Lock()
-        # Every live connection of this process, so close() can close them all;
-        # weak so a connection dies with the thread that owned it.
-        self._conns: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        # Every live connection of this process and the thread that uses it, so close() can
+        # close them; weak, so a connection dies with the thread that owned it.
+        self._conns: weakref.WeakKeyDictionary[_Connection, weakref.ref[threading.Thread]] = weakref.WeakKeyDictionary()
         parent = os.path.dirname(path)
         # Only the default location is made on demand: elsewhere a missing directory is
         # far more often a typo in the path, and creating it would start a fresh, empty
@@ -427,6 +427,10 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection, opened on first use (and again after fork)."""
         if self._closed:
+            left = getattr(self._local, "conn", None) if self._pid == _pid else None
+            if left is not None:  # close() left it to this thread, which used it (see close)
+                self._local.conn = None
+                left.close()
             raise StoreClosedError(f"the store {self.url!r} was closed; open a new one")
         if self._pid != _pid:
             self._after_fork()
@@ -435,7 +439,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
             conn = self._connect()
             self._local.conn = conn
             with self._lock:
-                self._conns.add(conn)
+                self._conns[conn] = weakref.ref(threading.current_thread())
         return conn
 
     def _after_fork(self) -> None:
@@ -446,7 +450,7 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
             _FORK_ORPHANS.append(inherited)
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._conns = weakref.WeakSet()
+        self._conns = weakref.WeakKeyDictionary()
         self._pid = os.getpid()
 
     def _connect(self) -> _Connection:
@@ -717,16 +721,25 @@ class SQLiteBackend(SQLiteKv, SQLitePrune, ThreadedAsync):
         return removed > 0
 
     def close(self) -> None:
-        """Close this process's connections. Idempotent; later calls raise StoreClosedError."""
+        """Close this process's connections. Idempotent; later calls raise StoreClosedError.
+
+        A connection another live thread uses (a child run in a thread, an executor's
+        worker) is not closed from here: closing it under a statement that thread is
+        running crashed the interpreter (sqlite3 frees what the statement still reads).
+        That thread closes it at its next call into the store, which raises
+        StoreClosedError, or it goes with the thread (or with the store, when freed)."""
         self._closed = True
         self._close_watches()
         if self._pid != _pid:
             return  # a forked child never touches the parent's connections
         with self._lock:
-            conns = list(self._conns)
-            self._conns = weakref.WeakSet()
-        for conn in conns:
-            conn.close()
+            conns = list(self._conns.items())
+            self._conns = weakref.WeakKeyDictionary()
+        me = threading.current_thread()
+        for conn, owner in conns:
+            thread = owner()
+            if thread is None or thread is me or not thread.is_alive():
+                conn.close()
 
 
     # -- leases ------------------------------------------------------------------

@@ -127,7 +127,7 @@ class Run(Commits):
         #: class migration ran): arguments built from it cannot match the recorded digests.
         self.migrated = False
         self._head: Head | None = None
-        self._loader = Loader(self.codec, thread_id, namespace)
+        self._loader = Loader(self.codec, thread_id, namespace, getattr(store, "_segments", None))
         self._tracker = Tracker(self.codec)
         self._lock = threading.Lock()
         self._alocks: dict[int, asyncio.Lock] = {}

@@ -30,6 +30,7 @@ from ..coordination._suspend_store import SuspendStore
 from ..ops._prune import RetentionStore
 from ..secrets._redact import Redactor, Vault, scrub
 from ..state._records import Checkpoint, Record
+from ..state._segments import SegmentCache
 from ..state._spec import StateSpec
 from ..streams._store import StreamStore, drop_streams
 from ..wrappers import stack
@@ -114,6 +115,8 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
         self._closed = False
         self._boards: dict[str, Board] = {}
         self._lock = threading.Lock()
+        #: The list segments runs read, kept across turns (state/_segments.py)
+        self._segments = SegmentCache()
 
     @property
     def url(self) -> str:
@@ -451,6 +454,7 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
             self.run_sync(drop_streams(self.codec, thread_id))
             self.run_sync(drop_messages(thread_id))
         result: bool = self.run_sync(_delete_plan(thread_id))
+        self._segments.forget(thread_id)
         return result
 
     def abandon(self, thread_id: str, run_id: str, *, namespace: str = "") -> Checkpoint:
@@ -559,6 +563,7 @@ class Store(SuspendStore, MessageStore, ReplayCheckStore, OutboxStore, Retention
             await self.run_async(drop_streams(self.codec, thread_id))
             await self.run_async(drop_messages(thread_id))
         result: bool = await self.run_async(_delete_plan(thread_id))
+        self._segments.forget(thread_id)
         return result
 
 

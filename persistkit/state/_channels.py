@@ -59,6 +59,7 @@ from ..secrets._redact import escape_tree
 from ..secrets._registry import _generation
 from ._dedupe import resolve, result_blob, wanted
 from ._records import Record
+from ._segments import SegmentCache, Segments
 from ._spec import TrackedList
 
 __all__ = ["INLINE_LIMIT", "Diff", "Loader"]
@@ -69,6 +70,11 @@ INLINE_LIMIT = 96
 INLINE_SEGMENT_ITEMS = 64
 #: Rows read per page when walking a segment chain back through a thread.
 _ROW_PAGE = 512
+#: What a kept segment costs beside its items' JSON (its tuple, list and keys), in bytes.
+_SEGMENT_OVERHEAD = 256
+#: The first page when the store has kept the thread's older segments (``_segments``): the
+#: rows since the last turn are few; each further page of the same walk is twice as long.
+_SHORT_PAGE = 32
 
 
 def _is_blob_key(key: str) -> bool:
@@ -180,12 +186,23 @@ class Loader:
     (``chains``); rows read while walking a chain leave their segments behind
     (``raw``), not their bodies; a run's own commits extend that cache with the items
     they committed (:meth:`landed`) instead of keeping each checkpoint's body.
+
+    ``segments``: the store's :class:`~persistkit.state._segments.SegmentCache` (a run's
+    loader): a chain's walk takes the segments earlier turns read from there, reads only
+    what is newer, and leaves there what it read from the store.
     """
 
-    def __init__(self, codec: Codec, thread_id: str, namespace: str = "") -> None:
+    def __init__(
+        self, codec: Codec, thread_id: str, namespace: str = "", segments: SegmentCache | None = None
+    ) -> None:
         self.codec = codec
         self.thread_id = thread_id
         self.namespace = namespace
+        self._cache = segments
+        self._kept: Segments | None = None  # the cache's segments of this thread, once looked up
+        self._page = _ROW_PAGE
+        self._read_rows: set[str] = set()  # checkpoint ids of rows read back from the store
+        self._ours: set[str] = set()  # segment keys `landed` put in raw (live trees: never kept)
         self.blobs: dict[str, bytes] = {}
         #: checkpoint id -> decoded payload: records handed in (``add``), rows whose result a
         #: segment refers to or whose segment refers to one, and the run's newest commit.
@@ -208,6 +225,8 @@ class Loader:
         for rec in records:
             if rec is not None:
                 self.rows[rec.id] = rec.body
+                if not rec.live:
+                    self._read_rows.add(rec.id)
 
     def _ingest(self, page: Iterable[CheckpointRow]) -> None:
         """Rows read while walking a chain, newest first: keep their segments, not their bodies.
@@ -222,6 +241,7 @@ class Loader:
             if cid in self.rows:
                 continue
             body = Record.decode(self.codec, row, walked=True).body
+            self._read_rows.add(cid)
             for name, child, child_body in waiting.pop(cid, ()):
                 if result_blob(body) is None and body.get("k") == "step" and "r" in body:
                     try:
@@ -293,8 +313,10 @@ class Loader:
                 chain[1][tip] = n
             elif span is not None:  # a blob segment (a long first one, or a span): by its key
                 self.raw[(name, tip)] = span
+                self._ours.add(tip)
             elif seg is not None and "ri" not in seg:
                 self.raw[(name, checkpoint_id)] = (prev, start, self._stored(seg["i"]))
+                self._ours.add(checkpoint_id)
             else:  # its items refer to the parent's result: keep both bodies (_raw resolves them)
                 self._keep.add(checkpoint_id)
                 if prev is not None:
@@ -348,11 +370,16 @@ class Loader:
 
     def _fetch_chain(self, name: str, key: str | None, gen: int) -> Plan[None]:
         walked: dict[str, None] = {}  # ordered, and a loop is found in O(1)
+        kept = self._kept_segments()
+        blobs_read: set[str] = set()
         while key is not None and (name, key) not in self.complete:
+            if (name, key) not in self.raw and kept is not None and (name, key) in kept:
+                self.raw[(name, key)] = kept[(name, key)]  # read by an earlier turn
             if _is_blob_key(key):  # one read per blob: a long chain's spans are read one at a time
                 if (name, key) not in self.raw and key not in self.blobs:
                     self.blobs.update((yield call("get_blobs", self.thread_id, [key])))
                 if key in self.blobs:
+                    blobs_read.add(key)
                     self._raw(name, key)
                     del self.blobs[key]  # parsed into raw: not kept twice
             elif (name, key) not in self.raw and key not in self.rows:
@@ -364,8 +391,9 @@ class Loader:
                         "which is not a checkpoint id; the store was edited"
                     ) from exc
                 page = yield call(
-                    "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
+                    "list", self.thread_id, self.namespace, before=before, limit=self._page
                 )
+                self._page = min(self._page * 2, _ROW_PAGE)
                 self._ingest(page)
                 if (name, key) not in self.raw and key not in self.rows:  # pruned: rooted again
                     yield from self._rooted(name, key)
@@ -379,8 +407,9 @@ class Loader:
                         continue  # not a checkpoint id: _raw reports the segment as malformed
                     self._need.add(ref)
                     page = yield call(
-                        "list", self.thread_id, self.namespace, before=before, limit=_ROW_PAGE
+                        "list", self.thread_id, self.namespace, before=before, limit=self._page
                     )
+                    self._page = min(self._page * 2, _ROW_PAGE)
                     self._ingest(page)
                 for ref in wanted(
                     self.rows.get(key), name, {}
@@ -398,6 +427,35 @@ class Loader:
             walked[key] = None
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
+        if self._cache is not None:
+            self._leave(name, walked, kept, blobs_read)
+
+    def _kept_segments(self) -> Segments | None:
+        """The segments the store kept of this thread (looked up once per loader); with some,
+        the walk's first page of rows is short (those since the last turn)."""
+        if self._cache is not None and self._kept is None:
+            self._kept = self._cache.segments(self.namespace, self.thread_id) or {}
+            if self._kept:
+                self._page = _SHORT_PAGE
+        return self._kept
+
+    def _leave(self, name: str, walked: Iterable[str], kept: Segments | None, blobs_read: set[str]) -> None:
+        """Leave in the store's cache the segments of a walked chain that were read back from
+        the store here (a row's or a blob's), none of this run's own."""
+        assert self._cache is not None
+        found: dict[tuple[str, str], tuple[tuple[Any, int, list[Any]], int]] = {}
+        total = 0
+        for key in walked:
+            seg = self.raw.get((name, key))
+            if seg is None or key in self._ours or (kept is not None and (name, key) in kept):
+                continue
+            if key in blobs_read if _is_blob_key(key) else key in self._read_rows:
+                size = len(_dump(seg[2])) + _SEGMENT_OVERHEAD  # of the order of what it holds in memory
+                total += size
+                if total > self._cache.limit:  # the cache would not keep it: stop measuring
+                    return
+                found[(name, key)] = (seg, size)
+        self._cache.add(self.namespace, self.thread_id, found)
 
     def recent(self, name: str, tip: str | None, limit: int) -> tuple[_Inline, ...]:
         """The inline segments of the chain ending at ``tip`` after its newest blob segment

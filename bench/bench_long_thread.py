@@ -98,7 +98,7 @@ def main() -> None:
                 import psycopg
 
                 psycopg.connect(POSTGRES, connect_timeout=3).close()
-            except Exception as exc:  # noqa: BLE001 -- any failure: skip, saying why
+            except Exception as exc:  # any failure: skip, saying why
                 print(f"PostgreSQL: skipped ({POSTGRES} not reachable: {exc})")
                 continue
             try:

@@ -110,6 +110,21 @@ def test_two_stores_taking_turns_on_one_thread_see_each_others_items(
         second.close()
 
 
+def test_a_thread_too_big_to_keep_is_read_as_before_and_not_measured_again(
+    local_store: pk.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_store._segments.limit = 2_000  # a few items' JSON
+    tid = uid("seg4")
+    for i in range(30):
+        assert turn(local_store, tid, "plain", i) == [item(j, "plain") for j in range(i + 1)]
+    assert local_store._segments.segments("", tid) is None and local_store._segments.oversized("", tid)
+    measured: list[int] = []
+    real = _channels.Loader._leave
+    monkeypatch.setattr(_channels.Loader, "_leave", lambda self, *a: measured.append(1) or real(self, *a))
+    assert turn(local_store, tid, "plain", 30) == [item(j, "plain") for j in range(31)]
+    assert measured == []
+
+
 def test_delete_thread_forgets_its_segments(local_store: pk.Store) -> None:
     tid = uid("seg3")
     for i in range(3):
@@ -133,6 +148,9 @@ def test_the_cache_is_bounded() -> None:
     assert cache.segments("", "t2") is not None and cache.segments("", "t3") is None
     cache.add("", "big", {("log", "b"): (seg, 1001)})  # alone over the limit: not kept
     assert cache.segments("", "big") is None and cache._bytes <= 1000
+    assert cache.oversized("", "big")  # nor measured again
+    cache.forget("big")
+    assert not cache.oversized("", "big")
     cache.add("ns", "t4", {("log", "n"): (seg, 10)})
     cache.forget("t4")
     assert cache.segments("", "t4") is None and cache.segments("ns", "t4") is None

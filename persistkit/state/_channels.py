@@ -427,7 +427,7 @@ class Loader:
             walked[key] = None
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
-        if self._cache is not None:
+        if self._cache is not None and not self._cache.oversized(self.namespace, self.thread_id):
             self._leave(name, walked, kept, blobs_read)
 
     def _kept_segments(self) -> Segments | None:
@@ -453,6 +453,7 @@ class Loader:
                 size = len(_dump(seg[2])) + _SEGMENT_OVERHEAD  # of the order of what it holds in memory
                 total += size
                 if total > self._cache.limit:  # the cache would not keep it: stop measuring
+                    self._cache.too_big(self.namespace, self.thread_id)
                     return
                 found[(name, key)] = (seg, size)
         self._cache.add(self.namespace, self.thread_id, found)

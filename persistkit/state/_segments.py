@@ -16,7 +16,8 @@ process committed. Each entry is a ``(previous link, start, item trees)`` tuple 
 nothing mutates (items are decoded from it afresh for each run). Bounded: at most
 ``limit`` bytes (a segment counted as its items' JSON plus its own overhead), the
 threads read least recently dropped first; a thread whose segments alone are over the
-limit is not kept. Only runs use it (``pk.resume``): ``get_state``, history,
+limit is not kept (nor measured again: the cache remembers the last 1,024 such
+threads). Only runs use it (``pk.resume``): ``get_state``, history,
 the timeline, prune and the CLI read the store itself. A process re-checks a segment only
 the first time it reads it: an edit of a row after that is found by the next process
 that reads it, never used here.
@@ -34,6 +35,9 @@ __all__ = ["SEGMENT_CACHE_BYTES", "SegmentCache"]
 #: items' JSON plus a little per segment.
 SEGMENT_CACHE_BYTES = 16 << 20
 
+#: The threads found too big to keep that a cache remembers (so as not to measure them again).
+_OVERSIZED = 1024
+
 #: ``(channel, segment key)`` -> ``(previous link, start, item trees)``
 Segments = dict[tuple[str, str], tuple[Any, int, list[Any]]]
 
@@ -46,6 +50,24 @@ class SegmentCache:
         self._threads: OrderedDict[tuple[str, str], tuple[Segments, list[int]]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        #: threads whose segments alone were over the limit, most recent last (not kept, not
+        #: measured again: measuring is a JSON dump of what a walk read)
+        self._oversized: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def oversized(self, namespace: str, thread_id: str) -> bool:
+        """Whether the thread was found too big to keep (its walks leave nothing here)."""
+        return (namespace, thread_id) in self._oversized
+
+    def too_big(self, namespace: str, thread_id: str) -> None:
+        """Remember that the thread's segments alone are over the limit (and drop them)."""
+        key = (namespace, thread_id)
+        with self._lock:
+            if key in self._threads:
+                self._drop(key)
+            self._oversized[key] = None
+            self._oversized.move_to_end(key)
+            while len(self._oversized) > _OVERSIZED:
+                self._oversized.popitem(last=False)
 
     def segments(self, namespace: str, thread_id: str) -> Segments | None:
         """The segments kept for a thread (read only: look up, never iterate; None: none)."""
@@ -76,6 +98,9 @@ class SegmentCache:
             self._threads.move_to_end(key)
             if total[0] > self.limit:  # this thread alone is too big to keep
                 self._drop(key)
+                self._oversized[key] = None
+                while len(self._oversized) > _OVERSIZED:
+                    self._oversized.popitem(last=False)
             while self._bytes > self.limit and self._threads:
                 self._drop(next(iter(self._threads)))
 
@@ -84,10 +109,13 @@ class SegmentCache:
         with self._lock:
             for key in [k for k in self._threads if k[1] == thread_id]:
                 self._drop(key)
+            for key in [k for k in self._oversized if k[1] == thread_id]:
+                del self._oversized[key]
 
     def clear(self) -> None:
         with self._lock:
             self._threads.clear()
+            self._oversized.clear()
             self._bytes = 0
 
     def _drop(self, key: tuple[str, str]) -> None:

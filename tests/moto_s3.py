@@ -26,7 +26,10 @@ table per transaction: the same backup, the same rollback.
 from __future__ import annotations
 
 import copy
+import ctypes
 import functools
+import os
+import signal
 import sys
 import threading
 import types
@@ -94,7 +97,21 @@ class _QuietHandler(MotoRequestHandler):
         pass
 
 
+def _die_with_the_parent() -> None:
+    """Ask Linux to end this server when the process that started it dies: a pytest worker
+    that crashed never ran the fixture that stops it, and its server lived on (Linux only)."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request: nobody will stop us
+        sys.exit(0)
+
+
 def main() -> None:
+    _die_with_the_parent()
     host, port = sys.argv[1], int(sys.argv[2])
     serialize_dynamodb = "--raw-dynamodb" not in sys.argv[3:]
     _copy_each_table_once()

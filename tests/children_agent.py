@@ -114,6 +114,8 @@ def supervisor(url: str, thread: str, kill_at: str) -> None:
 
     with pk.resume(thread, store=store, run_id="r1"):
         a = pk.start(research, f"{thread}/a")
+        while kill_at == "handover" and a.status() != "completed":  # a finished: only b's start is cut
+            time.sleep(0.01)
         b = pk.start(research, f"{thread}/b", executor=dies if kill_at == "handover" else "thread")
         while a.status() != "completed" or b.status() != "completed":
             time.sleep(0.01)

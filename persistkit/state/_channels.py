@@ -369,12 +369,26 @@ class Loader:
             yield from self._fetch_chain(name, ref["l"], ref["g"])
 
     def _fetch_chain(self, name: str, key: str | None, gen: int) -> Plan[None]:
+        used = yield from self._walk_chain(name, key, self._kept_segments())
+        if used:  # a kept segment links to rows pruned since it was kept: walk the store itself
+            assert self._cache is not None
+            self._cache.forget(self.thread_id)
+            for k in used:
+                self.raw.pop((name, k), None)
+            self._kept, self._page = {}, _ROW_PAGE
+            yield from self._walk_chain(name, key, None)
+
+    def _walk_chain(self, name: str, key: str | None, kept: Segments | None) -> Plan[list[str]]:
+        """Walk the chain from ``key`` back, reading what is neither here nor ``kept``; the
+        keys taken from ``kept`` if the walk then met a segment that is gone (pruned since
+        they were kept: the caller walks again without them), else []."""
         walked: dict[str, None] = {}  # ordered, and a loop is found in O(1)
-        kept = self._kept_segments()
+        used: list[str] = []
         blobs_read: set[str] = set()
         while key is not None and (name, key) not in self.complete:
             if (name, key) not in self.raw and kept is not None and (name, key) in kept:
                 self.raw[(name, key)] = kept[(name, key)]  # read by an earlier turn
+                used.append(key)
             if _is_blob_key(key):  # one read per blob: a long chain's spans are read one at a time
                 if (name, key) not in self.raw and key not in self.blobs:
                     self.blobs.update((yield call("get_blobs", self.thread_id, [key])))
@@ -424,11 +438,14 @@ class Loader:
                     f"thread {self.thread_id!r}: list channel {name!r} has a segment chain that "
                     f"loops back to {key}; the store was edited"
                 )
+            if used and (name, key) not in self.raw and key not in (self.blobs if _is_blob_key(key) else self.rows):
+                return used
             walked[key] = None
             key = self._raw(name, key)[0]
         self.complete.update((name, k) for k in walked)
         if self._cache is not None and not self._cache.oversized(self.namespace, self.thread_id):
             self._leave(name, walked, kept, blobs_read)
+        return []
 
     def _kept_segments(self) -> Segments | None:
         """The segments the store kept of this thread (looked up once per loader); with some,

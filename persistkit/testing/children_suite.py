@@ -301,11 +301,11 @@ class ChildrenConformance(_ReplayCheck):
         with resume(t, store=store, run_id="r1") as run:
             supervisor()
         assert run.status == "suspended"
-        waiting = [q for q in worker.pending() if q.thread_id == t]
+        waiting = [q for q in worker.pending(prefix=t) if q.thread_id == t]  # prefix: never another test's threads
         assert [(q.kind, q.run_id) for q in waiting] == [("child", "r1")]
-        assert [d for d in worker.due() if d.thread_id == t] == []
+        assert [d for d in worker.due(prefix=t) if d.thread_id == t] == []
         assert run_child(queue[0], store=worker) == f"{t}/q".upper() + "!"  # the queue worker
-        assert [d.run_id for d in worker.due() if d.thread_id == t] == ["r1"]
+        assert [d.run_id for d in worker.due(prefix=t) if d.thread_id == t] == ["r1"]
         with resume(t, store=store, run_id="r1") as run:
             assert supervisor() == f"{t}/q".upper() + "!"
         assert run.status == "completed" and len(queue) == 1 and RAN[f"{t}/q"] == 1
@@ -441,13 +441,13 @@ class ChildrenConformance(_ReplayCheck):
             supervisor()
         assert run.status == "suspended"
         kid = worker.children(t)[0].child
-        asked = [q for q in worker.pending() if q.thread_id == kid.thread_id]
+        asked = [q for q in worker.pending(prefix=kid.thread_id) if q.thread_id == kid.thread_id]
         assert [q.kind for q in asked] == ["question"]
         mine = (t, kid.thread_id)
-        assert [d.thread_id for d in worker.due(answered=True) if d.thread_id in mine] == []
+        assert [d.thread_id for d in worker.due(answered=True, prefix=t) if d.thread_id in mine] == []
         worker.answer(kid.thread_id, "yes")
-        assert [d.thread_id for d in worker.due() if d.thread_id in mine] == [t]
-        assert [d.thread_id for d in worker.due(answered=True) if d.thread_id in mine] == [t]
+        assert [d.thread_id for d in worker.due(prefix=t) if d.thread_id in mine] == [t]
+        assert [d.thread_id for d in worker.due(answered=True, prefix=t) if d.thread_id in mine] == [t]
         with pytest.raises(ConfigurationError, match="is a child run"), resume(
             kid.thread_id, store=worker
         ):
@@ -468,7 +468,7 @@ class ChildrenConformance(_ReplayCheck):
             _asks_inside(u)
         assert run.status == "suspended"
         worker.answer(u, "ok")
-        assert [d.thread_id for d in worker.due(answered=True) if d.thread_id == u] == [u]
+        assert [d.thread_id for d in worker.due(answered=True, prefix=u) if d.thread_id == u] == [u]
         with resume(u, store=worker) as run:  # not taken for a child run
             assert _asks_inside(u) == "ok"
         assert run.status == "completed"
@@ -489,7 +489,7 @@ class ChildrenConformance(_ReplayCheck):
         kid = worker.children(t)[0]
         assert kid.status == "suspended" and run.status == "suspended"
         mine = (t, kid.child.thread_id)
-        _until(lambda: [d.thread_id for d in worker.due() if d.thread_id in mine] == [t], "t due")
+        _until(lambda: [d.thread_id for d in worker.due(prefix=t) if d.thread_id in mine] == [t], "t due")
         with resume(t, store=store, run_id="r1") as run:  # hands the child to the queue again
             supervisor()
         assert run.status == "suspended" and len(queue) == 2 and queue[1] == queue[0]

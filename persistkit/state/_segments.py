@@ -17,10 +17,12 @@ nothing mutates (items are decoded from it afresh for each run). Bounded: at mos
 ``limit`` bytes (a segment counted as its items' JSON plus its own overhead), the
 threads read least recently dropped first; a thread whose segments alone are over the
 limit is not kept (nor measured again: the cache remembers the last 1,024 such
-threads). Only runs use it (``pk.resume``): ``get_state``, history,
-the timeline, prune and the CLI read the store itself. A process re-checks a segment only
-the first time it reads it: an edit of a row after that is found by the next process
-that reads it, never used here.
+threads). Only runs use it (``pk.resume``): ``get_state``, history, the timeline, prune
+and the CLI read the store itself. A segment kept before a prune may link to rows the
+prune deleted (retention roots the list at the oldest segment it keeps):
+``Loader._fetch_chain`` then forgets the thread and walks the store again. A process
+re-checks a segment only the first time it reads it: an edit of a row after that is
+found by the next process that reads it, never used here.
 """
 
 from __future__ import annotations

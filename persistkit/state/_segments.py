@@ -66,10 +66,7 @@ class SegmentCache:
         with self._lock:
             if key in self._threads:
                 self._drop(key)
-            self._oversized[key] = None
-            self._oversized.move_to_end(key)
-            while len(self._oversized) > _OVERSIZED:
-                self._oversized.popitem(last=False)
+            self._remember_oversized(key)
 
     def segments(self, namespace: str, thread_id: str) -> Segments | None:
         """The segments kept for a thread (read only: look up, never iterate; None: none)."""
@@ -100,9 +97,7 @@ class SegmentCache:
             self._threads.move_to_end(key)
             if total[0] > self.limit:  # this thread alone is too big to keep
                 self._drop(key)
-                self._oversized[key] = None
-                while len(self._oversized) > _OVERSIZED:
-                    self._oversized.popitem(last=False)
+                self._remember_oversized(key)
             while self._bytes > self.limit and self._threads:
                 self._drop(next(iter(self._threads)))
 
@@ -119,6 +114,13 @@ class SegmentCache:
             self._threads.clear()
             self._oversized.clear()
             self._bytes = 0
+
+    def _remember_oversized(self, key: tuple[str, str]) -> None:
+        """Note ``key`` as too big to keep (the newest last; the oldest forgotten past the bound)."""
+        self._oversized[key] = None
+        self._oversized.move_to_end(key)
+        while len(self._oversized) > _OVERSIZED:
+            self._oversized.popitem(last=False)
 
     def _drop(self, key: tuple[str, str]) -> None:
         _, total = self._threads.pop(key)
